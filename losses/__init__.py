@@ -1,0 +1,35 @@
+"""Training losses for classification and retrieval, from recent papers on softmax and its
+alternatives. Depends only on torch.
+
+Every loss is a pure function (``losses.<name>_loss`` / ``losses.functional``) plus a thin
+``nn.Module``; ``losses.create_loss(name, **kwargs)`` builds one by its registry name and
+``losses.list_losses()`` lists them with their metadata.
+"""
+
+from ._core import ExperimentalWarning, is_validation_enabled, set_validation, validation
+from ._registry import INPUT_KINDS, LossSpec, create_loss, get_loss_spec, list_losses
+from . import functional
+from .classification import *  # noqa: F401,F403
+from .classification import __all__ as _classification_all
+from .embedding import *  # noqa: F401,F403
+from .embedding import __all__ as _embedding_all
+from .ranking import *  # noqa: F401,F403
+from .ranking import __all__ as _ranking_all
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ExperimentalWarning",
+    "set_validation",
+    "is_validation_enabled",
+    "validation",
+    "LossSpec",
+    "INPUT_KINDS",
+    "create_loss",
+    "get_loss_spec",
+    "list_losses",
+    "functional",
+    *_classification_all,
+    *_embedding_all,
+    *_ranking_all,
+]

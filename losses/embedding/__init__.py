@@ -1,0 +1,3 @@
+"""Embedding losses: embeddings ``(N, D)`` + class ids ``(N,)``; some own a head (class weights)."""
+
+__all__: list = []

@@ -1,0 +1,3 @@
+"""Ranking / retrieval losses: scores ``(B, L)`` + positives, or positive / negative scores."""
+
+__all__: list = []

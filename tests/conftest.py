@@ -1,0 +1,51 @@
+"""Shared pytest configuration: offline mode, thread limits, per-file wall times."""
+
+from __future__ import annotations
+
+import collections
+import os
+import warnings
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # two xdist workers on two cores: one intra-op thread each
+    torch.set_num_threads(1)
+
+_FILE_TIMES: dict = collections.defaultdict(float)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logreport(report):
+    _FILE_TIMES[report.nodeid.split("::")[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _FILE_TIMES:
+        return
+    terminalreporter.section("wall time per test file (sum of test phases)")
+    for path, secs in sorted(_FILE_TIMES.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{secs:8.1f} s  {path}")
+
+
+@pytest.fixture(autouse=True)
+def _validation_on():
+    """Every test starts with data checks on and leaves them as it found them."""
+    import losses
+
+    with losses.validation(True):
+        yield
+
+
+@pytest.fixture
+def no_experimental_warning():
+    import losses
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", losses.ExperimentalWarning)
+        yield

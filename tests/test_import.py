@@ -1,0 +1,31 @@
+"""`import losses` must pull in nothing beyond torch (checked in a fresh interpreter)."""
+
+import subprocess
+import sys
+
+FORBIDDEN = [
+    "pytorch_lightning", "lightning", "torchmetrics", "timm", "torchvision", "faiss", "sklearn",
+    "sentence_transformers", "transformers", "jsonargparse", "pandas", "scipy", "matplotlib",
+    "lightning_modules", "yaml", "PIL",
+]
+
+
+def test_import_losses_pulls_only_torch():
+    # what torch itself imports (numpy, on most builds) is not counted against losses
+    code = (
+        "import sys, torch; before = set(sys.modules); import losses; "
+        "new = {m.split('.')[0] for m in set(sys.modules) - before}; "
+        f"bad = sorted(m for m in {FORBIDDEN!r} if m in new); "
+        "print(','.join(bad))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"import losses imported: {out.stdout.strip()}"
+
+
+def test_public_names_resolve():
+    import losses
+
+    for name in losses.__all__:
+        assert getattr(losses, name) is not None, name
+    for name in losses.functional.__all__:
+        assert getattr(losses, name) is getattr(losses.functional, name)
