@@ -1,3 +1,12 @@
 """Embedding losses: embeddings ``(N, D)`` + class ids ``(N,)``; some own a head (class weights)."""
 
 __all__: list = []
+
+from .opl import *  # noqa: F401,F403,E402
+from .opl import __all__ as _opl_all  # noqa: E402
+from .nbc import *  # noqa: F401,F403,E402
+from .nbc import __all__ as _nbc_all  # noqa: E402
+from .wcdas import *  # noqa: F401,F403,E402
+from .wcdas import __all__ as _wcdas_all  # noqa: E402
+
+__all__ += [*_opl_all, *_nbc_all, *_wcdas_all]

@@ -1,0 +1,314 @@
+"""NBC-Softmax: softmax cross-entropy plus a batch-level centroid-separation term (LOSSES.md §8).
+
+G. K. Kulatilleke, S. S. Chandra, M. Portmann, *NBC-Softmax: Darkweb Author fingerprinting and
+migration tracking*, arXiv preprint 2022, arXiv:2212.08184. The reference repository
+(``gayanku/NBC-Softmax``) has no licence file; nothing here is taken from it but the maths.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .._core import (
+    _checking,
+    attached_zero,
+    check_choice,
+    check_finite,
+    check_floating,
+    check_ids_in_range,
+    check_number,
+    check_reduction,
+    check_tensor,
+    compute_dtype,
+    upcast,
+    value_error,
+)
+from .._distributed import all_gather_no_grad, all_gather_with_grad
+from .._registry import register
+from .opl import _check_embeddings_and_target
+
+__all__ = ["nbc_loss", "nbc_softmax_loss", "NBCSoftmaxLoss"]
+
+VARIANTS = ("paper", "reference")
+_REF_LOG_EPS = 1e-10  # the reference adds 1e-10 inside the log
+_LOG_REF_EPS = math.log(_REF_LOG_EPS)
+
+
+def _check_labels(fn: str, target: Tensor, num_classes: Optional[int], ignore_index: int) -> None:
+    """Data check: ids < 0 other than ``ignore_index`` (and ``>= num_classes`` when known)."""
+    if num_classes is not None:
+        check_ids_in_range(fn, target, num_classes, ignore_index)
+        return
+    if not _checking() or target.numel() == 0:
+        return
+    bad = (target != ignore_index) & (target < 0)
+    if bool(bad.any()):
+        raise value_error(fn, "target has negative class ids other than ignore_index",
+                          f"min={int(target[bad].min())}, ignore_index={ignore_index}",
+                          "class ids must be >= 0; mark rows to skip with ignore_index")
+
+
+def _nbc_term(z: Tensor, target: Tensor, valid: Tensor, scale: float, num_classes: Optional[int],
+              variant: str) -> Optional[Tensor]:
+    """``L_NBC`` on upcast embeddings ``z`` (no checks); ``None`` when no row is valid.
+
+    Centroids are summed with ``index_add`` over the classes present in the batch only, so the
+    memory is ``O(N*D + K_B*D + K_B**2)`` whatever the total number of classes.
+    """
+    zv = z[valid]
+    yv = target[valid]
+    classes, inverse = torch.unique(yv, sorted=True, return_inverse=True)
+    k_b = classes.shape[0]
+    if k_b == 0:
+        return None
+    sums = torch.zeros((k_b, z.shape[1]), dtype=z.dtype, device=z.device).index_add(0, inverse, zv)
+    counts = torch.bincount(inverse, minlength=k_b).to(z.dtype)
+    mu = F.normalize(sums / counts.unsqueeze(1), p=2.0, dim=1, eps=1e-12)
+    sim = mu @ mu.transpose(0, 1)
+    eye = torch.eye(k_b, dtype=torch.bool, device=z.device)
+    sim = sim.masked_fill(eye, 0.0)  # diagonal zeroed (not removed): exp(0) = 1 per row
+    per_class = torch.logsumexp(scale * sim, dim=1)
+    if variant == "reference":
+        per_class = torch.logaddexp(per_class, torch.full_like(per_class, _LOG_REF_EPS))
+        return per_class.mean() / num_classes
+    return per_class.mean()
+
+
+def nbc_loss(
+    embeddings: Tensor,
+    target: Tensor,
+    *,
+    scale: float = 0.2,
+    num_classes: Optional[int] = None,
+    variant: str = "paper",
+    ignore_index: int = -100,
+    reduction: str = "mean",
+) -> Tensor:
+    r"""The NBC term: log-sum-exp of scaled cosines between the class centroids of a batch.
+
+    With ``z = embeddings`` (``(N, D)``), ``y = target`` (``(N,)``), the classes present in the
+    batch ``C_B = unique(y)`` (rows with ``ignore_index`` dropped first) and ``kappa = scale``::
+
+        mu_c   = normalize(mean_{i: y_i = c} z_i)                 (normalize(v) = v / max(||v||, 1e-12))
+        S_cc'  = <mu_c, mu_c'> for c != c',   S_cc = 0            (diagonal zeroed, not removed)
+        L_NBC  = mean_{c in C_B} log sum_{c' in C_B} exp(kappa * S_cc')
+               = mean_c log(1 + sum_{c' != c} exp(kappa * S_cc'))
+
+    ``kappa`` multiplies the cosine (the paper's "tau", 0.2 single-task and 0.3 multi-task); a
+    temperature ``T`` is ``scale = 1 / T``. Centroids come from ``index_add`` over the classes
+    present in the batch, never an ``N x K x D`` tensor, so tens of thousands of classes cost
+    nothing extra.
+
+    Variants: ``"paper"`` (default) as above. ``"reference"`` multiplies ``L_NBC`` by ``1/K``
+    (``K = num_classes``, the total number of classes) and adds ``1e-10`` inside the log, as the
+    reference code; ``num_classes`` is required iff ``variant="reference"`` (with ``"paper"`` it is
+    optional and only enables the ``target < num_classes`` data check).
+
+    Batch-level loss: only ``reduction="mean"``. One block (one class or one sample) gives 0
+    with zero gradient; an empty or all-ignored batch gives an exact, graph-attached 0. A zero
+    centroid has cosine 0 with all others. Labels ``< 0`` other than ``ignore_index`` (and
+    ``>= num_classes`` when given) raise ``ValueError`` (a data check).
+
+    Paper: G. K. Kulatilleke, S. S. Chandra, M. Portmann, "NBC-Softmax: Darkweb Author
+    fingerprinting and migration tracking", arXiv preprint 2022, arXiv:2212.08184.
+
+    >>> import math, torch, losses
+    >>> z = torch.tensor([[1.0, 0.0], [2.0, 0.0], [0.0, 3.0]])
+    >>> y = torch.tensor([0, 0, 1])
+    >>> abs(float(losses.nbc_loss(z, y)) - math.log(2.0)) < 1e-6   # orthogonal centroids: cos = 0
+    True
+    """
+    fn = "nbc_loss"
+    _check_embeddings_and_target(fn, embeddings, target)
+    check_reduction(fn, reduction, allowed=("mean",))
+    scale = check_number(fn, "scale", scale, low=0.0)
+    check_choice(fn, "variant", variant, VARIANTS)
+    num_classes = _check_num_classes(fn, num_classes, variant)
+    check_finite(fn, "embeddings", embeddings)
+    _check_labels(fn, target, num_classes, ignore_index)
+    dtype = compute_dtype(embeddings)
+    with torch.autocast(device_type=embeddings.device.type, enabled=False):
+        z = upcast(embeddings, dtype)
+        term = _nbc_term(z, target, target != ignore_index, scale, num_classes, variant)
+        zero = attached_zero(embeddings, dtype=dtype)
+        return zero if term is None else term + zero
+
+
+def _check_num_classes(fn: str, num_classes: Optional[int], variant: str) -> Optional[int]:
+    if num_classes is None:
+        if variant == "reference":
+            raise value_error(fn, "variant='reference' needs num_classes (it scales L_NBC by 1/K)", None,
+                              "pass num_classes=K, the total number of classes")
+        return None
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+        raise value_error(fn, "num_classes must be a positive int", repr(num_classes),
+                          "pass the total number of classes")
+    return num_classes
+
+
+def nbc_softmax_loss(
+    embeddings: Tensor,
+    target: Tensor,
+    weight: Tensor,
+    *,
+    scale: float = 0.2,
+    nbc_weight: float = 0.5,
+    variant: str = "paper",
+    bias: Optional[Tensor] = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+) -> Tensor:
+    r"""NBC-Softmax: ``(1 - lambda) * CE(z W^T + b, y) + lambda * L_NBC(z, y)``.
+
+    ``z = embeddings`` ``(N, D)``, ``y = target`` ``(N,)`` ids in ``[0, K)``, ``W = weight``
+    ``(K, D)``, ``b = bias`` ``(K,)`` (optional), ``lambda = nbc_weight`` in ``[0, 1]``,
+    ``kappa = scale >= 0``. CE is the softmax cross-entropy averaged over the non-ignored rows;
+    ``L_NBC`` is :func:`nbc_loss` (centroid separation of the classes present in the batch)::
+
+        L_NBC = mean_{c in C_B} log(1 + sum_{c' in C_B, c' != c} exp(kappa * <mu_c, mu_c'>))
+
+    with ``mu_c`` the normalised mean embedding of class ``c`` in the batch.
+
+    Variants: ``"paper"`` (default: ``scale=0.2``, ``lambda=0.5``). ``"reference"`` scales
+    ``L_NBC`` by ``1/K`` with ``K = weight.shape[0]`` and adds ``1e-10`` inside its log, so the
+    effective NBC weight is ``lambda / K``; the reference's optional 16-dim projection is not
+    provided (the published runs used none) and its eps-free cosine (NaN on zero centroids) is
+    not reproduced.
+
+    Batch-level loss: only ``reduction="mean"``. An empty or all-ignored batch gives an exact,
+    graph-attached 0 with zero gradients for ``embeddings``, ``weight`` and ``bias``. Ids outside
+    ``[0, K)`` other than ``ignore_index`` raise ``ValueError`` (a data check). Half inputs are
+    computed in float32, float64 stays float64.
+
+    Paper: G. K. Kulatilleke, S. S. Chandra, M. Portmann, "NBC-Softmax: Darkweb Author
+    fingerprinting and migration tracking", arXiv preprint 2022, arXiv:2212.08184.
+
+    >>> import torch, losses
+    >>> z = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    >>> W = torch.zeros(3, 2)                     # uniform softmax: CE = log 3
+    >>> loss = losses.nbc_softmax_loss(z, torch.tensor([0, 1]), W, nbc_weight=0.0)
+    >>> round(float(loss), 4)
+    1.0986
+    """
+    fn = "nbc_softmax_loss"
+    _check_embeddings_and_target(fn, embeddings, target)
+    check_reduction(fn, reduction, allowed=("mean",))
+    scale = check_number(fn, "scale", scale, low=0.0)
+    nbc_weight = check_number(fn, "nbc_weight", nbc_weight, low=0.0, high=1.0)
+    check_choice(fn, "variant", variant, VARIANTS)
+    check_floating(fn, "weight", weight)
+    d = embeddings.shape[1]
+    if weight.dim() != 2 or weight.shape[1] != d or weight.shape[0] < 1:
+        raise value_error(fn, f"weight must have shape (K, {d}) for embeddings of shape {tuple(embeddings.shape)}",
+                          f"shape {tuple(weight.shape)}", "pass the classifier weight, one row per class")
+    k = weight.shape[0]
+    if bias is not None:
+        check_floating(fn, "bias", bias)
+        if tuple(bias.shape) != (k,):
+            raise value_error(fn, f"bias must have shape ({k},)", f"shape {tuple(bias.shape)}",
+                              "pass one bias per class or bias=None")
+    check_finite(fn, "embeddings", embeddings)
+    check_finite(fn, "weight", weight)
+    if bias is not None:
+        check_finite(fn, "bias", bias)
+    check_ids_in_range(fn, target, k, ignore_index)
+
+    dtype = compute_dtype(embeddings, weight, bias)
+    with torch.autocast(device_type=embeddings.device.type, enabled=False):
+        z = upcast(embeddings, dtype)
+        w = upcast(weight, dtype)
+        b = None if bias is None else upcast(bias, dtype)
+        valid = target != ignore_index
+        zero = attached_zero(embeddings, weight, bias, dtype=dtype)
+        term = _nbc_term(z, target, valid, scale, k, variant)
+        if term is None:  # empty / all-ignored batch
+            return zero
+        logits = F.linear(z, w, b)
+        ce_rows = F.cross_entropy(logits, target.long(), ignore_index=ignore_index, reduction="none")
+        n_valid = valid.sum().to(dtype)
+        ce = ce_rows.sum() / n_valid  # term is not None: at least one valid row
+        return (1.0 - nbc_weight) * ce + nbc_weight * term + zero
+
+
+class NBCSoftmaxLoss(nn.Module):
+    """Module form of :func:`nbc_softmax_loss` (NBC-Softmax, arXiv:2212.08184).
+
+    Owns ``classifier = nn.Linear(embedding_dim, num_classes, bias=bias)``; ``.logits(embeddings)``
+    gives the class scores for prediction. ``gather_distributed=True`` all-gathers embeddings
+    (sum-backward) and labels over the default process group and computes the loss of the global
+    batch on every rank: the classifier gets its single-process gradient on every rank and each
+    rank's embeddings ``world_size`` x theirs (LOSSES.md §0 Distributed). Every rank must pass the
+    same batch size (else ``ValueError``).
+    """
+
+    def __init__(
+        self,
+        embedding_dim: int,
+        num_classes: int,
+        *,
+        scale: float = 0.2,
+        nbc_weight: float = 0.5,
+        bias: bool = True,
+        variant: str = "paper",
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        gather_distributed: bool = False,
+    ) -> None:
+        super().__init__()
+        name = "NBCSoftmaxLoss"
+        for key, val in (("embedding_dim", embedding_dim), ("num_classes", num_classes)):
+            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+                raise value_error(name, f"{key} must be a positive int", repr(val), f"pass the {key}")
+        check_reduction(name, reduction, allowed=("mean",))
+        self.scale = check_number(name, "scale", scale, low=0.0)
+        self.nbc_weight = check_number(name, "nbc_weight", nbc_weight, low=0.0, high=1.0)
+        check_choice(name, "variant", variant, VARIANTS)
+        self.embedding_dim = embedding_dim
+        self.num_classes = num_classes
+        self.variant = variant
+        self.ignore_index = int(ignore_index)
+        self.reduction = reduction
+        self.gather_distributed = bool(gather_distributed)
+        self.classifier = nn.Linear(embedding_dim, num_classes, bias=bool(bias))
+
+    def logits(self, embeddings: Tensor) -> Tensor:
+        """Class scores ``embeddings @ W^T + b`` (in the compute dtype), shape ``(N, num_classes)``."""
+        check_tensor("NBCSoftmaxLoss.logits", "embeddings", embeddings)
+        w, b = self.classifier.weight, self.classifier.bias
+        dtype = compute_dtype(embeddings, w, b)
+        return F.linear(upcast(embeddings, dtype), upcast(w, dtype), None if b is None else upcast(b, dtype))
+
+    def forward(self, embeddings: Tensor, target: Tensor) -> Tensor:
+        if self.gather_distributed:
+            fn = "NBCSoftmaxLoss"
+            embeddings = all_gather_with_grad(embeddings, fn=fn)
+            target = all_gather_no_grad(target, fn=fn)
+        return nbc_softmax_loss(embeddings, target, self.classifier.weight, scale=self.scale,
+                                nbc_weight=self.nbc_weight, variant=self.variant, bias=self.classifier.bias,
+                                ignore_index=self.ignore_index, reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return (f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, scale={self.scale}, "
+                f"nbc_weight={self.nbc_weight}, bias={self.classifier.bias is not None}, "
+                f"variant={self.variant!r}, ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
+                f"gather_distributed={self.gather_distributed}")
+
+
+register(
+    "nbc_softmax",
+    function=nbc_softmax_loss,
+    module=NBCSoftmaxLoss,
+    inputs="E",
+    unit="batch",
+    unit_weights=None,
+    arxiv="2212.08184",
+    paper="Kulatilleke, Chandra, Portmann, NBC-Softmax: Darkweb Author fingerprinting and migration tracking, "
+          "arXiv 2022",
+    owns_head=True,
+    example_kwargs={"embedding_dim": 8, "num_classes": 5},
+)
