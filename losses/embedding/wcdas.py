@@ -123,8 +123,8 @@ def wcdas_logits(
 
     >>> import math, torch, losses
     >>> z = losses.wcdas_logits(torch.ones(1, 2), torch.eye(2), torch.zeros(2), 2 * math.pi)
-    >>> [round(v, 4) for v in z[0].tolist()]   # rho = 0.5, c = 0.7071 for both classes
-    [2.1716, 2.1716]
+    >>> [round(v, 4) for v in z[0].tolist()]   # rho = 0.5, c = 0.7071: 0.75 / (0.25 + 0.2929)
+    [1.3815, 1.3815]
     """
     fn = "wcdas_logits"
     check_choice(fn, "variant", variant, VARIANTS)
