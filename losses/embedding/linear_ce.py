@@ -1,0 +1,275 @@
+"""The many-class path: linear layer + softmax cross-entropy without the N x C logits (LOSSES.md §14)."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from .._core import (
+    check_finite,
+    check_floating,
+    check_ids_in_range,
+    check_integer_target,
+    check_number,
+    check_reduction,
+    check_tensor,
+    compute_dtype,
+    reduce_loss,
+    value_error,
+)
+from .._registry import register
+
+__all__ = ["linear_cross_entropy", "LinearCrossEntropyLoss"]
+
+#: Target size, in elements, of one chunk of logits (N x chunk): 2**22 floats = 16 MiB in fp32.
+_CHUNK_ELEMENTS = 1 << 22
+
+
+def _default_chunk_size(n: int, c: int) -> int:
+    return int(max(256, min(c, _CHUNK_ELEMENTS // max(n, 1))))
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Per-row ``(1-eps)(lse - z_y) + eps(lse - mean_k z_k) + coef * lse^2`` over class chunks.
+
+    Forward keeps only an online log-sum-exp per row; backward recomputes each chunk's logits
+    and accumulates the gradients of the embeddings, weight and bias chunk by chunk.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, target, valid, chunk, eps, coef, dtype):  # noqa: D102
+        n, c = x.shape[0], weight.shape[0]
+        xc = x.to(dtype)
+        m = torch.full((n,), -math.inf, dtype=dtype, device=x.device)
+        s = torch.zeros((n,), dtype=dtype, device=x.device)
+        for start in range(0, c, chunk):
+            w = weight[start:start + chunk].to(dtype)
+            z = xc @ w.T
+            if bias is not None:
+                z = z + bias[start:start + chunk].to(dtype)
+            m_new = torch.maximum(m, z.max(dim=1).values)
+            s = s * torch.exp(m - m_new) + torch.exp(z - m_new.unsqueeze(1)).sum(dim=1)
+            m = m_new
+        lse = m + torch.log(s)
+        safe = torch.where(valid, target, torch.zeros_like(target))
+        w_y = weight.index_select(0, safe).to(dtype)
+        z_y = (xc * w_y).sum(dim=1)
+        if bias is not None:
+            z_y = z_y + bias.index_select(0, safe).to(dtype)
+        loss = (1.0 - eps) * (lse - z_y)
+        if eps > 0:
+            w_mean = weight.to(dtype).mean(dim=0)
+            z_mean = xc @ w_mean
+            if bias is not None:
+                z_mean = z_mean + bias.to(dtype).mean()
+            loss = loss + eps * (lse - z_mean)
+        if coef > 0:
+            loss = loss + coef * lse * lse
+        loss = torch.where(valid, loss, torch.zeros_like(loss))
+        ctx.save_for_backward(x, weight, bias, safe, valid, lse)
+        ctx.chunk, ctx.eps, ctx.coef, ctx.dtype = chunk, eps, coef, dtype
+        return loss
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss):  # noqa: D102
+        x, weight, bias, safe, valid, lse = ctx.saved_tensors
+        chunk, eps, coef, dtype = ctx.chunk, ctx.eps, ctx.coef, ctx.dtype
+        n, c = x.shape[0], weight.shape[0]
+        g = torch.where(valid, grad_loss.to(dtype), torch.zeros((), dtype=dtype, device=x.device))
+        # d loss / d z_k = (1 + 2 coef lse) p_k - (1-eps) [k=y] - eps/C
+        g_soft = g * (1.0 + 2.0 * coef * lse)
+        xc = x.to(dtype)
+        need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[2]
+        gx = torch.zeros_like(xc) if need_x else None
+        gw = torch.empty((c, weight.shape[1]), dtype=dtype, device=x.device) if need_w else None
+        gb = torch.empty((c,), dtype=dtype, device=x.device) if need_b else None
+        for start in range(0, c, chunk):
+            w = weight[start:start + chunk].to(dtype)
+            z = xc @ w.T
+            if bias is not None:
+                z = z + bias[start:start + chunk].to(dtype)
+            dz = torch.exp(z - lse.unsqueeze(1)) * g_soft.unsqueeze(1)
+            if eps > 0:
+                dz = dz - (eps / c) * g.unsqueeze(1)
+            if need_x:
+                gx.addmm_(dz, w)
+            if need_w:
+                torch.mm(dz.T, xc, out=gw[start:start + chunk])
+            if need_b:
+                gb[start:start + chunk] = dz.sum(dim=0)
+        # the target term -(1-eps) z_y
+        gy = (1.0 - eps) * g
+        if need_x:
+            gx.sub_(gy.unsqueeze(1) * weight.index_select(0, safe).to(dtype))
+        if need_w:
+            gw.index_add_(0, safe, -gy.unsqueeze(1) * xc)
+        if need_b:
+            gb.index_add_(0, safe, -gy)
+        return (
+            None if gx is None else gx.to(x.dtype),
+            None if gw is None else gw.to(weight.dtype),
+            None if gb is None else gb.to(bias.dtype),
+            None, None, None, None, None, None,
+        )
+
+
+def linear_cross_entropy(
+    embeddings: Tensor,
+    target: Tensor,
+    weight: Tensor,
+    *,
+    bias: Optional[Tensor] = None,
+    chunk_size: Optional[int] = None,
+    label_smoothing: float = 0.0,
+    logz_coef: float = 0.0,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+) -> Tensor:
+    r"""Cross-entropy of a linear classifier without materialising the ``N x C`` logits.
+
+    Equal to ``F.cross_entropy(embeddings @ weight.T + bias, target)`` (and, with the options,
+    to label smoothing and the PaLM log-Z penalty ``logz_coef * logsumexp(z)^2`` of
+    :func:`losses.cross_entropy_with_logz_penalty`):
+
+    ``z_ik = <embeddings_i, weight_k> + bias_k``;
+    ``L_i = (1-eps)(lse_i - z_{i,y_i}) + eps(lse_i - mean_k z_ik) + logz_coef * lse_i^2``,
+    ``lse_i = logsumexp_k z_ik``.
+
+    The log-sum-exp is computed online over class chunks of ``chunk_size`` classes (``None``:
+    about 4M logits per chunk, i.e. ``max(256, 2**22 // N)`` classes) in float32 or wider, and a
+    custom backward recomputes each chunk's logits to accumulate the gradients of
+    ``embeddings``, ``weight`` and ``bias``; peak extra memory is one ``N x chunk_size`` block
+    instead of the ``N x C`` logits and their gradient.
+
+    Shapes: ``embeddings (N, D)``, ``target (N,)`` integer ids, ``weight (C, D)``, ``bias (C,)``.
+    Unit: the row (unit weight 0 where ``target == ignore_index``); ``"none"`` gives ``(N,)``.
+    Half-precision inputs are upcast chunk by chunk; the loss is float32 (float64 for float64
+    inputs) and gradients come back in each input's dtype. No double backward.
+
+    The chunked online softmax follows the memory-efficient cross-entropy used for large
+    vocabularies (e.g. M. Wijmans et al., *Cut Your Losses in Large-Vocabulary Language Models*,
+    ICLR 2025, arXiv:2411.09009); the maths is plain softmax cross-entropy.
+
+    >>> import torch, losses
+    >>> x, w = torch.randn(4, 3), torch.randn(10, 3)
+    >>> y = torch.tensor([0, 9, 3, -100])
+    >>> ref = torch.nn.functional.cross_entropy(x @ w.T, y)
+    >>> bool(torch.allclose(losses.linear_cross_entropy(x, y, w, chunk_size=3), ref, atol=1e-6))
+    True
+    """
+    fn = "linear_cross_entropy"
+    check_floating(fn, "embeddings", embeddings)
+    check_floating(fn, "weight", weight)
+    check_integer_target(fn, target)
+    check_reduction(fn, reduction)
+    check_number(fn, "label_smoothing", label_smoothing, low=0.0, high=1.0)
+    check_number(fn, "logz_coef", logz_coef, low=0.0)
+    if embeddings.dim() != 2:
+        raise value_error(fn, "embeddings must have shape (N, D)", f"shape {tuple(embeddings.shape)}",
+                          "flatten leading dimensions with embeddings.reshape(-1, D)")
+    if weight.dim() != 2 or weight.shape[1] != embeddings.shape[1]:
+        raise value_error(fn, f"weight must have shape (C, {embeddings.shape[1]})", f"shape {tuple(weight.shape)}",
+                          "weight holds one row of size D per class")
+    if target.shape != (embeddings.shape[0],):
+        raise value_error(fn, f"target must have shape ({embeddings.shape[0]},)", f"shape {tuple(target.shape)}",
+                          "pass one class id per embedding row")
+    c = weight.shape[0]
+    if c == 0:
+        raise value_error(fn, "weight must hold at least one class", "C=0", "pass a (C, D) weight with C >= 1")
+    if bias is not None:
+        check_tensor(fn, "bias", bias)
+        if bias.shape != (c,):
+            raise value_error(fn, f"bias must have shape ({c},)", f"shape {tuple(bias.shape)}", "one bias per class")
+    if chunk_size is not None:
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise value_error(fn, "chunk_size must be a positive int or None", repr(chunk_size),
+                              "use None to choose it from N and C")
+    check_finite(fn, "embeddings", embeddings)
+    check_finite(fn, "weight", weight)
+    if bias is not None:
+        check_finite(fn, "bias", bias)
+    check_ids_in_range(fn, target, c, ignore_index)
+    dtype = compute_dtype(embeddings, weight, bias)
+    chunk = min(c, chunk_size if chunk_size is not None else _default_chunk_size(embeddings.shape[0], c))
+    valid = target != ignore_index
+    values = _LinearCrossEntropy.apply(embeddings, weight, bias, target.long(), valid, chunk,
+                                       float(label_smoothing), float(logz_coef), dtype)
+    return reduce_loss(values, valid.to(dtype), reduction, anchors=(embeddings, weight, bias))
+
+
+class LinearCrossEntropyLoss(nn.Module):
+    """Module form of :func:`linear_cross_entropy`: owns ``weight (C, D)`` and ``bias (C,)``
+    (``nn.Linear`` initialisation); ``.logits(embeddings)`` gives the full logits for evaluation.
+    """
+
+    def __init__(
+        self,
+        embedding_dim: int,
+        num_classes: int,
+        *,
+        bias: bool = True,
+        chunk_size: Optional[int] = None,
+        label_smoothing: float = 0.0,
+        logz_coef: float = 0.0,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__()
+        fn = "LinearCrossEntropyLoss"
+        for name, v in (("embedding_dim", embedding_dim), ("num_classes", num_classes)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise value_error(fn, f"{name} must be a positive int", repr(v), f"pass the {name.replace('_', ' ')}")
+        check_reduction(fn, reduction)
+        check_number(fn, "label_smoothing", label_smoothing, low=0.0, high=1.0)
+        check_number(fn, "logz_coef", logz_coef, low=0.0)
+        if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+            raise value_error(fn, "chunk_size must be a positive int or None", repr(chunk_size),
+                              "use None to choose it from N and C")
+        self.embedding_dim, self.num_classes = embedding_dim, num_classes
+        self.chunk_size = chunk_size
+        self.label_smoothing, self.logz_coef = float(label_smoothing), float(logz_coef)
+        self.ignore_index, self.reduction = int(ignore_index), reduction
+        linear = nn.Linear(embedding_dim, num_classes, bias=bias)
+        self.weight = linear.weight
+        self.bias = linear.bias if bias else None
+        if not bias:
+            self.register_parameter("bias", None)
+
+    def forward(self, embeddings: Tensor, target: Tensor) -> Tensor:
+        return linear_cross_entropy(embeddings, target, self.weight, bias=self.bias, chunk_size=self.chunk_size,
+                                    label_smoothing=self.label_smoothing, logz_coef=self.logz_coef,
+                                    ignore_index=self.ignore_index, reduction=self.reduction)
+
+    def logits(self, embeddings: Tensor) -> Tensor:
+        """``embeddings @ weight.T + bias`` over all classes (materialised; for evaluation)."""
+        dtype = compute_dtype(embeddings, self.weight)
+        z = embeddings.to(dtype) @ self.weight.to(dtype).T
+        return z if self.bias is None else z + self.bias.to(dtype)
+
+    def extra_repr(self) -> str:
+        return (f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, "
+                f"bias={self.bias is not None}, chunk_size={self.chunk_size}, "
+                f"label_smoothing={self.label_smoothing}, logz_coef={self.logz_coef}, "
+                f"ignore_index={self.ignore_index}, reduction={self.reduction!r}")
+
+
+def _row_unit_weights(embeddings: Tensor, target: Tensor, *, ignore_index: int = -100, **_: object) -> Tensor:
+    return (target != ignore_index).double()
+
+
+register(
+    "linear_cross_entropy",
+    function=linear_cross_entropy,
+    module=LinearCrossEntropyLoss,
+    inputs="E",
+    unit="row",
+    unit_weights=_row_unit_weights,
+    arxiv="2411.09009",
+    paper="Chunked linear + softmax cross-entropy (many-class path; cf. Wijmans et al., ICLR 2025)",
+    owns_head=True,
+    example_kwargs={"embedding_dim": 8, "num_classes": 5, "chunk_size": 2},
+)
