@@ -125,7 +125,7 @@ def test_stats_lie_in_unit_interval(variant):
             f[:] = f[0]  # all identical: s = 1 (paper) exactly, d = 1
         y = torch.randint(0, 3, (9,), generator=torch.Generator().manual_seed(seed))
         _, s, d = losses.opl_loss(f, y, variant=variant, return_stats=True)
-        assert -1 - 1e-12 <= float(s) <= 1 + 1e-12 and -1 - 1e-12 <= float(d) <= 1 + 1e-12
+        assert -1 - 1e-12 <= s.item() <= 1 + 1e-12 and -1 - 1e-12 <= d.item() <= 1 + 1e-12
 
 
 @pytest.mark.parametrize("variant,neg_term", [("paper", None), ("reference", None), ("paper", "mean")])
@@ -191,7 +191,7 @@ def test_all_labels_distinct(variant):
     f = rand(5, 3, seed=5).requires_grad_(True)
     y = torch.tensor([4, 0, 3, 1, 2])
     out, s, d = losses.opl_loss(f, y, variant=variant, neg_term="abs_of_mean", return_stats=True)
-    assert float(s) == 0.0
+    assert s.item() == 0.0
     _, _, rd = opl_oracle(f, y, variant=variant)
     torch.testing.assert_close(out, 1 + 0.5 * rd.abs(), rtol=1e-12, atol=1e-12)
 
@@ -201,7 +201,7 @@ def test_one_sample_gives_one_with_zero_gradient():
         f = rand(y.numel(), 4, seed=2).requires_grad_(True)
         for variant in ("paper", "reference"):
             out = losses.opl_loss(f, y, variant=variant)
-            assert float(out) == 1.0
+            assert out.item() == 1.0
             (g,) = torch.autograd.grad(out, f)
             assert torch.all(g == 0)
 
@@ -211,7 +211,7 @@ def test_one_class_has_d_zero(variant):
     f = rand(5, 3, seed=6).requires_grad_(True)
     y = torch.full((5,), 2)
     out, s, d = losses.opl_loss(f, y, variant=variant, return_stats=True)
-    assert float(d) == 0.0
+    assert d.item() == 0.0
     rs = opl_oracle(f, y, variant=variant)[1]
     torch.testing.assert_close(out, 1 - rs, rtol=1e-12, atol=1e-12)
 
@@ -229,7 +229,7 @@ def test_zero_features_have_cosine_zero_and_finite_gradient():
     assert torch.isfinite(g).all()
     z = torch.zeros(4, 3, dtype=torch.float64, requires_grad=True)
     out = losses.opl_loss(z, torch.tensor([0, 0, 1, 1]), return_stats=True)
-    assert [float(v) for v in out] == [1.0, 0.0, 0.0]
+    assert [v.item() for v in out] == [1.0, 0.0, 0.0]
     (g,) = torch.autograd.grad(out[0], z)
     assert torch.isfinite(g).all()
 
@@ -240,7 +240,7 @@ def test_abs_has_subgradient_zero_at_zero():
                      dtype=torch.float64, requires_grad=True)
     y = torch.tensor([0, 0, 1, 1])
     out, s, d = losses.opl_loss(f, y, gamma=0.5, return_stats=True)
-    assert float(d) == 0.0
+    assert d.item() == 0.0
     (g,) = torch.autograd.grad(out, f)
     (g0,) = torch.autograd.grad(losses.opl_loss(f, y, gamma=0.0), f)
     torch.testing.assert_close(g, g0, rtol=0, atol=0)
