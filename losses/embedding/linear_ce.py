@@ -235,9 +235,7 @@ class LinearCrossEntropyLoss(nn.Module):
         self.ignore_index, self.reduction = int(ignore_index), reduction
         linear = nn.Linear(embedding_dim, num_classes, bias=bias)
         self.weight = linear.weight
-        self.bias = linear.bias if bias else None
-        if not bias:
-            self.register_parameter("bias", None)
+        self.register_parameter("bias", linear.bias if bias else None)
 
     def forward(self, embeddings: Tensor, target: Tensor) -> Tensor:
         return linear_cross_entropy(embeddings, target, self.weight, bias=self.bias, chunk_size=self.chunk_size,
