@@ -2,6 +2,11 @@
 
 __all__: list = []
 
+from .linear_ce import *  # noqa: F401,F403,E402
+from .linear_ce import __all__ as _linear_ce_all  # noqa: E402
+
+__all__ += list(_linear_ce_all)
+
 from .opl import *  # noqa: F401,F403,E402
 from .opl import __all__ as _opl_all  # noqa: E402
 from .nbc import *  # noqa: F401,F403,E402
