@@ -32,6 +32,15 @@ def _default_chunk_size(n: int, c: int) -> int:
     return int(max(256, min(c, _CHUNK_ELEMENTS // max(n, 1))))
 
 
+def _chunk_logits(xc: Tensor, weight: Tensor, bias: Optional[Tensor], start: int, chunk: int,
+                  dtype: torch.dtype) -> Tensor:
+    """Logits of classes ``[start, start + chunk)`` as a fresh ``(N, chunk)`` tensor."""
+    w = weight[start:start + chunk].to(dtype)
+    if bias is None:
+        return xc @ w.T
+    return torch.addmm(bias[start:start + chunk].to(dtype), xc, w.T)
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     """Per-row ``(1-eps)(lse - z_y) + eps(lse - mean_k z_k) + coef * lse^2`` over class chunks.
 
@@ -46,12 +55,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         m = torch.full((n,), -math.inf, dtype=dtype, device=x.device)
         s = torch.zeros((n,), dtype=dtype, device=x.device)
         for start in range(0, c, chunk):
-            w = weight[start:start + chunk].to(dtype)
-            z = xc @ w.T
-            if bias is not None:
-                z = z + bias[start:start + chunk].to(dtype)
+            z = _chunk_logits(xc, weight, bias, start, chunk, dtype)
             m_new = torch.maximum(m, z.max(dim=1).values)
-            s = s * torch.exp(m - m_new) + torch.exp(z - m_new.unsqueeze(1)).sum(dim=1)
+            s = s * torch.exp(m - m_new) + z.sub_(m_new.unsqueeze(1)).exp_().sum(dim=1)
             m = m_new
         lse = m + torch.log(s)
         safe = torch.where(valid, target, torch.zeros_like(target))
@@ -89,12 +95,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
         gb = torch.empty((c,), dtype=dtype, device=x.device) if need_b else None
         for start in range(0, c, chunk):
             w = weight[start:start + chunk].to(dtype)
-            z = xc @ w.T
-            if bias is not None:
-                z = z + bias[start:start + chunk].to(dtype)
-            dz = torch.exp(z - lse.unsqueeze(1)) * g_soft.unsqueeze(1)
+            # dz = p * g_soft - eps/C * g, written in place over the recomputed logits
+            dz = _chunk_logits(xc, weight, bias, start, chunk, dtype)
+            dz.sub_(lse.unsqueeze(1)).exp_().mul_(g_soft.unsqueeze(1))
             if eps > 0:
-                dz = dz - (eps / c) * g.unsqueeze(1)
+                dz.sub_((eps / c) * g.unsqueeze(1))
             if need_x:
                 gx.addmm_(dz, w)
             if need_w:
