@@ -1,0 +1,381 @@
+"""Smooth adversarial comp-sum loss (LOSSES.md §4) — **experimental**.
+
+Experimental: formula reconstructed, not yet confirmed against arXiv:2304.07288; API and defaults
+may change.
+
+A. Mao, M. Mohri, Y. Zhong, *Cross-Entropy Loss Functions: Theoretical Analysis and
+Applications*, ICML 2023, arXiv:2304.07288. The abstract confirms a comp-sum term plus a related
+*smooth* term trained by minimising a regularised smooth adversarial comp-sum loss; the exact
+form below is this library's reconstruction (LOSSES.md §4), frozen by the API.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from .._core import (
+    ExperimentalWarning,
+    check_choice,
+    check_finite,
+    check_floating,
+    check_integer_target,
+    check_number,
+    check_reduction,
+    compute_dtype,
+    flatten_logits_and_target,
+    reduce_loss,
+    type_error,
+    upcast,
+    value_error,
+)
+from .._registry import default_example_inputs, register
+from .comp_sum import _CompSumFunction
+from .zloss import _class_ids
+
+__all__ = ["adversarial_comp_sum_loss", "AdversarialCompSumLoss"]
+
+BANNER = ("Experimental: formula reconstructed, not yet confirmed against arXiv:2304.07288; "
+          "API and defaults may change.")
+NORMS = ("linf", "l2")
+
+
+def _warn() -> None:
+    warnings.warn(BANNER, ExperimentalWarning, stacklevel=3)
+
+
+def _safe_l2(d: Tensor) -> Tensor:
+    """Row-wise Euclidean norm whose (sub)gradient at 0 is 0 (never NaN)."""
+    sq = d.square().sum(dim=1)
+    pos = sq > 0
+    return torch.where(pos, torch.sqrt(torch.where(pos, sq, torch.ones_like(sq))), torch.zeros_like(sq))
+
+
+def _margin_change(h: Tensor, h_ref: Tensor, y: Tensor) -> Tensor:
+    """``Delta_h(x') - Delta_h(x)`` row-wise for 2-D logits, with ``Delta(h)_k = h_y - h_k``."""
+    delta = h - h_ref
+    return delta.gather(1, y.unsqueeze(1)) - delta
+
+
+def _check_hyper(fn: str, tau: float, rho: float, nu: float) -> Tuple[float, float, float]:
+    tau = check_number(fn, "tau", tau, low=0.0)
+    rho = check_number(fn, "rho", rho, low=0.0, low_inclusive=False)
+    nu = check_number(fn, "nu", nu, low=0.0, hint="choose nu >= 0 (the weight of the smooth term)")
+    return tau, rho, nu
+
+
+def _adversarial_comp_sum(fn: str, input: Tensor, input_adv: Tensor, target: Tensor, *, tau: float, rho: float,
+                          nu: float, ignore_index: int, reduction: str) -> Tensor:
+    check_floating(fn, "input", input)
+    check_floating(fn, "input_adv", input_adv)
+    check_integer_target(fn, target)
+    check_reduction(fn, reduction)
+    tau, rho, nu = _check_hyper(fn, tau, rho, nu)
+    if input_adv.shape != input.shape:
+        raise value_error(fn, f"input_adv must have the shape of input {tuple(input.shape)}",
+                          f"shape {tuple(input_adv.shape)}", "pass the model's logits on the perturbed inputs")
+    x2d, y, valid, out_shape = _class_ids(fn, input, target, ignore_index)
+    if input.shape[1] < 1:
+        raise value_error(fn, "input needs at least one class", f"C={input.shape[1]}", "pass logits with C >= 1")
+    x_adv2d, _, _ = flatten_logits_and_target(fn, input_adv, target)
+    check_finite(fn, "input", input)
+    check_finite(fn, "input_adv", input_adv)
+    dtype = compute_dtype(input, input_adv)
+    h = upcast(x2d, dtype)
+    h_adv = upcast(x_adv2d, dtype)
+    main = _CompSumFunction.apply(h if rho == 1.0 else h / rho, y, tau)
+    smooth = _safe_l2(_margin_change(h_adv, h, y))
+    values = main + nu * smooth
+    return reduce_loss(values.reshape(out_shape), valid.reshape(out_shape).to(dtype), reduction)
+
+
+def adversarial_comp_sum_loss(
+    input: Tensor,
+    input_adv: Tensor,
+    target: Tensor,
+    *,
+    tau: float = 1.0,
+    rho: float = 1.0,
+    nu: float,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+) -> Tensor:
+    r"""Smooth adversarial comp-sum loss on clean and adversarial logits (**experimental**).
+
+    *Experimental: formula reconstructed, not yet confirmed against arXiv:2304.07288; API and
+    defaults may change.* Emits :class:`losses.ExperimentalWarning`.
+
+    With clean logits ``h = input[i, :, ...]``, adversarial logits ``h' = input_adv[i, :, ...]``
+    and class id ``y = target[i, ...]``::
+
+        Delta(h)_k = h_y - h_k                        (the margin vector over all classes)
+        L = Phi^tau(sum_{k != y} exp((h_k - h_y) / rho)) + nu * ||Delta(h') - Delta(h)||_2
+
+    ``Phi^tau`` is the comp-sum transform of :func:`comp_sum_loss` (``tau`` its exponent), ``rho``
+    divides the margins, and the smooth term (weight ``nu``) is the Euclidean norm of the margin
+    change; its subgradient at 0 is 0. The smooth term is invariant to adding a constant to either
+    logit vector. :class:`AdversarialCompSumLoss` finds ``input_adv`` by PGD on the smooth term.
+
+    Args:
+        input: clean logits ``(N, C)`` or ``(N, C, d1, ..., dk)``, classes on dim 1; finite.
+        input_adv: adversarial logits, the shape of ``input``; finite.
+        target: integer ids ``(N,)`` / ``(N, d1, ..., dk)``; float targets raise ``TypeError``.
+        tau: ``tau >= 0`` (default 1: cross-entropy).
+        rho: ``rho > 0`` (default 1).
+        nu: ``nu >= 0``, the weight of the smooth term; required (no default).
+        ignore_index: positions with this id give 0 and leave the ``"mean"`` denominator.
+        reduction: ``"none"``, ``"mean"`` or ``"sum"``.
+
+    Unit: the row (position), weight 1 (0 if ignored).
+
+    Paper: A. Mao, M. Mohri, Y. Zhong, *Cross-Entropy Loss Functions: Theoretical Analysis and
+    Applications*, ICML 2023, arXiv:2304.07288 (no public code; the abstract leaves the smooth term
+    open and this reconstruction fixes it as above).
+
+    >>> import torch, warnings, losses
+    >>> x, y = torch.tensor([[2.0, 0.0, -1.0]]), torch.tensor([0])
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore")
+    ...     v = losses.adversarial_comp_sum_loss(x, x + 5.0, y, nu=1.0)   # shift: no margin change
+    >>> bool(torch.isclose(v, losses.comp_sum_loss(x, y)))
+    True
+    """
+    _warn()
+    return _adversarial_comp_sum("adversarial_comp_sum_loss", input, input_adv, target, tau=tau, rho=rho, nu=nu,
+                                 ignore_index=ignore_index, reduction=reduction)
+
+
+class AdversarialCompSumLoss(nn.Module):
+    r"""Smooth adversarial comp-sum loss with its PGD inner loop (**experimental**).
+
+    *Experimental: formula reconstructed, not yet confirmed against arXiv:2304.07288; API and
+    defaults may change.* Emits :class:`losses.ExperimentalWarning` when built.
+
+    ``forward(model, inputs, target)``:
+
+    1. saves the training mode of every submodule of ``model``, calls ``model.eval()`` and computes
+       ``ref = model(inputs)`` without gradients;
+    2. starts from ``x' = clip(inputs + random_init_std * N(0, I))`` (noise drawn from the module's
+       private generator when ``seed`` is set, else from the global RNG);
+    3. takes ``steps`` ascent steps on ``sum_i ||Delta(model(x'))_i - Delta(ref)_i||_2`` over the
+       non-ignored rows, with the gradient taken w.r.t. ``x'`` only (no parameter ``.grad`` is
+       touched): ``"linf"`` steps ``step_size * sign(g)`` and projects onto the ``epsilon``-box
+       around ``inputs``; ``"l2"`` steps ``step_size * g / ||g||`` per sample and projects onto the
+       ``epsilon``-ball; then clips to ``clip`` (``None``: no clipping);
+    4. restores every submodule's mode and returns
+       ``adversarial_comp_sum_loss(model(inputs), model(x'.detach()), target, ...)``.
+
+    Defaults: ``epsilon = 8/255``, ``steps = 10``, ``step_size = 2/255``, ``norm = "linf"`` follow
+    the CIFAR TRADES convention, not the paper; ``nu`` has no default. ``inputs`` must be floating
+    point (images, features).
+
+    Paper: A. Mao, M. Mohri, Y. Zhong, *Cross-Entropy Loss Functions: Theoretical Analysis and
+    Applications*, ICML 2023, arXiv:2304.07288.
+
+    >>> import torch, warnings, losses
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore")
+    ...     loss_fn = losses.AdversarialCompSumLoss(nu=1.0, steps=2, seed=0)
+    >>> model = torch.nn.Linear(4, 3)
+    >>> loss = loss_fn(model, torch.rand(5, 4), torch.tensor([0, 1, 2, 0, 1]))
+    >>> loss.backward(); model.weight.grad.shape
+    torch.Size([3, 4])
+    """
+
+    def __init__(
+        self,
+        *,
+        tau: float = 1.0,
+        rho: float = 1.0,
+        nu: float,
+        epsilon: float = 8 / 255,
+        steps: int = 10,
+        step_size: float = 2 / 255,
+        norm: str = "linf",
+        clip: Optional[Tuple[float, float]] = (0.0, 1.0),
+        random_init_std: float = 1e-3,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        seed: Optional[int] = None,
+    ) -> None:
+        super().__init__()
+        fn = "AdversarialCompSumLoss"
+        check_reduction(fn, reduction)
+        self.tau, self.rho, self.nu = _check_hyper(fn, tau, rho, nu)
+        self.epsilon = check_number(fn, "epsilon", epsilon, low=0.0)
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise value_error(fn, "steps must be an integer >= 0", repr(steps), "pass the number of PGD steps")
+        self.steps = int(steps)
+        self.step_size = check_number(fn, "step_size", step_size, low=0.0)
+        check_choice(fn, "norm", norm, NORMS)
+        self.norm = norm
+        self.clip = self._check_clip(fn, clip)
+        self.random_init_std = check_number(fn, "random_init_std", random_init_std, low=0.0)
+        self.ignore_index = int(ignore_index)
+        self.reduction = reduction
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise type_error(fn, "seed must be an int or None", type(seed).__name__, "pass an integer seed")
+        self.seed = seed
+        self._generator: Optional[torch.Generator] = None
+        _warn()
+
+    @staticmethod
+    def _check_clip(fn: str, clip: Optional[Sequence[float]]) -> Optional[Tuple[float, float]]:
+        if clip is None:
+            return None
+        if not isinstance(clip, (tuple, list)) or len(clip) != 2:
+            raise value_error(fn, "clip must be None or a pair (low, high)", repr(clip),
+                              "pass e.g. (0.0, 1.0) for images in [0, 1]")
+        low = check_number(fn, "clip[0]", clip[0])
+        high = check_number(fn, "clip[1]", clip[1])
+        if low > high:
+            raise value_error(fn, "clip must satisfy low <= high", repr(tuple(clip)), "swap the bounds")
+        return (low, high)
+
+    # ---- private generator (pickle- and deepcopy-friendly) ---------------------------------
+
+    def _get_generator(self, device: torch.device) -> Optional[torch.Generator]:
+        if self.seed is None:
+            return None
+        g = self._generator
+        if g is None or g.device != device:
+            g = torch.Generator(device=device)
+            g.manual_seed(self.seed)
+            self._generator = g
+        return g
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        g = state.pop("_generator", None)
+        state["_generator_state"] = None if g is None else (str(g.device), g.get_state())
+        return state
+
+    def __setstate__(self, state):
+        saved = state.pop("_generator_state", None)
+        super().__setstate__(state)
+        self._generator = None
+        if saved is not None:
+            device, rng_state = saved
+            g = torch.Generator(device=device)
+            g.set_state(rng_state)
+            self._generator = g
+
+    # ---- forward ---------------------------------------------------------------------------
+
+    def _clip(self, x: Tensor) -> Tensor:
+        return x if self.clip is None else x.clamp(self.clip[0], self.clip[1])
+
+    def _perturb(self, model: nn.Module, inputs: Tensor, target: Tensor,
+                 generator: Optional[torch.Generator]) -> Tensor:
+        fn = "AdversarialCompSumLoss"
+        x0 = inputs.detach()
+        with torch.no_grad():
+            ref = model(x0)
+        if not isinstance(ref, Tensor) or not ref.is_floating_point():
+            raise type_error(fn, "model(inputs) must return a floating-point logits tensor", type(ref).__name__,
+                             "wrap the model so that it returns logits (N, C)")
+        ref2d, t, _ = flatten_logits_and_target(fn, ref, target)
+        valid = t != self.ignore_index
+        y = torch.where(valid, t, torch.zeros_like(t)).long()
+        dtype = compute_dtype(ref)
+        ref2d = upcast(ref2d, dtype)
+        w = valid.to(dtype)
+        x_adv = x0
+        if self.random_init_std > 0:
+            g = generator if generator is not None else self._get_generator(x0.device)
+            noise_dtype = torch.float64 if x0.dtype == torch.float64 else torch.float32
+            noise = torch.randn(x0.shape, generator=g, device=x0.device, dtype=noise_dtype)
+            x_adv = x0 + (self.random_init_std * noise).to(x0.dtype)
+        x_adv = self._clip(x_adv).detach()
+        batch_shape = (-1,) + (1,) * (x0.dim() - 1)
+        for _ in range(self.steps):
+            x_adv.requires_grad_(True)
+            with torch.enable_grad():
+                out = model(x_adv)
+                out2d, _, _ = flatten_logits_and_target(fn, out, target)
+                objective = (w * _safe_l2(_margin_change(upcast(out2d, dtype), ref2d, y))).sum()
+                (grad,) = torch.autograd.grad(objective, [x_adv], allow_unused=True)
+            x_adv = x_adv.detach()
+            if grad is None:
+                grad = torch.zeros_like(x_adv)
+            if self.norm == "linf":
+                x_adv = x_adv + self.step_size * grad.sign()
+                x_adv = torch.minimum(torch.maximum(x_adv, x0 - self.epsilon), x0 + self.epsilon)
+            else:
+                gn = torch.linalg.vector_norm(grad.flatten(1).to(dtype), dim=1).clamp_min(1e-12)
+                x_adv = x_adv + (self.step_size * grad.to(dtype) / gn.view(batch_shape)).to(x_adv.dtype)
+                delta = (x_adv - x0).to(dtype)
+                dn = torch.linalg.vector_norm(delta.flatten(1), dim=1)
+                scale = torch.where(dn > self.epsilon, self.epsilon / dn.clamp_min(1e-12), torch.ones_like(dn))
+                x_adv = x0 + (delta * scale.view(batch_shape)).to(x0.dtype)
+            x_adv = self._clip(x_adv).detach()
+        return x_adv
+
+    def forward(self, model: nn.Module, inputs: Tensor, target: Tensor, *, seed: Optional[int] = None) -> Tensor:
+        """The loss of ``model`` on ``inputs`` and their PGD perturbation (see the class docs).
+
+        ``seed`` (optional) draws this call's random start from a fresh generator seeded with it,
+        instead of the module's own generator (constructor ``seed``) or the global RNG, so that
+        a call can be reproduced exactly.
+        """
+        fn = "AdversarialCompSumLoss"
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise type_error(fn, "seed must be an int or None", type(seed).__name__, "pass an integer seed")
+        if not isinstance(model, nn.Module):
+            raise type_error(fn, "model must be a torch.nn.Module", type(model).__name__,
+                             "pass the network whose logits are trained")
+        check_floating(fn, "inputs", inputs)
+        check_integer_target(fn, target)
+        check_finite(fn, "inputs", inputs)
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(device=inputs.device)
+            generator.manual_seed(seed)
+        modes = [(m, m.training) for m in model.modules()]
+        try:
+            model.eval()
+            x_adv = self._perturb(model, inputs, target, generator)
+        finally:
+            for m, mode in modes:
+                m.training = mode
+        return _adversarial_comp_sum("AdversarialCompSumLoss", model(inputs), model(x_adv), target, tau=self.tau,
+                                     rho=self.rho, nu=self.nu, ignore_index=self.ignore_index,
+                                     reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return (f"tau={self.tau}, rho={self.rho}, nu={self.nu}, epsilon={self.epsilon}, steps={self.steps}, "
+                f"step_size={self.step_size}, norm={self.norm!r}, clip={self.clip}, "
+                f"random_init_std={self.random_init_std}, ignore_index={self.ignore_index}, "
+                f"reduction={self.reduction!r}, seed={self.seed}")
+
+
+def _row_unit_weights(model, inputs, target, *, ignore_index: int = -100, **_: object) -> Tensor:
+    """Unit weights: 1 per non-ignored row (position), shaped like the ``"none"`` output."""
+    return (target != ignore_index).double()
+
+
+def _example_inputs(*, generator: Optional[torch.Generator] = None, dtype=torch.float32, case: str = "random"):
+    """The registry's default model example plus a per-call ``seed`` for the random start, so that
+    repeated calls on equal examples draw the same noise."""
+    args, kwargs = default_example_inputs("M")(generator=generator, dtype=dtype, case=case)
+    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator)) if generator is not None else 0
+    return args, {**kwargs, "seed": seed}
+
+
+register(
+    "adversarial_comp_sum",
+    function=adversarial_comp_sum_loss,
+    module=AdversarialCompSumLoss,
+    inputs="M",
+    unit="row",
+    unit_weights=_row_unit_weights,
+    arxiv="2304.07288",
+    paper="A. Mao, M. Mohri, Y. Zhong, Cross-Entropy Loss Functions: Theoretical Analysis and Applications, "
+          "ICML 2023 (smooth adversarial comp-sum; experimental reconstruction)",
+    experimental=True,
+    example_kwargs={"nu": 1.0},
+    example_inputs=_example_inputs,
+)

@@ -1,0 +1,172 @@
+"""Comp-sum losses (LOSSES.md §3): sum-exponential, cross-entropy, GCE and MAE in one family.
+
+A. Mao, M. Mohri, Y. Zhong, *Cross-Entropy Loss Functions: Theoretical Analysis and
+Applications*, ICML 2023, arXiv:2304.07288. There is no public code; implemented from the maths.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
+
+from .._core import (
+    check_finite,
+    check_floating,
+    check_integer_target,
+    check_number,
+    check_reduction,
+    compute_dtype,
+    reduce_loss,
+    upcast,
+    value_error,
+)
+from .._registry import register
+from .baselines import position_unit_weights
+from .zloss import _class_ids, _row_max_logsum
+
+__all__ = ["comp_sum_loss", "CompSumLoss"]
+
+
+class _CompSumFunction(torch.autograd.Function):
+    """Per-row ``Phi^tau(1/p_y - 1)`` with the log-space backward of LOSSES.md §3.
+
+    Forward: ``ce = logsumexp(h) - h_y``; ``ce`` if ``tau == 1`` else
+    ``expm1((1 - tau) ce) / (1 - tau)``. Backward, with ``r = (1 - tau) ce``:
+    ``exp(r + lp_j)`` for ``j != y`` and ``-exp(r + logsumexp_{j != y} lp_j)`` at ``y``, i.e.
+    ``p_y^(tau-1) (p - e_y)``. The upstream gradient is folded into the exponent as
+    ``log|g|`` (so a zero upstream gradient gives exact zeros, never ``inf * 0``); entries may
+    be +-inf but never NaN. The target entry is minus the sum of the others, summed without
+    the target term, so it does not cancel when ``p_y -> 1``.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, y: Tensor, tau: float) -> Tensor:
+        m, log_s = _row_max_logsum(x)
+        x_y = x.gather(1, y.unsqueeze(1)).squeeze(1)
+        ce = ((m - x_y) + log_s).clamp_min(0)
+        if tau == 1.0:
+            r = torch.zeros_like(ce)
+            value = ce
+        else:
+            r = (1.0 - tau) * ce
+            value = torch.expm1(r) / (1.0 - tau)
+        ctx.save_for_backward(x, y, m, log_s, r)
+        return value
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: Tensor):
+        x, y, m, log_s, r = ctx.saved_tensors
+        k = (r - log_s) + torch.log(g.abs())  # -inf where g == 0
+        grad = torch.sub(x, m.unsqueeze(1))
+        grad.add_(k.unsqueeze(1)).exp_()  # |g| exp(r + lp_j)
+        idx = y.unsqueeze(1)
+        grad.scatter_(1, idx, 0.0)
+        others = grad.sum(dim=1, keepdim=True)  # |g| exp(r + logsumexp_{j != y} lp_j)
+        grad.scatter_(1, idx, -others)
+        grad.mul_(torch.sign(g).unsqueeze(1))
+        return grad, None, None
+
+
+def _check_tau(fn: str, tau: float) -> float:
+    return check_number(fn, "tau", tau, low=0.0,
+                        hint="choose tau >= 0 (0: sum-exponential, 1: cross-entropy, 1+q: GCE, 2: MAE-like)")
+
+
+def comp_sum_loss(
+    input: Tensor,
+    target: Tensor,
+    *,
+    tau: float = 1.0,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+) -> Tensor:
+    r"""Comp-sum loss ``Phi^tau(sum_{y' != y} exp(h_{y'} - h_y))`` (Mao, Mohri & Zhong, 2023).
+
+    With logits ``h = input[i, :, ...]``, class id ``y = target[i, ...]``, ``p = softmax(h)`` and
+    ``ce = logsumexp(h) - h_y = -log p_y`` (so ``1 + u = e^ce`` for the sum ``u``)::
+
+        Phi^1(u) = log(1 + u)                               -> ce
+        Phi^tau(u) = ((1 + u)^(1-tau) - 1) / (1 - tau)      -> expm1((1 - tau) ce) / (1 - tau)
+
+    ``tau`` (``tau >= 0``, the ``Phi`` exponent) selects the member: ``0`` sum-exponential
+    ``1/p_y - 1``; ``1`` cross-entropy ``-log p_y``; ``1 + q`` (``0 < q < 1``) the generalised
+    cross-entropy ``(1 - p_y^q)/q`` of Zhang & Sabuncu (NeurIPS 2018); ``2`` the MAE-like
+    ``1 - p_y``. Powers of ``p_y`` are never taken: the ``expm1`` form is exact and continuous at
+    ``tau = 1``.
+
+    Gradient: ``p_y^(tau-1) (p - e_y)``, computed in log space by a custom backward. For
+    ``tau < 1`` the value leaves the float32 range once ``(1 - tau) ce > 88.72 + ln(1 - tau)``:
+    float32 then returns ``+inf`` and gradient entries reach ``+-inf`` (never NaN). There is no
+    clamp; use float64 inputs for such logits.
+
+    Args:
+        input: logits ``(N, C)`` or ``(N, C, d1, ..., dk)``, classes on dim 1; finite.
+        target: integer ids ``(N,)`` / ``(N, d1, ..., dk)``; float targets raise ``TypeError``.
+        tau: ``tau >= 0`` and finite (default 1: cross-entropy; the paper analyses [0, 2]; larger
+            values are allowed).
+        ignore_index: positions with this id give 0 and leave the ``"mean"`` denominator.
+        reduction: ``"none"`` (shape ``(N, d1, ..., dk)``), ``"mean"`` or ``"sum"``.
+
+    Unit: the position, weight 1 (0 if ignored).
+
+    Paper: A. Mao, M. Mohri, Y. Zhong, *Cross-Entropy Loss Functions: Theoretical Analysis and
+    Applications*, ICML 2023, arXiv:2304.07288. No public code exists, so there is no reference
+    variant.
+
+    >>> import torch, losses
+    >>> x, y = torch.tensor([[2.0, 0.5, -1.0]]), torch.tensor([1])
+    >>> p_y = torch.softmax(x, 1)[0, 1]
+    >>> bool(torch.isclose(losses.comp_sum_loss(x, y, tau=2.0), 1 - p_y))
+    True
+    >>> bool(torch.isclose(losses.comp_sum_loss(x, y, tau=0.0), 1 / p_y - 1))
+    True
+    """
+    fn = "comp_sum_loss"
+    check_floating(fn, "input", input)
+    check_integer_target(fn, target)
+    check_reduction(fn, reduction)
+    tau = _check_tau(fn, tau)
+    x2d, y, valid, out_shape = _class_ids(fn, input, target, ignore_index)
+    if input.shape[1] < 1:
+        raise value_error(fn, "input needs at least one class", f"C={input.shape[1]}", "pass logits with C >= 1")
+    check_finite(fn, "input", input)
+    dtype = compute_dtype(input)
+    values = _CompSumFunction.apply(upcast(x2d, dtype), y, tau)
+    return reduce_loss(values.reshape(out_shape), valid.reshape(out_shape).to(dtype), reduction)
+
+
+class CompSumLoss(nn.Module):
+    """Module form of :func:`comp_sum_loss` (Mao, Mohri & Zhong, ICML 2023, arXiv:2304.07288).
+
+    >>> import losses
+    >>> losses.CompSumLoss(tau=0.5)
+    CompSumLoss(tau=0.5, ignore_index=-100, reduction='mean')
+    """
+
+    def __init__(self, *, tau: float = 1.0, ignore_index: int = -100, reduction: str = "mean") -> None:
+        super().__init__()
+        check_reduction("CompSumLoss", reduction)
+        self.tau = _check_tau("CompSumLoss", tau)
+        self.ignore_index = int(ignore_index)
+        self.reduction = reduction
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return comp_sum_loss(input, target, tau=self.tau, ignore_index=self.ignore_index, reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"tau={self.tau}, ignore_index={self.ignore_index}, reduction={self.reduction!r}"
+
+
+register(
+    "comp_sum",
+    function=comp_sum_loss,
+    module=CompSumLoss,
+    inputs="I",
+    unit="position",
+    unit_weights=position_unit_weights,
+    arxiv="2304.07288",
+    paper="A. Mao, M. Mohri, Y. Zhong, Cross-Entropy Loss Functions: Theoretical Analysis and Applications, ICML 2023",
+    example_kwargs={"tau": 0.5},
+)

@@ -1,0 +1,481 @@
+"""The Z-loss of de Brébisson & Vincent and, separately, the PaLM / T5X log-Z penalty (LOSSES.md §1).
+
+The two share a name in the literature but are different losses:
+
+* :func:`z_loss` (:class:`ZLoss`) — A. de Brébisson, P. Vincent, *The Z-loss: a shift and scale
+  invariant classification loss belonging to the Spherical Family*, arXiv preprint 2016,
+  arXiv:1604.08859. A softplus of the standardised target logit.
+* :func:`logz_penalty` and :func:`cross_entropy_with_logz_penalty`
+  (:class:`CrossEntropyWithLogZPenalty`) — the ``κ (log Z)²`` penalty of A. Chowdhery et al.,
+  *PaLM: Scaling Language Modeling with Pathways*, JMLR 2023, arXiv:2204.02311 (the ST-MoE router
+  z-loss, arXiv:2202.08906, when applied to router logits).
+
+Both are written as custom :class:`torch.autograd.Function` objects whose backward writes the
+``(M, C)`` gradient in one pass from per-row statistics saved by the forward, so they cost about
+as much as :func:`torch.nn.functional.cross_entropy` at large ``C`` (they are bandwidth-bound).
+Implemented from the maths only.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
+
+from .._core import (
+    check_finite,
+    check_floating,
+    check_ids_in_range,
+    check_integer_target,
+    check_number,
+    check_reduction,
+    check_tensor,
+    compute_dtype,
+    flatten_logits_and_target,
+    move_class_dim_last,
+    reduce_loss,
+    type_error,
+    upcast,
+    value_error,
+)
+from .._registry import register
+from .baselines import position_unit_weights
+
+__all__ = [
+    "z_loss",
+    "ZLoss",
+    "logz_penalty",
+    "cross_entropy_with_logz_penalty",
+    "CrossEntropyWithLogZPenalty",
+]
+
+
+# --------------------------------------------------------------------------------------
+# shared helpers (also used by comp_sum.py)
+# --------------------------------------------------------------------------------------
+
+
+def _row_max_logsum(x: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(m, log_s)`` with ``m = max_k x_k`` and ``log_s = log sum_k exp(x_k - m)`` per row of a
+    2-D tensor, so that ``logsumexp(x) = m + log_s``. One temporary, no saved ``(M, C)`` output."""
+    m = x.amax(dim=1)
+    # rows that are entirely +-inf (only reachable with validation off) must not give inf - inf
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.sub(x, m.unsqueeze(1))
+    e.exp_()
+    return m, e.sum(dim=1).log()
+
+
+def _class_ids(fn: str, input: Tensor, target: Tensor, ignore_index: int):
+    """Shape checks, flattening and safe ids shared by the position-level losses.
+
+    Returns ``(x2d, safe_ids, valid, out_shape)`` with ``x2d`` of shape ``(M, C)`` (not yet
+    upcast), ``safe_ids`` long ``(M,)`` with ignored positions mapped to class 0 and ``valid``
+    bool ``(M,)``.
+    """
+    x2d, t, out_shape = flatten_logits_and_target(fn, input, target)
+    c = input.shape[1]
+    check_ids_in_range(fn, target, c, ignore_index)
+    valid = t != ignore_index
+    safe = torch.where(valid, t, torch.zeros_like(t)).long()
+    return x2d, safe, valid, out_shape
+
+
+def _softplus(t: Tensor) -> Tensor:
+    # softplus(t) = max(t, 0) + log1p(exp(-|t|)), exact for every finite t
+    return t.clamp_min(0) + torch.log1p(torch.exp(-t.abs()))
+
+
+# --------------------------------------------------------------------------------------
+# 1a. Z-loss
+# --------------------------------------------------------------------------------------
+
+
+class _ZLossFunction(torch.autograd.Function):
+    """Per-row Z-loss with the closed-form gradient written in one pass."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, y: Tensor, a: float, b: float, eps: float) -> Tensor:
+        c = x.shape[1]
+        mu = x.mean(dim=1, keepdim=True)
+        d = x - mu  # centred logits (saved: the backward is one fused pass over them)
+        v = torch.linalg.vector_norm(d, dim=1).square() / c  # centred population variance
+        sigma = torch.sqrt(v + eps)
+        z_c = d.gather(1, y.unsqueeze(1)).squeeze(1) / sigma
+        t = a * (b - z_c)
+        ctx.save_for_backward(d, y, sigma, z_c, torch.sigmoid(t))
+        return _softplus(t) / a
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: Tensor):
+        d, y, sigma, z_c, s = ctx.saved_tensors
+        c = d.shape[1]
+        gs = g * s
+        # dL/do_k = -gs [(delta_kc - 1/C)/sigma - z_c z_k/(C sigma)]
+        #         = A (o_k - mu) + B - delta_kc gs/sigma
+        coef = (gs * z_c / (c * sigma * sigma)).unsqueeze(1)
+        offset = (gs / (c * sigma)).unsqueeze(1)
+        grad = torch.addcmul(offset, d, coef)
+        grad.scatter_add_(1, y.unsqueeze(1), (-gs / sigma).unsqueeze(1))
+        return grad, None, None, None, None
+
+
+def z_loss(
+    input: Tensor,
+    target: Tensor,
+    *,
+    a: float = 1.0,
+    b: float = 0.0,
+    eps: float = 1e-6,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+) -> Tensor:
+    r"""Z-loss: softplus of the standardised target logit (shift and scale invariant).
+
+    For each position with logits ``o = input[i, :, ...]`` (``C`` classes) and class id
+    ``c = target[i, ...]``::
+
+        mu = mean_k o_k,   v = mean_k (o_k - mu)^2        (centred population variance)
+        sigma = sqrt(v + eps),   z_k = (o_k - mu) / sigma
+        L = softplus(a * (b - z_c)) / a
+
+    ``a > 0`` sets the sharpness and ``b`` is the target z-margin. Since ``z_c <= sqrt(C - 1)``,
+    with ``b >= sqrt(C - 1)`` the loss never saturates. The loss is invariant to
+    ``o -> lambda * o + beta`` (``lambda > 0``) up to ``eps``, which only matters when
+    ``v`` is comparable to ``eps``. All-equal logits (a zero-initialised head) give
+    ``softplus(a*b)/a`` (``log 2`` at the defaults) with a finite gradient of order
+    ``eps**-0.5``.
+
+    Gradient (exact for any ``eps``, used by the custom backward):
+    ``dL/do_k = -sigmoid(a(b - z_c)) * [(delta_kc - 1/C)/sigma - z_c z_k/(C sigma)]``.
+
+    This is **not** the PaLM / T5X "z-loss" ``kappa * (log Z)^2``; that one is
+    :func:`logz_penalty` / :func:`cross_entropy_with_logz_penalty`.
+
+    Args:
+        input: logits ``(N, C)`` or ``(N, C, d1, ..., dk)``, classes on dim 1, ``C >= 3``;
+            any floating dtype (half is computed in float32). Must be finite.
+        target: integer class ids ``(N,)`` or ``(N, d1, ..., dk)``; float targets raise
+            :class:`TypeError`.
+        a: sharpness ``a > 0`` (default 1, as the authors' code).
+        b: target z-margin (default 0, as the authors' code; the paper tunes ``(a, b)``).
+        eps: ``> 0``, added to the variance inside the square root.
+        ignore_index: positions with this id give 0 and leave the ``"mean"`` denominator.
+        reduction: ``"none"`` (shape ``(N, d1, ..., dk)``), ``"mean"`` or ``"sum"``.
+
+    Unit: the position, weight 1 (0 if ignored).
+
+    Paper: A. de Brébisson, P. Vincent, *The Z-loss: a shift and scale invariant classification
+    loss belonging to the Spherical Family*, arXiv preprint 2016, arXiv:1604.08859. The reference
+    code (``pascal20100/factored_output_layer``) uses ``a=1, b=0``, sums over the batch (use
+    ``reduction="sum"``) and ``sigma = sqrt(mean(o^2) - mu^2) + 1e-12``, which gives NaN
+    gradients on constant rows; here ``eps`` sits inside the root, so values differ from it
+    by about ``eps/(2v)`` relative. The spherical-family factored update is out of scope.
+
+    >>> import torch, losses
+    >>> x = torch.tensor([[2.0, 0.0, -2.0]])
+    >>> z_c = 2.0 / (8.0 / 3.0 + 1e-6) ** 0.5
+    >>> bool(torch.isclose(losses.z_loss(x, torch.tensor([0])),
+    ...                    torch.nn.functional.softplus(torch.tensor(-z_c))))
+    True
+    >>> round(float(losses.z_loss(torch.zeros(2, 4), torch.tensor([1, 3]))), 4)  # log 2
+    0.6931
+    """
+    fn = "z_loss"
+    check_floating(fn, "input", input)
+    check_integer_target(fn, target)
+    check_reduction(fn, reduction)
+    a = check_number(fn, "a", a, low=0.0, low_inclusive=False)
+    b = check_number(fn, "b", b)
+    eps = check_number(fn, "eps", eps, low=0.0, low_inclusive=False)
+    x2d, y, valid, out_shape = _class_ids(fn, input, target, ignore_index)
+    c = input.shape[1]
+    if c < 3:
+        raise value_error(
+            fn,
+            "needs at least 3 classes",
+            f"C={c}",
+            "with C=2 the target z-score is always ±1, so the loss is constant and its gradient zero "
+            "— use binary_cross_entropy_with_logits",
+        )
+    check_finite(fn, "input", input)
+    dtype = compute_dtype(input)
+    values = _ZLossFunction.apply(upcast(x2d, dtype), y, a, b, eps)
+    return reduce_loss(values.reshape(out_shape), valid.reshape(out_shape).to(dtype), reduction)
+
+
+class ZLoss(nn.Module):
+    """Module form of :func:`z_loss` (de Brébisson & Vincent, arXiv:1604.08859).
+
+    Not the PaLM log-Z penalty; see :class:`CrossEntropyWithLogZPenalty` for that.
+
+    >>> import torch, losses
+    >>> losses.ZLoss(a=2.0)
+    ZLoss(a=2.0, b=0.0, eps=1e-06, ignore_index=-100, reduction='mean')
+    """
+
+    def __init__(
+        self,
+        *,
+        a: float = 1.0,
+        b: float = 0.0,
+        eps: float = 1e-6,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__()
+        fn = "ZLoss"
+        check_reduction(fn, reduction)
+        self.a = check_number(fn, "a", a, low=0.0, low_inclusive=False)
+        self.b = check_number(fn, "b", b)
+        self.eps = check_number(fn, "eps", eps, low=0.0, low_inclusive=False)
+        self.ignore_index = int(ignore_index)
+        self.reduction = reduction
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return z_loss(input, target, a=self.a, b=self.b, eps=self.eps, ignore_index=self.ignore_index,
+                      reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return (f"a={self.a}, b={self.b}, eps={self.eps}, ignore_index={self.ignore_index}, "
+                f"reduction={self.reduction!r}")
+
+
+# --------------------------------------------------------------------------------------
+# 1b. log-Z penalty (PaLM / T5X "z-loss")
+# --------------------------------------------------------------------------------------
+
+
+class _LogSumExpFunction(torch.autograd.Function):
+    """Row-wise ``logsumexp`` with a one-pass softmax backward."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        m, log_s = _row_max_logsum(x)
+        ctx.save_for_backward(x, m, log_s)
+        return m + log_s
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: Tensor):
+        x, m, log_s = ctx.saved_tensors
+        grad = torch.sub(x, m.unsqueeze(1))
+        grad.sub_(log_s.unsqueeze(1)).exp_().mul_(g.unsqueeze(1))  # softmax * g
+        return grad
+
+
+class _CrossEntropyLogZFunction(torch.autograd.Function):
+    """Row-wise ``(ce, logZ)`` with ``ce = logZ - x_y``; backward
+    ``softmax * (g_ce + g_lse) - g_ce * onehot(y)`` in one pass."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, y: Tensor) -> Tuple[Tensor, Tensor]:
+        m, log_s = _row_max_logsum(x)
+        ctx.save_for_backward(x, y, m, log_s)
+        x_y = x.gather(1, y.unsqueeze(1)).squeeze(1)
+        return (m - x_y) + log_s, m + log_s
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_ce: Tensor, g_lse: Tensor):
+        x, y, m, log_s = ctx.saved_tensors
+        grad = torch.sub(x, m.unsqueeze(1))
+        grad.sub_(log_s.unsqueeze(1)).exp_().mul_((g_ce + g_lse).unsqueeze(1))
+        grad.scatter_add_(1, y.unsqueeze(1), -g_ce.unsqueeze(1))
+        return grad, None
+
+
+def logz_penalty(
+    input: Tensor,
+    *,
+    coef: float = 1e-4,
+    mask: Optional[Tensor] = None,
+    reduction: str = "mean",
+) -> Tensor:
+    r"""The log-partition penalty ``coef * (log Z)^2`` alone (PaLM / T5X "z-loss").
+
+    Per position with logits ``o = input[i, :, ...]``: ``log Z = logsumexp_k o_k`` (computed in
+    float32 or wider) and ``L = coef * (log Z)^2``. It pushes the softmax normaliser towards
+    ``Z = 1`` (self-normalisation) and keeps logits from drifting, as used in PaLM
+    (``coef = kappa = 1e-4``) and, on router logits, as the ST-MoE router z-loss. Add it to a
+    main loss, or use :func:`cross_entropy_with_logz_penalty` for the fused CE + penalty.
+
+    Gradient: ``dL/do = 2 * coef * log Z * softmax(o)``.
+
+    This is **not** the de Brébisson–Vincent Z-loss; that one is :func:`z_loss`.
+
+    Args:
+        input: logits ``(N, C)`` or ``(N, C, d1, ..., dk)``, classes on dim 1; finite.
+        coef: ``kappa >= 0`` (default 1e-4, PaLM; T5X defaults it to 0).
+        mask: optional bool ``(N, d1, ..., dk)``, ``True`` = keep; masked positions give 0 and
+            leave the ``"mean"`` denominator.
+        reduction: ``"none"`` (shape ``(N, d1, ..., dk)``), ``"mean"`` or ``"sum"`` (T5X sums).
+
+    Unit: the position, weight ``mask`` (1 without a mask).
+
+    Paper: A. Chowdhery et al., *PaLM: Scaling Language Modeling with Pathways*, JMLR 2023,
+    arXiv:2204.02311; router form: B. Zoph et al., *ST-MoE*, arXiv:2202.08906. Reference:
+    ``google-research/t5x`` ``cross_entropy_with_logits`` (JAX).
+
+    >>> import torch, losses
+    >>> x = torch.zeros(1, 4)          # log Z = log 4
+    >>> bool(torch.isclose(losses.logz_penalty(x, coef=1.0), torch.log(torch.tensor(4.0)) ** 2))
+    True
+    """
+    fn = "logz_penalty"
+    check_floating(fn, "input", input)
+    check_reduction(fn, reduction)
+    coef = check_number(fn, "coef", coef, low=0.0)
+    if input.dim() < 2:
+        raise value_error(fn, "input must have shape (N, C) or (N, C, d1, ..., dk) with classes on dim 1",
+                          f"shape {tuple(input.shape)}", "add a batch dimension with input.unsqueeze(0)")
+    c = input.shape[1]
+    if c < 1:
+        raise value_error(fn, "input needs at least one class", f"C={c}", "pass logits with C >= 1")
+    out_shape = (input.shape[0],) + tuple(input.shape[2:])
+    weights = None
+    if mask is not None:
+        check_tensor(fn, "mask", mask)
+        if mask.dtype != torch.bool:
+            raise type_error(fn, "mask must be a bool tensor (True = keep)", str(mask.dtype), "pass mask.bool()")
+        if tuple(mask.shape) != out_shape:
+            raise value_error(fn, f"mask shape must be {out_shape} for input of shape {tuple(input.shape)}",
+                              f"shape {tuple(mask.shape)}", "pass one flag per position")
+    check_finite(fn, "input", input)
+    dtype = compute_dtype(input)
+    lse = _LogSumExpFunction.apply(upcast(move_class_dim_last(input), dtype))
+    values = (coef * lse.square()).reshape(out_shape)
+    if mask is None:
+        weights = torch.ones(out_shape, dtype=dtype, device=input.device)
+    else:
+        weights = mask.to(dtype)
+    return reduce_loss(values, weights, reduction)
+
+
+def cross_entropy_with_logz_penalty(
+    input: Tensor,
+    target: Tensor,
+    *,
+    coef: float = 1e-4,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    return_penalty: bool = False,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    r"""Softmax cross-entropy plus the PaLM log-Z penalty: ``(log Z - o_y) + coef * (log Z)^2``.
+
+    Per position with logits ``o = input[i, :, ...]`` and class id ``y = target[i, ...]``:
+    ``log Z = logsumexp_k o_k`` (float32 or wider) and ``L = (log Z - o_y) + coef * (log Z)^2``.
+    Gradient: ``dL/do = (1 + 2 coef log Z) * softmax(o) - onehot(y)``, written by a custom
+    backward in one pass (the cost of :func:`F.cross_entropy`).
+
+    This is **not** the de Brébisson–Vincent Z-loss; that one is :func:`z_loss`.
+
+    Args:
+        input: logits ``(N, C)`` or ``(N, C, d1, ..., dk)``, classes on dim 1; finite.
+        target: integer ids ``(N,)`` / ``(N, d1, ..., dk)``; float targets raise ``TypeError``.
+        coef: ``kappa >= 0`` (default 1e-4, PaLM; T5X defaults it to 0).
+        ignore_index: positions with this id give 0 and leave the ``"mean"`` denominator.
+        reduction: ``"none"``, ``"mean"`` or ``"sum"`` (T5X sums over tokens: use ``"sum"``).
+        return_penalty: also return the penalty part ``coef * (log Z)^2`` alone, reduced the
+            same way (for logging; it is already included in the loss).
+
+    Returns:
+        the loss, or ``(loss, penalty)`` when ``return_penalty``.
+
+    Unit: the position, weight 1 (0 if ignored).
+
+    Paper: A. Chowdhery et al., *PaLM: Scaling Language Modeling with Pathways*, JMLR 2023,
+    arXiv:2204.02311 (kappa = 1e-4); ST-MoE router z-loss, arXiv:2202.08906. Reference:
+    ``google-research/t5x`` ``cross_entropy_with_logits`` (Apache-2.0, JAX; sums, coefficient 0
+    by default).
+
+    >>> import torch, losses
+    >>> x, y = torch.randn(4, 6), torch.tensor([0, 5, 2, 1])
+    >>> loss, pen = losses.cross_entropy_with_logz_penalty(x, y, coef=1e-2, return_penalty=True)
+    >>> ref = torch.nn.functional.cross_entropy(x, y) + 1e-2 * torch.logsumexp(x, 1).square().mean()
+    >>> bool(torch.isclose(loss, ref)), bool(torch.isclose(pen, 1e-2 * torch.logsumexp(x, 1).square().mean()))
+    (True, True)
+    """
+    fn = "cross_entropy_with_logz_penalty"
+    check_floating(fn, "input", input)
+    check_integer_target(fn, target)
+    check_reduction(fn, reduction)
+    coef = check_number(fn, "coef", coef, low=0.0)
+    if not isinstance(return_penalty, bool):
+        raise type_error(fn, "return_penalty must be a bool", type(return_penalty).__name__, "pass True or False")
+    x2d, y, valid, out_shape = _class_ids(fn, input, target, ignore_index)
+    if input.shape[1] < 1:
+        raise value_error(fn, "input needs at least one class", f"C={input.shape[1]}", "pass logits with C >= 1")
+    check_finite(fn, "input", input)
+    dtype = compute_dtype(input)
+    ce, lse = _CrossEntropyLogZFunction.apply(upcast(x2d, dtype), y)
+    penalty = coef * lse.square()
+    weights = valid.reshape(out_shape).to(dtype)
+    loss = reduce_loss((ce + penalty).reshape(out_shape), weights, reduction)
+    if return_penalty:
+        return loss, reduce_loss(penalty.reshape(out_shape), weights, reduction)
+    return loss
+
+
+class CrossEntropyWithLogZPenalty(nn.Module):
+    """Module form of :func:`cross_entropy_with_logz_penalty` (PaLM, arXiv:2204.02311).
+
+    Not the de Brébisson–Vincent Z-loss; see :class:`ZLoss` for that.
+
+    >>> import losses
+    >>> losses.CrossEntropyWithLogZPenalty(coef=1e-3)
+    CrossEntropyWithLogZPenalty(coef=0.001, ignore_index=-100, reduction='mean', return_penalty=False)
+    """
+
+    def __init__(
+        self,
+        *,
+        coef: float = 1e-4,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        return_penalty: bool = False,
+    ) -> None:
+        super().__init__()
+        fn = "CrossEntropyWithLogZPenalty"
+        check_reduction(fn, reduction)
+        self.coef = check_number(fn, "coef", coef, low=0.0)
+        if not isinstance(return_penalty, bool):
+            raise type_error(fn, "return_penalty must be a bool", type(return_penalty).__name__,
+                             "pass True or False")
+        self.ignore_index = int(ignore_index)
+        self.reduction = reduction
+        self.return_penalty = return_penalty
+
+    def forward(self, input: Tensor, target: Tensor) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+        return cross_entropy_with_logz_penalty(input, target, coef=self.coef, ignore_index=self.ignore_index,
+                                               reduction=self.reduction, return_penalty=self.return_penalty)
+
+    def extra_repr(self) -> str:
+        return (f"coef={self.coef}, ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
+                f"return_penalty={self.return_penalty}")
+
+
+register(
+    "z_loss",
+    function=z_loss,
+    module=ZLoss,
+    inputs="I",
+    unit="position",
+    unit_weights=position_unit_weights,
+    arxiv="1604.08859",
+    paper="A. de Brébisson, P. Vincent, The Z-loss: a shift and scale invariant classification loss "
+          "belonging to the Spherical Family, arXiv 2016",
+)
+register(
+    "logz_penalty",
+    function=cross_entropy_with_logz_penalty,
+    module=CrossEntropyWithLogZPenalty,
+    inputs="I",
+    unit="position",
+    unit_weights=position_unit_weights,
+    arxiv="2204.02311",
+    paper="A. Chowdhery et al., PaLM: Scaling Language Modeling with Pathways, JMLR 2023",
+)
