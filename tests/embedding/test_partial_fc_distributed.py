@@ -1,0 +1,287 @@
+"""Model-parallel Partial FC (``distributed=True``) on real gloo processes (LOSSES.md §0 "Distributed",
+§11): the sharded loss and gradients against the single-process loss on the concatenated batch.
+
+Everything runs in one 2-process gloo launch (spawning is the slow part): the worker records its
+results and the tests below compare them with single-process computations in the parent.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import losses
+from losses.embedding.partial_fc import shard_range
+from tests.dist_utils import run_gloo
+
+C, D, N_PER_RANK, WORLD, SCALE = 9, 4, 5, 2, 4.0  # shards [0, 5) and [5, 9)
+
+CONFIGS = {
+    "paper": dict(),
+    "reference": dict(variant="reference", margin=(1.0, 0.5, 0.0)),
+    "combined_filtered": dict(margin=(1.1, 0.2, 0.05), interclass_filtering_threshold=0.3),
+}
+#: positives of Y: {0, 1, 3, 5, 6, 8}; the shared index adds 2 and leaves out 4 and 7
+INDEX = torch.tensor([0, 1, 2, 3, 5, 6, 8])
+
+
+def _data():
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(WORLD * N_PER_RANK, D, generator=g, dtype=torch.float64)
+    w = torch.randn(C, D, generator=g, dtype=torch.float64)
+    y = torch.tensor([0, 3, 8, 8, -100, 1, 5, 6, 3, 0])  # both shards, repeats, one ignored row
+    return x, w, y
+
+
+def _backward(module, x, y, reduction, **kw):
+    xr = x.clone().requires_grad_(True)
+    module.reduction = reduction
+    module.zero_grad()
+    out = module(xr, y, **kw)
+    (out.sum() if reduction == "none" else out).backward()
+    return out.detach(), xr.grad, module.weight.grad.clone()
+
+
+def _worker(rank, world_size, payload):
+    torch.manual_seed(100 + rank)  # ranks' global RNGs differ, as in real jobs
+    x_full, w_full, y_full = payload["x"], payload["w"], payload["y"]
+    rows = slice(rank * N_PER_RANK, (rank + 1) * N_PER_RANK)
+    x, y = x_full[rows], y_full[rows]
+    res = {}
+
+    def make(**kw):
+        m = losses.PartialFCLoss(D, C, distributed=True, scale=SCALE, **kw).double()
+        m.load_state_dict(payload["single_state"])  # a world-size-1 checkpoint
+        return m
+
+    for name, kw in CONFIGS.items():
+        for reduction in ("mean", "sum", "none"):
+            res[(name, reduction)] = _backward(make(sample_rate=1.0, **kw), x, y, reduction)
+    m = make(sample_rate=1.0)
+    res["shard_shape"] = tuple(m.weight.shape)
+    res["ddp_ignored"] = [p is m.weight for p in m.ddp_ignored_parameters()]
+
+    # a shared index at a low rate: equal to the single-process loss with that index
+    m = make(sample_rate=0.1)
+    res["index"] = _backward(m, x, y, "mean", index=INDEX)
+    res["index_last"] = m.last_index.clone()
+
+    # per-shard sampling with a seed: positives first, max(floor(rate * n_r), |P_r|) classes
+    draws = []
+    for _ in range(2):
+        m = make(sample_rate=0.75, seed=3)
+        lasts = []
+        for _ in range(4):
+            m(x.clone().requires_grad_(True), torch.zeros_like(y) if rank == 0 else y)
+            lasts.append(m.last_index.clone())
+        draws.append(lasts)
+    res["draws"] = draws
+
+    # state_dict holds the full (C, D) weight in rank order; loading keeps this rank's rows
+    m = make(sample_rate=1.0)
+    with torch.no_grad():
+        m.weight.add_(rank + 1.0)
+    res["state_dict"] = m.state_dict()["weight"].clone()
+    fresh = losses.PartialFCLoss(D, C, distributed=True).double()
+    fresh.load_state_dict({"weight": res["state_dict"]})
+    res["reloaded_shard"] = fresh.weight.detach().clone()
+    res["logits"] = m.logits(x)
+
+    # built before the process group existed (as under Lightning): shards on first use
+    lazy = payload["lazy"]
+    res["lazy_before"] = tuple(lazy.weight.shape)
+    res["lazy"] = _backward(lazy, x, y, "mean")
+    res["lazy_shard"] = lazy.weight.detach().clone()
+
+    # every row ignored on every rank: an attached exact zero with zero gradients
+    m = make(sample_rate=1.0)
+    xr = x.clone().requires_grad_(True)
+    out = m(xr, torch.full_like(y, -100))
+    out.backward()
+    res["ignored"] = (out.detach(), out.grad_fn is not None, xr.grad.clone(), m.weight.grad.clone())
+
+    # data errors raise on every rank (checked on gathered data: no rank is left waiting)
+    errors = {}
+    m = make(sample_rate=1.0)
+    for label, args in {
+        "unequal": (x_full[: N_PER_RANK + rank], y_full[: N_PER_RANK + rank]),
+        "range": (x, y if rank == 0 else torch.tensor([0, 1, 2, 3, 9])),
+        "nan": (x if rank == 0 else torch.full_like(x, float("nan")), y),
+    }.items():
+        try:
+            m(*args)
+            errors[label] = None
+        except ValueError as exc:
+            errors[label] = str(exc)
+    res["errors"] = errors
+    return res
+
+
+@pytest.fixture(scope="module")
+def setup():
+    x, w, y = _data()
+    single = losses.PartialFCLoss(D, C).double()
+    single.load_state_dict({"weight": w})
+    lazy = losses.PartialFCLoss(D, C, distributed=True, scale=SCALE, sample_rate=1.0).double()
+    lazy.load_state_dict({"weight": w})
+    payload = {"x": x, "w": w, "y": y, "lazy": lazy, "single_state": single.state_dict()}
+    return (x, w, y), run_gloo(_worker, world_size=WORLD, payload=payload)
+
+
+def _single(x, w, y, reduction, **kw):
+    xr, wr = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    if "index" in kw:
+        out = losses.partial_fc_loss(xr, y, wr, scale=SCALE, reduction=reduction, **kw)
+    else:
+        out = losses.margin_softmax_loss(xr, y, wr, scale=SCALE, reduction=reduction, **kw)
+    gx, gw = torch.autograd.grad(out.sum(), (xr, wr))
+    return out.detach(), gx, gw
+
+
+def _shard(rank):
+    start, n = shard_range(C, WORLD, rank)
+    return slice(start, start + n)
+
+
+def _rows(rank):
+    return slice(rank * N_PER_RANK, (rank + 1) * N_PER_RANK)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_sharded_loss_and_gradients_match_single_process(setup, name, reduction):
+    (x, w, y), res = setup
+    loss, gx, gw = _single(x, w, y, reduction, **CONFIGS[name])
+    outs = [res[r][(name, reduction)] for r in range(WORLD)]
+    if reduction != "none":
+        assert torch.equal(outs[0][0], outs[1][0]), "identical on all ranks"
+    for r, (out, grad_x, grad_w) in enumerate(outs):
+        expected = loss[_rows(r)] if reduction == "none" else loss
+        torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-10)
+        # (c) the shard gets the single-process gradient of its rows
+        torch.testing.assert_close(grad_w, gw[_shard(r)], rtol=1e-6, atol=1e-10)
+        # (d) this rank's embeddings get world_size x their single-process gradient
+        torch.testing.assert_close(grad_x, WORLD * gx[_rows(r)], rtol=1e-6, atol=1e-10)
+
+
+@pytest.mark.slow
+def test_shard_layout_and_ddp_ignored(setup):
+    _, res = setup
+    assert [res[r]["shard_shape"] for r in range(WORLD)] == [(5, D), (4, D)]  # n_r = 9 // 2 + (r < 1)
+    assert all(res[r]["ddp_ignored"] == [True] for r in range(WORLD))
+
+
+@pytest.mark.slow
+def test_shared_index_matches_single_process(setup):
+    (x, w, y), res = setup
+    loss, gx, gw = _single(x, w, y, "mean", index=INDEX)
+    for r in range(WORLD):
+        out, grad_x, grad_w = res[r]["index"]
+        torch.testing.assert_close(out, loss, rtol=1e-6, atol=1e-10)
+        torch.testing.assert_close(grad_w, gw[_shard(r)], rtol=1e-6, atol=1e-10)
+        torch.testing.assert_close(grad_x, WORLD * gx[_rows(r)], rtol=1e-6, atol=1e-10)
+        s = _shard(r)
+        assert res[r]["index_last"].tolist() == [i for i in INDEX.tolist() if s.start <= i < s.stop]
+    # unsampled centres (4 and 7) get exactly zero gradient
+    assert torch.all(res[0]["index"][2][4] == 0) and torch.all(res[1]["index"][2][7 - 5] == 0)
+
+
+@pytest.mark.slow
+def test_per_shard_sampling_keeps_positives_and_is_deterministic(setup):
+    (_, _, y), res = setup
+    gathered = torch.cat([torch.zeros(N_PER_RANK, dtype=torch.long), y[_rows(1)]])
+    for r in range(WORLD):
+        s = _shard(r)
+        k = int(0.75 * (s.stop - s.start))
+        positives = {int(c) for c in gathered if s.start <= c < s.stop}
+        first, second = res[r]["draws"]
+        for a, b in zip(first, second):
+            assert torch.equal(a, b), "same seed, same draws"
+        for idx in first:
+            ids = idx.tolist()
+            assert ids == sorted(set(ids)) and all(s.start <= i < s.stop for i in ids)
+            assert positives <= set(ids)
+            assert len(ids) == max(k, len(positives))
+    # shard 1 has positives {5, 6} and k = 3: one extra class drawn from {7, 8}
+    extras = {tuple(sorted(set(i.tolist()) - {5, 6})) for i in res[1]["draws"][0]}
+    assert extras <= {(7,), (8,)}
+
+
+@pytest.mark.slow
+def test_state_dict_is_world_size_independent(setup):
+    (x, w, _), res = setup
+    offset = torch.cat([torch.full((5, D), 1.0), torch.full((4, D), 2.0)]).double()
+    full = w + offset
+    for r in range(WORLD):
+        torch.testing.assert_close(res[r]["state_dict"], full, rtol=0, atol=0)
+        torch.testing.assert_close(res[r]["reloaded_shard"], full[_shard(r)], rtol=0, atol=0)
+    # a world-size-1 module loads the sharded run's checkpoint
+    single = losses.PartialFCLoss(D, C, scale=SCALE).double()
+    single.load_state_dict({"weight": res[0]["state_dict"]})
+    torch.testing.assert_close(single.weight.detach(), full, rtol=0, atol=0)
+    # .logits gathers all classes, no margin
+    for r in range(WORLD):
+        torch.testing.assert_close(res[r]["logits"], single.logits(x[_rows(r)]).detach(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.slow
+def test_module_built_before_init_shards_on_first_use(setup):
+    (x, w, y), res = setup
+    loss, gx, gw = _single(x, w, y, "mean")
+    for r in range(WORLD):
+        assert res[r]["lazy_before"] == (C, D)
+        torch.testing.assert_close(res[r]["lazy_shard"], w[_shard(r)], rtol=0, atol=0)
+        out, grad_x, grad_w = res[r]["lazy"]
+        torch.testing.assert_close(out, loss, rtol=1e-6, atol=1e-10)
+        torch.testing.assert_close(grad_w, gw[_shard(r)], rtol=1e-6, atol=1e-10)
+        torch.testing.assert_close(grad_x, WORLD * gx[_rows(r)], rtol=1e-6, atol=1e-10)
+
+
+@pytest.mark.slow
+def test_all_ignored_is_attached_zero(setup):
+    _, res = setup
+    for r in range(WORLD):
+        out, attached, gx, gw = res[r]["ignored"]
+        assert out.item() == 0.0 and attached
+        assert torch.all(gx == 0) and torch.all(gw == 0)
+
+
+@pytest.mark.slow
+def test_errors_raise_on_every_rank(setup):
+    _, res = setup
+    for r in range(WORLD):
+        err = res[r]["errors"]
+        assert err["unequal"].startswith(
+            "partial_fc_loss: every rank must pass the same batch size (got [5, 6])")
+        assert err["range"] == ("partial_fc_loss: target has class ids outside [0, 9) (got min=0, max=9); "
+                                "check num_classes or set ignore_index")
+        assert err["nan"].startswith("partial_fc_loss: embeddings contains NaN")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (NCCL)")
+def test_nccl_matches_single_process():  # pragma: no cover - GPU only
+    x, w, y = _data()
+    single = losses.PartialFCLoss(D, C).double()
+    single.load_state_dict({"weight": w})
+    res = run_gloo(_nccl_worker, world_size=2, payload={"x": x, "w": w, "y": y, "state": single.state_dict()})
+    loss, gx, gw = _single(x, w, y, "mean")
+    for r in range(WORLD):
+        out, grad_x, grad_w = res[r]
+        torch.testing.assert_close(out, loss, rtol=1e-6, atol=1e-10)
+        torch.testing.assert_close(grad_w, gw[_shard(r)], rtol=1e-6, atol=1e-10)
+        torch.testing.assert_close(grad_x, WORLD * gx[_rows(r)], rtol=1e-6, atol=1e-10)
+
+
+def _nccl_worker(rank, world_size, payload):  # pragma: no cover - GPU only
+    import torch.distributed as dist
+
+    group = dist.new_group(backend="nccl")
+    dev = torch.device("cuda", rank)
+    torch.cuda.set_device(dev)
+    m = losses.PartialFCLoss(D, C, distributed=True, scale=SCALE, sample_rate=1.0, process_group=group)
+    m = m.double().to(dev)
+    m.load_state_dict(payload["state"])
+    rows = _rows(rank)
+    out, gx, gw = _backward(m, payload["x"][rows].to(dev), payload["y"][rows].to(dev), "mean")
+    return out.cpu(), gx.cpu(), gw.cpu()
