@@ -60,9 +60,8 @@ __all__ = [
 def _row_max_logsum(x: Tensor) -> Tuple[Tensor, Tensor]:
     """``(m, log_s)`` with ``m = max_k x_k`` and ``log_s = log sum_k exp(x_k - m)`` per row of a
     2-D tensor, so that ``logsumexp(x) = m + log_s``. One temporary, no saved ``(M, C)`` output."""
-    m = x.amax(dim=1)
-    # rows that are entirely +-inf (only reachable with validation off) must not give inf - inf
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    # rows whose max is +-inf (only reachable with validation off) must not give inf - inf
+    m = torch.nan_to_num(x.amax(dim=1), nan=0.0, posinf=0.0, neginf=0.0)
     e = torch.sub(x, m.unsqueeze(1))
     e.exp_()
     return m, e.sum(dim=1).log()
