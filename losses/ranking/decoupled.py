@@ -139,8 +139,9 @@ def _ranking_targets(fn: str, scores: Tensor, target: object, ignore_index: int,
     _check_not_a_mask(fn, target, n_labels)
     check_ids_in_range(fn, target, n_labels, ignore_index, hint="ids index the columns of scores; pad with ignore_index")
     ids = target if target.dim() == 2 else target.unsqueeze(1)
-    valid = ids != ignore_index
-    # invalid ids go to a dummy column L that is dropped afterwards (set semantics for repeats)
+    # ignored ids (and, with validation off, out-of-range ids) go to a dummy column L that is
+    # dropped afterwards; scatter gives set semantics for repeated ids
+    valid = (ids != ignore_index) & (ids >= 0) & (ids < n_labels)
     safe = torch.where(valid, ids, torch.full_like(ids, n_labels)).long()
     pos = torch.zeros(b, n_labels + 1, dtype=torch.bool, device=scores.device)
     pos = pos.scatter(1, safe, True)[:, :n_labels]
@@ -233,7 +234,7 @@ def _bisect_threshold(x: Tensor, k: Tensor, n_iter: int) -> Tensor:
         hi = -xd.amin(dim=1) + torch.log(k / (n_labels - k)) + 1.0
         for _ in range(n_iter):
             mid = 0.5 * (lo + hi)
-            below = torch.sigmoid(xd + mid.unsqueeze(1)).sum(dim=1) < k
+            below = (xd + mid.unsqueeze(1)).sigmoid_().sum(dim=1) < k
             lo = torch.where(below, mid, lo)
             hi = torch.where(below, hi, mid)
         return 0.5 * (lo + hi)
