@@ -315,7 +315,7 @@ def margin_row_losses(
     values = m + torch.log(s_sum) - t
     if variant == "reference":
         # forward-only cap -log max(p, 1e-30), with the uncapped gradient
-        values = values.clamp(max=REFERENCE_CAP) + (values - values.detach())
+        values = values.detach().clamp(max=REFERENCE_CAP) + (values - values.detach())
     return values
 
 
