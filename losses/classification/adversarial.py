@@ -78,8 +78,6 @@ def _adversarial_comp_sum(fn: str, input: Tensor, input_adv: Tensor, target: Ten
         raise value_error(fn, f"input_adv must have the shape of input {tuple(input.shape)}",
                           f"shape {tuple(input_adv.shape)}", "pass the model's logits on the perturbed inputs")
     x2d, y, valid, out_shape = _class_ids(fn, input, target, ignore_index)
-    if input.shape[1] < 1:
-        raise value_error(fn, "input needs at least one class", f"C={input.shape[1]}", "pass logits with C >= 1")
     x_adv2d, _, _ = flatten_logits_and_target(fn, input_adv, target)
     check_finite(fn, "input", input)
     check_finite(fn, "input_adv", input_adv)

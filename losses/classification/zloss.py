@@ -76,6 +76,8 @@ def _class_ids(fn: str, input: Tensor, target: Tensor, ignore_index: int):
     """
     x2d, t, out_shape = flatten_logits_and_target(fn, input, target)
     c = input.shape[1]
+    if c < 1:
+        raise value_error(fn, "input needs at least one class", f"C={c}", "pass logits with C >= 1")
     check_ids_in_range(fn, target, c, ignore_index)
     valid = t != ignore_index
     safe = torch.where(valid, t, torch.zeros_like(t)).long()
@@ -190,9 +192,8 @@ def z_loss(
     a = check_number(fn, "a", a, low=0.0, low_inclusive=False)
     b = check_number(fn, "b", b)
     eps = check_number(fn, "eps", eps, low=0.0, low_inclusive=False)
-    x2d, y, valid, out_shape = _class_ids(fn, input, target, ignore_index)
-    c = input.shape[1]
-    if c < 3:
+    c = input.shape[1] if input.dim() >= 2 else None
+    if c is not None and c < 3:
         raise value_error(
             fn,
             "needs at least 3 classes",
@@ -200,6 +201,7 @@ def z_loss(
             "with C=2 the target z-score is always ±1, so the loss is constant and its gradient zero "
             "— use binary_cross_entropy_with_logits",
         )
+    x2d, y, valid, out_shape = _class_ids(fn, input, target, ignore_index)
     check_finite(fn, "input", input)
     dtype = compute_dtype(input)
     values = _ZLossFunction.apply(upcast(x2d, dtype), y, a, b, eps)
@@ -406,8 +408,6 @@ def cross_entropy_with_logz_penalty(
     if not isinstance(return_penalty, bool):
         raise type_error(fn, "return_penalty must be a bool", type(return_penalty).__name__, "pass True or False")
     x2d, y, valid, out_shape = _class_ids(fn, input, target, ignore_index)
-    if input.shape[1] < 1:
-        raise value_error(fn, "input needs at least one class", f"C={input.shape[1]}", "pass logits with C >= 1")
     check_finite(fn, "input", input)
     dtype = compute_dtype(input)
     ce, lse = _CrossEntropyLogZFunction.apply(upcast(x2d, dtype), y)
