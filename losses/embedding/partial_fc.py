@@ -138,6 +138,7 @@ def _partial_fc(
     check_finite(fn, "weight", w)
     first = chosen[:1].to(target.device)
     y = torch.searchsorted(chosen, torch.where(valid, target.long(), first).to(chosen.device))
+    y = y.clamp_(max=chosen.numel() - 1)  # in range even for an unchecked index without some positive
     values = margin_row_losses(upcast(embeddings, dtype), w, y.to(embeddings.device), valid, scale=s, margin=m,
                                variant=variant, threshold=thr)
     return reduce_loss(values, valid.to(dtype), reduction), chosen
