@@ -50,8 +50,8 @@ def _warn() -> None:
 def _safe_l2(d: Tensor) -> Tensor:
     """Row-wise Euclidean norm whose (sub)gradient at 0 is 0 (never NaN)."""
     sq = d.square().sum(dim=1)
-    pos = sq > 0
-    return torch.where(pos, torch.sqrt(torch.where(pos, sq, torch.ones_like(sq))), torch.zeros_like(sq))
+    zero = sq == 0  # NaN stays NaN
+    return torch.where(zero, torch.zeros_like(sq), torch.sqrt(torch.where(zero, torch.ones_like(sq), sq)))
 
 
 def _margin_change(h: Tensor, h_ref: Tensor, y: Tensor) -> Tensor:
