@@ -13,3 +13,8 @@ from .adversarial import *  # noqa: F401,F403
 from .adversarial import __all__ as _adversarial_all
 
 __all__ += list(_zloss_all) + list(_comp_sum_all) + list(_adversarial_all)
+
+from .sparsemax import *  # noqa: F401,F403
+from .sparsemax import __all__ as _sparsemax_all
+
+__all__ += list(_sparsemax_all)
