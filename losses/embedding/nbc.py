@@ -54,29 +54,41 @@ def _check_labels(fn: str, target: Tensor, num_classes: Optional[int], ignore_in
 
 
 def _nbc_term(z: Tensor, target: Tensor, valid: Tensor, scale: float, num_classes: Optional[int],
-              variant: str) -> Optional[Tensor]:
-    """``L_NBC`` on upcast embeddings ``z`` (no checks); ``None`` when no row is valid.
+              variant: str) -> Tensor:
+    """``L_NBC`` on upcast embeddings ``z`` (no checks); exactly 0 when no row is valid.
 
-    Centroids are summed with ``index_add`` over the classes present in the batch only, so the
-    memory is ``O(N*D + K_B*D + K_B**2)`` whatever the total number of classes.
+    The classes present in the batch get one slot each, found without a host sync and with
+    static shapes (``torch.compile`` / CUDA-graph friendly): sort the ids (ignored rows last),
+    number the runs of equal ids, and ``index_add`` each row into its run's slot. There are at
+    most ``N`` slots, so the memory is ``O(N*D + N**2)`` whatever the total number of classes
+    (never an ``N x K x D`` or ``K x D`` tensor); unused slots are masked out.
     """
-    zv = z[valid]
-    yv = target[valid]
-    classes, inverse = torch.unique(yv, sorted=True, return_inverse=True)
-    k_b = classes.shape[0]
-    if k_b == 0:
-        return None
-    sums = torch.zeros((k_b, z.shape[1]), dtype=z.dtype, device=z.device).index_add(0, inverse, zv)
-    counts = torch.bincount(inverse, minlength=k_b).to(z.dtype)
-    mu = F.normalize(sums / counts.unsqueeze(1), p=2.0, dim=1, eps=1e-12)
+    n, d = z.shape
+    ids = target.long()
+    sentinel = torch.iinfo(torch.int64).max  # ignored rows sort last and form no class
+    key = torch.where(valid, ids, torch.full_like(ids, sentinel))
+    sorted_key, order = torch.sort(key)
+    starts = torch.ones(n, dtype=torch.long, device=z.device)
+    starts[1:] = (sorted_key[1:] != sorted_key[:-1]).long()
+    slot = torch.empty_like(order).scatter_(0, order, torch.cumsum(starts, 0) - 1)  # run index per row
+    w = valid.to(z.dtype)
+    sums = torch.zeros((n, d), dtype=z.dtype, device=z.device).index_add(0, slot, z * w.unsqueeze(1))
+    counts = torch.zeros(n, dtype=z.dtype, device=z.device).index_add(0, slot, w)
+    present = counts > 0  # the slots of C_B
+    mu = F.normalize(sums / torch.where(present, counts, torch.ones_like(counts)).unsqueeze(1), p=2.0, dim=1,
+                     eps=1e-12)
     sim = mu @ mu.transpose(0, 1)
-    eye = torch.eye(k_b, dtype=torch.bool, device=z.device)
-    sim = sim.masked_fill(eye, 0.0)  # diagonal zeroed (not removed): exp(0) = 1 per row
-    per_class = torch.logsumexp(scale * sim, dim=1)
+    eye = torch.eye(n, dtype=torch.bool, device=z.device)
+    logits = (scale * sim).masked_fill(eye, 0.0)  # diagonal zeroed (not removed): exp(0) = 1 per row
+    # a present row ranges over present columns only; absent rows stay finite and are dropped
+    logits = logits.masked_fill(present.unsqueeze(1) & ~present.unsqueeze(0), -math.inf)
+    per_class = torch.logsumexp(logits, dim=1)
     if variant == "reference":
         per_class = torch.logaddexp(per_class, torch.full_like(per_class, _LOG_REF_EPS))
-        return per_class.mean() / num_classes
-    return per_class.mean()
+    per_class = torch.where(present, per_class, torch.zeros_like(per_class))
+    k_b = present.sum().to(z.dtype)
+    out = per_class.sum() / torch.where(k_b > 0, k_b, torch.ones_like(k_b))
+    return out / num_classes if variant == "reference" else out
 
 
 def nbc_loss(
@@ -101,8 +113,9 @@ def nbc_loss(
 
     ``kappa`` multiplies the cosine (the paper's "tau", 0.2 single-task and 0.3 multi-task); a
     temperature ``T`` is ``scale = 1 / T``. Centroids come from ``index_add`` over the classes
-    present in the batch, never an ``N x K x D`` tensor, so tens of thousands of classes cost
-    nothing extra.
+    present in the batch (at most ``N`` slots, found by sorting the ids: no host sync, static
+    shapes), never an ``N x K x D`` or ``K x D`` tensor, so tens of thousands of classes cost
+    nothing extra: memory ``O(N*D + N**2)``.
 
     Variants: ``"paper"`` (default) as above. ``"reference"`` multiplies ``L_NBC`` by ``1/K``
     (``K = num_classes``, the total number of classes) and adds ``1e-10`` inside the log, as the
@@ -135,8 +148,7 @@ def nbc_loss(
     with torch.autocast(device_type=embeddings.device.type, enabled=False):
         z = upcast(embeddings, dtype)
         term = _nbc_term(z, target, target != ignore_index, scale, num_classes, variant)
-        zero = attached_zero(embeddings, dtype=dtype)
-        return zero if term is None else term + zero
+        return term + attached_zero(embeddings, dtype=dtype)
 
 
 def _check_num_classes(fn: str, num_classes: Optional[int], variant: str) -> Optional[int]:
@@ -224,15 +236,13 @@ def nbc_softmax_loss(
         w = upcast(weight, dtype)
         b = None if bias is None else upcast(bias, dtype)
         valid = target != ignore_index
-        zero = attached_zero(embeddings, weight, bias, dtype=dtype)
         term = _nbc_term(z, target, valid, scale, k, variant)
-        if term is None:  # empty / all-ignored batch
-            return zero
         logits = F.linear(z, w, b)
         ce_rows = F.cross_entropy(logits, target.long(), ignore_index=ignore_index, reduction="none")
         n_valid = valid.sum().to(dtype)
-        ce = ce_rows.sum() / n_valid  # term is not None: at least one valid row
-        return (1.0 - nbc_weight) * ce + nbc_weight * term + zero
+        ce = ce_rows.sum() / torch.where(n_valid > 0, n_valid, torch.ones_like(n_valid))
+        # empty / all-ignored batch: both terms are exactly 0; the anchors give zero gradients
+        return (1.0 - nbc_weight) * ce + nbc_weight * term + attached_zero(embeddings, weight, bias, dtype=dtype)
 
 
 class NBCSoftmaxLoss(nn.Module):
