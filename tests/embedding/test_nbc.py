@@ -432,6 +432,28 @@ def test_label_errors_are_data_checks():
     assert out.item() == pytest.approx(nbc_oracle(z, torch.tensor([0, -1, 0, 1])).item(), rel=1e-12)
 
 
+def test_validation_off_keeps_shape_and_hyperparameter_checks():
+    z, w = rand(4, 3, seed=0), rand(5, 3, seed=1)
+    y = torch.tensor([0, 1, 0, 1])
+    with losses.validation(False):
+        with pytest.raises(ValueError, match=r"^nbc_softmax_loss: weight must have shape"):
+            losses.nbc_softmax_loss(z, y, w[:, :2])
+        with pytest.raises(ValueError, match=r"^nbc_softmax_loss: nbc_weight must be finite"):
+            losses.nbc_softmax_loss(z, y, w, nbc_weight=2.0)
+        with pytest.raises(ValueError, match="batch-level loss"):
+            losses.nbc_loss(z, y, reduction="none")
+        with pytest.raises(TypeError, match=r"^nbc_loss: target must hold integer class ids"):
+            losses.nbc_loss(z, y.float())
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32])
+def test_integer_ids_of_any_dtype(dtype):
+    z, w = rand(6, 3, seed=2), rand(5, 3, seed=3)
+    y = torch.tensor([0, 4, 2, 0, 4, 1])
+    torch.testing.assert_close(losses.nbc_softmax_loss(z, y.to(dtype), w, variant="reference"),
+                               nbc_softmax_oracle(z, y, w, variant="reference"), rtol=1e-10, atol=1e-13)
+
+
 @pytest.mark.parametrize("where", ["embeddings", "weight", "bias"])
 def test_non_finite_inputs_are_a_data_check(where):
     z, w, b = rand(4, 3, seed=0), rand(5, 3, seed=1), rand(5, seed=2)

@@ -332,6 +332,18 @@ def test_non_finite_embeddings_are_a_data_check(bad):
     assert not torch.isfinite(out)
 
 
+def test_validation_off_keeps_shape_and_hyperparameter_checks():
+    f = rand(4, 3, seed=0)
+    y = torch.tensor([0, 1, 0, 1])
+    with losses.validation(False):
+        with pytest.raises(ValueError, match="batch-level loss"):
+            losses.opl_loss(f, y, reduction="sum")
+        with pytest.raises(ValueError, match=r"^opl_loss: target must have shape"):
+            losses.opl_loss(f, y[:2])
+        with pytest.raises(ValueError, match=r"^opl_loss: gamma must be finite"):
+            losses.opl_loss(f, y, gamma=math.nan)
+
+
 # --------------------------------------------------------------------------------------
 # module
 # --------------------------------------------------------------------------------------

@@ -399,9 +399,21 @@ def test_data_checks_and_validation_switch():
             losses.wcdas_loss(args["embeddings"], y, args["weight"], args["concentration_logit"], args["scale"])
         with losses.validation(False):
             losses.wcdas_loss(args["embeddings"], y, args["weight"], args["concentration_logit"], args["scale"])
-    with losses.validation(False):  # the range check is a data check too; the ignored id stays valid
-        out = losses.wcdas_loss(x, torch.tensor([0, IGN, 1, 2]), w, g, 1.0)
-    assert torch.isfinite(out)
+    with losses.validation(False):  # exactly the data checks go: shapes and hyperparameters stay
+        with pytest.raises(ValueError, match=r"^wcdas_loss: concentration_logit must have shape"):
+            losses.wcdas_loss(x, y, w, g[:3], 1.0)
+        with pytest.raises(ValueError, match=r"^wcdas_loss: scale must be finite and satisfy scale > 0"):
+            losses.wcdas_loss(x, y, w, g, -1.0)
+        with pytest.raises(ValueError, match=r"^wcdas_loss: reduction must be one of"):
+            losses.wcdas_loss(x, y, w, g, 1.0, reduction="avg")
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32])
+def test_integer_ids_of_any_dtype(dtype):
+    x, w, g = head(n=5, c=7, d=3, seed=22)
+    y = torch.tensor([6, 0, 3, 2, 6])
+    torch.testing.assert_close(losses.wcdas_loss(x, y.to(dtype), w, g, 2.0),
+                               wcdas_loss_oracle(x, y, w, g, 2.0), rtol=1e-10, atol=1e-12)
 
 
 def test_doctests_run():
