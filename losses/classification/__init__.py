@@ -14,6 +14,11 @@ from .adversarial import __all__ as _adversarial_all
 
 __all__ += list(_zloss_all) + list(_comp_sum_all) + list(_adversarial_all)
 
+from .gol import *  # noqa: F401,F403
+from .gol import __all__ as _gol_all
+
+__all__ += list(_gol_all)
+
 from .sparsemax import *  # noqa: F401,F403
 from .sparsemax import __all__ as _sparsemax_all
 

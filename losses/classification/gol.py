@@ -1,0 +1,522 @@
+"""GOL: the Gumbel optimised loss (binary cross-entropy through the Gumbel CDF).
+
+Alexandridis, Deng, Nguyen, Luo, *Long-tailed Instance Segmentation using Gumbel Optimized Loss*,
+ECCV 2022, arXiv:2207.10936 (LOSSES.md §10).
+
+The activation is the Gumbel CDF ``eta(q) = exp(-exp(-q))``; the loss is the element-wise binary
+cross-entropy of ``eta(input)`` against one-hot (or soft / multi-hot) targets, evaluated in log
+space. The ``"paper"`` variant runs through a custom :class:`torch.autograd.Function` whose forward
+also writes the gradient, so the backward is a single multiplication.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
+
+from .._core import (
+    _checking,
+    check_choice,
+    check_finite,
+    check_floating,
+    check_ids_in_range,
+    check_number,
+    check_reduction,
+    check_tensor,
+    compute_dtype,
+    reduce_loss,
+    type_error,
+    upcast,
+    value_error,
+)
+from .._registry import register
+from ._targets import broadcast_class_weight, elementwise_targets
+
+__all__ = [
+    "gumbel_activation",
+    "gumbel_prior_bias",
+    "gumbel_bce_loss",
+    "GumbelBCELoss",
+    "GOLLoss",
+]
+
+#: logits are floored here before exponentiating (zero gradient below), LOSSES.md §10
+_FLOOR = -50.0
+#: the reference's logit clamp
+_REFERENCE_CLAMP = (-4.0, 10.0)
+#: the reference clamps the reduced loss to this range
+_REFERENCE_RESULT_RANGE = (0.0, 20.0)
+_VARIANTS = ("paper", "reference")
+_LN2 = math.log(2.0)
+
+
+def _cap(dtype: torch.dtype) -> float:
+    # Logits are kept <= cap while computing h = exp(-q)/2 and t = tanh(h): h stays a normal
+    # number and 1/t stays finite. Above the cap the exact values are recovered in closed form
+    # (-log(1 - eta) = q + u/2 rounds to q; its derivative 1 - u/2 rounds to 1); the y*u terms
+    # there are below 1e-36 (fp32) / 1e-304 (fp64).
+    return 700.0 if dtype == torch.float64 else 85.0
+
+
+@contextlib.contextmanager
+def _no_autocast(device_type: str):
+    # Both variants compute in fp32 or wider, outside autocast (autocast rejects the
+    # probability-space BCE of the reference variant).
+    try:
+        ctx = torch.autocast(device_type=device_type, enabled=False)
+    except RuntimeError:  # pragma: no cover - device type without autocast support
+        ctx = contextlib.nullcontext()
+    with ctx:
+        yield
+
+
+def _check_finite_screened(fn: str, name: str, x: Tensor) -> None:
+    """:func:`check_finite` behind a one-pass screen: min and max (NaN propagates) are finite iff
+    every entry is, so the full check (several passes and allocations) runs only on bad data."""
+    if not _checking() or x.numel() == 0:
+        return
+    lo, hi = torch.aminmax(x.detach())
+    if not bool(torch.isfinite(lo) & torch.isfinite(hi)):
+        check_finite(fn, name, x)
+
+
+# --------------------------------------------------------------------------------------
+# public helpers
+# --------------------------------------------------------------------------------------
+
+
+def gumbel_activation(input: Tensor) -> Tensor:
+    r"""The Gumbel CDF ``eta(q) = exp(-exp(-q))`` applied element-wise (GOL's activation).
+
+    Increasing in ``q``, ``eta(0) = exp(-1)``; it replaces the sigmoid of a one-vs-all classifier
+    (Alexandridis et al., ECCV 2022, arXiv:2207.10936). ``input`` is floored at -50 before
+    exponentiating (the value there is already exactly 0; the gradient below is 0), so
+    ``-inf``/large negative logits give 0 with a finite gradient. Half inputs are computed in
+    float32 and returned in the input dtype (as :func:`torch.sigmoid`).
+
+    >>> import torch, losses
+    >>> round(float(losses.gumbel_activation(torch.tensor(0.0))), 6)  # exp(-1)
+    0.367879
+    """
+    fn = "gumbel_activation"
+    check_floating(fn, "input", input)
+    dtype = compute_dtype(input)
+    q = upcast(input, dtype).clamp(min=_FLOOR)
+    return torch.exp(-torch.exp(-q)).to(input.dtype)
+
+
+def gumbel_prior_bias(prior: float) -> float:
+    r"""The classifier bias ``b = -log(-log p)`` whose Gumbel activation is the prior ``p``.
+
+    Initialising the bias this way makes ``gumbel_activation(b) == p`` at the start of
+    training (the GOL detection configs use ``b = -2``, i.e. ``p = exp(-e^2) ~ 6.2e-4``).
+
+    >>> import losses
+    >>> round(losses.gumbel_prior_bias(0.01), 6)
+    -1.527180
+    """
+    p = check_number("gumbel_prior_bias", "prior", prior, low=0.0, high=1.0, low_inclusive=False,
+                     high_inclusive=False, hint="pass a probability strictly between 0 and 1")
+    return -math.log(-math.log(p))
+
+
+# --------------------------------------------------------------------------------------
+# the paper variant: log space, fused value + gradient
+# --------------------------------------------------------------------------------------
+
+
+def _half_u_and_tanh(x: Tensor, lo: float, hi: float) -> Tuple[Tensor, Tensor]:
+    """``h = u/2 = exp(-q)/2`` and ``t = tanh(h)`` for ``q = clamp(x, lo, hi)`` (kept <= the cap).
+
+    Everything else follows from ``h`` and ``t`` without ``expm1``/``log1p`` (not vectorised on
+    CPU): ``eta = (1 - t)/(1 + t)``, ``1 - eta = 2t/(1 + t)``, so
+    ``b = -log(1 - eta) = log((1 + t)/(2t))`` and ``r = db/dq = u eta/(1 - eta) = h/t - h``.
+    Both are accurate to a few ulp of ``max(b, 1)`` and ``u`` respectively.
+    """
+    cap = _cap(x.dtype)
+    top, bottom = min(hi, cap), min(lo, cap)
+    h = torch.rsub(x, -_LN2).clamp_(-top - _LN2, -bottom - _LN2).exp_()
+    return h, torch.tanh(h)
+
+
+def _b_from_t_(t: Tensor, x: Tensor, lo: float, hi: float) -> Tensor:
+    """In place: ``t -> b = -log(1 - eta) = log(1/2 + 1/(2t))``, exact above the cap (``b >= q``)."""
+    b = t.reciprocal_().mul_(0.5).add_(0.5).log_()
+    if hi > _cap(x.dtype):
+        q = x if (lo <= 0.0 and math.isinf(hi)) else x.clamp(lo, hi)
+        b = torch.maximum(b, q, out=b)
+    return b
+
+
+def _terms(x: Tensor, lo: float, hi: float) -> Tuple[Tensor, Tensor, Tensor]:
+    """Fresh tensors ``u = e^{-q}``, ``b = -log(1 - eta(q))`` and ``r = db/dq`` (clamped ``q``)."""
+    h, t = _half_u_and_tanh(x, lo, hi)
+    r = torch.div(h, t).sub_(h)
+    b = _b_from_t_(t, x, lo, hi)
+    return h.mul_(2.0), b, r
+
+
+def _grad_mask(x: Tensor, lo: float, hi: float, raw_hi: float) -> Tensor:
+    """True where the gradient is 0: logits below the floor / outside the clamp."""
+    if raw_hi < _FLOOR:
+        return torch.ones_like(x, dtype=torch.bool)
+    out = x < lo
+    if not math.isinf(hi):
+        out |= x > hi
+    return out
+
+
+def _paper_forward(x: Tensor, y: Optional[Tensor], ids: Optional[Tensor], valid: Optional[Tensor],
+                   w: Optional[Tensor], smoothing: float, lo: float, hi: float, reduction: str,
+                   need_grad: bool) -> Tuple[Tensor, Optional[Tensor]]:
+    """Value and d(value)/dx of the paper variant (no autograd).
+
+    Either ``y`` (dense targets shaped like ``x``) or ``ids``/``valid`` (``(N, *)`` class ids and
+    their validity; target ``1 - eps + eps/C`` at the id, ``eps/C`` elsewhere) is given. ``w`` is
+    ``None`` or broadcastable to ``x``. For ``"none"`` the gradient is element-wise.
+    """
+    raw_hi = hi
+    lo = max(lo, _FLOOR)
+    hi = max(hi, lo)
+    c = x.shape[1]
+    if y is not None:
+        # dense targets: l = b + y (u - b), dl/dq = r - y (u + r)
+        u, b, r = _terms(x, lo, hi)
+        values = torch.lerp(b, u, y)
+        grad = None
+        if need_grad:
+            grad = torch.addcmul(r, y, u.add_(r), value=-1.0)
+            grad.masked_fill_(_grad_mask(x, lo, hi, raw_hi), 0.0)
+        del u, b, r
+        if w is not None:
+            values = values.mul_(w)
+            if grad is not None:
+                grad = grad.mul_(w)
+        if reduction == "none":
+            return values, grad
+        total = values.sum()
+        if reduction == "mean":
+            scale = 1.0 / max(values.numel(), 1)
+            total = total * scale
+            if grad is not None:
+                grad = grad.mul_(scale)
+        return total, grad
+
+    # class ids: the dense background has target s = eps/C; each id's entry is replaced below
+    assert ids is not None and valid is not None
+    s = smoothing / c
+    y_t = 1.0 - smoothing + s
+    # ids are valid or ignored (validated); an ignored row's id is any in-range index
+    idx = ids.clamp(0, c - 1).unsqueeze(1)
+    vmask = valid.to(x.dtype)
+    vb = vmask.unsqueeze(1)
+    if reduction == "mean":
+        # denominator: non-ignored elements (at least C when any row is valid, else use 1)
+        inv = vmask.sum().mul_(c).clamp_(min=1.0).reciprocal_()
+        row_scale = vb * inv
+    else:
+        inv = None
+        row_scale = vb
+    x_t = x.gather(1, idx)
+    fast = s == 0.0 and lo == _FLOOR and math.isinf(hi)
+    # exact value and gradient at the ids (target y_t = 1 - eps + eps/C)
+    if fast:
+        # y_t = 1: l = u, dl/dq = -u (0 below the floor)
+        val_t = x_t.clamp(min=_FLOOR).neg_().exp_()
+        g_t = val_t.neg().masked_fill_(x_t < _FLOOR, 0.0)
+    else:
+        u_t, b_t, r_t = _terms(x_t, lo, hi)
+        val_t = b_t + y_t * (u_t - b_t)
+        g_t = (r_t - y_t * (u_t + r_t)).masked_fill_(_grad_mask(x_t, lo, hi, raw_hi), 0.0)
+    w_t = None
+    if w is not None:
+        w_t = w.expand_as(x).gather(1, idx)
+        val_t = val_t * w_t
+        g_t = g_t * w_t
+    grad = None
+    if fast:
+        # the hot path (plain one-hot ids): two buffers, everything in place; below the floor
+        # t == 1, so r = h/t - h is exactly 0 and no mask is needed
+        h, t = _half_u_and_tanh(x, lo, hi)
+        if need_grad:
+            grad = h.mul_(-row_scale).addcdiv_(h, t, value=-1.0)  # row_scale * (h/t - h)
+        del h
+        values = _b_from_t_(t, x, lo, hi)
+    else:
+        u, b, r = _terms(x, lo, hi)
+        values = b if s == 0.0 else torch.lerp(b, u, s)
+        if need_grad:
+            grad = r if s == 0.0 else r.mul_(1.0 - s).add_(u, alpha=-s)
+            grad.masked_fill_(_grad_mask(x, lo, hi, raw_hi), 0.0).mul_(row_scale)
+        del u, b, r
+    if grad is not None:
+        if w is not None:
+            grad = grad.mul_(w)
+        grad = grad.scatter_(1, idx, g_t.mul_(row_scale))
+    if reduction == "none":
+        if w is not None:
+            values = values.mul_(w)
+        return values.mul_(vb).scatter_(1, idx, val_t.mul_(vb)), grad
+    # background sum over the valid rows, then replace each id's background entry by its value
+    back_t = values.gather(1, idx)
+    class_w = w is not None and w.shape[0] == 1 and all(d == 1 for d in w.shape[2:])
+    if w is not None:
+        back_t = back_t.mul_(w_t)
+        if not class_w:
+            values = values.mul_(w)
+    rows = torch.einsum("nc...,c->n...", values, w.reshape(-1)) if class_w else values.sum(1)
+    del values
+    rows = rows + (val_t - back_t).squeeze(1)
+    total = torch.dot(rows.reshape(-1), vmask.reshape(-1))
+    if inv is not None:
+        total = total * inv
+    return total, grad
+
+
+class _GumbelBCEFunction(torch.autograd.Function):
+    """Forward computes the loss and its input gradient; backward scales that gradient in place
+    (one pass, no allocation). A second backward through a retained graph recomputes it."""
+
+    @staticmethod
+    def forward(ctx, x, y, ids, valid, w, smoothing, lo, hi, reduction):  # type: ignore[override]
+        need_grad = bool(ctx.needs_input_grad[0])
+        with _no_autocast(x.device.type), torch.no_grad():
+            out, grad = _paper_forward(x, y, ids, valid, w, smoothing, lo, hi, reduction, need_grad)
+        if need_grad:
+            ctx.save_for_backward(x, y, ids, valid, w)
+            ctx.grad = grad
+            ctx.options = (smoothing, lo, hi, reduction)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):  # type: ignore[override]
+        grad = ctx.grad
+        if grad is not None:
+            ctx.grad = None  # hand the buffer over to autograd
+            grad = grad.mul_(grad_out)
+        else:
+            x, y, ids, valid, w = ctx.saved_tensors
+            with _no_autocast(x.device.type), torch.no_grad():
+                _, grad = _paper_forward(x, y, ids, valid, w, *ctx.options, True)
+            grad = grad * grad_out
+        return grad, None, None, None, None, None, None, None, None
+
+
+# --------------------------------------------------------------------------------------
+# the loss
+# --------------------------------------------------------------------------------------
+
+
+def _check_clamp(fn: str, clamp: object) -> Optional[Tuple[float, float]]:
+    if clamp is None:
+        return None
+    ok = isinstance(clamp, (tuple, list)) and len(clamp) == 2 and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in clamp)
+    if ok:
+        lo, hi = float(clamp[0]), float(clamp[1])
+        ok = not (math.isnan(lo) or math.isnan(hi)) and lo < hi and lo != math.inf and hi != -math.inf
+    if not ok:
+        raise value_error(fn, "clamp must be a pair (lo, hi) of numbers with lo < hi", repr(clamp),
+                          "pass e.g. (-4.0, 10.0), or (-inf, inf) to disable the clamp")
+    return lo, hi
+
+
+def _integer_targets(fn: str, input: Tensor, target: Tensor, ignore_index: int) -> Tuple[Tensor, Tensor]:
+    """The checks of :func:`_targets.elementwise_targets` for integer ids, without building
+    the dense one-hot tensor (the paper variant handles ids sparsely)."""
+    expected = (input.shape[0],) + tuple(input.shape[2:])
+    if tuple(target.shape) != expected:
+        raise value_error(
+            fn,
+            f"integer target shape must be {expected} for input of shape {tuple(input.shape)}",
+            f"shape {tuple(target.shape)}",
+            "classes go on dim 1 of input and target holds one id per position",
+        )
+    check_ids_in_range(fn, target, input.shape[1], ignore_index)
+    valid = target != ignore_index
+    return target.long(), valid
+
+
+def gumbel_bce_loss(
+    input: Tensor,
+    target: Tensor,
+    *,
+    label_smoothing: float = 0.0,
+    variant: str = "paper",
+    clamp: Optional[Tuple[float, float]] = None,
+    weight: Optional[Tensor] = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+) -> Tensor:
+    r"""GOL: element-wise binary cross-entropy through the Gumbel CDF ``eta(q) = exp(-exp(-q))``.
+
+    With ``q = input`` (logits, classes on dim 1), ``u = exp(-q)`` and targets ``y`` in [0, 1]::
+
+        l = -y log eta(q) - (1 - y) log(1 - eta(q)) = y u - (1 - y) log(1 - exp(-u))
+
+    evaluated in log space: ``log eta = -u``; ``log(1 - eta) = log(-expm1(-u))`` (``= -q - u/2``
+    for large ``q``). ``q`` is floored at -50 before exponentiating (zero gradient below).
+    Gradients: ``dl/dq = -y u + (1 - y) u eta / (1 - eta)``, i.e. ``-exp(-q)`` for ``y = 1`` and
+    ``-> 1`` for ``y = 0`` as ``q -> inf``.
+
+    Paper: K. P. Alexandridis, J. Deng, A. Nguyen, S. Luo, *Long-tailed Instance Segmentation
+    using Gumbel Optimized Loss*, ECCV 2022, arXiv:2207.10936.
+
+    Args:
+        input: logits ``(N, C)`` or ``(N, C, d1..dk)``, any floating dtype (computed in float32, or
+            float64 if an input is float64; never under autocast).
+        target: integer ids ``(N,)`` / ``(N, d1..dk)`` (one-hot encoded over dim 1; a position
+            whose id is ``ignore_index`` drops its whole row of ``C`` elements) or float labels in
+            [0, 1] shaped like ``input`` (soft / multi-hot; ``ignore_index`` does not apply).
+            Background is an ordinary channel (the reference uses ``C + 1`` channels, background
+            last).
+        label_smoothing: ``eps`` in [0, 1): ``y <- y (1 - eps) + eps / C``.
+        variant: ``"paper"`` (default): log-space evaluation, no clamp. ``"reference"``: as the
+            authors' code: ``q`` clamped to [-4, 10] (zero gradient outside), ``eta`` in probability
+            space through :func:`torch.nn.functional.binary_cross_entropy` (log terms clamped at
+            -100; its backward divides by ``max(eta (1 - eta), 1e-12)``), and the result after
+            reduction (element-wise for ``"none"``) clamped to [0, 20]. Consequence: for ``y = 1``
+            and ``q`` in (-4, ~-3.32) the reference's gradient is ``eta / 1e-12`` times the
+            analytic ``-exp(-q)`` (x1/240 at ``q = -3.5``, ~2e-12 at ``q = -4``), effectively zero
+            below ``q ~ -3.6``. In float64 both variants agree to 1e-6 for ``q`` in [-2.9, 10] while
+            the reduced value stays <= 20.
+        clamp: ``(lo, hi)`` overrides the logit clamp of either variant (zero gradient outside);
+            ``(-inf, inf)`` disables it. The -50 floor always applies.
+        weight: ``(C,)`` class weights or a tensor shaped like ``input`` (e.g. DropLoss weights);
+            it scales the values; the unit weight stays 1 (as in
+            :func:`torch.nn.functional.binary_cross_entropy_with_logits`). The reference ignores its
+            class weights; that is not reproduced.
+        ignore_index: id whose rows are ignored (integer targets only).
+        reduction: ``"none"`` gives ``(N, C, d1..dk)``; ``"mean"`` divides the sum by the number of
+            non-ignored elements; ``"sum"``.
+
+    Unit: the element (weight 1, 0 in ignored rows). Defaults follow the paper; the detection
+    recipe additionally needs DropLoss, repeat-factor sampling, a normalised mask head and a
+    classifier bias of -2 (``eta_0 ~ 6.2e-4``, see :func:`gumbel_prior_bias`).
+
+    >>> import torch, losses
+    >>> x = torch.tensor([[0.0, 1.0, -1.0]])
+    >>> round(float(losses.gumbel_bce_loss(x, torch.tensor([0]), reduction="sum")), 4)
+    1.5424
+    """
+    fn = "gumbel_bce_loss"
+    check_floating(fn, "input", input)
+    check_tensor(fn, "target", target)
+    check_reduction(fn, reduction)
+    check_choice(fn, "variant", variant, _VARIANTS)
+    smoothing = check_number(fn, "label_smoothing", label_smoothing, low=0.0, high=1.0, high_inclusive=False)
+    clamp_ = _check_clamp(fn, clamp)
+    if input.dim() < 2:
+        raise value_error(fn, "input must have shape (N, C) or (N, C, d1, ..., dk) with classes on dim 1",
+                          f"shape {tuple(input.shape)}", "add a batch dimension with input.unsqueeze(0)")
+    if target.dtype == torch.bool or target.is_complex():
+        raise type_error(fn, "target must hold integer class ids or float labels in [0, 1]", str(target.dtype),
+                         "pass target.float() for multi-hot labels")
+    dtype = compute_dtype(input, weight, target if target.is_floating_point() else None)
+    if variant == "reference" or target.is_floating_point():
+        y, unit = elementwise_targets(fn, input, target, label_smoothing=smoothing, ignore_index=ignore_index,
+                                      dtype=dtype)
+        ids = valid = None
+    else:
+        y = unit = None
+        ids, valid = _integer_targets(fn, input, target, ignore_index)
+    w = broadcast_class_weight(fn, weight, input, dtype)
+    _check_finite_screened(fn, "input", input)
+    if w is not None:
+        check_finite(fn, "weight", weight)
+    x = upcast(input, dtype)
+
+    if variant == "reference":
+        lo, hi = clamp_ if clamp_ is not None else _REFERENCE_CLAMP
+        with _no_autocast(x.device.type):
+            q = x.clamp(lo, hi)
+            if lo < _FLOOR:
+                q = q.clamp(min=_FLOOR)
+            eta = torch.exp(-torch.exp(-q))
+            values = F.binary_cross_entropy(eta, y, reduction="none")
+            if w is not None:
+                values = values * w
+            out = reduce_loss(values, unit, reduction)
+            return out.clamp(*_REFERENCE_RESULT_RANGE)
+
+    lo, hi = clamp_ if clamp_ is not None else (-math.inf, math.inf)
+    if w is not None and w.requires_grad:
+        # differentiable weights: let autograd multiply them in
+        values = _GumbelBCEFunction.apply(x, y, ids, valid, None, smoothing, lo, hi, "none")
+        if unit is None:
+            unit = valid.unsqueeze(1).expand_as(x).to(dtype)
+        return reduce_loss(values * w, unit, reduction)
+    return _GumbelBCEFunction.apply(x, y, ids, valid, None if w is None else w.detach(), smoothing, lo, hi,
+                                    reduction)
+
+
+class GumbelBCELoss(nn.Module):
+    """Module form of :func:`gumbel_bce_loss` (GOL, arXiv:2207.10936); alias ``GOLLoss``.
+
+    ``weight`` (if given) is stored as a buffer. Registry name ``"gol"``.
+
+    >>> import torch, losses
+    >>> loss = losses.GumbelBCELoss(label_smoothing=0.1)
+    >>> float(loss(torch.zeros(2, 3), torch.tensor([0, 2]))) > 0
+    True
+    """
+
+    def __init__(
+        self,
+        *,
+        label_smoothing: float = 0.0,
+        variant: str = "paper",
+        clamp: Optional[Tuple[float, float]] = None,
+        weight: Optional[Tensor] = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__()
+        fn = "GumbelBCELoss"
+        check_reduction(fn, reduction)
+        check_choice(fn, "variant", variant, _VARIANTS)
+        self.label_smoothing = check_number(fn, "label_smoothing", label_smoothing, low=0.0, high=1.0,
+                                            high_inclusive=False)
+        self.variant = variant
+        self.clamp = _check_clamp(fn, clamp)
+        self.ignore_index = int(ignore_index)
+        self.reduction = reduction
+        self.register_buffer("weight", None if weight is None else torch.as_tensor(weight))
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return gumbel_bce_loss(input, target, label_smoothing=self.label_smoothing, variant=self.variant,
+                               clamp=self.clamp, weight=self.weight, ignore_index=self.ignore_index,
+                               reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return (f"label_smoothing={self.label_smoothing}, variant={self.variant!r}, clamp={self.clamp}, "
+                f"ignore_index={self.ignore_index}, reduction={self.reduction!r}")
+
+
+GOLLoss = GumbelBCELoss
+
+
+def _element_unit_weights(input: Tensor, target: Tensor, *, ignore_index: int = -100, **_: object) -> Tensor:
+    """1 per element of every non-ignored row (float targets: every element), shaped like input."""
+    if target.is_floating_point():
+        return torch.ones(input.shape, dtype=torch.float64)
+    return (target != ignore_index).double().unsqueeze(1).expand(input.shape).clone()
+
+
+register(
+    "gol",
+    function=gumbel_bce_loss,
+    module=GumbelBCELoss,
+    inputs="I",
+    unit="element",
+    unit_weights=_element_unit_weights,
+    arxiv="2207.10936",
+    paper="Alexandridis et al., Long-tailed Instance Segmentation using Gumbel Optimized Loss, ECCV 2022",
+)
