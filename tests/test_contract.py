@@ -27,7 +27,14 @@ DOCUMENTED_INF = {"comp_sum"}
 
 #: Every name the registry must hold once both loss issues land (LOSSES.md §0, Registry).
 EXPECTED_NAMES = {
-    "cross_entropy", "bce_with_logits",
+    # classification (issue 2)
+    "z_loss", "logz_penalty", "sparsemax", "entmax15", "entmax_bisect", "comp_sum", "adversarial_comp_sum",
+    "gol", "dice_semimetric", "jaccard_metric", "cross_entropy", "bce_with_logits", "soft_dice",
+    # embedding and ranking (issue 3)
+    "opl", "psl", "sampled_softmax", "bpr", "decoupled_softmax", "infonce", "soft_topk", "nbc_softmax",
+    "wcdas", "margin_softmax", "cosine_softmax", "partial_fc",
+    # many-class path (LOSSES.md §14)
+    "linear_cross_entropy",
 }
 
 
