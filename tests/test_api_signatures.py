@@ -1,0 +1,450 @@
+"""Pin the public API of ``losses`` to LOSSES.md: every function and module constructor named in
+§1-§12 and §14, the registry table of §0, and the §0 signature conventions.
+
+The expectations below are written out by hand from the spec text; nothing is derived from the
+code. How the abbreviations of the spec are expanded:
+
+* ``fn(first, target, [required tensors], *, <hyperparameters>, <optional tensors>,
+  ignore_index=-100, reduction="mean")`` (§0): required tensors are positional, everything else is
+  keyword-only; ``ignore_index`` and ``reduction`` close the list, followed only by what the spec
+  itself puts after them (``return_penalty``, ``return_stats``; module-only ``seed``,
+  ``gather_distributed``, ``distributed``, ``process_group``, as in the explicit blocks of
+  ``AdversarialCompSumLoss``, ``OrthogonalProjectionLoss``, ``NBCSoftmaxLoss`` and
+  ``PartialFCLoss``).
+* ``partial_fc_loss(..., sample_rate=0.1, <margin_softmax_loss keywords>, index=None,
+  generator=None)``: the hyperparameters of ``margin_softmax_loss`` in its order, then the optional
+  tensors ``index``, ``generator``, then ``ignore_index``, ``reduction`` (§0 order).
+* Module "same keywords": the function's keywords in the same order and with the same defaults,
+  minus per-call data tensors (``mask``, ``neg_mask``, ``index``), which ``forward`` takes instead
+  (``PartialFCLoss``'s explicit block drops ``index`` the same way); ``generator`` becomes
+  ``seed=None``; "+ gather_distributed=False" and the other module-only flags go after
+  ``reduction`` (as in every explicit module block).
+* Constructors that own parameters take ``embedding_dim, num_classes`` positionally, then
+  keyword-only; the others are keyword-only. No ``*args`` / ``**kwargs`` anywhere.
+
+Extra keywords beyond the spec are accepted only when they are keyword-only, have a default and
+come after all of the spec's parameters (``test_*_order``); defaults of the spec's keywords must
+match in value and type.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import pytest
+from torch import nn
+
+import losses
+
+POS = inspect.Parameter.POSITIONAL_OR_KEYWORD
+KW = inspect.Parameter.KEYWORD_ONLY
+REQUIRED = inspect.Parameter.empty
+
+
+def pos(*names):
+    """Positional (required) parameters."""
+    return [(n, POS, REQUIRED) for n in names]
+
+
+def kw(**defaults):
+    """Keyword-only parameters with their defaults, in the order written (``REQUIRED``: none)."""
+    return [(n, KW, d) for n, d in defaults.items()]
+
+
+# ``ignore_index=-100, reduction="mean"`` (§0)
+IR = kw(ignore_index=-100, reduction="mean")
+# ArcFace head defaults of §11
+MARGIN_KW = kw(scale=64.0, margin=(1.0, 0.5, 0.0), variant="paper", interclass_filtering_threshold=0.0)
+# Dice / Jaccard / soft Dice keywords of §12 (function)
+DICE_HYPER = kw(activation="softmax", smooth=1.0, aggregate="dataset", active_classes=None, log_loss=False,
+                weight=None)
+
+# ----------------------------------------------------------------------------------------------
+# functions: losses.<name>(...)
+# ----------------------------------------------------------------------------------------------
+FUNCTIONS = {
+    # §0 Baselines
+    "cross_entropy_loss": pos("input", "target") + kw(label_smoothing=0.0, weight=None) + IR,
+    "bce_with_logits_loss": pos("input", "target") + kw(label_smoothing=0.0, weight=None) + IR,
+    # §1a
+    "z_loss": pos("input", "target") + kw(a=1.0, b=0.0, eps=1e-6) + IR,
+    # §1b
+    "logz_penalty": pos("input") + kw(coef=1e-4, mask=None, reduction="mean"),
+    "cross_entropy_with_logz_penalty": pos("input", "target") + kw(coef=1e-4) + IR + kw(return_penalty=False),
+    # §2
+    "sparsemax": pos("input") + kw(dim=-1, k=None),
+    "entmax15": pos("input") + kw(dim=-1, k=None),
+    "entmax_bisect": pos("input") + kw(alpha=1.5, dim=-1, n_iter=50),
+    "sparsemax_loss": pos("input", "target") + kw(k=None) + IR,
+    "entmax15_loss": pos("input", "target") + kw(k=None) + IR,
+    "entmax_bisect_loss": pos("input", "target") + kw(alpha=1.5, n_iter=50) + IR,
+    # §3
+    "comp_sum_loss": pos("input", "target") + kw(tau=1.0) + IR,
+    # §4
+    "adversarial_comp_sum_loss": pos("input", "input_adv", "target") + kw(tau=1.0, rho=1.0, nu=REQUIRED) + IR,
+    # §5
+    "opl_loss": pos("embeddings", "target") + kw(gamma=0.5, variant="paper", neg_term=None) + IR
+    + kw(return_stats=False),
+    # §6
+    "psl_loss": pos("pos_scores", "neg_scores") + kw(
+        temperature=0.05, activation="tanh", score_scale=0.5, variant="paper", include_positive=None,
+        normalization="row", bounded_scores=True, neg_mask=None, reduction="mean"),
+    "sampled_softmax_loss": pos("pos_scores", "neg_scores") + kw(
+        temperature=0.05, score_scale=0.5, variant="paper", include_positive=None, neg_mask=None,
+        reduction="mean"),
+    "bpr_loss": pos("pos_scores", "neg_scores") + kw(neg_mask=None, reduction="mean"),
+    # §7
+    "decoupled_softmax_loss": pos("scores", "target") + kw(
+        temperature=0.05, weighted=False, variant="paper", sample_one_positive=None, mask_value=None,
+        generator=None) + IR,
+    "infonce_loss": pos("scores", "target") + kw(temperature=0.05, positive_normalization="sum") + IR,
+    "soft_topk_loss": pos("scores", "target") + kw(
+        k=5, alpha=2.0, temperature=0.05, n_iter=32, variant="paper", generator=None) + IR,
+    "in_batch_scores": pos("query", "keys", "target") + kw(gather_distributed=False),
+    # §8
+    "nbc_loss": pos("embeddings", "target") + kw(scale=0.2, num_classes=None, variant="paper") + IR,
+    "nbc_softmax_loss": pos("embeddings", "target", "weight") + kw(
+        scale=0.2, nbc_weight=0.5, variant="paper", bias=None) + IR,
+    # §9
+    "wcdas_logits": pos("embeddings", "weight", "concentration_logit", "scale") + kw(variant="paper"),
+    "wcdas_loss": pos("embeddings", "target", "weight", "concentration_logit", "scale") + kw(variant="paper")
+    + IR,
+    # §10
+    "gumbel_activation": pos("input"),
+    "gumbel_prior_bias": pos("prior"),
+    "gumbel_bce_loss": pos("input", "target") + kw(
+        label_smoothing=0.0, variant="paper", clamp=None, weight=None) + IR,
+    # §11
+    "margin_softmax_loss": pos("embeddings", "target", "weight") + MARGIN_KW + IR,
+    "partial_fc_loss": pos("embeddings", "target", "weight") + kw(sample_rate=0.1) + MARGIN_KW
+    + kw(index=None, generator=None) + IR,
+    # §12
+    "dice_semimetric_loss": pos("input", "target") + DICE_HYPER + kw(mask=None) + IR,
+    "jaccard_metric_loss": pos("input", "target") + DICE_HYPER + kw(mask=None) + IR,
+    "soft_dice_loss": pos("input", "target") + DICE_HYPER + kw(mask=None) + IR,
+    # §14
+    "linear_cross_entropy": pos("embeddings", "target", "weight") + kw(bias=None, chunk_size=None) + IR,
+}
+
+# ----------------------------------------------------------------------------------------------
+# modules: losses.<Name>.__init__ (without self)
+# ----------------------------------------------------------------------------------------------
+HEAD = pos("embedding_dim", "num_classes")
+DICE_MODULE = kw(activation="softmax", smooth=1.0, aggregate="dataset", active_classes=None, log_loss=False,
+                 weight=None) + IR + kw(gather_distributed=False)
+
+MODULES = {
+    "CrossEntropyLoss": kw(label_smoothing=0.0, weight=None) + IR,
+    "BCEWithLogitsLoss": kw(label_smoothing=0.0, weight=None) + IR,
+    "ZLoss": kw(a=1.0, b=0.0, eps=1e-6) + IR,
+    "CrossEntropyWithLogZPenalty": kw(coef=1e-4) + IR + kw(return_penalty=False),
+    "SparsemaxLoss": kw(k=None) + IR,
+    "Entmax15Loss": kw(k=None) + IR,
+    "EntmaxBisectLoss": kw(alpha=1.5, n_iter=50) + IR,
+    "CompSumLoss": kw(tau=1.0) + IR,
+    "AdversarialCompSumLoss": kw(
+        tau=1.0, rho=1.0, nu=REQUIRED, epsilon=8 / 255, steps=10, step_size=2 / 255, norm="linf",
+        clip=(0.0, 1.0), random_init_std=1e-3) + IR + kw(seed=None),
+    "OrthogonalProjectionLoss": kw(gamma=0.5, variant="paper", neg_term=None) + IR
+    + kw(return_stats=False, gather_distributed=False),
+    "PSLLoss": kw(temperature=0.05, activation="tanh", score_scale=0.5, variant="paper", include_positive=None,
+                  normalization="row", bounded_scores=True, reduction="mean"),
+    "SampledSoftmaxLoss": kw(temperature=0.05, score_scale=0.5, variant="paper", include_positive=None,
+                             reduction="mean"),
+    "BPRLoss": kw(reduction="mean"),
+    "DecoupledSoftmaxLoss": kw(temperature=0.05, weighted=False, variant="paper", sample_one_positive=None,
+                               mask_value=None) + IR + kw(seed=None, gather_distributed=False),
+    "InfoNCELoss": kw(temperature=0.05, positive_normalization="sum") + IR + kw(gather_distributed=False),
+    "SoftTopKLoss": kw(k=5, alpha=2.0, temperature=0.05, n_iter=32, variant="paper") + IR
+    + kw(seed=None, gather_distributed=False),
+    "NBCSoftmaxLoss": HEAD + kw(scale=0.2, nbc_weight=0.5, bias=True, variant="paper") + IR
+    + kw(gather_distributed=False),
+    "WCDASLoss": HEAD + kw(concentration_init=0.0, scale=None, variant="paper") + IR,
+    "GumbelBCELoss": kw(label_smoothing=0.0, variant="paper", clamp=None, weight=None) + IR,
+    "MarginSoftmaxLoss": HEAD + MARGIN_KW + IR,
+    "PartialFCLoss": HEAD + kw(sample_rate=0.1) + MARGIN_KW + IR
+    + kw(seed=None, distributed=False, process_group=None),
+    "DiceSemimetricLoss": DICE_MODULE,
+    "JaccardMetricLoss": DICE_MODULE,
+    "SoftDiceLoss": DICE_MODULE,
+    "LinearCrossEntropyLoss": HEAD + kw(bias=True, chunk_size=None) + IR,
+}
+
+# Per-call tensors of a function that its module's constructor drops: forward must accept them.
+FORWARD_KEYWORDS = {
+    "BPRLoss": ("neg_mask",),
+    "PSLLoss": ("neg_mask",),
+    "SampledSoftmaxLoss": ("neg_mask",),
+    "DiceSemimetricLoss": ("mask",),
+    "JaccardMetricLoss": ("mask",),
+    "SoftDiceLoss": ("mask",),
+    "PartialFCLoss": ("index",),
+}
+
+# Keywords that share a name between function and module but are different things in the spec:
+# a bias *tensor* (function) vs a bias *flag* (module), §8 and §14.
+DIFFERENT_MEANING = {
+    ("nbc_softmax_loss", "NBCSoftmaxLoss"): {"bias"},
+    ("linear_cross_entropy", "LinearCrossEntropyLoss"): {"bias"},
+}
+
+# ----------------------------------------------------------------------------------------------
+# registry table of §0: name -> (function, module, inputs, owns_head, auxiliary, unit, example_kwargs)
+# ----------------------------------------------------------------------------------------------
+HEAD_KWARGS = {"embedding_dim": 8, "num_classes": 5}
+I, E, S, P, M = ("input", "target"), ("embeddings", "target"), ("scores", "target"), \
+    ("pos_scores", "neg_scores"), ("model", "inputs", "target")
+
+REGISTRY = {
+    "z_loss": ("z_loss", "ZLoss", I, False, False, "position", {}),
+    "logz_penalty": ("cross_entropy_with_logz_penalty", "CrossEntropyWithLogZPenalty", I, False, False,
+                     "position", {}),
+    "sparsemax": ("sparsemax_loss", "SparsemaxLoss", I, False, False, "position", {}),
+    "entmax15": ("entmax15_loss", "Entmax15Loss", I, False, False, "position", {}),
+    "entmax_bisect": ("entmax_bisect_loss", "EntmaxBisectLoss", I, False, False, "position", {}),
+    "comp_sum": ("comp_sum_loss", "CompSumLoss", I, False, False, "position", {"tau": 0.5}),
+    "cross_entropy": ("cross_entropy_loss", "CrossEntropyLoss", I, False, False, "position", {}),
+    "gol": ("gumbel_bce_loss", "GumbelBCELoss", I, False, False, "element", {}),
+    "bce_with_logits": ("bce_with_logits_loss", "BCEWithLogitsLoss", I, False, False, "element", {}),
+    # unit "class; (image, class)": the registry's unit is "class", the (image, class) shape is the
+    # "image"/"class" aggregation's "none" shape (§13.3)
+    "dice_semimetric": ("dice_semimetric_loss", "DiceSemimetricLoss", I, False, False, "class", {}),
+    "jaccard_metric": ("jaccard_metric_loss", "JaccardMetricLoss", I, False, False, "class", {}),
+    "soft_dice": ("soft_dice_loss", "SoftDiceLoss", I, False, False, "class", {}),
+    "adversarial_comp_sum": ("adversarial_comp_sum_loss", "AdversarialCompSumLoss", M, False, False, "row",
+                             {"nu": 1.0}),
+    "wcdas": ("wcdas_loss", "WCDASLoss", E, True, False, "row", HEAD_KWARGS),
+    "nbc_softmax": ("nbc_softmax_loss", "NBCSoftmaxLoss", E, True, False, "batch", HEAD_KWARGS),
+    "margin_softmax": ("margin_softmax_loss", "MarginSoftmaxLoss", E, True, False, "row", HEAD_KWARGS),
+    # "the same, margin=(1.0, 0.0, 0.0) preset": the preset is part of what builds it
+    "cosine_softmax": ("margin_softmax_loss", "MarginSoftmaxLoss", E, True, False, "row",
+                       {**HEAD_KWARGS, "margin": (1.0, 0.0, 0.0)}),
+    "partial_fc": ("partial_fc_loss", "PartialFCLoss", E, True, False, "row",
+                   {**HEAD_KWARGS, "sample_rate": 0.5, "seed": 0}),
+    "linear_cross_entropy": ("linear_cross_entropy", "LinearCrossEntropyLoss", E, True, False, "row",
+                             HEAD_KWARGS),
+    "opl": ("opl_loss", "OrthogonalProjectionLoss", E, False, True, "batch", {}),
+    "psl": ("psl_loss", "PSLLoss", P, False, False, "row", {}),
+    "sampled_softmax": ("sampled_softmax_loss", "SampledSoftmaxLoss", P, False, False, "row", {}),
+    "bpr": ("bpr_loss", "BPRLoss", P, False, False, "pair", {}),
+    "decoupled_softmax": ("decoupled_softmax_loss", "DecoupledSoftmaxLoss", S, False, False, "row", {}),
+    "infonce": ("infonce_loss", "InfoNCELoss", S, False, False, "row", {}),
+    "soft_topk": ("soft_topk_loss", "SoftTopKLoss", S, False, False, "row", {"k": 2}),
+}
+EXPERIMENTAL = {"adversarial_comp_sum"}  # §4 is the only section marked experimental
+
+# Methods the spec names on modules (§9, §11, §14, registry "owns_head": ``.logits(embeddings)``).
+METHODS = {
+    "WCDASLoss": {"logits": ["embeddings"], "concentration": [], "effective_scale": []},
+    "MarginSoftmaxLoss": {"logits": ["embeddings"]},
+    "PartialFCLoss": {"logits": ["embeddings"], "ddp_ignored_parameters": []},
+    "NBCSoftmaxLoss": {"logits": ["embeddings"]},
+    "LinearCrossEntropyLoss": {"logits": ["embeddings"]},
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------------------
+def _params(obj, *, drop_self=False):
+    sig = inspect.signature(obj)
+    params = list(sig.parameters.values())
+    if drop_self:
+        assert params and params[0].name == "self", f"{obj}: first parameter is not self"
+        params = params[1:]
+    return params
+
+
+def _fmt_default(d):
+    return "<required>" if d is REQUIRED else repr(d)
+
+
+def _check_contents(label, params, expected):
+    """Names, kinds and defaults of the spec's parameters; extras keyword-only with a default."""
+    problems = []
+    actual = {p.name: p for p in params}
+    for p in params:
+        if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            problems.append(f"{label}: has {p} (no *args/**kwargs allowed, §0)")
+    exp_names = [n for n, _, _ in expected]
+    exp_pos = [n for n, k, _ in expected if k is POS]
+    act_pos = [p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY, POS)]
+    if act_pos != exp_pos:
+        problems.append(f"{label}: positional parameters {act_pos}, expected {exp_pos}")
+    for name, kind, default in expected:
+        p = actual.get(name)
+        if p is None:
+            problems.append(f"{label}: missing parameter {name!r} (expected {kind.description}, "
+                            f"default {_fmt_default(default)})")
+            continue
+        if p.kind is not kind:
+            problems.append(f"{label}: {name!r} is {p.kind.description}, expected {kind.description}")
+        if default is REQUIRED:
+            if p.default is not REQUIRED:
+                problems.append(f"{label}: {name!r} has default {p.default!r}, expected none (required)")
+        elif p.default is REQUIRED:
+            problems.append(f"{label}: {name!r} has no default, expected {default!r}")
+        elif type(p.default) is not type(default) or p.default != default:
+            problems.append(f"{label}: {name!r} default {p.default!r} ({type(p.default).__name__}), "
+                            f"expected {default!r} ({type(default).__name__})")
+    for p in params:
+        if p.name in exp_names or p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            continue
+        if p.kind is not KW:
+            problems.append(f"{label}: extra parameter {p.name!r} is {p.kind.description}, must be keyword-only")
+        elif p.default is REQUIRED:
+            problems.append(f"{label}: extra keyword {p.name!r} has no default (would break the spec's calls)")
+    assert not problems, "\n".join(problems)
+
+
+def _check_order(label, params, expected):
+    """The spec's parameters come first, in the spec's order; extras only after them."""
+    exp_names = [n for n, _, _ in expected]
+    act_names = [p.name for p in params]
+    extras = [n for n in act_names if n not in exp_names]
+    assert act_names == exp_names + extras, (
+        f"{label}: parameter order {act_names}\n   expected {exp_names}"
+        + (f" followed by extras {extras}" if extras else ""))
+
+
+def _get(name):
+    obj = getattr(losses, name, None)
+    assert obj is not None, f"losses.{name} does not exist"
+    return obj
+
+
+# ----------------------------------------------------------------------------------------------
+# tests
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_function_signature(name):
+    fn = _get(name)
+    assert inspect.isfunction(fn), f"losses.{name} is not a plain function ({type(fn)})"
+    _check_contents(f"losses.{name}", _params(fn), FUNCTIONS[name])
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_function_order(name):
+    _check_order(f"losses.{name}", _params(_get(name)), FUNCTIONS[name])
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_function_exported(name):
+    fn = _get(name)
+    assert name in losses.__all__, f"{name} not in losses.__all__"
+    assert getattr(losses.functional, name, None) is fn, f"losses.functional.{name} missing or a different object"
+    assert name in losses.functional.__all__, f"{name} not in losses.functional.__all__"
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_module_signature(name):
+    cls = _get(name)
+    assert inspect.isclass(cls) and issubclass(cls, nn.Module), f"losses.{name} is not an nn.Module class"
+    assert name in losses.__all__, f"{name} not in losses.__all__"
+    _check_contents(f"losses.{name}.__init__", _params(cls.__init__, drop_self=True), MODULES[name])
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_module_order(name):
+    _check_order(f"losses.{name}.__init__", _params(_get(name).__init__, drop_self=True), MODULES[name])
+
+
+def test_gol_alias():
+    assert losses.GOLLoss is losses.GumbelBCELoss
+    assert "GOLLoss" in losses.__all__
+
+
+PAIRS = sorted({(f, m) for f, m, *_ in REGISTRY.values()})
+
+
+@pytest.mark.parametrize("function,module", PAIRS, ids=[f"{f}-{m}" for f, m in PAIRS])
+def test_module_defaults_match_function(function, module):
+    """"Same keywords": a constructor keyword named like a function keyword has its default."""
+    fparams = {p.name: p for p in _params(_get(function)) if p.kind is KW}
+    mparams = {p.name: p for p in _params(_get(module).__init__, drop_self=True) if p.kind is KW}
+    skip = DIFFERENT_MEANING.get((function, module), set())
+    problems = []
+    for name in sorted(set(fparams) & set(mparams) - skip):
+        fd, md = fparams[name].default, mparams[name].default
+        if fd is REQUIRED or md is REQUIRED:
+            same = fd is md
+        else:
+            same = type(fd) is type(md) and fd == md
+        if not same:
+            problems.append(f"{name}: {function} default {_fmt_default(fd)}, {module} default {_fmt_default(md)}")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_forward_signature(name):
+    """forward takes the registry inputs positionally, plus the per-call tensors the ctor drops."""
+    cls = _get(name)
+    kinds = {v[2] for v in REGISTRY.values() if v[1] == name}
+    assert len(kinds) == 1, f"{name}: registry kinds {kinds}"
+    inputs = kinds.pop()
+    sig = inspect.signature(cls.forward)
+    placeholders = [object()] * len(inputs)
+    sig.bind(object(), *placeholders)  # self + inputs, raises TypeError if not accepted
+    if inputs == S:  # §7: .forward(scores, target) or .forward(query, keys, target)
+        sig.bind(object(), object(), object(), object())
+    for extra in FORWARD_KEYWORDS.get(name, ()):
+        p = sig.parameters.get(extra)
+        assert p is not None, f"{name}.forward does not accept {extra!r}"
+        assert p.default is None, f"{name}.forward: {extra!r} default {p.default!r}, expected None"
+        sig.bind(object(), *placeholders, **{extra: None})
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_head_methods(name):
+    cls = _get(name)
+    for method, args in METHODS[name].items():
+        fn = getattr(cls, method, None)
+        assert callable(fn), f"{name}.{method} missing"
+        got = [p.name for p in _params(fn, drop_self=True)]
+        assert got == args, f"{name}.{method}{tuple(got)}, expected {tuple(args)}"
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_registry_entry(name):
+    function, module, inputs, owns_head, auxiliary, unit, example_kwargs = REGISTRY[name]
+    specs = {s.name: s for s in losses.list_losses()}
+    assert name in specs, f"registry has no {name!r}"
+    s = specs[name]
+    assert s.function is _get(function), f"{name}: function {s.function.__name__}, expected {function}"
+    assert s.module is _get(module), f"{name}: module {s.module.__name__}, expected {module}"
+    assert tuple(s.inputs) == inputs, f"{name}: inputs {s.inputs}, expected {inputs}"
+    assert s.owns_head is owns_head, f"{name}: owns_head {s.owns_head}, expected {owns_head}"
+    assert s.auxiliary is auxiliary, f"{name}: auxiliary {s.auxiliary}, expected {auxiliary}"
+    assert s.unit == unit, f"{name}: unit {s.unit!r}, expected {unit!r}"
+    assert s.experimental is (name in EXPERIMENTAL), f"{name}: experimental {s.experimental}"
+    for k, v in example_kwargs.items():
+        assert k in s.example_kwargs and s.example_kwargs[k] == v, (
+            f"{name}: example_kwargs {dict(s.example_kwargs)} lacks {k}={v!r}")
+    # "enough to build it": the spec's example_kwargs alone build the module, via create_loss too
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", losses.ExperimentalWarning)
+        built = losses.create_loss(name, **example_kwargs)
+    assert type(built) is s.module
+    if name == "cosine_softmax":
+        assert tuple(s.function_kwargs.get("margin", ())) == (1.0, 0.0, 0.0), s.function_kwargs
+        assert tuple(built.margin) == (1.0, 0.0, 0.0)
+
+
+def test_registry_has_exactly_the_spec_names():
+    assert {s.name for s in losses.list_losses()} == set(REGISTRY)
+
+
+def test_top_level_api():
+    # §0 Registry, Errors, Randomness
+    p = _params(losses.create_loss)
+    assert [(q.name, q.kind) for q in p] == [("name", POS), ("kwargs", inspect.Parameter.VAR_KEYWORD)]
+    assert _params(losses.list_losses) == []
+    # ``set_validation(False)`` / ``validation(False)``: one positional flag (its name is not specified)
+    assert [q.kind for q in _params(losses.set_validation)] == [POS]
+    assert [q.kind for q in _params(losses.validation)] == [POS]
+    with losses.validation(False):
+        assert not losses.is_validation_enabled()
+    assert issubclass(losses.ExperimentalWarning, UserWarning)
+    for n in ("create_loss", "list_losses", "set_validation", "validation", "ExperimentalWarning", "functional"):
+        assert n in losses.__all__, n
