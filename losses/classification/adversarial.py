@@ -32,7 +32,7 @@ from .._core import (
     upcast,
     value_error,
 )
-from .._registry import default_example_inputs, register
+from .._registry import register
 from .comp_sum import _CompSumFunction
 from .zloss import _class_ids
 
@@ -266,8 +266,7 @@ class AdversarialCompSumLoss(nn.Module):
     def _clip(self, x: Tensor) -> Tensor:
         return x if self.clip is None else x.clamp(self.clip[0], self.clip[1])
 
-    def _perturb(self, model: nn.Module, inputs: Tensor, target: Tensor,
-                 generator: Optional[torch.Generator]) -> Tensor:
+    def _perturb(self, model: nn.Module, inputs: Tensor, target: Tensor) -> Tensor:
         fn = "AdversarialCompSumLoss"
         x0 = inputs.detach()
         with torch.no_grad():
@@ -283,7 +282,7 @@ class AdversarialCompSumLoss(nn.Module):
         w = valid.to(dtype)
         x_adv = x0
         if self.random_init_std > 0:
-            g = generator if generator is not None else self._get_generator(x0.device)
+            g = self._get_generator(x0.device)
             noise_dtype = torch.float64 if x0.dtype == torch.float64 else torch.float32
             noise = torch.randn(x0.shape, generator=g, device=x0.device, dtype=noise_dtype)
             x_adv = x0 + (self.random_init_std * noise).to(x0.dtype)
@@ -312,30 +311,23 @@ class AdversarialCompSumLoss(nn.Module):
             x_adv = self._clip(x_adv).detach()
         return x_adv
 
-    def forward(self, model: nn.Module, inputs: Tensor, target: Tensor, *, seed: Optional[int] = None) -> Tensor:
+    def forward(self, model: nn.Module, inputs: Tensor, target: Tensor) -> Tensor:
         """The loss of ``model`` on ``inputs`` and their PGD perturbation (see the class docs).
 
-        ``seed`` (optional) draws this call's random start from a fresh generator seeded with it,
-        instead of the module's own generator (constructor ``seed``) or the global RNG, so that
-        a call can be reproduced exactly.
+        The random start is drawn from the module's private generator when it was built with a
+        ``seed``, else from the global RNG (seed it with ``torch.manual_seed`` to reproduce a call).
         """
         fn = "AdversarialCompSumLoss"
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise type_error(fn, "seed must be an int or None", type(seed).__name__, "pass an integer seed")
         if not isinstance(model, nn.Module):
             raise type_error(fn, "model must be a torch.nn.Module", type(model).__name__,
                              "pass the network whose logits are trained")
         check_floating(fn, "inputs", inputs)
         check_integer_target(fn, target)
         check_finite(fn, "inputs", inputs)
-        generator = None
-        if seed is not None:
-            generator = torch.Generator(device=inputs.device)
-            generator.manual_seed(seed)
         modes = [(m, m.training) for m in model.modules()]
         try:
             model.eval()
-            x_adv = self._perturb(model, inputs, target, generator)
+            x_adv = self._perturb(model, inputs, target)
         finally:
             for m, mode in modes:
                 m.training = mode
@@ -355,14 +347,6 @@ def _row_unit_weights(model, inputs, target, *, ignore_index: int = -100, **_: o
     return (target != ignore_index).double()
 
 
-def _example_inputs(*, generator: Optional[torch.Generator] = None, dtype=torch.float32, case: str = "random"):
-    """The registry's default model example plus a per-call ``seed`` for the random start, so that
-    repeated calls on equal examples draw the same noise."""
-    args, kwargs = default_example_inputs("M")(generator=generator, dtype=dtype, case=case)
-    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator)) if generator is not None else 0
-    return args, {**kwargs, "seed": seed}
-
-
 register(
     "adversarial_comp_sum",
     function=adversarial_comp_sum_loss,
@@ -375,5 +359,4 @@ register(
           "ICML 2023 (smooth adversarial comp-sum; experimental reconstruction)",
     experimental=True,
     example_kwargs={"nu": 1.0},
-    example_inputs=_example_inputs,
 )
