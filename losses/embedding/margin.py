@@ -275,9 +275,11 @@ class _CosineLogSumExp(torch.autograd.Function):
             grad_wn = p.t() @ (xs * g.unsqueeze(1))
             if k > 0 and n > 0:
                 grad_wn.index_add_(0, y, xs * coef.unsqueeze(1), alpha=-1)
-            # backward of w / max(||w||, eps): project out the radial part where ||w|| > eps
-            radial = (wn * grad_wn).sum(dim=1) * (norm > NORM_EPS).to(wn.dtype)
-            grad_w = grad_wn.sub_(wn * radial.unsqueeze(1)).mul_(inv.unsqueeze(1))
+            del wn
+            # backward of w / max(||w||, eps), in place: inv * (g - wn <wn, g>) where ||w|| > eps,
+            # written as g * inv - w * inv^3 <w, g>
+            coef_w = (w * grad_wn).sum(dim=1) * inv.pow(3) * (norm > NORM_EPS).to(w.dtype)
+            grad_w = grad_wn.mul_(inv.unsqueeze(1)).addcmul_(w, coef_w.unsqueeze(1), value=-1.0)
         return grad_xs, grad_w, coef, None, None, None, None, None
 
 
