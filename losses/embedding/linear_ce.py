@@ -129,10 +129,10 @@ def linear_cross_entropy(
     *,
     bias: Optional[Tensor] = None,
     chunk_size: Optional[int] = None,
-    label_smoothing: float = 0.0,
-    logz_coef: float = 0.0,
     ignore_index: int = -100,
     reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    logz_coef: float = 0.0,
 ) -> Tensor:
     r"""Cross-entropy of a linear classifier without materialising the ``N x C`` logits.
 
@@ -218,10 +218,10 @@ class LinearCrossEntropyLoss(nn.Module):
         *,
         bias: bool = True,
         chunk_size: Optional[int] = None,
-        label_smoothing: float = 0.0,
-        logz_coef: float = 0.0,
         ignore_index: int = -100,
         reduction: str = "mean",
+        label_smoothing: float = 0.0,
+        logz_coef: float = 0.0,
     ) -> None:
         super().__init__()
         fn = "LinearCrossEntropyLoss"
@@ -274,5 +274,5 @@ register(
     arxiv="2411.09009",
     paper="Chunked linear + softmax cross-entropy (many-class path; cf. Wijmans et al., ICLR 2025)",
     owns_head=True,
-    example_kwargs={"embedding_dim": 8, "num_classes": 5, "chunk_size": 2},
+    example_kwargs={"embedding_dim": 8, "num_classes": 5},
 )

@@ -633,10 +633,10 @@ class DecoupledSoftmaxLoss(_SeededModule):
         variant: str = "paper",
         sample_one_positive: Optional[bool] = None,
         mask_value: Optional[float] = None,
-        seed: Optional[int] = None,
-        gather_distributed: bool = False,
         ignore_index: int = -100,
         reduction: str = "mean",
+        seed: Optional[int] = None,
+        gather_distributed: bool = False,
     ) -> None:
         super().__init__()
         fn = "DecoupledSoftmaxLoss"
@@ -689,9 +689,9 @@ class InfoNCELoss(nn.Module):
         *,
         temperature: float = 0.05,
         positive_normalization: str = "sum",
-        gather_distributed: bool = False,
         ignore_index: int = -100,
         reduction: str = "mean",
+        gather_distributed: bool = False,
     ) -> None:
         super().__init__()
         fn = "InfoNCELoss"
@@ -733,10 +733,10 @@ class SoftTopKLoss(_SeededModule):
         temperature: float = 0.05,
         n_iter: int = 32,
         variant: str = "paper",
-        seed: Optional[int] = None,
-        gather_distributed: bool = False,
         ignore_index: int = -100,
         reduction: str = "mean",
+        seed: Optional[int] = None,
+        gather_distributed: bool = False,
     ) -> None:
         super().__init__()
         fn = "SoftTopKLoss"
