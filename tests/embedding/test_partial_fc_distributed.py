@@ -23,6 +23,8 @@ CONFIGS = {
 }
 #: positives of Y: {0, 1, 3, 5, 6, 8}; the shared index adds 2 and leaves out 4 and 7
 INDEX = torch.tensor([0, 1, 2, 3, 5, 6, 8])
+Y_SHARD0 = torch.tensor([0, 3, 3, 1, -100, 1, 0, 0, 3, 4])
+INDEX_SHARD0 = torch.tensor([0, 1, 3, 4])
 
 
 def _data():
@@ -65,6 +67,14 @@ def _worker(rank, world_size, payload):
     m = make(sample_rate=0.1)
     res["index"] = _backward(m, x, y, "mean", index=INDEX)
     res["index_last"] = m.last_index.clone()
+
+    # a shared index with no class on rank 1's shard (an empty local sample) and labels on shard 0 only
+    m = make(sample_rate=0.1)
+    res["empty_shard"] = _backward(m, x, payload["y_shard0"][rows], "mean", index=INDEX_SHARD0)
+    # fewer classes than ranks: rank 1 owns no centre at all
+    one = losses.PartialFCLoss(D, 1, distributed=True, scale=SCALE, sample_rate=1.0).double()
+    one.load_state_dict({"weight": w_full[:1]})
+    res["one_class"] = (tuple(one.weight.shape),) + _backward(one, x, torch.zeros_like(y), "mean")
 
     # per-shard sampling with a seed: positives first, max(floor(rate * n_r), |P_r|) classes
     draws = []
@@ -124,7 +134,7 @@ def setup():
     single.load_state_dict({"weight": w})
     lazy = losses.PartialFCLoss(D, C, distributed=True, scale=SCALE, sample_rate=1.0).double()
     lazy.load_state_dict({"weight": w})
-    payload = {"x": x, "w": w, "y": y, "lazy": lazy, "single_state": single.state_dict()}
+    payload = {"x": x, "w": w, "y": y, "lazy": lazy, "single_state": single.state_dict(), "y_shard0": Y_SHARD0}
     return (x, w, y), run_gloo(_worker, world_size=WORLD, payload=payload)
 
 
@@ -185,6 +195,25 @@ def test_shared_index_matches_single_process(setup):
         assert res[r]["index_last"].tolist() == [i for i in INDEX.tolist() if s.start <= i < s.stop]
     # unsampled centres (4 and 7) get exactly zero gradient
     assert torch.all(res[0]["index"][2][4] == 0) and torch.all(res[1]["index"][2][7 - 5] == 0)
+
+
+@pytest.mark.slow
+def test_rank_with_empty_sample_or_no_classes(setup):
+    (x, w, _), res = setup
+    loss, gx, gw = _single(x, w, Y_SHARD0, "mean", index=INDEX_SHARD0)
+    for r in range(WORLD):
+        out, grad_x, grad_w = res[r]["empty_shard"]
+        torch.testing.assert_close(out, loss, rtol=1e-6, atol=1e-10)
+        torch.testing.assert_close(grad_w, gw[_shard(r)], rtol=1e-6, atol=1e-10)
+        torch.testing.assert_close(grad_x, WORLD * gx[_rows(r)], rtol=1e-6, atol=1e-10)
+    assert torch.all(res[1]["empty_shard"][2] == 0)
+    loss, gx, gw = _single(x, w[:1], torch.zeros(WORLD * N_PER_RANK, dtype=torch.long), "mean")
+    assert [res[r]["one_class"][0] for r in range(WORLD)] == [(1, D), (0, D)]
+    for r in range(WORLD):
+        _, out, grad_x, grad_w = res[r]["one_class"]
+        torch.testing.assert_close(out, loss, rtol=1e-6, atol=1e-10)
+        torch.testing.assert_close(grad_x, WORLD * gx[_rows(r)], rtol=1e-6, atol=1e-10)
+    torch.testing.assert_close(res[0]["one_class"][3], gw, rtol=1e-6, atol=1e-10)
 
 
 @pytest.mark.slow
