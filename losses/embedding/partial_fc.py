@@ -14,7 +14,6 @@ row log-sum-exp is assembled by all-reducing the row maxima and then the sums of
 from __future__ import annotations
 
 import copy
-import math
 from typing import Optional, Sequence, Tuple
 
 import torch
