@@ -23,3 +23,8 @@ from .sparsemax import *  # noqa: F401,F403
 from .sparsemax import __all__ as _sparsemax_all
 
 __all__ += list(_sparsemax_all)
+
+from .dice import *  # noqa: F401,F403
+from .dice import __all__ as _dice_all
+
+__all__ += list(_dice_all)

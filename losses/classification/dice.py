@@ -1,0 +1,553 @@
+"""Dice semimetric loss, Jaccard metric loss and the soft Dice baseline (LOSSES.md §12).
+
+All three are computed from per-class (and per-image) sums over the kept positions of the
+probabilities ``x`` and labels ``y``::
+
+    |x| = sum x,  |y| = sum y,  Delta = sum |x - y|
+    tp = (|x| + |y| - Delta) / 2,  fp = |x| - tp,  fn = |y| - tp
+    T = (tp + s) / (tp + alpha fp + beta fn + s)
+
+Dice semimetric (``alpha = beta = 1/2``): ``1 - T = Delta / (|x| + |y| + 2s)``; Jaccard metric
+(``alpha = beta = 1``): ``1 - T = 2 Delta / (|x| + |y| + Delta + 2s)``; soft Dice (baseline):
+``1 - (2<x, y> + 2s) / (|x| + |y| + 2s)``. With hard labels the Dice semimetric equals soft
+Dice; with soft labels only the semimetric vanishes at ``x = y``.
+
+Aggregation (Wang et al., NeurIPS 2023 D&B, arXiv:2310.19252): ``"dataset"`` sums over the
+batch per class, ``"image"`` computes per (image, class) and averages over each image's active
+classes then over images, ``"class"`` averages each class over the images where it is active,
+then over classes.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .. import _distributed as D
+from .._core import (
+    _checking,
+    check_choice,
+    check_finite,
+    check_floating,
+    check_ids_in_range,
+    check_number,
+    check_reduction,
+    check_tensor,
+    check_unit_interval,
+    compute_dtype,
+    reduce_loss,
+    type_error,
+    upcast,
+    value_error,
+)
+from .._registry import register
+
+__all__ = [
+    "dice_semimetric_loss",
+    "jaccard_metric_loss",
+    "soft_dice_loss",
+    "DiceSemimetricLoss",
+    "JaccardMetricLoss",
+    "SoftDiceLoss",
+]
+
+_ACTIVATIONS = ("softmax", "sigmoid", "none")
+_AGGREGATES = ("dataset", "image", "class")
+_ACTIVE = (None, "present", "all")
+#: a class is "present" in a unit when its largest kept label value exceeds this
+_PRESENT_THRESHOLD = 0.01
+
+
+# --------------------------------------------------------------------------------------
+# shared core
+# --------------------------------------------------------------------------------------
+
+
+def _check_args(fn: str, input: Tensor, target: Tensor, activation: str, smooth: float, aggregate: str,
+                active_classes: Optional[str], log_loss: bool, reduction: str) -> float:
+    check_floating(fn, "input", input)
+    check_tensor(fn, "target", target)
+    check_reduction(fn, reduction)
+    check_choice(fn, "activation", activation, _ACTIVATIONS)
+    check_choice(fn, "aggregate", aggregate, _AGGREGATES)
+    check_choice(fn, "active_classes", active_classes, _ACTIVE)
+    if not isinstance(log_loss, bool):
+        raise type_error(fn, "log_loss must be a bool", type(log_loss).__name__, "pass True or False")
+    return check_number(fn, "smooth", smooth, low=0.0, hint="choose smooth >= 0 (1.0 is the default)")
+
+
+def _unit_stats(
+    fn: str,
+    kind: str,
+    input: Tensor,
+    target: Tensor,
+    *,
+    activation: str,
+    aggregate: str,
+    active_classes: Optional[str],
+    weight: Optional[Tensor],
+    mask: Optional[Tensor],
+    ignore_index: int,
+    gather: bool,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Optional[Tensor]]:
+    """Per-unit sums ``|x|, |y|, A`` (``A = Delta``, or ``sum x + y - 2xy`` for soft Dice), the
+    active-unit indicator, the class weights and (``"class"`` mode) the per-class active counts.
+
+    Units are classes ``(C,)`` in ``"dataset"`` mode, else ``(B, C)``. With ``gather`` the
+    dataset-mode sums and the class-mode counts are all-reduced over the process group.
+    """
+    if input.dim() < 2:
+        raise value_error(fn, "input must have shape (B, C) or (B, C, d1, ..., dk) with classes on dim 1",
+                          f"shape {tuple(input.shape)}", "add a batch dimension with input.unsqueeze(0)")
+    b, c = input.shape[:2]
+    spatial = tuple(input.shape[2:])
+    n_pos = 1
+    for d in spatial:
+        n_pos *= d
+    if target.dtype == torch.bool or target.is_complex():
+        raise type_error(fn, "target must hold integer class ids or float soft labels", str(target.dtype),
+                         "pass target.long() for ids or target.float() for soft labels")
+    hard = not target.is_floating_point()
+    if hard:
+        if tuple(target.shape) != (b,) + spatial:
+            raise value_error(fn, f"integer target shape must be {(b,) + spatial} for input of shape "
+                              f"{tuple(input.shape)}", f"shape {tuple(target.shape)}",
+                              "pass one class id per position, or float soft labels shaped like input")
+    elif target.shape != input.shape:
+        raise value_error(fn, f"float target must have the input's shape {tuple(input.shape)}",
+                          f"shape {tuple(target.shape)}", "pass soft labels (B, C, ...) or integer ids (B, ...)")
+    if mask is not None:
+        check_tensor(fn, "mask", mask)
+        if mask.dtype != torch.bool:
+            raise type_error(fn, "mask must be a bool tensor (True = keep)", str(mask.dtype), "pass mask.bool()")
+        if tuple(mask.shape) != (b,) + spatial:
+            raise value_error(fn, f"mask shape must be {(b,) + spatial}", f"shape {tuple(mask.shape)}",
+                              "pass one bool per position (B, d1, ..., dk)")
+    if weight is not None:
+        check_tensor(fn, "weight", weight)
+        if tuple(weight.shape) != (c,):
+            raise value_error(fn, f"weight must have shape ({c},), one per class", f"shape {tuple(weight.shape)}",
+                              "pass a 1-D tensor of class weights")
+        check_finite(fn, "weight", weight)
+        if _checking() and bool((weight < 0).any()):
+            raise value_error(fn, "weight must be non-negative", f"min={float(weight.min())}",
+                              "class weights are >= 0; use 0 to drop a class")
+
+    # data checks
+    if hard:
+        check_ids_in_range(fn, target, c, ignore_index)
+    else:
+        check_finite(fn, "target", target)
+        check_unit_interval(fn, "target", target, hint="soft labels are probabilities; pass ids as integers")
+    if activation == "none":
+        check_unit_interval(fn, "input", input, hint="pass probabilities or use activation='softmax'/'sigmoid'")
+    else:
+        check_finite(fn, "input", input)
+
+    dtype = compute_dtype(input, target if not hard else None, weight)
+    x = upcast(input, dtype)
+    if activation == "softmax":
+        x = torch.softmax(x, dim=1)
+    elif activation == "sigmoid":
+        x = torch.sigmoid(x)
+    x = x.reshape(b, c, n_pos)
+    if hard:
+        t = target.reshape(b, n_pos)
+        keep = t != ignore_index
+        y = F.one_hot(t.clamp(0, c - 1).long(), c).transpose(1, 2).to(dtype)
+    else:
+        y = target.reshape(b, c, n_pos).to(dtype)
+        keep = torch.ones(b, n_pos, dtype=torch.bool, device=x.device)
+    if mask is not None:
+        keep = keep & mask.reshape(b, n_pos)
+    k = keep.unsqueeze(1).to(dtype)  # (B, 1, S)
+
+    xk = x * k
+    sx = xk.sum(-1)
+    sy = (y * k).sum(-1)
+    if kind == "soft_dice":
+        sa = ((x + y - 2.0 * x * y) * k).sum(-1)  # |x| + |y| - 2<x, y>, termwise >= 0
+    else:
+        sa = ((x - y).abs() * k).sum(-1)  # Delta
+    present = ((y * k) > _PRESENT_THRESHOLD).sum(-1).to(dtype)  # (B, C) counts
+    n_keep = k.sum(-1)  # (B, 1)
+    mode = active_classes or ("present" if hard else "all")
+
+    wc = torch.ones(c, dtype=dtype, device=x.device) if weight is None else upcast(weight, dtype).to(x.device)
+    counts = None
+    if aggregate == "dataset":
+        stats = torch.stack([sx.sum(0), sy.sum(0), sa.sum(0), present.sum(0), n_keep.sum().expand(c)], dim=1)
+        if gather:
+            stats = D.all_reduce_with_grad(stats)
+        sx, sy, sa = stats[:, 0], stats[:, 1], stats[:, 2]
+        active = stats[:, 3] > 0 if mode == "present" else stats[:, 4] > 0
+    else:
+        active = present > 0 if mode == "present" else (n_keep > 0).expand(b, c)
+        if aggregate == "class":
+            counts = active.to(dtype).sum(0)
+            if gather:
+                counts = D.all_reduce_with_grad(counts.detach())
+    return sx, sy, sa, active, wc, counts
+
+
+def _dice_forward(
+    fn: str,
+    kind: str,
+    input: Tensor,
+    target: Tensor,
+    *,
+    activation: str,
+    smooth: float,
+    aggregate: str,
+    active_classes: Optional[str],
+    log_loss: bool,
+    weight: Optional[Tensor],
+    mask: Optional[Tensor],
+    ignore_index: int,
+    reduction: str,
+    gather: bool = False,
+    return_weights: bool = False,
+):
+    s = _check_args(fn, input, target, activation, smooth, aggregate, active_classes, log_loss, reduction)
+    if gather and D.is_distributed():
+        D.check_equal_batch_sizes(fn, input.shape[0], device=input.device)
+    sx, sy, sa, active, wc, counts = _unit_stats(
+        fn, kind, input, target, activation=activation, aggregate=aggregate, active_classes=active_classes,
+        weight=weight, mask=mask, ignore_index=ignore_index, gather=gather)
+
+    # unit weights (LOSSES.md §13.3)
+    a = wc * active.to(wc.dtype)
+    if aggregate == "dataset":
+        w = a
+    elif aggregate == "image":
+        per_image = a.sum(1, keepdim=True)
+        w = a / torch.where(per_image > 0, per_image, torch.ones_like(per_image))
+    else:
+        assert counts is not None
+        w = a / torch.where(counts > 0, counts, torch.ones_like(counts))
+    if return_weights:
+        return w
+
+    # per-unit loss 1 - T = num / den; den == 0 only for s == 0 and |x| + |y| == 0 (loss 0)
+    if kind == "jaccard":
+        num = 2.0 * sa
+        den = sx + sy + sa + 2.0 * s
+    else:
+        num = sa
+        den = sx + sy + 2.0 * s
+    empty = den == 0  # (not "den > 0": NaN from unvalidated data must propagate)
+    values = torch.where(empty, torch.zeros_like(den), num / torch.where(empty, torch.ones_like(den), den))
+    if log_loss:
+        # -log T = -log(1 - L); inactive units are set to L = 0 first so nothing non-finite leaks
+        values = -torch.log1p(-torch.where(w > 0, values, torch.zeros_like(values)))
+
+    if gather and aggregate != "dataset" and reduction != "none" and D.is_distributed():
+        v = torch.where(w > 0, values, torch.zeros_like(values))
+        total = D.all_reduce_with_grad((w * v).sum())
+        if reduction == "sum":
+            return total
+        denom = D.all_reduce_with_grad(w.sum().detach())
+        return total / torch.where(denom > 0, denom, torch.ones_like(denom))
+    return reduce_loss(values, w, reduction)
+
+
+_COMMON_DOC = r"""Args:
+        input: logits (or probabilities with ``activation="none"``) ``(B, C)`` or
+            ``(B, C, d1..dk)``, classes on dim 1; computed in float32 (float64 if an input is).
+        target: integer ids ``(B, d1..dk)`` (one-hot inside) or float soft labels in [0, 1]
+            shaped like ``input``; the dtype decides.
+        activation: ``"softmax"`` over dim 1 (default), ``"sigmoid"`` (multi-label) or ``"none"``
+            (``input`` must lie in [0, 1]; data check).
+        smooth: ``s >= 0`` (default 1.0, the authors' training configs; the papers fix none; the
+            JDTLosses class defaults to 1e-3).
+        aggregate: ``"dataset"`` (default, mIoU^D): sums over the batch per class, averages over
+            active classes (``sum_c w_c L_c / sum_c w_c``); ``"image"`` (mIoU^I): per (image, class),
+            averaged over each image's active classes, then over images; ``"class"`` (mIoU^C): each
+            class averaged over the images where it is active, then over classes.
+        active_classes: ``"present"`` (largest kept label value > 0.01 in the unit), ``"all"``
+            (every class of a unit with at least one kept position) or ``None`` (``"present"`` for
+            integer ids, ``"all"`` for soft labels). An empty class (``|y| = 0``) under ``"all"``
+            costs ``|x| / (|x| + 2s)`` (Jaccard: ``|x| / (|x| + s)``), pushing its predictions to 0.
+        log_loss: return ``-log T`` instead of ``1 - T`` (``+inf`` for an active unit with ``T = 0``,
+            which needs ``smooth = 0``).
+        weight: class weights ``(C,)``, ``>= 0``.
+        mask: bool ``(B, d1..dk)``, True = keep.
+        ignore_index: id of positions to drop (integer targets only).
+        reduction: ``"none"`` gives ``(C,)`` (``"dataset"``) or ``(B, C)`` per-unit values (0 for
+            inactive units); ``"mean"`` divides by the total unit weight; ``"sum"``.
+
+    Unit weights (LOSSES.md §13.3): ``w_c = weight_c active_c`` (``"dataset"``);
+    ``w_bc = weight_c active_bc / sum_c' weight_c' active_bc'`` (``"image"``);
+    ``w_bc = weight_c active_bc / #{b: active_bc}`` (``"class"``). No active unit: an exact,
+    graph-attached 0. ``s = 0`` with ``|x| + |y| = 0``: 0.
+"""
+
+
+def dice_semimetric_loss(
+    input: Tensor,
+    target: Tensor,
+    *,
+    activation: str = "softmax",
+    smooth: float = 1.0,
+    aggregate: str = "dataset",
+    active_classes: Optional[str] = None,
+    log_loss: bool = False,
+    weight: Optional[Tensor] = None,
+    mask: Optional[Tensor] = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+) -> Tensor:
+    r"""Dice semimetric loss (DML): ``1 - T = Delta / (|x| + |y| + 2s)`` per class.
+
+    With ``x`` the probabilities (``activation(input)``), ``y`` the labels, both restricted to the
+    kept positions of a unit: ``|x| = sum x``, ``|y| = sum y``, ``Delta = sum |x - y|``,
+    ``s = smooth``; equivalently ``T = (tp + s)/(tp + fp/2 + fn/2 + s)`` with
+    ``tp = (|x| + |y| - Delta)/2``. It equals soft Dice for hard labels and, unlike soft Dice, is
+    0 exactly at ``x = y`` for soft labels (a semimetric).
+
+    Paper: Z. Wang, T. Popordanoska, J. Bertels, R. Lemmens, M. B. Blaschko, *Dice Semimetric
+    Losses: Optimizing the Dice Score with Soft Labels*, MICCAI 2023, arXiv:2303.16296.
+    Aggregation modes: Z. Wang et al., *Revisiting Evaluation Metrics for Semantic Segmentation*,
+    NeurIPS 2023 (Datasets & Benchmarks), arXiv:2310.19252. Reference bugs of the public code
+    (int32/uint8 labels treated as soft, out-of-range labels clamped into C-1, class weights kept
+    on the CPU) are not reproduced.
+
+    __COMMON__
+
+    >>> import torch, losses
+    >>> x = torch.tensor([[[4.0, -4.0], [-4.0, 4.0]]])      # (B=1, C=2, 2 pixels)
+    >>> round(float(losses.dice_semimetric_loss(x, torch.tensor([[0, 1]]), smooth=0.0)), 4)
+    0.0003
+    """
+    return _dice_forward("dice_semimetric_loss", "dice", input, target, activation=activation, smooth=smooth,
+                         aggregate=aggregate, active_classes=active_classes, log_loss=log_loss, weight=weight,
+                         mask=mask, ignore_index=ignore_index, reduction=reduction)
+
+
+def jaccard_metric_loss(
+    input: Tensor,
+    target: Tensor,
+    *,
+    activation: str = "softmax",
+    smooth: float = 1.0,
+    aggregate: str = "dataset",
+    active_classes: Optional[str] = None,
+    log_loss: bool = False,
+    weight: Optional[Tensor] = None,
+    mask: Optional[Tensor] = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+) -> Tensor:
+    r"""Jaccard metric loss (JML): ``1 - T = 2 Delta / (|x| + |y| + Delta + 2s)`` per class.
+
+    Symbols as in :func:`dice_semimetric_loss`; ``T = (tp + s)/(tp + fp + fn + s)`` is the soft
+    IoU. For ``s = 0`` it is a metric on ``[0, 1]^n`` (triangle inequality) and
+    ``T_dice = 2 T_jac / (1 + T_jac)``.
+
+    Paper: Z. Wang, X. Ning, M. B. Blaschko, *Jaccard Metric Losses: Optimizing the Jaccard Index
+    with Soft Labels*, NeurIPS 2023, arXiv:2302.05666. The JDTLosses reference class defaults to
+    ``smooth=1e-3`` (and alpha = beta = 1); pass that for parity.
+
+    __COMMON__
+
+    >>> import torch, losses
+    >>> p = torch.tensor([[[0.75, 0.25], [0.25, 0.75]]])
+    >>> y = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]])
+    >>> round(float(losses.jaccard_metric_loss(p, y, activation="none", smooth=0.0)), 4)
+    0.4
+    """
+    return _dice_forward("jaccard_metric_loss", "jaccard", input, target, activation=activation, smooth=smooth,
+                         aggregate=aggregate, active_classes=active_classes, log_loss=log_loss, weight=weight,
+                         mask=mask, ignore_index=ignore_index, reduction=reduction)
+
+
+def soft_dice_loss(
+    input: Tensor,
+    target: Tensor,
+    *,
+    activation: str = "softmax",
+    smooth: float = 1.0,
+    aggregate: str = "dataset",
+    active_classes: Optional[str] = None,
+    log_loss: bool = False,
+    weight: Optional[Tensor] = None,
+    mask: Optional[Tensor] = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+) -> Tensor:
+    r"""Soft Dice loss (baseline): ``1 - (2<x, y> + 2s) / (|x| + |y| + 2s)`` per class.
+
+    The intersection form of MONAI / segmentation_models.pytorch, with the same aggregation and
+    options as :func:`dice_semimetric_loss` (``T = (2<x, y> + 2s)/(|x| + |y| + 2s)``). Equal to the
+    Dice semimetric for hard labels; with soft labels it is not minimised at ``x = y``
+    (``y = 0.5`` everywhere gives 1/3 at ``x = 1`` but 1/2 at ``x = y``).
+
+    No arXiv id is registered for this classical baseline (registry ``arxiv=""``). Its origin: the
+    Dice-coefficient loss of F. Milletari, N. Navab, S.-A. Ahmadi, *V-Net*, 3DV 2016,
+    arXiv:1606.04797 (which squares the terms of the denominator), in the linear-denominator form
+    of C. H. Sudre et al., *Generalised Dice overlap as a deep learning loss function*, DLMIA 2017.
+
+    __COMMON__
+
+    >>> import torch, losses
+    >>> y = torch.full((1, 1, 4), 0.5)
+    >>> round(float(losses.soft_dice_loss(torch.ones(1, 1, 4), y, activation="none", smooth=0.0)), 4)
+    0.3333
+    """
+    return _dice_forward("soft_dice_loss", "soft_dice", input, target, activation=activation, smooth=smooth,
+                         aggregate=aggregate, active_classes=active_classes, log_loss=log_loss, weight=weight,
+                         mask=mask, ignore_index=ignore_index, reduction=reduction)
+
+
+# --------------------------------------------------------------------------------------
+# modules
+# --------------------------------------------------------------------------------------
+
+
+class _DiceBase(nn.Module):
+    _fn_name = ""
+    _kind = ""
+
+    def __init__(
+        self,
+        *,
+        activation: str = "softmax",
+        smooth: float = 1.0,
+        aggregate: str = "dataset",
+        active_classes: Optional[str] = None,
+        log_loss: bool = False,
+        weight: Optional[Tensor] = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        gather_distributed: bool = False,
+    ) -> None:
+        super().__init__()
+        fn = type(self).__name__
+        check_reduction(fn, reduction)
+        check_choice(fn, "activation", activation, _ACTIVATIONS)
+        check_choice(fn, "aggregate", aggregate, _AGGREGATES)
+        check_choice(fn, "active_classes", active_classes, _ACTIVE)
+        for name, flag in (("log_loss", log_loss), ("gather_distributed", gather_distributed)):
+            if not isinstance(flag, bool):
+                raise type_error(fn, f"{name} must be a bool", type(flag).__name__, "pass True or False")
+        self.activation = activation
+        self.smooth = check_number(fn, "smooth", smooth, low=0.0, hint="choose smooth >= 0 (1.0 is the default)")
+        self.aggregate = aggregate
+        self.active_classes = active_classes
+        self.log_loss = log_loss
+        self.ignore_index = int(ignore_index)
+        self.reduction = reduction
+        self.gather_distributed = gather_distributed
+        self.register_buffer("weight", None if weight is None else torch.as_tensor(weight))
+
+    def forward(self, input: Tensor, target: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        """``input (B, C, *)``, ``target`` ids ``(B, *)`` or soft labels ``(B, C, *)``, optional
+        bool ``mask (B, *)``. With ``gather_distributed=True`` in an initialised process group the
+        loss is that of the concatenated global batch (``"dataset"``: the per-class sums are
+        all-reduced; ``"image"``/``"class"``: the weighted sum, total unit weight and per-class
+        counts are), identical on every rank; ``"none"`` returns this rank's units."""
+        return _dice_forward(self._fn_name, self._kind, input, target, activation=self.activation,
+                             smooth=self.smooth, aggregate=self.aggregate, active_classes=self.active_classes,
+                             log_loss=self.log_loss, weight=self.weight, mask=mask, ignore_index=self.ignore_index,
+                             reduction=self.reduction, gather=self.gather_distributed)
+
+    def extra_repr(self) -> str:
+        return (f"activation={self.activation!r}, smooth={self.smooth}, aggregate={self.aggregate!r}, "
+                f"active_classes={self.active_classes!r}, log_loss={self.log_loss}, "
+                f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
+                f"gather_distributed={self.gather_distributed}")
+
+
+class DiceSemimetricLoss(_DiceBase):
+    """Module form of :func:`dice_semimetric_loss` (Wang et al., MICCAI 2023, arXiv:2303.16296).
+
+    ``weight`` is stored as a buffer; ``gather_distributed=True`` computes the loss of the global
+    batch under DDP (exact: only per-class sums are exchanged).
+
+    >>> import torch, losses
+    >>> losses.DiceSemimetricLoss(smooth=0.0)(torch.zeros(2, 3, 4), torch.zeros(2, 4, dtype=torch.long)).shape
+    torch.Size([])
+    """
+
+    _fn_name = "dice_semimetric_loss"
+    _kind = "dice"
+
+
+class JaccardMetricLoss(_DiceBase):
+    """Module form of :func:`jaccard_metric_loss` (Wang, Ning, Blaschko, NeurIPS 2023,
+    arXiv:2302.05666); same keywords as :class:`DiceSemimetricLoss`."""
+
+    _fn_name = "jaccard_metric_loss"
+    _kind = "jaccard"
+
+
+class SoftDiceLoss(_DiceBase):
+    """Module form of :func:`soft_dice_loss` (the soft Dice baseline); same keywords as
+    :class:`DiceSemimetricLoss`."""
+
+    _fn_name = "soft_dice_loss"
+    _kind = "soft_dice"
+
+
+# --------------------------------------------------------------------------------------
+# registry
+# --------------------------------------------------------------------------------------
+
+
+def _unit_weights_for(fn: str, kind: str):
+    def unit_weights(input: Tensor, target: Tensor, mask: Optional[Tensor] = None, *, activation: str = "softmax",
+                     smooth: float = 1.0, aggregate: str = "dataset", active_classes: Optional[str] = None,
+                     log_loss: bool = False, weight: Optional[Tensor] = None, ignore_index: int = -100,
+                     reduction: str = "mean", **_: object) -> Tensor:
+        """The §13.3 unit weights of the aggregate in use, shaped like the ``"none"`` output."""
+        with torch.no_grad():
+            return _dice_forward(fn, kind, input.detach(), target, activation=activation, smooth=smooth,
+                                 aggregate=aggregate, active_classes=active_classes, log_loss=log_loss,
+                                 weight=weight, mask=mask, ignore_index=ignore_index, reduction=reduction,
+                                 return_weights=True)
+
+    return unit_weights
+
+
+def _example_inputs(*, generator: Optional[torch.Generator] = None, dtype=torch.float32, case: str = "random"):
+    """Segmentation-shaped example: logits (3, 4, 3, 2), ids (3, 3, 2) with one ignored pixel and
+    a mask dropping another; ``"ignored"``: every pixel ignored (no active class)."""
+    x = torch.randn((3, 4, 3, 2), generator=generator, dtype=torch.float64)
+    t = torch.randint(0, 4, (3, 3, 2), generator=generator)
+    t[0, 0, 0] = -100
+    mask = torch.ones(3, 3, 2, dtype=torch.bool)
+    mask[1, 2, 1] = False
+    if case == "extreme":
+        x = x * 1e4
+    elif case == "ignored":
+        t = torch.full_like(t, -100)
+    return (x.to(dtype), t), {"mask": mask}
+
+
+for _name, _fn, _module, _kind, _arxiv, _paper in (
+    ("dice_semimetric", dice_semimetric_loss, DiceSemimetricLoss, "dice", "2303.16296",
+     "Wang et al., Dice Semimetric Losses: Optimizing the Dice Score with Soft Labels, MICCAI 2023"),
+    ("jaccard_metric", jaccard_metric_loss, JaccardMetricLoss, "jaccard", "2302.05666",
+     "Wang, Ning, Blaschko, Jaccard Metric Losses: Optimizing the Jaccard Index with Soft Labels, NeurIPS 2023"),
+    ("soft_dice", soft_dice_loss, SoftDiceLoss, "soft_dice", "",
+     "Soft Dice loss (baseline; Milletari et al., V-Net, 3DV 2016, in the linear-denominator form)"),
+):
+    register(
+        _name,
+        function=_fn,
+        module=_module,
+        inputs="I",
+        unit="class",
+        unit_weights=_unit_weights_for(_fn.__name__, _kind),
+        arxiv=_arxiv,
+        paper=_paper,
+        example_inputs=_example_inputs,
+    )
+del _name, _fn, _module, _kind, _arxiv, _paper
+
+for _f in (dice_semimetric_loss, jaccard_metric_loss, soft_dice_loss):
+    _f.__doc__ = _f.__doc__.replace("__COMMON__", _COMMON_DOC.strip("\n").lstrip())
+del _f
