@@ -14,6 +14,7 @@ Each family module registers its entries at import time with :func:`register`. U
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
@@ -86,7 +87,11 @@ class LossSpec:
         raise KeyError(self.inputs)
 
     def create(self, **kwargs: Any) -> nn.Module:
-        return self.module(**kwargs)
+        """Build the module; a preset in ``function_kwargs`` (e.g. ``cosine_softmax``'s margin)
+        is the default for the constructor keyword of the same name."""
+        params = inspect.signature(self.module).parameters
+        preset = {k: v for k, v in self.function_kwargs.items() if k in params}
+        return self.module(**{**preset, **kwargs})
 
 
 _REGISTRY: Dict[str, LossSpec] = {}

@@ -362,3 +362,11 @@ def test_nan_input_is_rejected_only_with_validation_on(name):
         call(build(spec), bad, kwargs)
     with losses.validation(False):
         call(build(spec), bad, kwargs)  # no check, no exception
+
+
+def test_create_loss_applies_registry_presets():
+    """``cosine_softmax`` is margin softmax with the (1, 0, 0) margin even without example kwargs."""
+    m = losses.create_loss("cosine_softmax", embedding_dim=8, num_classes=5)
+    assert tuple(m.margin) == (1.0, 0.0, 0.0)
+    m2 = losses.create_loss("cosine_softmax", embedding_dim=8, num_classes=5, margin=(1.0, 0.0, 0.2))
+    assert tuple(m2.margin) == (1.0, 0.0, 0.2)
