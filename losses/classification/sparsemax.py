@@ -80,7 +80,7 @@ def _check_k(fn: str, k: object) -> Optional[int]:
         return None
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise value_error(fn, "k must be None or a positive int", repr(k),
-                          "k is only a partial-sort size for speed; use None to sort fully")
+                          "k is only a partial-sort size for speed; use None for the full search")
     return int(k)
 
 
@@ -174,9 +174,12 @@ def sparsemax(input: Tensor, *, dim: int = -1, k: Optional[int] = None) -> Tenso
         input: scores of any shape (any floating dtype); ``-inf`` entries are masks (probability 0).
             A slice without any finite score gives all zeros.
         dim: the dimension normalised over (negative values count from the end).
-        k: ``None`` sorts each slice fully; an int uses ``torch.topk`` with ``k`` entries and
-            redoes the batch with ``2k`` while some slice's support reaches ``k`` (a speed
-            option only: the result is the same). Deciding to redo is a host sync.
+        k: ``None`` computes the threshold exactly over all entries (a full sort on GPU and
+            under ``torch.compile``; on CPU an equivalent sort-free Newton search over the
+            candidates ``z > max - 1``, falling back to the sort); an int uses ``torch.topk``
+            with ``k`` entries and redoes the batch with ``2k`` while some slice's support
+            reaches ``k`` (a speed option only: the result is the same). Deciding to redo is a
+            host sync.
 
     Returns:
         Probabilities shaped like ``input``, in float32 for half inputs (the threshold is
@@ -354,7 +357,7 @@ def _fy_loss(
         q2 = move_class_dim_last(upcast(target, dtype))
         _check_distribution(fn, q2)
         _check_no_finite_rows(fn, z2, None)
-        y2, weights, anchors = None, None, ()
+        y2, weights = None, None
     else:
         check_integer_target(fn, target)
         _, t2, _ = flatten_logits_and_target(fn, input, target)
@@ -365,7 +368,6 @@ def _fy_loss(
         y2 = torch.where(valid, t2, torch.zeros_like(t2)).long()
         q2 = None
         weights = valid.to(dtype)
-        anchors = (input,)
     a2 = None if alpha is None else _alpha_rows_loss(fn, alpha, input, out_shape, dtype)
     if z2.shape[0] == 0:
         values = z2.sum(dim=-1)
@@ -375,8 +377,9 @@ def _fy_loss(
     values = values.reshape(out_shape)
     if weights is not None:
         weights = weights.reshape(out_shape)
-    anchors = anchors + ((alpha,) if isinstance(alpha, Tensor) else ())
-    return reduce_loss(values, weights, reduction, anchors=anchors)
+    # values depend on input (and a tensor alpha) through FYLossFunction, whose backward gives
+    # exact zeros for ignored positions, so no extra anchors are needed for the all-ignored case
+    return reduce_loss(values, weights, reduction)
 
 
 _LOSS_TARGET_DOC = """
@@ -426,8 +429,11 @@ def sparsemax_loss(
     M. Blondel, A. F. T. Martins, V. Niculae, JMLR 2020, arXiv:1901.02324. The paper and the
     reference (``deep-spin/entmax``, MIT) agree; no ``variant``.
 
-    ``k``: ``None`` sorts each row fully; an int uses a top-``k`` partial sort, redone with
-    ``2k`` while some row's support reaches ``k`` (same result, faster for many classes).
+    ``k``: ``None`` finds the threshold exactly over all classes (full sort on GPU / under
+    ``torch.compile``, an equivalent sort-free search on CPU; see :func:`sparsemax`); an int uses
+    a top-``k`` partial sort, redone with ``2k`` while some row's support reaches ``k`` (same
+    result, faster for many classes). The loss is computed from ``tau`` and the support only and
+    the backward reuses the saved ``p*``.
     {args}
     >>> import torch, losses
     >>> z = torch.tensor([[0.5, 0.0, -3.0]])

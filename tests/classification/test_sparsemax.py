@@ -83,6 +83,8 @@ def o_entmax_alpha(z, alpha):
 
 
 def o_probs(kind, z, alpha=None):
+    if all(v == NINF for v in z):  # the library's convention for a row without a finite score
+        return [0.0] * len(z)
     if kind == "sparsemax":
         return o_sparsemax(z)[0]
     if kind == "entmax15":
@@ -262,6 +264,45 @@ def test_topk_equals_sort_and_bisection(kind, k, dim):
         xx = x.clone().requires_grad_(True)
         grads.append(torch.autograd.grad(act(xx, dim=dim, **kw), xx, v)[0])
     torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-13), (torch.float32, 2e-6)])
+@pytest.mark.parametrize("kind", ["sparsemax", "entmax15"])
+@pytest.mark.parametrize("scale", [0.01, 0.3, 1.0, 3.0, 30.0])
+def test_exact_search_methods_agree(kind, scale, dtype, tol):
+    """k=None: full sort == sort-free Newton search (packed or not) == its sort fallback."""
+    ops = importlib.import_module("losses.classification._entmax_ops")
+    g = torch.Generator().manual_seed(16)
+    x = torch.randn(64, 37, generator=g, dtype=torch.float64) * scale
+    x[0] = 0.0  # all equal
+    x[1] = NINF  # no finite score: zeros
+    x[2, :30] = NINF
+    x[3] = torch.linspace(0, -1.2, 37, dtype=torch.float64)  # evenly spaced: many Newton steps
+    x[4] = -torch.logspace(-6, 0.5, 37, dtype=torch.float64)  # clustered at the max
+    x = x.to(dtype)
+    ref = ops.dense_probs(kind, x, ops.threshold(kind, x, None, method="sort"))
+    for kw in ({"method": "newton"}, {"method": "newton", "max_iter": 1}, {"method": None}):
+        th = ops.threshold(kind, x, None, **kw)
+        torch.testing.assert_close(ops.dense_probs(kind, x, th), ref, rtol=0, atol=tol)
+    expected = oracle_activation(kind, x.double())
+    torch.testing.assert_close(ref.double(), expected, rtol=0, atol=max(tol, 1e-12))
+
+
+def test_newton_search_packs_candidates_and_falls_back():
+    ops = importlib.import_module("losses.classification._entmax_ops")
+    zs = torch.tensor([[0.0, -0.5, -1.5, -3.0, -0.99, NINF], [0.0, -2.0, -1.0, -0.2, -5.0, -7.0]])
+    packed = ops._compact_candidates(zs, 1.0)
+    assert packed.shape == (2, 3)  # zs > -1 only: row 0 has 3 candidates, row 1 has 2
+    torch.testing.assert_close(packed[0], torch.tensor([0.0, -0.5, -0.99]))
+    torch.testing.assert_close(packed[1], torch.tensor([0.0, -0.2, NINF]))
+    assert ops._compact_candidates(zs, 10.0) is zs  # no saving: unpacked
+    # a row needing several Newton steps: too few steps give None (the caller sorts)
+    row = torch.linspace(0, -0.9, 50, dtype=torch.float64)[None]
+    assert ops.sparsemax_tau_newton(row, 1) is None
+    tau = ops.sparsemax_tau_newton(row, 32)
+    assert abs(float(tau) - o_sparsemax(row[0].tolist())[1]) <= 1e-14
+    tau15 = ops.entmax15_tau_newton(row * 0.5, 32)
+    assert abs(float(tau15) - o_entmax15(row[0].tolist())[1]) <= 1e-14
 
 
 @pytest.mark.parametrize("name", ["sparsemax", "entmax15"])
