@@ -147,17 +147,18 @@ def sparsemax_tau_newton(zs: Tensor, max_iter: int) -> Optional[Tensor]:
     return None
 
 
-def entmax15_tau_newton(x: Tensor, max_iter: int) -> Optional[Tensor]:
+def entmax15_tau_newton(x: Tensor, max_iter: int, tau0: Optional[Tensor] = None) -> Optional[Tensor]:
     """Exact entmax-1.5 threshold (``x = zs/2``, ``max x = 0``) without sorting.
 
     Newton's method from the left on the convex, decreasing ``f(tau) = sum_j [x_j - tau]_+^2 - 1``
-    (``tau_0 = -1``) shrinks the candidate support ``S = {x > tau}``; on each ``S`` the closed
+    (``tau_0 = -1``, or any ``tau0`` with ``f(tau0) >= 0``) shrinks the candidate support
+    ``S = {x > tau}``; on each ``S`` the closed
     form ``tau_S = mu - sqrt(max((1 - k (m - mu^2)) / k, 0))`` (``k = |S|``, ``mu``, ``m`` the
     mean and mean square over ``S``) is exact as soon as ``{x > tau_S} = S``. Returns ``None``
     after ``max_iter`` steps without that (the caller then sorts).
     """
     zero = torch.zeros((), dtype=x.dtype, device=x.device)
-    tau = torch.full((x.shape[0], 1), -1.0, dtype=x.dtype, device=x.device)
+    tau = torch.full((x.shape[0], 1), -1.0, dtype=x.dtype, device=x.device) if tau0 is None else tau0
     for _ in range(max_iter):
         mask = x > tau
         cnt = mask.sum(dim=-1, keepdim=True)
@@ -186,11 +187,12 @@ def _polish_entmax15(x: Tensor, tau: Tensor) -> Tensor:
     return torch.where(s1 > 0, tau + (s2 - 1) / (2 * torch.where(s1 > 0, s1, torch.ones_like(s1))), tau)
 
 
-def _compact_candidates(zs: Tensor, bound: float) -> Tensor:
-    """The scores ``zs > -bound`` of each row packed to the left of an ``(M, K)`` matrix padded
-    with ``-inf`` (``K`` the largest candidate count; one host sync). The support of sparsemax
-    (entmax-1.5) lies in ``zs > -1`` (``zs > -2``), because ``tau >= max - 1`` in its own scale."""
-    cand = zs > -bound
+def _compact_candidates(zs: Tensor, lower: Union[float, Tensor]) -> Tensor:
+    """The scores ``zs > lower`` (a float or per-row ``(M, 1)``) of each row packed to the left of
+    an ``(M, K)`` matrix padded with ``-inf`` (``K`` the largest candidate count; one host sync).
+    The support of sparsemax (entmax-1.5) lies in ``zs > -1`` (``zs > -2``), because
+    ``tau >= max - 1`` in its own scale; any lower bound of the threshold will do."""
+    cand = zs > lower
     cnt = cand.sum(dim=-1, dtype=torch.int32).long()
     kmax = int(cnt.max())
     if kmax * 2 > zs.shape[-1]:  # packing would not save work
@@ -207,9 +209,16 @@ def _compact_candidates(zs: Tensor, bound: float) -> Tensor:
 def _tau_candidates(kind: str, zs: Tensor, max_iter: int) -> Optional[Tensor]:
     """Sort-free exact threshold: pack the candidates, then Newton (see the two functions above)."""
     if kind == "sparsemax":
-        return sparsemax_tau_newton(_compact_candidates(zs, 1.0), max_iter)
-    x = _compact_candidates(zs, 2.0) * 0.5
-    tau = entmax15_tau_newton(x, max_iter)
+        return sparsemax_tau_newton(_compact_candidates(zs, -1.0), max_iter)
+    # entmax-1.5 (x = zs/2): one Newton step from tau_0 = -1 on the full rows gives a much
+    # tighter lower bound tau_1 <= tau (f is convex), so far fewer candidates are packed
+    d = (zs * 0.5 + 1).clamp_(min=0)
+    s1 = d.sum(dim=-1, keepdim=True)
+    s2 = torch.linalg.vector_norm(d, dim=-1, keepdim=True).square()
+    tau1 = torch.where(s1 > 0, -1 + (s2 - 1) / (2 * torch.where(s1 > 0, s1, torch.ones_like(s1))), -1.0)
+    tau1 = torch.minimum(tau1, torch.zeros_like(tau1))
+    x = _compact_candidates(zs, 2 * tau1) * 0.5
+    tau = entmax15_tau_newton(x, max_iter, tau1)
     return None if tau is None else _polish_entmax15(x, tau)
 
 

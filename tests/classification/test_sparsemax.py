@@ -291,11 +291,11 @@ def test_exact_search_methods_agree(kind, scale, dtype, tol):
 def test_newton_search_packs_candidates_and_falls_back():
     ops = importlib.import_module("losses.classification._entmax_ops")
     zs = torch.tensor([[0.0, -0.5, -1.5, -3.0, -0.99, NINF], [0.0, -2.0, -1.0, -0.2, -5.0, -7.0]])
-    packed = ops._compact_candidates(zs, 1.0)
+    packed = ops._compact_candidates(zs, -1.0)
     assert packed.shape == (2, 3)  # zs > -1 only: row 0 has 3 candidates, row 1 has 2
     torch.testing.assert_close(packed[0], torch.tensor([0.0, -0.5, -0.99]))
     torch.testing.assert_close(packed[1], torch.tensor([0.0, -0.2, NINF]))
-    assert ops._compact_candidates(zs, 10.0) is zs  # no saving: unpacked
+    assert ops._compact_candidates(zs, -10.0) is zs  # no saving: unpacked
     # a row needing several Newton steps: too few steps give None (the caller sorts)
     row = torch.linspace(0, -0.9, 50, dtype=torch.float64)[None]
     assert ops.sparsemax_tau_newton(row, 1) is None
