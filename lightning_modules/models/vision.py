@@ -1,0 +1,473 @@
+"""Vision LightningModules: any timm backbone, any registered loss, routed by its declaration.
+
+:class:`VisionClassifier` (digits and its variants) and :class:`VisionSegmenter` (the digits
+segmentation maps). Neither holds a loss-specific branch: :func:`~lightning_modules.routing.loss_route`
+says what the loss's ``forward`` takes (``LOSSES.md`` §0, Registry) and the module calls it so.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import inspect
+from typing import Any, Dict, List, MutableMapping, Optional
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchmetrics import MeanMetric, MetricCollection
+from torchmetrics.classification import MulticlassAccuracy, MulticlassCalibrationError
+from torchmetrics.segmentation import DiceScore
+
+from ..base import BenchmarkModule
+from ..metrics import (
+    FeatureCosine,
+    PerClassAccuracy,
+    classification_metrics,
+    pgd_attack,
+    predictive_probabilities,
+    sparsemax_support_size,
+)
+from ..routing import LossRoute, loss_route
+
+__all__ = ["VisionClassifier", "VisionSegmenter", "ClassifierNet", "clean_linked_hparams"]
+
+STAGES = ("train", "val", "test")
+
+
+def _timm():
+    try:
+        import timm
+    except ImportError as exc:
+        raise ModuleNotFoundError(
+            "vision models need timm, which is not installed "
+            f"(got ImportError: {exc}); install it with `pip install timm` (or `pip install softmax-losses[vision]`)",
+            name="timm",
+        ) from exc
+    return timm
+
+
+def _positive(cls: str, name: str, value: object, hint: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{cls}: {name} must be a positive integer (got {value!r}); {hint}")
+
+
+def _import_class(path: str) -> Optional[type]:
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    return isinstance(value, _PLAIN)
+
+
+def _fix_config(config: MutableMapping[str, Any], cls: type, owner: Any) -> None:
+    """Make ``config`` (constructor arguments of ``cls``) re-instantiable: drop keys that ``cls``
+    does not accept, add accepted ones that links filled in but the dump lost, reading them
+    from the built object ``owner`` (modules keep their hyperparameters as attributes), and
+    recurse into nested ``{"class_path", "init_args"}`` entries. Private ``_`` keys stay."""
+    try:
+        params = inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):
+        return
+    named = {k: p for k, p in params.items() if k != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        for key in [k for k in config if not k.startswith("_") and k not in named]:
+            del config[key]
+    if owner is not None:
+        for key in named:
+            if key not in config and hasattr(owner, key) and _plain(getattr(owner, key)):
+                value = getattr(owner, key)
+                config[key] = list(value) if isinstance(value, tuple) else value
+    for key, value in list(config.items()):
+        if isinstance(value, MutableMapping) and isinstance(value.get("class_path"), str):
+            sub = _import_class(value["class_path"])
+            if sub is not None:
+                if not isinstance(value.get("init_args"), MutableMapping):
+                    value["init_args"] = {}
+                _fix_config(value["init_args"], sub, getattr(owner, key, None) if owner is not None else None)
+
+
+def clean_linked_hparams(module: pl.LightningModule) -> None:
+    """Make the saved hyperparameters re-instantiable after the CLI's size links.
+
+    ``LightningCLI`` records every applied instantiation link in the saved hyperparameters, also
+    for arguments a class does not take (``num_users`` for a vision model, ``num_classes`` for a
+    loss without a head), and its dump drops parse-time link targets (the loss's
+    ``embedding_dim``); ``validate --ckpt_path`` and ``load_from_checkpoint`` then fail to
+    re-parse them. Call at the end of ``__init__``, once the sub-modules exist.
+    """
+    _fix_config(module._hparams, type(module), module)
+    if hasattr(module, "_hparams_initial"):
+        module._hparams_initial = copy.deepcopy(module._hparams)
+
+
+def _hard_target(target: Tensor, class_dim: int = 1) -> Tensor:
+    """Class ids of a target: itself for integer ids, the argmax over classes for soft labels."""
+    return target.argmax(class_dim) if target.is_floating_point() else target
+
+
+class ClassifierNet(nn.Module):
+    """backbone -> linear projection to ``embedding_dim`` (the features) -> optional linear head.
+
+    ``forward(x)`` gives the head's logits (what model-aware losses attack); ``features(x)`` the
+    ``(N, embedding_dim)`` embeddings that embedding losses take.
+    """
+
+    def __init__(self, backbone: nn.Module, projection: nn.Module, head: Optional[nn.Module]) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.projection = projection
+        self.head = head
+
+    def features(self, x: Tensor) -> Tensor:
+        return self.projection(self.backbone(x))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.head is None:
+            raise RuntimeError("ClassifierNet: no head (the loss owns it); call the loss's .logits(features)")
+        return self.head(self.features(x))
+
+
+class VisionClassifier(BenchmarkModule):
+    """Image classifier for the digits benchmarks, trained with any registered loss.
+
+    Args:
+        loss: the loss module (``class_path`` / ``init_args`` in YAML). Routed by its registry
+            kind: ``"I"`` gets the head's logits and the target; ``"E"`` with a head
+            (``owns_head``: WCDAS, NBC-softmax, margin / cosine softmax, Partial FC) gets the
+            features, and its ``.logits(features)`` are the evaluation logits (the model then has
+            no head of its own); ``"M"`` (adversarial comp-sum) gets ``(model, images, target)``
+            with ``model`` mapping images to logits. ``"S"`` / ``"P"`` kinds and auxiliary losses
+            as the main loss raise ``ValueError``.
+        backbone: any timm model name, built with ``pretrained=False`` (no download),
+            ``in_chans`` and ``num_classes=0`` (pooled features), plus ``backbone_kwargs``.
+        num_classes / in_chans: linked from the DataModule by the CLI.
+        embedding_dim: width of the linear feature projection after the backbone (the
+            embeddings; linked into a head-owning loss's ``embedding_dim``).
+        aux_loss / aux_weight: an auxiliary loss (OPL) added as ``loss + aux_weight * aux_loss``;
+            routed by its own kind (``"E"``: features, ``"I"``: logits).
+        lr / weight_decay: AdamW.
+        robust_eval: compute robust accuracy under PGD in validation and test (``pgd_steps``
+            steps of ``pgd_step_size`` within the l-inf ball ``pgd_epsilon``, random start from
+            ``pgd_seed``; the defaults are PGD-10, eps 8/255, step 2/255).
+        ece_bins: bins of the expected calibration error.
+
+    Embedding losses (kind ``"E"``, main or auxiliary) receive class ids; soft targets are
+    reduced to their argmax for them, and for every metric. Logits losses get the target as given.
+
+    Metrics (``<stage>/<name>``): ``loss`` (total; also ``main_loss``/``aux_loss`` with an
+    auxiliary loss), ``top1``; in val/test also ``top5``, ``balanced_acc``, ``ece`` (of the
+    loss's predictive distribution, see :func:`~lightning_modules.metrics.predictive_probabilities`),
+    ``acc_class_<c>``, ``acc_head``/``acc_tail`` (when the DataModule has ``tail_classes``),
+    ``robust_acc``, ``sparsemax_support`` (mean support size of ``sparsemax(logits)``),
+    ``support`` (mean support of the loss's own distribution, when it exposes
+    ``predict_proba``), ``cos_intra``/``cos_inter`` (mean cosine of features within / across
+    classes).
+    """
+
+    def __init__(
+        self,
+        loss: nn.Module,
+        backbone: str = "resnet10t",
+        num_classes: int = 0,
+        in_chans: int = 1,
+        embedding_dim: int = 64,
+        aux_loss: Optional[nn.Module] = None,
+        aux_weight: float = 1.0,
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        robust_eval: bool = True,
+        pgd_epsilon: float = 8 / 255,
+        pgd_step_size: float = 2 / 255,
+        pgd_steps: int = 10,
+        pgd_seed: int = 0,
+        ece_bins: int = 15,
+        backbone_kwargs: Optional[Dict[str, Any]] = None,
+    ) -> None:
+        super().__init__(lr=lr, weight_decay=weight_decay)
+        self.save_hyperparameters()
+        cls = "VisionClassifier"
+        _positive(cls, "num_classes", num_classes, "link it from the DataModule (the CLI does) or pass it")
+        _positive(cls, "in_chans", in_chans, "digits images have 1 channel")
+        _positive(cls, "embedding_dim", embedding_dim, "pass e.g. 64")
+        if not isinstance(loss, nn.Module):
+            raise TypeError(f"{cls}: loss must be an nn.Module (got {type(loss).__name__}); pass e.g. losses.CrossEntropyLoss()")
+        self.route: LossRoute = loss_route(loss)
+        if self.route.kind not in ("I", "E", "M"):
+            raise ValueError(f"{cls}: loss takes inputs of kind {self.route.kind!r} "
+                             f"(got {type(loss).__name__}); a classifier routes logits (I), embeddings (E) or "
+                             "the model (M) losses only")
+        if self.route.auxiliary:
+            raise ValueError(f"{cls}: {type(loss).__name__} is an auxiliary loss (got it as loss); pass it as "
+                             "aux_loss with a main loss such as losses.CrossEntropyLoss()")
+        if self.route.kind == "E" and not self.route.owns_head:
+            raise ValueError(f"{cls}: embedding loss {type(loss).__name__} owns no head (got it as loss); "
+                             "a classifier needs logits: pass it as aux_loss")
+        self.aux_route: Optional[LossRoute] = None
+        if aux_loss is not None:
+            self.aux_route = loss_route(aux_loss)
+            if self.aux_route.kind not in ("I", "E"):
+                raise ValueError(f"{cls}: aux_loss must take logits (I) or embeddings (E) "
+                                 f"(got kind {self.aux_route.kind!r} for {type(aux_loss).__name__}); "
+                                 "use an auxiliary feature loss such as losses.OrthogonalProjectionLoss()")
+        self.num_classes = num_classes
+        self.aux_weight = float(aux_weight)
+        self.robust_eval = bool(robust_eval)
+        self.pgd = dict(epsilon=float(pgd_epsilon), step_size=float(pgd_step_size), steps=int(pgd_steps))
+        self.pgd_seed = int(pgd_seed)
+
+        timm = _timm()
+        body = timm.create_model(backbone, pretrained=False, in_chans=in_chans, num_classes=0,
+                                 **(backbone_kwargs or {}))
+        head = None if self.route.owns_head else nn.Linear(embedding_dim, num_classes)
+        self.net = ClassifierNet(body, nn.Linear(body.num_features, embedding_dim), head)
+        self.loss = loss
+        self.aux_loss = aux_loss
+
+        self.train_metrics = classification_metrics(num_classes, full=False).clone(prefix="train/")
+        self.val_metrics = classification_metrics(num_classes, full=True, ece_bins=ece_bins).clone(prefix="val/")
+        self.test_metrics = classification_metrics(num_classes, full=True, ece_bins=ece_bins).clone(prefix="test/")
+        for stage in ("val", "test"):
+            setattr(self, f"{stage}_per_class", PerClassAccuracy(num_classes))
+            setattr(self, f"{stage}_feature_cos", FeatureCosine(num_classes, embedding_dim))
+            setattr(self, f"{stage}_sparsemax_support", MeanMetric())
+            setattr(self, f"{stage}_support", MeanMetric())
+            setattr(self, f"{stage}_robust", MulticlassAccuracy(num_classes, average="micro"))
+        self._tail_classes: List[int] = []
+        clean_linked_hparams(self)
+
+    # -- model ----------------------------------------------------------------------------------
+    def logits_from_features(self, features: Tensor) -> Tensor:
+        """Evaluation logits: the loss's head when it owns one, else the model's head."""
+        if self.route.owns_head:
+            return self.loss.logits(features)
+        return self.net.head(features)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.logits_from_features(self.net.features(x))
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        self._tail_classes = [int(c) for c in getattr(dm, "tail_classes", None) or []]
+
+    # -- loss routing ---------------------------------------------------------------------------
+    def _losses(self, x: Tensor, target: Tensor):
+        """``(main, aux or None, features, logits)`` for a batch, by the losses' routes."""
+        ids = _hard_target(target)
+        if self.route.kind == "M":
+            main = self.loss(self.net, x, target)
+            if self.aux_loss is not None:  # the auxiliary loss needs features with a graph
+                features = self.net.features(x)
+                logits = self.net.head(features)
+            else:  # features and logits for the metrics only
+                with torch.no_grad():
+                    features = self.net.features(x)
+                    logits = self.net.head(features)
+        else:
+            features = self.net.features(x)
+            if self.route.owns_head:
+                main = self.loss(features, ids)
+                with torch.no_grad():
+                    logits = self.loss.logits(features)
+            else:
+                logits = self.net.head(features)
+                main = self.loss(logits, target)
+        aux = None
+        if self.aux_loss is not None:
+            aux = self.aux_loss(features, ids) if self.aux_route.kind == "E" else self.aux_loss(logits, target)
+        return main, aux, features, logits
+
+    def _log_losses(self, stage: str, main: Tensor, aux: Optional[Tensor], n: int) -> Tensor:
+        total = main if aux is None else main + self.aux_weight * aux
+        kw = dict(on_step=stage == "train", on_epoch=True, batch_size=n, sync_dist=stage != "train")
+        self.log(f"{stage}/loss", total.detach(), prog_bar=True, **kw)
+        if aux is not None:
+            self.log(f"{stage}/main_loss", main.detach(), **kw)
+            self.log(f"{stage}/aux_loss", aux.detach(), **kw)
+        return total
+
+    # -- steps ----------------------------------------------------------------------------------
+    def training_step(self, batch, batch_idx: int) -> Tensor:
+        x, target = batch
+        main, aux, _, logits = self._losses(x, target)
+        total = self._log_losses("train", main, aux, x.shape[0])
+        self.train_metrics.update(logits.detach(), _hard_target(target))
+        self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
+        return total
+
+    def _eval_step(self, stage: str, batch, batch_idx: int) -> None:
+        x, target = batch
+        ids = _hard_target(target)
+        if self.route.kind == "M":  # the loss runs its own attack: needs autograd
+            with torch.inference_mode(False), torch.enable_grad():
+                main, aux, features, logits = self._losses(x.clone(), target.clone())
+                main, features, logits = main.detach(), features.detach(), logits.detach()
+                aux = None if aux is None else aux.detach()
+        else:
+            main, aux, features, logits = self._losses(x, target)
+        self._log_losses(stage, main, aux, x.shape[0])
+        probs = predictive_probabilities(self.loss, logits)
+        metrics = getattr(self, f"{stage}_metrics")
+        for name, m in metrics.items(keep_base=True):
+            m.update(probs if name.endswith("ece") else logits, ids)
+        self.log_dict(metrics, on_step=False, on_epoch=True)
+        getattr(self, f"{stage}_per_class").update(logits, ids)
+        getattr(self, f"{stage}_feature_cos").update(features, ids)
+        sm = getattr(self, f"{stage}_sparsemax_support")
+        sm.update(sparsemax_support_size(logits).float())
+        self.log(f"{stage}/sparsemax_support", sm, on_step=False, on_epoch=True)
+        if callable(getattr(self.loss, "predict_proba", None)):
+            sup = getattr(self, f"{stage}_support")
+            sup.update((probs > 0).sum(1).float())
+            self.log(f"{stage}/support", sup, on_step=False, on_epoch=True)
+        if self.robust_eval:
+            g = torch.Generator().manual_seed(self.pgd_seed + batch_idx)
+            x_adv = pgd_attack(self, x, ids, generator=g, **self.pgd)
+            robust = getattr(self, f"{stage}_robust")
+            robust.update(self(x_adv), ids)
+            self.log(f"{stage}/robust_acc", robust, on_step=False, on_epoch=True)
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self._eval_step("val", batch, batch_idx)
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        self._eval_step("test", batch, batch_idx)
+
+    def _eval_epoch_end(self, stage: str) -> None:
+        per_class_metric = getattr(self, f"{stage}_per_class")
+        per_class = per_class_metric.compute()
+        out: Dict[str, Tensor] = {}
+        for c, v in enumerate(per_class):
+            if not torch.isnan(v):
+                out[f"{stage}/acc_class_{c}"] = v.float()
+        if self._tail_classes:
+            tail = [c for c in range(self.num_classes) if c in self._tail_classes]
+            head = [c for c in range(self.num_classes) if c not in self._tail_classes]
+            for name, classes in (("head", head), ("tail", tail)):
+                v = PerClassAccuracy.split(per_class, classes)
+                if not torch.isnan(v):
+                    out[f"{stage}/acc_{name}"] = v.float()
+        per_class_metric.reset()
+        cos_metric = getattr(self, f"{stage}_feature_cos")
+        for k, v in cos_metric.compute().items():
+            if not torch.isnan(v):
+                out[f"{stage}/cos_{k}"] = v.float()
+        cos_metric.reset()
+        if out:
+            self.log_dict(out)
+
+    def on_validation_epoch_end(self) -> None:
+        self._eval_epoch_end("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._eval_epoch_end("test")
+
+
+class VisionSegmenter(BenchmarkModule):
+    """Semantic segmentation of the digits maps: timm ``features_only`` backbone, a 1x1
+    convolution head and bilinear upsampling to ``(N, num_classes, H, W)`` logits.
+
+    Args:
+        loss: a logits loss (kind ``"I"``; Dice semimetric, soft Dice, cross-entropy, ...) taking
+            ``(N, C, H, W)`` logits and ``(N, H, W)`` ids or ``(N, C, H, W)`` soft labels.
+        backbone: timm model name (``pretrained=False``, ``features_only=True``).
+        feature_index: which feature level feeds the head (timm ``out_indices``; 1 = stride 4,
+            i.e. 8x8 maps for 32x32 inputs: the resolution of the original digits).
+        num_classes / in_chans: linked from the DataModule (11 / 1).
+
+    Metrics: ``loss``; ``dice`` (torchmetrics ``DiceScore``: per-class Dice over the whole set,
+    macro mean, background included) in every stage; in val/test also ``dice_fg`` (without
+    background), ``pixel_acc`` and ``ece`` (pixel-level expected calibration error of the
+    loss's predictive distribution). Metrics compare with the hard map (argmax of soft labels).
+    """
+
+    def __init__(
+        self,
+        loss: nn.Module,
+        backbone: str = "resnet10t",
+        num_classes: int = 0,
+        in_chans: int = 1,
+        feature_index: int = 1,
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        ece_bins: int = 15,
+        backbone_kwargs: Optional[Dict[str, Any]] = None,
+    ) -> None:
+        super().__init__(lr=lr, weight_decay=weight_decay)
+        self.save_hyperparameters()
+        cls = "VisionSegmenter"
+        _positive(cls, "num_classes", num_classes, "link it from the DataModule (the CLI does) or pass it")
+        _positive(cls, "in_chans", in_chans, "digits images have 1 channel")
+        if not isinstance(loss, nn.Module):
+            raise TypeError(f"{cls}: loss must be an nn.Module (got {type(loss).__name__}); pass e.g. losses.SoftDiceLoss()")
+        self.route = loss_route(loss)
+        if self.route.kind != "I" or self.route.auxiliary or self.route.owns_head:
+            raise ValueError(f"{cls}: the segmenter routes dense logits losses (kind 'I') only "
+                             f"(got kind {self.route.kind!r} for {type(loss).__name__}); use a Dice / Jaccard / "
+                             "cross-entropy loss")
+        timm = _timm()
+        self.backbone = timm.create_model(backbone, pretrained=False, in_chans=in_chans, features_only=True,
+                                          out_indices=(feature_index,), **(backbone_kwargs or {}))
+        self.head = nn.Conv2d(self.backbone.feature_info.channels()[-1], num_classes, kernel_size=1)
+        self.loss = loss
+        self.num_classes = num_classes
+
+        def dice(include_background: bool) -> DiceScore:
+            return DiceScore(num_classes=num_classes, include_background=include_background, average="macro",
+                             aggregation_level="global", input_format="index")
+
+        self.train_metrics = MetricCollection({"dice": dice(True)}, prefix="train/")
+        for stage in ("val", "test"):
+            setattr(self, f"{stage}_metrics", MetricCollection({
+                "dice": dice(True),
+                "dice_fg": dice(False),
+                "pixel_acc": MulticlassAccuracy(num_classes, average="micro"),
+                "ece": MulticlassCalibrationError(num_classes, n_bins=ece_bins, norm="l1"),
+            }, prefix=f"{stage}/"))
+        clean_linked_hparams(self)
+
+    def forward(self, x: Tensor) -> Tensor:
+        feats = self.backbone(x)[-1]
+        return F.interpolate(self.head(feats), size=x.shape[-2:], mode="bilinear", align_corners=False)
+
+    def _step(self, stage: str, batch) -> Tensor:
+        x, target = batch
+        logits = self(x)
+        loss = self.loss(logits, target)
+        self.log(f"{stage}/loss", loss.detach(), on_step=stage == "train", on_epoch=True, prog_bar=True,
+                 batch_size=x.shape[0], sync_dist=stage != "train")
+        ids = _hard_target(target)
+        preds = logits.detach().argmax(1)
+        metrics = getattr(self, f"{stage}_metrics")
+        probs = None
+        for name, m in metrics.items(keep_base=True):
+            if name.endswith("ece"):
+                if probs is None:
+                    probs = predictive_probabilities(self.loss, logits.detach())
+                m.update(probs.movedim(1, -1).reshape(-1, self.num_classes), ids.reshape(-1))
+            elif name.endswith("pixel_acc"):
+                m.update(preds.reshape(-1), ids.reshape(-1))
+            else:
+                m.update(preds, ids)
+        self.log_dict(metrics, on_step=False, on_epoch=True)
+        return loss
+
+    def training_step(self, batch, batch_idx: int) -> Tensor:
+        return self._step("train", batch)
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self._step("val", batch)
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        self._step("test", batch)
