@@ -1,0 +1,185 @@
+"""Dual-encoder retriever: two trainable towers over frozen (cached) MiniLM embeddings.
+
+Each tower is a linear map initialised to the identity, so before training the model *is* the
+frozen encoder (zero-shot). Training batches come from
+:class:`~lightning_modules.data.retrieval.RetrievalDataModule`: B queries, K keys (the union of
+their positives, i.e. in-batch negatives, plus any sampled negatives) and a ``(B, K)`` positive
+mask. The loss is routed by its registry declaration (never by name):
+
+* ``"S"`` (decoupled softmax, InfoNCE, soft top-k): ``loss(query, keys, target)`` when the
+  module's ``forward`` takes three tensors (the §7 modules, which score with
+  ``losses.in_batch_scores`` and can all-gather keys), else ``loss(query @ keys.T, target)``.
+* ``"P"`` (PSL, sampled softmax, BPR): the labelled positive's score against every other key
+  of the row that is not a positive (``neg_mask``).
+* ``"I"``: ``logit_scale · query @ keys.T`` with the labelled positive's column as the class.
+* ``"E"`` with a head (NBC-softmax, ...): queries and keys are embedded together and labelled
+  with their training-corpus document id (a query with its labelled positive), so each
+  training document is a class of the head.
+
+Evaluation (validation and test): at the start of each epoch the corpus of the stage
+(``datamodule.corpus_embeddings(stage)``) is passed through the document tower, L2-normalised
+and put in a ``faiss.IndexFlatIP``; each query batch is searched exactly and scored with R@1,
+R@10, MRR@10 and nDCG@10 (every positive counts; :mod:`lightning_modules.retrieval_metrics`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Dict, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..base import BenchmarkModule
+from ..retrieval_metrics import FaissIndex, candidates_from_search, retrieval_metrics
+from ..routing import loss_route
+from .vision import clean_linked_hparams
+
+__all__ = ["DualEncoderRetriever"]
+
+
+def _takes_three_tensors(loss: nn.Module) -> bool:
+    try:
+        params = list(inspect.signature(loss.forward).parameters.values())
+    except (TypeError, ValueError):  # pragma: no cover - builtins
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 3 or any(p.kind == p.VAR_POSITIONAL for p in params)
+
+
+def _identity_linear(input_dim: int, output_dim: int) -> nn.Linear:
+    layer = nn.Linear(input_dim, output_dim)
+    with torch.no_grad():
+        layer.weight.copy_(torch.eye(output_dim, input_dim))
+        layer.bias.zero_()
+    return layer
+
+
+class DualEncoderRetriever(BenchmarkModule):
+    """Query and document towers over precomputed text embeddings.
+
+    Args:
+        loss: a loss of kind ``S``, ``P``, ``I``, or ``E`` with a head (see the module docstring).
+        input_dim: width of the cached embeddings (linked from the DataModule: 384).
+        embedding_dim: output width of the towers (linked into a head-owning loss's
+            ``embedding_dim``); equal to ``input_dim`` gives an exact identity initialisation,
+            otherwise the towers start as the leading rows / columns of the identity.
+        shared_towers: one tower for queries and documents.
+        normalize: L2-normalise the tower outputs before the loss (cosine scores); evaluation
+            always searches with cosines.
+        logit_scale: multiplies the scores handed to ``"I"`` losses.
+        lr, weight_decay: AdamW.
+    """
+
+    def __init__(
+        self,
+        loss: nn.Module,
+        input_dim: int = 384,
+        embedding_dim: int = 384,
+        shared_towers: bool = False,
+        normalize: bool = True,
+        logit_scale: float = 20.0,
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__(lr=lr, weight_decay=weight_decay)
+        self.save_hyperparameters()
+        clean_linked_hparams(self)  # drop CLI size links this class does not take
+        if input_dim < 1 or embedding_dim < 1:
+            raise ValueError(f"DualEncoderRetriever: input_dim and embedding_dim must be >= 1 (got {input_dim}, "
+                             f"{embedding_dim}); input_dim is linked from the DataModule by the CLI")
+        self.loss = loss
+        self.route = loss_route(loss)
+        if self.route.kind == "M" or self.route.auxiliary or (self.route.kind == "E" and not self.route.owns_head):
+            raise ValueError(
+                f"DualEncoderRetriever: loss {type(loss).__name__} (kind {self.route.kind!r}, auxiliary="
+                f"{self.route.auxiliary}) cannot train the towers on its own; use an S, P or I loss, or an E loss "
+                "that owns a head"
+            )
+        self.normalize = bool(normalize)
+        self.logit_scale = float(logit_scale)
+        self.query_tower = _identity_linear(input_dim, embedding_dim)
+        self.doc_tower = self.query_tower if shared_towers else _identity_linear(input_dim, embedding_dim)
+        self._three_tensor_loss = _takes_three_tensors(loss)
+        self._train_loss = {"S": self._scores_loss, "P": self._pair_loss, "I": self._logits_loss,
+                            "E": self._head_loss}[self.route.kind]
+        self.val_metrics = retrieval_metrics().clone(prefix="val/")
+        self.test_metrics = retrieval_metrics().clone(prefix="test/")
+        self.eval_k = 10
+        self._index: Optional[FaissIndex] = None
+
+    # -- towers -------------------------------------------------------------------------------
+    def _prep(self, x: Tensor) -> Tensor:
+        return F.normalize(x, dim=-1) if self.normalize else x
+
+    def encode_queries(self, x: Tensor) -> Tensor:
+        return self._prep(self.query_tower(x))
+
+    def encode_documents(self, x: Tensor) -> Tensor:
+        return self._prep(self.doc_tower(x))
+
+    def forward(self, queries: Tensor) -> Tensor:
+        return self.encode_queries(queries)
+
+    # -- losses by route ----------------------------------------------------------------------
+    def _scores_loss(self, batch: Dict[str, Tensor], q: Tensor, k: Tensor) -> Tensor:
+        if self._three_tensor_loss:
+            return self.loss(q, k, batch["target"])
+        return self.loss(q @ k.T, batch["target"])
+
+    def _pair_loss(self, batch: Dict[str, Tensor], q: Tensor, k: Tensor) -> Tensor:
+        scores = q @ k.T
+        pos = scores.gather(1, batch["label_pos"][:, None]).squeeze(1)
+        return self.loss(pos, scores, neg_mask=~batch["target"])
+
+    def _logits_loss(self, batch: Dict[str, Tensor], q: Tensor, k: Tensor) -> Tensor:
+        return self.loss(self.logit_scale * (q @ k.T), batch["label_pos"])
+
+    def _head_loss(self, batch: Dict[str, Tensor], q: Tensor, k: Tensor) -> Tensor:
+        return self.loss(torch.cat([q, k]), torch.cat([batch["label"], batch["key_ids"]]))
+
+    def training_step(self, batch: Dict[str, Tensor], batch_idx: int) -> Tensor:
+        q = self.encode_queries(batch["query"])
+        k = self.encode_documents(batch["keys"])
+        loss = self._train_loss(batch, q, k)
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=q.shape[0])
+        return loss
+
+    # -- evaluation ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def index_corpus(self, corpus: Tensor, *, chunk: int = 4096) -> FaissIndex:
+        """Encode ``corpus`` (raw embeddings ``(M, input_dim)``) with the document tower and build
+        the exact inner-product index searched by the evaluation steps."""
+        corpus = corpus.to(self.device)
+        vecs = torch.cat([self.encode_documents(corpus[i:i + chunk]) for i in range(0, len(corpus), chunk)])
+        self._index = FaissIndex(vecs)
+        return self._index
+
+    def _index_stage(self, stage: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if dm is None or not hasattr(dm, "corpus_embeddings"):
+            if self._index is None:
+                raise RuntimeError("DualEncoderRetriever: evaluation needs a corpus; use a DataModule with "
+                                   "corpus_embeddings(stage) (RetrievalDataModule) or call index_corpus() first")
+            return
+        self.index_corpus(dm.corpus_embeddings(stage))
+
+    def on_validation_epoch_start(self) -> None:
+        self._index_stage("validate")
+
+    def on_test_epoch_start(self) -> None:
+        self._index_stage("test")
+
+    def _eval_step(self, batch: Dict[str, Tensor], metrics) -> None:
+        q = self.encode_queries(batch["query"])
+        scores, ids = self._index.search(q, self.eval_k)
+        preds, target, indexes = candidates_from_search(scores, ids, batch["positives"].cpu(), batch["query_ids"].cpu())
+        metrics.update(preds.to(self.device), target.to(self.device), indexes=indexes.to(self.device))
+        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=q.shape[0])
+
+    def validation_step(self, batch: Dict[str, Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, self.val_metrics)
+
+    def test_step(self, batch: Dict[str, Tensor], batch_idx: int) -> None:
+        self._eval_step(batch, self.test_metrics)
