@@ -206,10 +206,13 @@ def _compact_candidates(zs: Tensor, lower: Union[float, Tensor]) -> Tensor:
     return out
 
 
-def _tau_candidates(kind: str, zs: Tensor, max_iter: int) -> Optional[Tensor]:
-    """Sort-free exact threshold: pack the candidates, then Newton (see the two functions above)."""
+def _tau_candidates(kind: str, zs: Tensor, max_iter: int) -> Optional[Tuple[Tensor, Tensor]]:
+    """Sort-free exact threshold: pack the candidates, then Newton (see the functions above).
+    Returns ``(tau, packed)`` (``packed``: shifted scores holding the whole support) or ``None``."""
     if kind == "sparsemax":
-        return sparsemax_tau_newton(_compact_candidates(zs, -1.0), max_iter)
+        packed = _compact_candidates(zs, -1.0)
+        tau = sparsemax_tau_newton(packed, max_iter)
+        return None if tau is None else (tau, packed)
     # entmax-1.5 (x = zs/2): one Newton step from tau_0 = -1 on the full rows gives a much
     # tighter lower bound tau_1 <= tau (f is convex), so far fewer candidates are packed
     d = (zs * 0.5 + 1).clamp_(min=0)
@@ -217,30 +220,33 @@ def _tau_candidates(kind: str, zs: Tensor, max_iter: int) -> Optional[Tensor]:
     s2 = torch.linalg.vector_norm(d, dim=-1, keepdim=True).square()
     tau1 = torch.where(s1 > 0, -1 + (s2 - 1) / (2 * torch.where(s1 > 0, s1, torch.ones_like(s1))), -1.0)
     tau1 = torch.minimum(tau1, torch.zeros_like(tau1))
-    x = _compact_candidates(zs, 2 * tau1) * 0.5
+    packed = _compact_candidates(zs, 2 * tau1)
+    x = packed * 0.5
     tau = entmax15_tau_newton(x, max_iter, tau1)
-    return None if tau is None else _polish_entmax15(x, tau)
+    return None if tau is None else (_polish_entmax15(x, tau), packed)
 
 
 class Threshold:
     """Result of a threshold search on ``z (M, C)``.
 
-    ``m`` (M, 1) row max, ``tau`` (M, 1) threshold in shifted coordinates; ``zs`` the shifted
-    scores ``z - m`` when the search built them; for the top-k path also ``top_idx`` (M, k) and
-    ``top_p`` (M, k), which hold the whole support.
+    ``m`` (M, 1) row max; ``tau`` (M, 1) threshold in shifted coordinates; ``vals`` (M, K)
+    shifted scores that hold the whole support (packed candidates, sorted rows or the top k;
+    ``-inf`` padding allowed), so the probabilities on the support are ``_p_from(kind, vals,
+    tau)``; ``zs`` the dense shifted scores ``z - m`` when the search built them; ``top_idx``
+    (M, k) the columns of ``vals`` for the top-k path (``None`` otherwise).
     """
 
-    __slots__ = ("m", "tau", "zs", "top_idx", "top_p")
+    __slots__ = ("m", "tau", "vals", "zs", "top_idx")
 
-    def __init__(self, m: Tensor, tau: Tensor, zs: Optional[Tensor] = None, top_idx: Optional[Tensor] = None,
-                 top_p: Optional[Tensor] = None):
-        self.m, self.tau, self.zs, self.top_idx, self.top_p = m, tau, zs, top_idx, top_p
+    def __init__(self, m: Tensor, tau: Tensor, vals: Tensor, zs: Optional[Tensor] = None,
+                 top_idx: Optional[Tensor] = None):
+        self.m, self.tau, self.vals, self.zs, self.top_idx = m, tau, vals, zs, top_idx
 
     def shifted(self, z: Tensor) -> Tensor:
         return self.zs if self.zs is not None else z - self.m
 
 
-#: Newton steps before falling back to a sort (typical rows need 2-5).
+#: Newton steps before falling back to a sort (typical rows need 2-7).
 NEWTON_MAX_ITER = 32
 
 
@@ -269,14 +275,15 @@ def threshold(kind: str, z: Tensor, k: Optional[int], method: Optional[str] = No
     if method == "newton" and z.shape[0] > 0:
         m = row_max(z)
         zs = z - m
-        tau = _tau_candidates(kind, zs, max_iter)
-        if tau is not None:
-            return Threshold(m, tau, zs=zs)
+        found = _tau_candidates(kind, zs, max_iter)
+        if found is not None:
+            return Threshold(m, found[0], found[1], zs=zs)
     sorted_z = torch.sort(z, dim=-1, descending=True).values
     m = sorted_z[:, :1]
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    tau, _ = _tau_sorted(kind, sorted_z - m)
-    return Threshold(m, tau)
+    s = sorted_z - m
+    tau, _ = _tau_sorted(kind, s)
+    return Threshold(m, tau, s)
 
 
 def _threshold_topk(kind: str, z: Tensor, k: int) -> Threshold:
@@ -289,14 +296,14 @@ def _threshold_topk(kind: str, z: Tensor, k: int) -> Threshold:
         s = top_v - m
         tau, kstar = _tau_sorted(kind, s)
         if kk >= c or z.shape[0] == 0 or not bool((kstar >= kk).any()):
-            return Threshold(m, tau, top_idx=top_i, top_p=_p_from(kind, s, tau))
+            return Threshold(m, tau, s, top_idx=top_i)
         kk = min(2 * kk, c)  # some row's support reached kk: redo the batch with 2kk
 
 
 def dense_probs(kind: str, z: Tensor, th: Threshold) -> Tensor:
     """The ``(M, C)`` probabilities for a :class:`Threshold`."""
     if th.top_idx is not None:
-        return torch.zeros_like(z).scatter_(-1, th.top_idx, th.top_p)
+        return torch.zeros_like(z).scatter_(-1, th.top_idx, _p_from(kind, th.vals, th.tau))
     return _p_from(kind, th.shifted(z), th.tau)
 
 
@@ -487,27 +494,25 @@ class FYLossFunction(torch.autograd.Function):
     def forward(ctx, z, y, q, alpha, kind, k, n_iter, alpha_float):
         ctx.kind = kind
         ctx.has_y = y is not None
-        zs = None
-        top_i = None
+        zs = tau = top_i = p = None
         if kind == "bisect":
             p, m = bisect_probs(z, alpha, n_iter, alpha_float)
             zs = z - m
             omega = _dot_masked(p, zs) + tsallis(p, alpha)
         else:
+            # value from tau and the support only (th.vals holds it); no dense pass here
             th = threshold(kind, z, k)
-            m, tau = th.m, th.tau
-            if th.top_idx is not None:  # the support lies in the top-k columns
-                p, top_i = th.top_p, th.top_idx
-            else:
-                zs = th.shifted(z)
-                p = (zs - tau).clamp_(min=0) if kind == "sparsemax" else (zs * 0.5 - tau).clamp_(min=0).square_()
-            p_sum = p.sum(-1, keepdim=True)
+            m, tau, zs = th.m, th.tau, th.zs
+            ps = _p_from(kind, th.vals, tau)
+            p_sum = ps.sum(-1, keepdim=True)
             if kind == "sparsemax":  # <p, z'> + H_2(p) = 1/2 sum p^2 + tau sum p + 1/2
-                sq = torch.linalg.vector_norm(p, dim=-1, keepdim=True).square()
+                sq = torch.linalg.vector_norm(ps, dim=-1, keepdim=True).square()
                 omega = (tau * p_sum + 1) + 0.5 * (sq - 1)
             else:  # x = z'/2 = sqrt(p) + tau on the support
                 # = 2/3 sum p^1.5 + 2 tau sum p + 4/3, grouped to be exactly 0 on one-hot rows
-                omega = 2 * (tau * p_sum + 1) + (2.0 / 3.0) * ((p * p.sqrt()).sum(-1, keepdim=True) - 1)
+                omega = 2 * (tau * p_sum + 1) + (2.0 / 3.0) * ((ps * ps.sqrt()).sum(-1, keepdim=True) - 1)
+            if th.top_idx is not None:
+                p, top_i = ps, th.top_idx
         if y is not None:
             loss = omega - (z.gather(-1, y.unsqueeze(-1)) - m)
         else:
@@ -517,19 +522,28 @@ class FYLossFunction(torch.autograd.Function):
             loss = omega - _dot_masked(q, zs) - tsallis(q, a)
         loss = loss.clamp(min=0).squeeze(-1)
         ctx.topk = top_i is not None
-        ctx.save_for_backward(p, top_i, y, q, alpha, z, m)
+        # backward: bisect keeps p; top-k keeps p on the top k; else p is rebuilt from zs and tau
+        ctx.save_for_backward(p, top_i, zs if p is None else None, tau, y, q, alpha, z, m)
         return loss
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
         kind = ctx.kind
-        p, top_i, y, q, alpha, z, m = ctx.saved_tensors
+        p, top_i, zs, tau, y, q, alpha, z, m = ctx.saved_tensors
         g = grad.unsqueeze(-1)
         if ctx.topk:
             dz = torch.zeros_like(z).scatter_(-1, top_i, p * g)
-        else:
+        elif p is not None:
             dz = p * g
+        else:
+            if zs is None:
+                zs = z - m
+            if kind == "sparsemax":
+                dz = (zs - tau).clamp_(min=0)
+            else:
+                dz = (zs * 0.5 - tau).clamp_(min=0).square_()
+            dz.mul_(g)
         if ctx.has_y:
             dz.scatter_add_(-1, y.unsqueeze(-1), -g)
         else:
