@@ -407,6 +407,28 @@ def test_loss_distribution_target_matches_loop_oracle(name, kw, spatial):
     torch.testing.assert_close(call_loss(name, x, q, **kw), values.mean(), rtol=1e-10, atol=1e-12)
 
 
+def test_loss_alpha_shapes_and_single_class_batch():
+    g = torch.Generator().manual_seed(17)
+    x = torch.randn(4, 5, 3, generator=g, dtype=torch.float64)
+    y = torch.full((4, 3), 2)  # every position has the same class
+    per_pos = 1.2 + torch.rand(4, 3, generator=g, dtype=torch.float64)
+    expected, _, _ = oracle_loss("entmax_bisect", x, y, alpha=per_pos)
+    for a in (per_pos, per_pos.unsqueeze(1)):  # (N, d1) or with a size-1 class dim
+        got = losses.entmax_bisect_loss(x, y, alpha=a, reduction="none")
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+    per_sample = per_pos[:, :1]  # (N, 1) broadcasts over d1
+    expected, _, _ = oracle_loss("entmax_bisect", x, y, alpha=per_sample.expand(4, 3))
+    got = losses.entmax_bisect_loss(x, y, alpha=per_sample, reduction="none")
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+    got = losses.entmax_bisect_loss(x, y, alpha=torch.tensor(1.5, dtype=torch.float64), reduction="none")
+    torch.testing.assert_close(got, losses.entmax15_loss(x, y, reduction="none"), rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match=r"^entmax_bisect_loss: tensor alpha must be a scalar or broadcast"):
+        losses.entmax_bisect_loss(x, y, alpha=torch.full((5,), 1.5, dtype=torch.float64))
+    for name in ("sparsemax", "entmax15"):
+        got = call_loss(name, x, y, reduction="none")
+        torch.testing.assert_close(got, oracle_loss(name, x, y)[0], rtol=1e-10, atol=1e-12)
+
+
 # --------------------------------------------------------------------------------------
 # gradcheck (float64, small odd shapes, away from support changes)
 # --------------------------------------------------------------------------------------
