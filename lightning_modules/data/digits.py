@@ -27,7 +27,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils.data import DataLoader, TensorDataset
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from ..base import BenchmarkDataModule
 
@@ -171,10 +172,19 @@ class _DigitsBase(BenchmarkDataModule):
         if self._splits is None:
             self.setup()
         assert self._splits is not None
+        data = self._splits[split]
+        shuffle = train and self.shuffle
+        sampler = None
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            # shard explicitly (Lightning keeps a DistributedSampler it is given): its own sampler
+            # would always shuffle the training split, ignoring ``shuffle``
+            sampler = DistributedSampler(data, shuffle=shuffle, seed=self.seed, drop_last=False)
+            shuffle = False
         return DataLoader(
-            self._splits[split],
+            data,
             batch_size=self.batch_size if train else self.eval_batch_size,
-            shuffle=train and self.shuffle,
+            shuffle=shuffle,
+            sampler=sampler,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )
@@ -216,7 +226,10 @@ class DigitsDataModule(_DigitsBase):
             of the image and its ``soft_neighbours`` nearest training images (Euclidean, raw
             pixels), i.e. soft labels from real visual ambiguity. Val/test targets stay ids.
         shuffle: shuffle training batches each epoch (the split itself is always shuffled once,
-            seeded; ``False`` gives the same batches in every process layout).
+            seeded). Under DDP the loaders shard with a ``DistributedSampler`` that honours
+            ``shuffle`` (seeded by ``seed``); with ``shuffle=False`` rank ``r`` of ``W`` reads
+            examples ``r, r + W, ...``, so ``W`` processes at batch size ``B`` see the same global
+            batches as one process at ``W * B``.
         seed: seed of every random choice of the split and the variants.
 
     Batches are ``(images (B, 1, S, S) float32 in [0, 1], target)``; target is ``(B,)`` int64 or,

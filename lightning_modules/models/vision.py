@@ -290,7 +290,7 @@ class VisionClassifier(BenchmarkModule):
 
     def _log_losses(self, stage: str, main: Tensor, aux: Optional[Tensor], n: int) -> Tensor:
         total = main if aux is None else main + self.aux_weight * aux
-        kw = dict(on_step=stage == "train", on_epoch=True, batch_size=n, sync_dist=stage != "train")
+        kw = dict(on_step=stage == "train", on_epoch=True, batch_size=n, sync_dist=True)
         self.log(f"{stage}/loss", total.detach(), prog_bar=True, **kw)
         if aux is not None:
             self.log(f"{stage}/main_loss", main.detach(), **kw)
@@ -364,8 +364,8 @@ class VisionClassifier(BenchmarkModule):
             if not torch.isnan(v):
                 out[f"{stage}/cos_{k}"] = v.float()
         cos_metric.reset()
-        if out:
-            self.log_dict(out)
+        if out:  # already reduced over ranks by the metrics' own sync; sync_dist averages equal values
+            self.log_dict(out, sync_dist=True)
 
     def on_validation_epoch_end(self) -> None:
         self._eval_epoch_end("val")
@@ -446,7 +446,7 @@ class VisionSegmenter(BenchmarkModule):
         logits = self(x)
         loss = self.loss(logits, target)
         self.log(f"{stage}/loss", loss.detach(), on_step=stage == "train", on_epoch=True, prog_bar=True,
-                 batch_size=x.shape[0], sync_dist=stage != "train")
+                 batch_size=x.shape[0], sync_dist=True)
         ids = _hard_target(target)
         preds = logits.detach().argmax(1)
         metrics = getattr(self, f"{stage}_metrics")
