@@ -706,12 +706,14 @@ def test_all_ignored_and_empty_batch_are_attached_zero(name):
 @pytest.mark.parametrize("c,tol", [(1000, 1e-6), (100_000, 5e-6)])
 def test_half_precision_rows_sum_to_one(dtype, c, tol):
     g = torch.Generator().manual_seed(14)
-    n = 8 if c <= 1000 else 2
+    n = 8 if c <= 1000 else 1
     cases = [torch.randn(n, c, generator=g) * 3, torch.randn(n, c, generator=g) * 0.01, torch.zeros(n, c)]
-    for x in cases:
+    for i, x in enumerate(cases):
         x = x.to(dtype)
-        for fn in (losses.sparsemax, losses.entmax15, losses.entmax_bisect,
-                   lambda z: losses.sparsemax(z, k=16), lambda z: losses.entmax15(z, k=16)):
+        fns = [losses.sparsemax, losses.entmax15, losses.entmax_bisect]
+        if c <= 1000 or i == 0:  # (wide supports at C = 1e5 would redo top-k up to a full sort)
+            fns += [lambda z: losses.sparsemax(z, k=16), lambda z: losses.entmax15(z, k=16)]
+        for fn in fns:
             p = fn(x)
             assert p.dtype == torch.float32
             assert float((p.double().sum(-1) - 1).abs().max()) <= tol
