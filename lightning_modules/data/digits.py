@@ -331,8 +331,9 @@ class DigitsDataModule(_DigitsBase):
             shift = torch.randint(1, NUM_DIGITS, (n,), generator=g)  # a different class, uniformly
             y[idx] = (y[idx] + shift) % NUM_DIGITS
             return y
+        clean = y.clone()  # select on the clean labels: a flipped 2 -> 7 is not flipped again to 1
         for src, dst in ASYMMETRIC_FLIPS.items():
-            pos = torch.nonzero(y == src).flatten()
+            pos = torch.nonzero(clean == src).flatten()
             n = int(round(self.noise_rate * pos.numel()))
             idx = pos[torch.randperm(pos.numel(), generator=g)[:n]]
             y[idx] = dst
