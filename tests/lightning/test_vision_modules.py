@@ -1,0 +1,260 @@
+"""VisionClassifier / VisionSegmenter routing and the metric helpers, on a tiny timm backbone
+(``test_resnet``) so the checks stay fast; the real recipes run in test_vision_recipes.py."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+
+import pytest
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import losses
+from lightning_modules.data import DigitsDataModule, DigitsSegmentationDataModule
+from lightning_modules.metrics import (
+    FeatureCosine,
+    PerClassAccuracy,
+    pgd_attack,
+    predictive_probabilities,
+    sparsemax_support_size,
+)
+from lightning_modules.models import VisionClassifier, VisionSegmenter
+
+TINY = dict(backbone="test_resnet", num_classes=10, embedding_dim=16, robust_eval=False)
+
+
+def _batch(n=6, seed=0, soft=False):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, 1, 32, 32, generator=g)
+    y = torch.randint(0, 10, (n,), generator=g)
+    if soft:
+        q = torch.rand(n, 10, generator=g)
+        return x, q / q.sum(1, keepdim=True)
+    return x, y
+
+
+def _model(loss, **kw):
+    torch.manual_seed(0)
+    return VisionClassifier(loss, **{**TINY, **kw}).eval()
+
+
+def _trainer(**kw):
+    return pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# routing
+# ---------------------------------------------------------------------------------------------
+def test_logits_loss_gets_head_logits():
+    model = _model(losses.CrossEntropyLoss())
+    x, y = _batch()
+    main, aux, feats, logits = model._losses(x, y)
+    assert aux is None and feats.shape == (6, 16) and logits.shape == (6, 10)
+    torch.testing.assert_close(logits, model.net.head(model.net.backbone(x) @ model.net.projection.weight.T
+                                                      + model.net.projection.bias))
+    torch.testing.assert_close(main, F.cross_entropy(logits, y))
+    torch.testing.assert_close(model(x), logits)
+    assert model.hparams["loss"] is model.loss  # saved, not ignored
+
+
+def test_soft_targets_reach_logits_loss_as_given():
+    model = _model(losses.CrossEntropyLoss())
+    x, q = _batch(soft=True)
+    main, _, _, logits = model._losses(x, q)
+    torch.testing.assert_close(main, -(q * F.log_softmax(logits, 1)).sum(1).mean())
+
+
+def test_head_owning_loss_gets_features_and_supplies_logits():
+    loss = losses.WCDASLoss(16, 10)
+    model = _model(loss)
+    assert model.net.head is None  # the loss owns the classifier
+    x, y = _batch()
+    main, _, feats, logits = model._losses(x, y)
+    torch.testing.assert_close(feats, model.net.features(x))
+    torch.testing.assert_close(main, loss(feats, y))
+    torch.testing.assert_close(logits, loss.logits(feats))
+    torch.testing.assert_close(model(x), loss.logits(model.net.features(x)))
+    # embedding losses receive class ids: soft targets are reduced to their argmax
+    _, q = _batch(soft=True)
+    main_soft, _, _, _ = model._losses(x, q)
+    torch.testing.assert_close(main_soft, loss(feats, q.argmax(1)))
+
+
+def test_model_aware_loss_gets_model_mapping_images_to_logits():
+    # LOSSES.md §4 test fact: nu = 0, rho = 1 equals comp_sum_loss, i.e. CE at tau = 1, on the
+    # logits of the model the loss was handed
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", losses.ExperimentalWarning)
+        loss = losses.AdversarialCompSumLoss(nu=0.0, tau=1.0, steps=1, seed=0)
+    model = _model(loss)
+    x, y = _batch()
+    main, _, feats, logits = model._losses(x, y)
+    torch.testing.assert_close(main, F.cross_entropy(model.net(x), y))
+    torch.testing.assert_close(logits, model.net(x))
+    assert not model.training  # the loss restored the mode it found
+
+
+def test_auxiliary_feature_loss_is_added_with_its_weight():
+    model = _model(losses.CrossEntropyLoss(), aux_loss=losses.OrthogonalProjectionLoss(gamma=0.5), aux_weight=0.3)
+    x, y = _batch(n=12)
+    main, aux, feats, logits = model._losses(x, y)
+    torch.testing.assert_close(main, F.cross_entropy(logits, y))
+    torch.testing.assert_close(aux, losses.opl_loss(feats, y, gamma=0.5))
+    total = model._log_losses("train", main, aux, 12)  # no trainer attached: logging is a no-op
+    torch.testing.assert_close(total, main + 0.3 * aux)
+    (g_aux,) = torch.autograd.grad(aux, model.net.projection.weight, retain_graph=True)
+    assert g_aux.abs().sum() > 0  # the auxiliary loss trains the features
+
+
+@pytest.mark.parametrize(
+    "make, err, match",
+    [
+        (lambda: losses.OrthogonalProjectionLoss(), ValueError, "auxiliary loss"),
+        (lambda: losses.InfoNCELoss(), ValueError, "kind 'S'"),
+        (lambda: losses.BPRLoss(), ValueError, "kind 'P'"),
+        (lambda: "cross_entropy", TypeError, "must be an nn.Module"),
+    ],
+)
+def test_unroutable_losses_raise(make, err, match):
+    with pytest.raises(err, match="VisionClassifier: .*" + match):
+        VisionClassifier(make(), **TINY)
+
+
+def test_bad_sizes_and_aux_kind_raise():
+    with pytest.raises(ValueError, match="VisionClassifier: num_classes must be a positive integer"):
+        VisionClassifier(losses.CrossEntropyLoss(), backbone="test_resnet")
+    with pytest.raises(ValueError, match="VisionClassifier: aux_loss must take logits"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", losses.ExperimentalWarning)
+            VisionClassifier(losses.CrossEntropyLoss(), aux_loss=losses.AdversarialCompSumLoss(nu=1.0), **TINY)
+    with pytest.raises(ValueError, match="VisionSegmenter: the segmenter routes dense logits losses"):
+        VisionSegmenter(losses.WCDASLoss(16, 11), backbone="test_resnet", num_classes=11)
+
+
+def test_fit_logs_every_metric_with_robust_accuracy():
+    """A short real fit with robust evaluation on (PGD-2 here for speed) and LT head/tail."""
+    dm = DigitsDataModule(batch_size=32, imbalance_factor=10.0)
+    model = VisionClassifier(losses.CrossEntropyLoss(), **{**TINY, "robust_eval": True, "pgd_steps": 2})
+    trainer = _trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=2)
+    trainer.fit(model, datamodule=dm)
+    m = trainer.callback_metrics
+    for k in ("train/loss", "train/top1", "val/loss", "val/top1", "val/top5", "val/balanced_acc", "val/ece",
+              "val/robust_acc", "val/sparsemax_support", "val/cos_intra", "val/cos_inter", "val/acc_head",
+              "val/acc_tail", "val/acc_class_0"):
+        assert k in m and math.isfinite(float(m[k])), k
+    per_class = torch.tensor([float(m[f"val/acc_class_{c}"]) for c in range(10) if f"val/acc_class_{c}" in m])
+    assert float(m["val/acc_tail"]) == pytest.approx(
+        torch.tensor([float(m[f"val/acc_class_{c}"]) for c in range(5, 10) if f"val/acc_class_{c}" in m]).mean().item())
+    assert 0 <= per_class.min() and per_class.max() <= 1
+    assert "val/support" not in m  # cross-entropy exposes no predict_proba
+
+
+def test_segmenter_shapes_metrics_and_targets():
+    torch.manual_seed(0)
+    model = VisionSegmenter(losses.CrossEntropyLoss(), backbone="test_resnet", num_classes=11).eval()
+    x = torch.rand(3, 1, 32, 32)
+    assert model(x).shape == (3, 11, 32, 32)
+    for label_type, loss in (("soft", losses.DiceSemimetricLoss()), ("hard", losses.SoftDiceLoss())):
+        dm = DigitsSegmentationDataModule(batch_size=32, label_type=label_type)
+        torch.manual_seed(0)
+        model = VisionSegmenter(loss, backbone="test_resnet", num_classes=11)
+        trainer = _trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=1)
+        trainer.fit(model, datamodule=dm)
+        m = trainer.callback_metrics
+        for k in ("train/loss", "train/dice", "val/loss", "val/dice", "val/dice_fg", "val/pixel_acc", "val/ece"):
+            assert k in m and math.isfinite(float(m[k])), k
+        # the logged Dice score against an independent computation on the same batch
+        xb, tb = next(iter(dm.val_dataloader()))
+        hard = tb.argmax(1) if tb.is_floating_point() else tb
+        with torch.no_grad():
+            pred = model.eval()(xb).argmax(1)
+        dices = []
+        for c in range(11):
+            p, t = pred == c, hard == c
+            denom = int(p.sum() + t.sum())
+            if denom:
+                dices.append(2 * int((p & t).sum()) / denom)
+        assert float(m["val/dice"]) == pytest.approx(sum(dices) / len(dices), abs=1e-5)
+        acc = float((pred == hard).float().mean())
+        assert float(m["val/pixel_acc"]) == pytest.approx(acc, abs=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# metric helpers
+# ---------------------------------------------------------------------------------------------
+def test_feature_cosine_matches_pairwise_loops():
+    g = torch.Generator().manual_seed(1)
+    f = torch.randn(9, 4, generator=g, dtype=torch.float64)
+    f[3] = 0.0  # a zero feature has cosine 0 with everything
+    y = torch.tensor([0, 0, 1, 1, 1, 2, 2, 0, 2])
+    metric = FeatureCosine(3, 4)
+    metric.update(f[:4], y[:4])
+    metric.update(f[4:], y[4:])
+    out = metric.compute()
+    u = f / f.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    same, diff = [], []
+    for i, j in itertools.permutations(range(9), 2):
+        (same if y[i] == y[j] else diff).append(float(u[i] @ u[j]))
+    assert float(out["intra"]) == pytest.approx(sum(same) / len(same), abs=1e-12)
+    assert float(out["inter"]) == pytest.approx(sum(diff) / len(diff), abs=1e-12)
+
+
+def test_per_class_accuracy_and_split():
+    m = PerClassAccuracy(4)
+    logits = torch.eye(4)[[0, 1, 1, 3, 3, 0]]  # predictions 0, 1, 1, 3, 3, 0
+    target = torch.tensor([0, 1, 0, 3, 0, 0])
+    m.update(logits, target)
+    acc = m.compute()
+    assert acc[0] == pytest.approx(2 / 4) and acc[1] == 1.0 and torch.isnan(acc[2]) and acc[3] == 1.0
+    assert float(PerClassAccuracy.split(acc, [2, 3])) == 1.0  # the absent class is ignored
+    assert float(PerClassAccuracy.split(acc, [0, 1])) == pytest.approx(0.75)
+    assert torch.isnan(PerClassAccuracy.split(acc, [2]))
+
+
+def test_sparsemax_support_size_matches_sparsemax():
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(50, 7, generator=g) * torch.tensor([0.1, 1.0, 5.0] * 16 + [1.0, 1.0])[:, None]
+    z[3, 2] = float("-inf")
+    ref = (losses.sparsemax(z, dim=1) > 0).sum(1)
+    assert torch.equal(sparsemax_support_size(z), ref)
+    zz = torch.randn(2, 5, 3, 3, generator=g)  # class dim 1 with spatial dims
+    assert torch.equal(sparsemax_support_size(zz), (losses.sparsemax(zz, dim=1) > 0).sum(1))
+
+
+def test_predictive_probabilities_uses_the_loss_mapping_when_exposed():
+    z = torch.randn(4, 6)
+    torch.testing.assert_close(predictive_probabilities(losses.CrossEntropyLoss(), z), torch.softmax(z, 1))
+
+    class WithMapping(nn.Module):
+        def predict_proba(self, logits):
+            return losses.sparsemax(logits, dim=1)
+
+    torch.testing.assert_close(predictive_probabilities(WithMapping(), z), losses.sparsemax(z, dim=1))
+
+
+@pytest.mark.parametrize("norm", ["linf", "l2"])
+def test_pgd_attack_stays_in_budget_and_raises_the_loss(norm):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 5))
+    x = torch.rand(8, 1, 4, 4)
+    y = torch.randint(0, 5, (8,))
+    eps = 0.1
+    with torch.inference_mode():  # as in Lightning's evaluation loops
+        adv = pgd_attack(model, x, y, epsilon=eps, step_size=0.03, steps=10, norm=norm,
+                         generator=torch.Generator().manual_seed(0))
+    assert not adv.requires_grad and adv.min() >= 0 and adv.max() <= 1
+    delta = (adv - x).flatten(1)
+    size = delta.abs().max(1).values if norm == "linf" else delta.norm(dim=1)
+    assert torch.all(size <= eps + 1e-6)
+    assert all(p.grad is None for p in model.parameters())  # only input gradients were taken
+    with torch.no_grad():
+        assert F.cross_entropy(model(adv), y) > F.cross_entropy(model(x), y)
+    same = pgd_attack(model, x, y, epsilon=0.0, steps=3)
+    torch.testing.assert_close(same, x)
+    with pytest.raises(ValueError, match="pgd_attack: norm must be"):
+        pgd_attack(model, x, y, norm="l1")
