@@ -59,7 +59,7 @@ def _build(case: Dict) -> tuple:
     import losses
 
     torch.manual_seed(0)
-    kind, b, c, d = case["kind"], case["B"], case["C"], case.get("D", 128)
+    b, c, d = case["B"], case["C"], case.get("D", 128)
     name = case["name"]
     g = torch.Generator().manual_seed(0)
 

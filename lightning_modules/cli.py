@@ -20,7 +20,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import pytorch_lightning as pl  # noqa: E402
 from pytorch_lightning.cli import LightningCLI  # noqa: E402
 
 from .base import BenchmarkDataModule, BenchmarkModule  # noqa: E402

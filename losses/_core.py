@@ -220,6 +220,10 @@ def check_finite(fn: str, name: str, x: Tensor, *, allow_neg_inf: bool = False) 
     """NaN or +inf anywhere (and -inf unless it is a documented mask) raises ValueError."""
     if not _checking() or not x.is_floating_point() or x.numel() == 0:
         return
+    # one-pass screen: a sum of finite values is finite unless it overflows, and any NaN or
+    # +-inf makes it non-finite; only then run the full (several-pass) check below
+    if bool(torch.isfinite(x.detach().sum(dtype=torch.float64 if x.dtype == torch.float64 else torch.float32))):
+        return
     if allow_neg_inf:
         bad = torch.isnan(x) | (x == math.inf)
     else:

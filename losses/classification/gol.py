@@ -21,7 +21,6 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from .._core import (
-    _checking,
     check_choice,
     check_finite,
     check_floating,
@@ -74,16 +73,6 @@ def _no_autocast(device_type: str):
         ctx = contextlib.nullcontext()
     with ctx:
         yield
-
-
-def _check_finite_screened(fn: str, name: str, x: Tensor) -> None:
-    """:func:`check_finite` behind a one-pass screen: the sum of finite values is finite unless it
-    overflows, and NaN/inf make it non-finite; the full check (several passes and allocations)
-    runs only when the screen fails."""
-    if not _checking() or x.numel() == 0:
-        return
-    if not bool(torch.isfinite(x.detach().sum())):
-        check_finite(fn, name, x)
 
 
 # --------------------------------------------------------------------------------------
@@ -437,7 +426,7 @@ def gumbel_bce_loss(
         y = unit = None
         ids, valid = _integer_targets(fn, input, target, ignore_index)
     w = broadcast_class_weight(fn, weight, input, dtype)
-    _check_finite_screened(fn, "input", input)
+    check_finite(fn, "input", input)
     if w is not None:
         check_finite(fn, "weight", weight)
     x = upcast(input, dtype)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor, nn
@@ -84,7 +84,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss):  # noqa: D102
         x, weight, bias, safe, valid, lse = ctx.saved_tensors
         chunk, eps, coef, dtype = ctx.chunk, ctx.eps, ctx.coef, ctx.dtype
-        n, c = x.shape[0], weight.shape[0]
+        c = weight.shape[0]
         g = torch.where(valid, grad_loss.to(dtype), torch.zeros((), dtype=dtype, device=x.device))
         # d loss / d z_k = (1 + 2 coef lse) p_k - (1-eps) [k=y] - eps/C
         g_soft = g * (1.0 + 2.0 * coef * lse)

@@ -21,7 +21,6 @@ from .._core import (
     check_ids_in_range,
     check_number,
     check_reduction,
-    check_tensor,
     compute_dtype,
     reduce_loss,
     upcast,

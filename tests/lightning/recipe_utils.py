@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import torch
 

@@ -4,7 +4,6 @@ target handling, sampling, errors and the single-process ``in_batch_scores`` / m
 from __future__ import annotations
 
 import copy
-import itertools
 import math
 import pickle
 
