@@ -1,0 +1,131 @@
+"""One recipe run for ``benchmarks/reproduce_results.py``, in a fresh process.
+
+``python benchmarks/_reproduce_worker.py SPEC.json OUT.json`` where ``SPEC.json`` holds
+``{"config": path, "root": dir, "fit_args": [...], "test_args": [...], "fit": bool}``.
+
+Runs the project's CLI entry point (``lightning_modules.cli.main``, the function behind
+``python -m lightning_modules``) twice in this process: ``fit`` with ``fit_args``, then ``test``
+with ``test_args`` from the checkpoint the fit saved (the last one written: recipes keep
+Lightning's default ``ModelCheckpoint``, i.e. the end of the last epoch). With ``"fit": false``
+only ``test`` runs, on the untrained model (zero-shot references). Writes the test metrics the
+LightningModule logged (``test/...``), wall times, the epochs trained, the DataModule's data
+sizes, peak RSS and the library versions to ``OUT.json``.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import platform
+import resource
+import sys
+import time
+import traceback
+
+
+def _threads() -> int:
+    try:
+        return max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
+    except ValueError:
+        return 1
+
+
+def _scalars(metrics) -> dict:
+    import torch
+
+    out = {}
+    for k, v in metrics.items():
+        if torch.is_tensor(v) and v.numel() == 1:
+            out[k] = float(v)
+        elif isinstance(v, (int, float)):
+            out[k] = float(v)
+    return out
+
+
+def _data_info(dm) -> dict:
+    """Data sizes a result should be reported with (whatever the DataModule exposes)."""
+    info = {}
+    meta = getattr(dm, "meta", None)
+    if isinstance(meta, dict):
+        for k, v in meta.items():
+            if isinstance(v, (int, float, str, bool)) or v is None:
+                info[k] = v
+    sizes = getattr(dm, "split_sizes", None)
+    if callable(sizes):
+        try:
+            for k, v in sizes().items():
+                info[f"{k}_size"] = int(v)
+        except Exception:  # pragma: no cover - a DataModule without splits
+            pass
+    counts = getattr(dm, "class_counts", None)
+    if counts is not None:
+        info["train_class_counts"] = " ".join(str(int(c)) for c in counts.tolist())
+    noise = getattr(dm, "noise_mask", None)
+    if noise is not None and noise.numel():
+        info["train_noise_fraction"] = round(float(noise.float().mean()), 4)
+    for name in ("num_classes", "num_users", "num_items"):
+        v = getattr(dm, name, 0)
+        if v:
+            info[name] = int(v)
+    return info
+
+
+def run(spec: dict) -> dict:
+    import torch
+
+    torch.set_num_threads(_threads())
+    import pytorch_lightning as pl
+
+    from lightning_modules.cli import main
+
+    root = spec["root"]
+    os.makedirs(root, exist_ok=True)
+    common = [f"--trainer.default_root_dir={root}", "--trainer.enable_progress_bar=false",
+              "--trainer.enable_model_summary=false"]
+    result = {"ok": False, "fit_seconds": 0.0, "epochs": 0, "fit_metrics": {}}
+    ckpt_args = []
+    if spec.get("fit", True):
+        t0 = time.perf_counter()
+        fit = main(args=["fit", "--config", spec["config"], *common, *spec.get("fit_args", [])])
+        result["fit_seconds"] = time.perf_counter() - t0
+        result["epochs"] = int(fit.trainer.current_epoch)
+        result["fit_metrics"] = _scalars(fit.trainer.callback_metrics)
+        ckpts = sorted(glob.glob(os.path.join(root, "**", "*.ckpt"), recursive=True), key=os.path.getmtime)
+        if not ckpts:
+            raise RuntimeError(f"fit wrote no checkpoint under {root}")
+        result["checkpoint"] = os.path.relpath(ckpts[-1], root)
+        ckpt_args = [f"--ckpt_path={ckpts[-1]}"]
+        del fit
+    t0 = time.perf_counter()
+    test = main(args=["test", "--config", spec["config"], *common, *spec.get("test_args", []), *ckpt_args])
+    result["test_seconds"] = time.perf_counter() - t0
+    result["test_metrics"] = {k: v for k, v in _scalars(test.trainer.callback_metrics).items() if k.startswith("test/")}
+    result["data"] = _data_info(test.datamodule)
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    result["versions"] = {"python": platform.python_version(), "sys_version": sys.version.replace("\n", " "),
+                          "torch": torch.__version__, "pytorch_lightning": pl.__version__,
+                          "threads": torch.get_num_threads()}
+    result["ok"] = True
+    return result
+
+
+def main_cli(argv) -> int:
+    spec_path, out_path = argv[1], argv[2]
+    with open(spec_path) as fh:
+        spec = json.load(fh)
+    t0 = time.perf_counter()
+    try:
+        result = run(spec)
+    except BaseException as exc:  # report, never hang the driver
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
+    result["wall_seconds"] = time.perf_counter() - t0
+    tmp = out_path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(result, fh, indent=1, sort_keys=True)
+    os.replace(tmp, out_path)
+    return 0 if result.get("ok") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main_cli(sys.argv))
