@@ -4,8 +4,14 @@ Both benchmarks score with torchmetrics' retrieval metrics, fed a compressed can
 query: the ``k`` best-scored candidates plus every positive (a positive outside the top ``k``
 keeps a score below the ``k``-th). For any metric whose cut-off is at most ``k`` (Recall@k,
 HitRate@k, nDCG@k, MRR@k) this list gives the same value as the full ranking, with a
-fraction of the memory (ties between equal scores aside). Excluded candidates (a user's
-already-seen items) are removed before ranking.
+fraction of the memory. Excluded candidates (a user's already-seen items) are removed before
+ranking.
+
+The candidates carry *rank-based* positive scores (``n - position``), not the raw scores:
+torchmetrics (1.9) ``RetrievalRecall`` and ``RetrievalMRR`` count a positive only when its
+predicted score is > 0, which would silently drop positives with negative cosine / dot scores,
+and ``RetrievalNormalizedDCG`` averages over tied scores. Ranks make every metric see the same
+strict order (ties broken by a stable sort: the lower column first).
 
 * Recommendation: ``recall@20``, ``ndcg@20``, ``hr@10``, ``ndcg@10`` over all items.
 * Retrieval: ``r@1``, ``r@10`` (recall: the fraction of a query's positives in the top k),
@@ -67,15 +73,16 @@ def candidates_from_scores(scores: Tensor, target: Tensor, query_ids: Tensor, k:
     if exclude is not None:
         target = target & ~exclude
         scores = scores.masked_fill(exclude, float("-inf"))
-    k = min(int(k), scores.shape[1])
-    top = scores.topk(k, dim=1).indices
-    keep = torch.zeros_like(target)
-    keep.scatter_(1, top, True)
-    keep |= target
+    n = scores.shape[1]
+    order = scores.argsort(dim=1, descending=True, stable=True)
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(n, device=order.device).expand_as(order))
+    keep = (rank < min(int(k), n)) | target
     if exclude is not None:
         keep &= ~exclude
     rows, cols = keep.nonzero(as_tuple=True)
-    return scores[rows, cols], target[rows, cols], query_ids.to(scores.device).long()[rows]
+    preds = (n - rank[rows, cols]).to(torch.float64)  # >= 1, larger = better, strict order
+    return preds, target[rows, cols], query_ids.to(scores.device).long()[rows]
 
 
 def candidates_from_search(scores: Tensor, ids: Tensor, positives: Tensor,
@@ -84,21 +91,24 @@ def candidates_from_search(scores: Tensor, ids: Tensor, positives: Tensor,
 
     ``scores, ids (B, k)``: the search's scores and document ids (``-1`` = no result);
     ``positives (B, P)``: each query's positive document ids, padded with ``-1``. Positives the
-    search did not return are appended with a score below every returned one, so metrics with
-    a cut-off <= k see their true (missed) status and recall's denominator counts them.
+    search did not return are appended below every returned result, so metrics with a cut-off
+    <= k see their true (missed) status and recall's denominator counts them.
     """
-    scores = scores.float()
+    k = ids.shape[1]
     valid = ids >= 0
     hit = (ids[:, :, None] == positives[:, None, :]) & (positives[:, None, :] >= 0) & valid[:, :, None]
     ret_target = hit.any(2) & valid
     found = hit.any(1)  # (B, P)
     missing = (positives >= 0) & ~found
-    floor = torch.where(valid, scores, torch.full_like(scores, float("inf"))).min(1).values
-    floor = torch.where(torch.isfinite(floor), floor, torch.zeros_like(floor)) - 1.0
+    # rank-based scores: the search's j-th result gets k + 1 - j (>= 2), a missed positive 1
+    order = torch.sort(scores.float().masked_fill(~valid, float("-inf")), dim=1, descending=True, stable=True)
+    rank = torch.empty_like(order.indices)
+    rank.scatter_(1, order.indices, torch.arange(k).expand_as(order.indices))
+    position = (k + 1 - rank).to(torch.float64)
     b = torch.arange(ids.shape[0]).unsqueeze(1)
     r_rows = b.expand_as(ids)[valid]
     m_rows = b.expand_as(positives)[missing]
-    preds = torch.cat([scores[valid], floor[m_rows]])
+    preds = torch.cat([position[valid], torch.ones(len(m_rows), dtype=torch.float64)])
     target = torch.cat([ret_target[valid], torch.ones(len(m_rows), dtype=torch.bool)])
     indexes = query_ids.long()[torch.cat([r_rows, m_rows])]
     return preds, target, indexes

@@ -150,16 +150,21 @@ class _Range(torch.utils.data.Dataset):
 
 
 class _PairCollate:
-    def __init__(self, split: MovieLensSplit, num_negatives: int, seed: int) -> None:
-        self.split, self.num_negatives = split, num_negatives
+    def __init__(self, split: MovieLensSplit, num_negatives: int, seed: int, negative_sharing: str = "row") -> None:
+        self.split, self.num_negatives, self.negative_sharing = split, num_negatives, negative_sharing
         self.generator = torch.Generator().manual_seed(seed)
 
     def __call__(self, rows: Sequence[int]) -> Dict[str, torch.Tensor]:
         rows = torch.as_tensor(list(rows), dtype=torch.long)
         users, items = self.split.train_users[rows], self.split.train_items[rows]
         batch = {"user": users, "item": items}
-        if self.num_negatives > 0:
+        if self.num_negatives > 0 and self.negative_sharing == "row":
             batch["neg_items"] = sample_negatives(users, self.num_negatives, self.split.train_mask, self.generator)
+        elif self.num_negatives > 0:
+            n = min(self.num_negatives, self.split.num_items)
+            neg = torch.randperm(self.split.num_items, generator=self.generator)[:n]
+            batch["neg_items"] = neg
+            batch["neg_mask"] = ~self.split.train_mask[users[:, None], neg[None, :]]
         return batch
 
 
@@ -195,6 +200,11 @@ class MovieLensDataModule(BenchmarkDataModule):
             multi-positive retrieval view, batches of users with ``target (B, I)`` bool marking
             every training item of the user.
         num_negatives: sampled negatives per pair (``"pairs"`` view; 0 = none).
+        negative_sharing: ``"row"``: each pair draws its own ``num_negatives`` items
+            (``neg_items (B, N)``); ``"batch"``: one pool of ``num_negatives`` distinct items is
+            drawn per batch and shared by all its pairs (``neg_items (N,)``), with
+            ``neg_mask (B, N)`` False where a pool item is one of the user's training items
+            (the cheap choice for hundreds of negatives).
         batch_size, eval_batch_size: training / evaluation batch sizes.
         seed: shuffling and negative-sampling seed.
 
@@ -209,6 +219,7 @@ class MovieLensDataModule(BenchmarkDataModule):
         *,
         train_view: str = "pairs",
         num_negatives: int = 1,
+        negative_sharing: str = "row",
         batch_size: int = 1024,
         eval_batch_size: int = 256,
         seed: int = 0,
@@ -219,7 +230,10 @@ class MovieLensDataModule(BenchmarkDataModule):
             raise ValueError(f"MovieLensDataModule: train_view must be 'pairs' or 'users' (got {train_view!r})")
         if num_negatives < 0:
             raise ValueError(f"MovieLensDataModule: num_negatives must be >= 0 (got {num_negatives})")
+        if negative_sharing not in ("row", "batch"):
+            raise ValueError(f"MovieLensDataModule: negative_sharing must be 'row' or 'batch' (got {negative_sharing!r})")
         self.train_view = train_view
+        self.negative_sharing = negative_sharing
         self.num_negatives = int(num_negatives)
         self.batch_size = int(batch_size)
         self.eval_batch_size = int(eval_batch_size)
@@ -243,7 +257,8 @@ class MovieLensDataModule(BenchmarkDataModule):
     def train_dataloader(self) -> DataLoader:
         if self.train_view == "pairs":
             return self._loader(_Range(len(self.split.train_users)),
-                                _PairCollate(self.split, self.num_negatives, self.seed + 1), self.batch_size, True)
+                                _PairCollate(self.split, self.num_negatives, self.seed + 1, self.negative_sharing),
+                                self.batch_size, True)
         users = torch.nonzero(self.split.train_mask.any(1)).squeeze(1)
         return self._loader(_Range(len(users)), _UserCollate(self.split, users), self.batch_size, True)
 

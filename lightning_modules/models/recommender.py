@@ -5,7 +5,8 @@ never by its name:
 
 * ``"P"`` (PSL, sampled softmax, BPR): ``pos_scores (B,)`` = s(u, i⁺) and ``neg_scores (B, N)``
   = s(u, i⁻) against the batch's sampled negatives (the ``"pairs"`` view with
-  ``num_negatives > 0``). ``score="cosine"`` scores with cosines, as the PSL paper does.
+  ``num_negatives > 0``; a pool shared by the batch comes with ``neg_mask``, handed to the
+  loss). ``score="cosine"`` scores with cosines, as the PSL paper does.
 * ``"I"`` (full softmax = ``cross_entropy`` over items, or any logits loss): logits
   ``logit_scale · s(u, every item)`` and the positive item as the class id.
 * ``"E"`` with a head (Partial FC, margin softmax, ...): the loss owns the item centres; it gets
@@ -67,7 +68,6 @@ class Recommender(BenchmarkModule):
     ) -> None:
         super().__init__(lr=lr, weight_decay=weight_decay)
         self.save_hyperparameters()
-        clean_linked_hparams(self)  # drop CLI size links this class does not take
         if num_users < 1 or num_items < 1:
             raise ValueError(f"Recommender: num_users and num_items must be >= 1 (got {num_users}, {num_items}); "
                              "they are linked from the DataModule by the CLI, or pass them")
@@ -93,6 +93,7 @@ class Recommender(BenchmarkModule):
         self.test_metrics = recommendation_metrics().clone(prefix="test/")
         self._train_loss = {"P": self._pair_loss, "I": self._logits_loss, "S": self._scores_loss,
                             "E": self._head_loss}[self.route.kind]
+        clean_linked_hparams(self)  # re-instantiable hparams after the CLI's size links
 
     # -- scoring ------------------------------------------------------------------------------
     def _prep(self, x: Tensor) -> Tensor:
@@ -125,11 +126,16 @@ class Recommender(BenchmarkModule):
         neg = self._need(batch, "neg_items", "use train_view='pairs' with num_negatives > 0")
         u = self._prep(self.user_vectors(users))
         pos = (u * self._prep(self.item_embedding(items))).sum(-1)
-        negs = torch.einsum("bd,bnd->bn", u, self._prep(self.item_embedding(neg)))
+        if neg.dim() == 1:  # one pool shared by the batch (negative_sharing="batch")
+            negs = u @ self._prep(self.item_embedding(neg)).T
+        else:
+            negs = torch.einsum("bd,bnd->bn", u, self._prep(self.item_embedding(neg)))
         return pos, negs
 
     def _pair_loss(self, batch: Dict[str, Tensor]) -> Tensor:
         pos, neg = self._pos_neg(batch)
+        if "neg_mask" in batch:
+            return self.loss(pos, neg, neg_mask=batch["neg_mask"])
         return self.loss(pos, neg)
 
     def _logits_loss(self, batch: Dict[str, Tensor]) -> Tensor:
@@ -144,6 +150,8 @@ class Recommender(BenchmarkModule):
         if "target" in batch:  # users view: every training item of the user is a positive
             return self.loss(self.all_item_scores(batch["user"]), batch["target"])
         pos, neg = self._pos_neg(batch)
+        if "neg_mask" in batch:  # the user's own training items leave the shared pool (a finite
+            neg = neg.masked_fill(~batch["neg_mask"], -1e4)  # floor: -inf fails the losses' data checks
         scores = torch.cat([pos[:, None], neg], dim=1)
         return self.loss(scores, torch.zeros(scores.shape[0], dtype=torch.long, device=scores.device))
 

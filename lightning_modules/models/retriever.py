@@ -85,7 +85,6 @@ class DualEncoderRetriever(BenchmarkModule):
     ) -> None:
         super().__init__(lr=lr, weight_decay=weight_decay)
         self.save_hyperparameters()
-        clean_linked_hparams(self)  # drop CLI size links this class does not take
         if input_dim < 1 or embedding_dim < 1:
             raise ValueError(f"DualEncoderRetriever: input_dim and embedding_dim must be >= 1 (got {input_dim}, "
                              f"{embedding_dim}); input_dim is linked from the DataModule by the CLI")
@@ -108,6 +107,7 @@ class DualEncoderRetriever(BenchmarkModule):
         self.test_metrics = retrieval_metrics().clone(prefix="test/")
         self.eval_k = 10
         self._index: Optional[FaissIndex] = None
+        clean_linked_hparams(self)  # re-instantiable hparams after the CLI's size links
 
     # -- towers -------------------------------------------------------------------------------
     def _prep(self, x: Tensor) -> Tensor:
