@@ -19,17 +19,21 @@ from __future__ import annotations
 import ast
 import copy
 import functools
+import hashlib
+import json
 import os
 import sys
 import sysconfig
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils.data import DataLoader
 
 from ..base import BenchmarkDataModule
-from .embedding_cache import MINILM_DIM, MiniLMEncoder, cached_encode, package_dir
+from .embedding_cache import MINILM_DIM, MiniLMEncoder, cached_encode, default_cache_dir, package_dir
 
 __all__ = [
     "RetrievalCorpus",
@@ -65,47 +69,83 @@ def _skip_name(name: str) -> bool:
     return name.startswith("test") or name in ("idlelib", "site-packages", "__pycache__")
 
 
+def _stdlib_files(root: str) -> List[str]:
+    """The ``.py`` files the extraction reads, in walk order (sorted), relative to ``root``."""
+    out: List[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not _skip_name(d))
+        for fn in sorted(filenames):
+            if fn.endswith(".py") and not _skip_name(fn):
+                out.append(os.path.relpath(os.path.join(dirpath, fn), root))
+    return out
+
+
+PAIRS_FORMAT = 1  #: bump when the extraction rules change (invalidates cached pair files)
+
+
 @functools.lru_cache(maxsize=4)
 def stdlib_code_search_pairs(
-    stdlib_dir: Optional[str] = None, *, min_summary_chars: int = 20, max_code_chars: int = 1500
+    stdlib_dir: Optional[str] = None,
+    *,
+    min_summary_chars: int = 20,
+    max_code_chars: int = 1500,
+    cache_dir: Optional[str] = None,
+    use_cache: bool = True,
 ) -> RetrievalCorpus:
     """Docstring-summary -> function-code pairs from the standard library's ``.py`` files.
 
     One document per query; see the module docstring for the rules. Deterministic for a given
-    Python installation (files are walked in sorted order).
+    Python installation (files are walked in sorted order). Parsing takes seconds, so the pairs
+    are cached as JSON next to the embeddings (``cache_dir``, default as
+    :func:`~.embedding_cache.default_cache_dir`), keyed by ``sys.version``, the rules and every
+    read file's path, size and modification time; ``use_cache=False`` always parses.
     """
     root = stdlib_dir or sysconfig.get_paths()["stdlib"]
     if not os.path.isdir(root):
         raise FileNotFoundError(f"stdlib_code_search_pairs: no standard library at {root!r}")
+    rel_files = _stdlib_files(root)
+    path = None
+    if use_cache:
+        h = hashlib.sha256(f"{PAIRS_FORMAT}|{sys.version}|{os.path.abspath(root)}|{min_summary_chars}|"
+                           f"{max_code_chars}".encode())
+        for rel in rel_files:
+            st = os.stat(os.path.join(root, rel))
+            h.update(f"|{rel}|{st.st_size}|{st.st_mtime_ns}".encode())
+        directory = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+        path = directory / f"stdlib-pairs-{h.hexdigest()[:20]}.json"
+        if path.is_file():
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    blob = json.load(fh)
+                return RetrievalCorpus("stdlib", tuple(blob["queries"]), tuple(blob["documents"]),
+                                       tuple((i,) for i in range(len(blob["queries"]))), dict(blob["meta"]))
+            except (OSError, ValueError, KeyError):
+                pass  # unreadable cache: parse again
     queries: List[str] = []
     docs: List[str] = []
     seen = set()
     files = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not _skip_name(d))
-        for fn in sorted(filenames):
-            if not fn.endswith(".py") or _skip_name(fn):
+    for rel in rel_files:
+        try:
+            with open(os.path.join(root, rel), encoding="utf-8") as fh:
+                tree = ast.parse(fh.read())
+        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
+            continue
+        files += 1
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
-            try:
-                with open(os.path.join(dirpath, fn), encoding="utf-8") as fh:
-                    tree = ast.parse(fh.read())
-            except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
+            doc = ast.get_docstring(node)
+            if not doc or len(node.body) < 2:  # no docstring, or nothing but the docstring
                 continue
-            files += 1
-            for node in ast.walk(tree):
-                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    continue
-                doc = ast.get_docstring(node)
-                if not doc or len(node.body) < 2:  # no docstring, or nothing but the docstring
-                    continue
-                query = _summary(doc)
-                if len(query) < min_summary_chars or query in seen:
-                    continue
-                seen.add(query)
-                stripped = copy.copy(node)
-                stripped.body = node.body[1:]
-                queries.append(query)
-                docs.append(ast.unparse(stripped)[:max_code_chars])
+            query = _summary(doc)
+            if len(query) < min_summary_chars or query in seen:
+                continue
+            seen.add(query)
+            stripped = copy.copy(node)
+            stripped.body = node.body[1:]
+            queries.append(query)
+            docs.append(ast.unparse(stripped)[:max_code_chars])
     meta = {
         "dataset": "stdlib",
         "sys_version": sys.version,
@@ -116,6 +156,17 @@ def stdlib_code_search_pairs(
         "queries": len(queries),
         "documents": len(docs),
     }
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump({"queries": queries, "documents": docs, "meta": meta}, fh)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
     return RetrievalCorpus("stdlib", tuple(queries), tuple(docs), tuple((i,) for i in range(len(queries))), meta)
 
 

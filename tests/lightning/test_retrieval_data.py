@@ -70,7 +70,7 @@ def test_stdlib_pair_rules_on_a_synthetic_tree(tmp_path):
     _write(root, "tests/d.py", 'def h():\n    """Skipped because it lives in a test directory."""\n    return 1\n')
     _write(root, "pkg/e.py", 'def i(a, b=2):\n    """Kept: a function inside a package."""\n    return a * b\n')
     _write(root, "broken.py", "def (:\n")
-    pairs = stdlib_code_search_pairs(root, max_code_chars=120)
+    pairs = stdlib_code_search_pairs(root, max_code_chars=120, use_cache=False)
     queries = list(pairs.queries)
     assert queries == [
         "Return the sum of x and one, spread over two lines.",
@@ -87,6 +87,31 @@ def test_stdlib_pair_rules_on_a_synthetic_tree(tmp_path):
     assert len(docs[3]) == 120 and docs[3].startswith("def long_body():\n    x = 'zzz")
     assert pairs.positives == tuple((i,) for i in range(5))
     assert pairs.meta["pairs"] == 5 and pairs.meta["files"] == 3 and pairs.meta["sys_version"] == sys.version
+
+
+def test_stdlib_pairs_cache_reads_back_and_tracks_file_changes(tmp_path, monkeypatch):
+    import ast
+
+    root = str(tmp_path / "lib")
+    cache = str(tmp_path / "cache")
+    _write(root, "m.py", 'def f(a):\n    """Multiply the argument by three and return it."""\n    return 3 * a\n')
+    first = stdlib_code_search_pairs(root, cache_dir=cache)
+    assert len(os.listdir(cache)) == 1 and first.queries == ("Multiply the argument by three and return it.",)
+    stdlib_code_search_pairs.cache_clear()
+
+    def no_parse(*args, **kwargs):
+        raise AssertionError("parsed although the pairs are cached")
+
+    monkeypatch.setattr(ast, "parse", no_parse)
+    again = stdlib_code_search_pairs(root, cache_dir=cache)
+    assert again == first
+    monkeypatch.undo()
+    with open(os.path.join(root, "m.py"), "a", encoding="utf-8") as fh:
+        fh.write('\ndef g(b):\n    """Subtract one from the argument and return it."""\n    return b - 1\n')
+    stdlib_code_search_pairs.cache_clear()  # (in-process memo; the disk cache is keyed by the files)
+    changed = stdlib_code_search_pairs(root, cache_dir=cache)
+    assert len(changed.queries) == 2 and len(os.listdir(cache)) == 2  # a changed file gives a new key
+    stdlib_code_search_pairs.cache_clear()
 
 
 def test_real_stdlib_pairs_record_version_and_count():
