@@ -36,6 +36,7 @@ __all__ = [
     "candidates_from_search",
     "FaissIndex",
     "brute_force_search",
+    "log_data_meta",
 ]
 
 
@@ -118,7 +119,11 @@ class FaissIndex:
     """Exact inner-product search (``faiss.IndexFlatIP``) over L2-normalised vectors."""
 
     def __init__(self, corpus: Tensor) -> None:
-        import faiss
+        try:
+            import faiss
+        except ImportError as exc:
+            raise ImportError("FaissIndex: retrieval evaluation needs the `faiss-cpu` package; install it with "
+                              "`pip install faiss-cpu`") from exc
 
         vecs = torch.nn.functional.normalize(corpus.detach().float().cpu(), dim=1).numpy()
         self.index = faiss.IndexFlatIP(vecs.shape[1])
@@ -140,3 +145,16 @@ def brute_force_search(corpus: Tensor, queries: Tensor, k: int) -> Tuple[Tensor,
 
 def metric_values(collection: MetricCollection) -> Dict[str, float]:
     return {k: float(v) for k, v in collection.compute().items()}
+
+
+def log_data_meta(module) -> None:
+    """Log the DataModule's ``meta`` (data set counts, ``sys.version``: what a result must be
+    reported with) as ``data/*`` hyperparameters of the run's logger, when both exist."""
+    trainer = getattr(module, "_trainer", None)
+    meta = getattr(getattr(trainer, "datamodule", None), "meta", None)
+    if not meta or module.logger is None:
+        return
+    try:
+        module.logger.log_hyperparams({f"data/{k}": v for k, v in meta.items()})
+    except NotImplementedError:  # loggers without hyperparameters
+        pass

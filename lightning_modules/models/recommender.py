@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..base import BenchmarkModule
-from ..retrieval_metrics import candidates_from_scores, recommendation_metrics
+from ..retrieval_metrics import candidates_from_scores, log_data_meta, recommendation_metrics
 from ..routing import loss_route
 from .vision import clean_linked_hparams
 
@@ -167,6 +167,12 @@ class Recommender(BenchmarkModule):
                                                         exclude=batch.get("exclude"))
         metrics.update(preds, target, indexes=indexes)
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=batch["user"].numel())
+
+    def on_fit_start(self) -> None:
+        log_data_meta(self)  # data set counts and sys.version go with every result
+
+    def on_test_start(self) -> None:
+        log_data_meta(self)
 
     def validation_step(self, batch: Dict[str, Tensor], batch_idx: int) -> None:
         self._eval_step(batch, self.val_metrics)

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..base import BenchmarkModule
-from ..retrieval_metrics import FaissIndex, candidates_from_search, retrieval_metrics
+from ..retrieval_metrics import FaissIndex, candidates_from_search, log_data_meta, retrieval_metrics
 from ..routing import loss_route
 from .vision import clean_linked_hparams
 
@@ -177,6 +177,12 @@ class DualEncoderRetriever(BenchmarkModule):
         preds, target, indexes = candidates_from_search(scores, ids, batch["positives"].cpu(), batch["query_ids"].cpu())
         metrics.update(preds.to(self.device), target.to(self.device), indexes=indexes.to(self.device))
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=q.shape[0])
+
+    def on_fit_start(self) -> None:
+        log_data_meta(self)  # data set counts and sys.version go with every result
+
+    def on_test_start(self) -> None:
+        log_data_meta(self)
 
     def validation_step(self, batch: Dict[str, Tensor], batch_idx: int) -> None:
         self._eval_step(batch, self.val_metrics)

@@ -13,6 +13,7 @@ import glob
 import importlib
 import math
 import os
+import sys
 
 import pytest
 import pytorch_lightning as pl
@@ -82,6 +83,13 @@ def test_recipe_fit_then_validate_and_test_from_checkpoint(recipe, results):
     # validate restores the checkpoint written after fit's validation: the same weights, the same numbers
     for n in names:
         assert out["validate"][f"val/{n}"] == pytest.approx(out["fit"][f"val/{n}"], abs=1e-6)
+    # the data set's counts (and sys.version) are logged with the run
+    with open(os.path.join(os.path.dirname(os.path.dirname(out["ckpt"])), "hparams.yaml")) as fh:
+        logged = yaml.safe_load(fh)
+    key = "data/users" if "recommendation" in recipe else "data/pairs"
+    assert logged[key] > 0 and isinstance(logged["data/dataset"], str)
+    if "retrieval" in recipe:
+        assert logged["data/sys_version"] == sys.version
 
 
 @pytest.mark.parametrize("recipe", ["configs/recommendation/partial_fc.yaml",
@@ -110,3 +118,22 @@ def test_checkpoint_round_trip_rebuilds_loss_and_metrics(recipe, results):
                          enable_model_summary=False, limit_val_batches=2)
     res = trainer.validate(model, datamodule=dm, verbose=False)[0]
     assert res == pytest.approx({k: v for k, v in out["validate"].items() if k.startswith("val/")}, abs=1e-6)
+
+
+@pytest.mark.parametrize("recipe", ["configs/recommendation/partial_fc.yaml",
+                                    "configs/retrieval/chatterbot_decoupled_softmax.yaml"])
+def test_print_config_fed_back_reproduces_the_run(recipe, results, tmp_path, capsys):
+    from lightning_modules.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", os.path.join(ROOT, recipe), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    printed = capsys.readouterr().out
+    assert "class_path: " in printed and "embedding_dim" in printed
+    config = tmp_path / "printed.yaml"
+    config.write_text(printed)
+    again = run_recipe(str(config), tmp_path / "run", extra=EXTRA)
+    first = results(recipe)
+    for stage in ("fit", "validate", "test"):
+        assert again[stage] == pytest.approx(first[stage], abs=1e-6), stage
