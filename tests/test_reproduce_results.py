@@ -96,7 +96,7 @@ def test_run_args_vary_every_seed():
     a = rr.run_args(arms["pfc_01"], 2, quick=False)
     assert "--seed_everything=2" in a and "--data.init_args.seed=2" in a
     assert "--model.init_args.loss.init_args.seed=2" in a  # the recipe's loss has its own seed
-    assert "--trainer.max_epochs=10" in a
+    assert f"--trainer.max_epochs={arms['pfc_01'].epochs}" in a and "--trainer.limit_val_batches=0" in a
     b = rr.run_args(arms["ce"], 1, quick=True)
     assert "--model.init_args.loss.init_args.seed=1" not in b
     assert "--trainer.limit_train_batches=2" in b and "--trainer.max_epochs=1" in b
