@@ -26,7 +26,7 @@ Each run is a fresh process (``benchmarks/_reproduce_worker.py``, which calls
 at once with ``max(1, cpus // jobs)`` torch threads each (never more threads than cores). Seeds
 vary ``--seed_everything``, the DataModule's ``seed`` (split, subsampling, label noise,
 shuffling, negatives) and a loss's own ``seed`` where the recipe sets one. Finished runs are
-kept in ``--workdir`` keyed by their exact overrides and recipe text, so an interrupted
+kept in ``--workdir`` keyed by their exact overrides and parsed recipe, so an interrupted
 reproduction resumes (``--fresh`` ignores them; use it after changing the library).
 
 Verdicts (per check; ``d`` = family mean - baseline mean, sign-adjusted so that ``d > 0`` is
@@ -351,10 +351,13 @@ def run_args(arm: Arm, seed: int, quick: bool) -> List[str]:
 
 
 def _run_key(arm: Arm, seed: int, args: Sequence[str]) -> str:
-    """Identifies a finished run for resuming: recipe path and text, overrides, fit or not. (Not
+    """Identifies a finished run for resuming: recipe path and parsed content, overrides, fit or not. (Not
     the code version: other work may commit while a long reproduction runs; use ``--fresh``
     after changing the library.)"""
-    blob = json.dumps([arm.recipe, arm.recipe_text(), list(args), arm.fit], sort_keys=True)
+    import yaml
+
+    parsed = yaml.safe_load(arm.recipe_text())  # comments do not count
+    blob = json.dumps([arm.recipe, parsed, list(args), arm.fit], sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
@@ -374,7 +377,8 @@ def execute(arm: Arm, seed: int, *, quick: bool, workdir: str, threads: int, cod
         shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir, exist_ok=True)
     spec = {"config": os.path.join(ROOT, arm.recipe), "root": os.path.join(run_dir, "logs"),
-            "fit_args": args, "test_args": args, "fit": arm.fit}
+            "fit_args": args, "test_args": args, "fit": arm.fit,
+            "recipe_sha": hashlib.sha1(arm.recipe_text().encode()).hexdigest()[:12]}
     spec_path = os.path.join(run_dir, "spec.json")
     with open(spec_path, "w") as fh:
         json.dump(spec, fh, indent=1)
@@ -398,6 +402,7 @@ def execute(arm: Arm, seed: int, *, quick: bool, workdir: str, threads: int, cod
         res = {"ok": False, "error": f"no result after {wall:.0f} s (timeout {timeout:.0f} s or crash); see "
                                      f"{os.path.join(run_dir, 'log.txt')}"}
     res["process_seconds"] = wall
+    res["recipe_sha"] = spec["recipe_sha"]  # the recipe file as this run read it
     # keep the result, drop checkpoints and logs of successful runs (disk)
     if res.get("ok"):
         shutil.rmtree(os.path.join(run_dir, "logs"), ignore_errors=True)
@@ -410,7 +415,8 @@ def _row(arm: Arm, seed: int, args: Sequence[str], res: dict) -> dict:
     epochs = int(res.get("epochs", 0)) if arm.fit else 0
     fit_s = float(res.get("fit_seconds", 0.0))
     row = {
-        "benchmark": arm.benchmark, "arm": arm.key, "loss": arm.label, "recipe": arm.recipe, "seed": seed,
+        "benchmark": arm.benchmark, "arm": arm.key, "loss": arm.label, "recipe": arm.recipe,
+        "recipe_sha": res.get("recipe_sha", ""), "seed": seed,
         "epochs": epochs, "overrides": " ".join(arm.overrides), "ok": bool(res.get("ok")),
         "error": (res.get("error") or "")[:300],
         "fit_seconds": round(fit_s, 3), "test_seconds": round(float(res.get("test_seconds", 0.0)), 3),
@@ -559,7 +565,7 @@ def _check_text(c: Check, arms: Dict[str, Arm]) -> str:
 # ------------------------------------------------------------------------------------------
 # reports
 # ------------------------------------------------------------------------------------------
-CSV_FIXED = ["benchmark", "arm", "loss", "recipe", "seed", "epochs", "overrides", "ok", "error", "fit_seconds",
+CSV_FIXED = ["benchmark", "arm", "loss", "recipe", "recipe_sha", "seed", "epochs", "overrides", "ok", "error", "fit_seconds",
              "fit_s_per_epoch", "test_seconds", "run_seconds", "peak_rss_mb", "threads", "cached", "data"]
 
 
