@@ -58,6 +58,44 @@ def check_equal_batch_sizes(fn: str, n: int, group: Optional[object] = None, *, 
         )
 
 
+class _AllGatherSumBackward(torch.autograd.Function):
+    """Concatenate every rank's ``x`` along dim 0; backward all-reduces (sums) the gradient of
+    the gathered tensor over ranks and returns this rank's slice (a reduce-scatter written with
+    all-reduce, which every backend, gloo included, supports)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, group: Optional[object]) -> Tensor:  # noqa: D102
+        ctx.group = group
+        ctx.rank = dist.get_rank(group)
+        ctx.n = x.shape[0]
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=0)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # noqa: D102
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group)
+        return grad.narrow(0, ctx.rank * ctx.n, ctx.n), None
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """Sum over ranks; the gradient of every rank's input is the sum of the incoming gradients."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, group: Optional[object]) -> Tensor:  # noqa: D102
+        ctx.group = group
+        y = x.detach().clone()
+        dist.all_reduce(y, op=dist.ReduceOp.SUM, group=group)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # noqa: D102
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group)
+        return grad, None
+
+
 def all_gather_with_grad(x: Tensor, group: Optional[object] = None, *, fn: str = "all_gather") -> Tensor:
     """Concatenate ``x`` from every rank along dim 0; backward sums gradients over ranks.
 
@@ -66,10 +104,7 @@ def all_gather_with_grad(x: Tensor, group: Optional[object] = None, *, fn: str =
     if not is_distributed(group):
         return x
     check_equal_batch_sizes(fn, x.shape[0], group, device=x.device)
-    from torch.distributed.nn.functional import all_gather as _all_gather
-
-    parts = _all_gather(x.contiguous(), group=group or dist.group.WORLD)
-    return torch.cat(list(parts), dim=0)
+    return _AllGatherSumBackward.apply(x, group)
 
 
 def all_gather_no_grad(x: Tensor, group: Optional[object] = None, *, fn: str = "all_gather") -> Tensor:
@@ -87,9 +122,7 @@ def all_reduce_with_grad(x: Tensor, op: str = "sum", group: Optional[object] = N
     if not is_distributed(group):
         return x
     if op == "sum":
-        from torch.distributed.nn.functional import all_reduce as _all_reduce
-
-        return _all_reduce(x, op=dist.ReduceOp.SUM, group=group or dist.group.WORLD)
+        return _AllReduceSum.apply(x, group)
     if op == "max":
         y = x.detach().clone()
         dist.all_reduce(y, op=dist.ReduceOp.MAX, group=group)
