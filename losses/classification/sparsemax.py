@@ -541,6 +541,10 @@ class SparsemaxLoss(nn.Module):
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return sparsemax_loss(input, target, k=self.k, ignore_index=self.ignore_index, reduction=self.reduction)
 
+    def predict_proba(self, input: Tensor) -> Tensor:
+        """The loss's own (sparse) output distribution, ``sparsemax`` over classes (dim 1)."""
+        return sparsemax(input, dim=1, k=self.k)
+
     def extra_repr(self) -> str:
         return f"k={self.k}, ignore_index={self.ignore_index}, reduction={self.reduction!r}"
 
@@ -562,6 +566,10 @@ class Entmax15Loss(nn.Module):
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return entmax15_loss(input, target, k=self.k, ignore_index=self.ignore_index, reduction=self.reduction)
+
+    def predict_proba(self, input: Tensor) -> Tensor:
+        """The loss's own (sparse) output distribution, ``entmax15`` over classes (dim 1)."""
+        return entmax15(input, dim=1, k=self.k)
 
     def extra_repr(self) -> str:
         return f"k={self.k}, ignore_index={self.ignore_index}, reduction={self.reduction!r}"
@@ -591,6 +599,10 @@ class EntmaxBisectLoss(nn.Module):
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return entmax_bisect_loss(input, target, alpha=self.alpha, n_iter=self.n_iter,
                                   ignore_index=self.ignore_index, reduction=self.reduction)
+
+    def predict_proba(self, input: Tensor) -> Tensor:
+        """The loss's own (sparse) output distribution, ``entmax_bisect`` over classes (dim 1)."""
+        return entmax_bisect(input, alpha=self.alpha, dim=1, n_iter=self.n_iter)
 
     def extra_repr(self) -> str:
         return (f"alpha={self.alpha}, n_iter={self.n_iter}, ignore_index={self.ignore_index}, "

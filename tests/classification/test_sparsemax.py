@@ -925,3 +925,24 @@ def test_docstring_examples_run():
     mod = importlib.import_module("losses.classification.sparsemax")
     result = doctest.testmod(mod, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted >= 8 and result.failed == 0
+
+
+def test_modules_expose_their_output_distribution():
+    """``predict_proba`` is the mapping the loss is the Fenchel-Young loss of (classes on dim 1)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 6, 3, generator=g, dtype=torch.float64)
+    pairs = [
+        (losses.SparsemaxLoss(), losses.sparsemax(x, dim=1)),
+        (losses.Entmax15Loss(), losses.entmax15(x, dim=1)),
+        (losses.EntmaxBisectLoss(alpha=1.3), losses.entmax_bisect(x, alpha=1.3, dim=1)),
+    ]
+    for module, expected in pairs:
+        p = module.predict_proba(x)
+        torch.testing.assert_close(p, expected)
+        torch.testing.assert_close(p.sum(dim=1), torch.ones(4, 3, dtype=torch.float64))
+    # gradient of the loss = predict_proba - onehot (the FY identity), per position
+    y = torch.randint(0, 6, (4, 3), generator=g)
+    xr = x.clone().requires_grad_(True)
+    (gx,) = torch.autograd.grad(losses.SparsemaxLoss(reduction="sum")(xr, y), xr)
+    onehot = torch.nn.functional.one_hot(y, 6).movedim(-1, 1).double()
+    torch.testing.assert_close(gx, losses.SparsemaxLoss().predict_proba(x) - onehot)
