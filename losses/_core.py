@@ -343,18 +343,28 @@ def flatten_logits_and_target(fn: str, input: Tensor, target: Tensor) -> tuple[T
 # --------------------------------------------------------------------------------------
 
 
+class _ZeroAnchor(torch.autograd.Function):
+    """An exact scalar 0 whose backward gives each input a zero gradient as a stride-0 expanded
+    view (O(1) memory), so that attaching it never costs a full-size zeros tensor."""
+
+    @staticmethod
+    def forward(ctx, *tensors: Tensor) -> Tensor:  # noqa: D102
+        ctx.meta = [(t.shape, t.dtype, t.device) for t in tensors]
+        first = tensors[0]
+        return torch.zeros((), dtype=first.dtype, device=first.device)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # noqa: D102
+        return tuple(torch.zeros((), dtype=dt, device=dev).expand(shape) for shape, dt, dev in ctx.meta)
+
+
 def attached_zero(*tensors: Optional[Tensor], dtype: Optional[torch.dtype] = None) -> Tensor:
     """An exact 0 attached to the graph of every given tensor (zero, not ``None``, gradients)."""
-    out: Optional[Tensor] = None
-    for t in tensors:
-        if isinstance(t, Tensor) and t.is_floating_point():
-            term = t.flatten()[:0].sum()
-            if dtype is not None:
-                term = term.to(dtype)
-            out = term if out is None else out + term
-    if out is None:
+    floats = [t for t in tensors if isinstance(t, Tensor) and t.is_floating_point()]
+    if not floats:
         raise RuntimeError("attached_zero needs at least one floating tensor")
-    return out
+    out = _ZeroAnchor.apply(*floats)
+    return out if dtype is None else out.to(dtype)
 
 
 def reduce_loss(

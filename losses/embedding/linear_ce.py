@@ -203,7 +203,9 @@ def linear_cross_entropy(
     valid = target != ignore_index
     values = _LinearCrossEntropy.apply(embeddings, weight, bias, target.long(), valid, chunk,
                                        float(label_smoothing), float(logz_coef), dtype)
-    return reduce_loss(values, valid.to(dtype), reduction, anchors=(embeddings, weight, bias))
+    # no anchors needed: the autograd Function returns (zero) gradients for every input even
+    # when all rows are ignored
+    return reduce_loss(values, valid.to(dtype), reduction)
 
 
 class LinearCrossEntropyLoss(nn.Module):
