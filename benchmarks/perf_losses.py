@@ -3,7 +3,9 @@
 Each configuration runs in a fresh subprocess. Time: forward + backward, median of repeats
 after warm-up, in the same process as its ``F.cross_entropy`` reference on the same shapes.
 Peak memory: peak RSS minus the RSS after inputs and parameters are allocated (parameters
-excluded, their gradients included), measured in a separate fresh subprocess per loss.
+excluded, their gradients included), measured in a separate fresh subprocess per loss with a
+fixed glibc mmap threshold (``MALLOC_MMAP_THRESHOLD_=131072``), so that the peak is that of live
+memory and not of blocks the allocator keeps cached after freeing them.
 Data checks are off (``losses.validation(False)``), as the targets in issue 5 specify.
 
 Usage::
@@ -130,11 +132,12 @@ def worker(case: Dict) -> Dict:
             for t in tensors.values():
                 t.grad = None
         times = []
+        clock = time.process_time if case.get("clock") == "process" else time.perf_counter
         budget = time.perf_counter() + case["max_seconds"]
         for _ in range(case["repeats"]):
-            t0 = time.perf_counter()
+            t0 = clock()
             step()
-            times.append(time.perf_counter() - t0)
+            times.append(clock() - t0)
             for t in tensors.values():
                 t.grad = None
             if time.perf_counter() > budget and len(times) >= 3:
@@ -144,6 +147,11 @@ def worker(case: Dict) -> Dict:
 
 def _run_case(case: Dict, timeout: float = 900.0) -> Dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(case["threads"]), PYTHONPATH=ROOT)
+    if case["mode"] == "memory":
+        # A fixed glibc mmap threshold returns every large freed block to the OS at once, so the
+        # peak RSS is the peak of live memory rather than of the allocator's cached free blocks
+        # (with glibc's dynamic threshold the same run varied between 147 and 265 MB).
+        env["MALLOC_MMAP_THRESHOLD_"] = "131072"
     proc = subprocess.run(
         [sys.executable, __file__, "--worker", json.dumps(case)],
         capture_output=True, text=True, timeout=timeout, env=env,
@@ -201,6 +209,22 @@ def suite_cases(suite: str, classes: List[int]) -> List[Dict]:
             for rate in (0.1, 1.0):
                 cases.append({"name": "partial_fc", "label": f"partial_fc (rate {rate})", "B": 256, "C": c,
                               "D": 128, "kind": "E", "kwargs": {"sample_rate": rate, "seed": 0}})
+    elif suite == "targets":
+        # the issue-5 targets, each next to its reference in the same run
+        for c in (1000, 100000):
+            cases.append({"name": "F.cross_entropy", "B": 256, "C": c, "kind": "ref"})
+            cases.append({"name": "linear+F.cross_entropy", "B": 256, "C": c, "D": 128, "kind": "ref"})
+            for name in SINGLE_PASS + ("sparsemax", "margin_softmax"):
+                cases.append({"name": name, "B": 256, "C": c, "D": 128, "kind": "I", "kwargs": {}})
+        cases.append({"name": "sparsemax", "label": "sparsemax (top-k 100)", "B": 256, "C": 100000, "kind": "I",
+                      "kwargs": {"k": 100}})
+        cases.append({"name": "linear+F.cross_entropy", "B": 256, "C": 1000000, "D": 128, "kind": "ref"})
+        cases.append({"name": "margin_softmax", "B": 256, "C": 1000000, "D": 128, "kind": "E", "kwargs": {}})
+        cases.append({"name": "partial_fc", "label": "partial_fc (rate 0.1)", "B": 256, "C": 1000000, "D": 128,
+                      "kind": "E", "kwargs": {"sample_rate": 0.1, "seed": 0}})
+        cases.append({"name": "linear+F.cross_entropy", "B": 1024, "C": 100000, "D": 256, "kind": "ref"})
+        cases.append({"name": "linear_cross_entropy", "B": 1024, "C": 100000, "D": 256, "kind": "E",
+                      "kwargs": {"bias": False}})
     elif suite == "linear_ce":
         for c in classes:
             cases.append({"name": "linear+F.cross_entropy", "B": 1024, "C": c, "D": 256, "kind": "ref"})
@@ -218,16 +242,17 @@ DEFAULT_CLASSES = {
     "sparsemax": [10, 1000, 10000, 100000],
     "partial_fc": [10000, 100000, 1000000],
     "linear_ce": [10000, 100000],
+    "targets": [],
 }
 
 
 def run_suite(suite: str, classes: List[int], threads: int, out: str, repeats: int, max_seconds: float,
-              skip_memory: bool) -> List[Dict]:
+              skip_memory: bool, clock: str = "wall") -> List[Dict]:
     import torch
 
     rows = []
     for case in suite_cases(suite, classes):
-        base = dict(case, threads=threads, repeats=repeats, warmup=2, max_seconds=max_seconds)
+        base = dict(case, threads=threads, repeats=repeats, warmup=2, max_seconds=max_seconds, clock=clock)
         timing = _run_case(dict(base, mode="time"))
         memory = {} if skip_memory else _run_case(dict(base, mode="memory"))
         row = {
@@ -248,7 +273,7 @@ def run_suite(suite: str, classes: List[int], threads: int, out: str, repeats: i
                 row[key + "_mem"] = row["peak_mb"] / match[0]["peak_mb"] if match[0]["peak_mb"] > 0 else None
     os.makedirs(out, exist_ok=True)
     meta = {
-        "torch": torch.__version__, "threads": threads, "cpu": _cpu_name(), "python": platform.python_version(),
+        "torch": torch.__version__, "threads": threads, "clock": clock, "cpu": _cpu_name(), "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d"),
     }
     _write(rows, suite, out, meta)
@@ -284,8 +309,8 @@ def _write(rows: List[Dict], suite: str, out: str, meta: Dict) -> None:
         f"# Performance: `{suite}`",
         "",
         f"torch {meta['torch']}, Python {meta['python']}, {meta['threads']} thread(s), CPU: {meta['cpu']}, "
-        f"{meta['date']}. Forward + backward, median ms; peak MB = peak RSS minus RSS after allocation "
-        "(fresh process per cell). Data checks off. `x CE` = time / `F.cross_entropy` on (B, C) logits; "
+        f"{meta['date']}, clock: {meta['clock']}. Forward + backward, median ms; peak MB = peak RSS minus RSS after allocation "
+        "(fresh process per cell, glibc `MALLOC_MMAP_THRESHOLD_=131072` so freed blocks leave the RSS). Data checks off. `x CE` = time / `F.cross_entropy` on (B, C) logits; "
         "`x lin+CE` = time / a plain `x @ W.T` + `F.cross_entropy` of the same size.",
         "",
         "| loss | B | C | D | ms | x CE | x lin+CE | peak MB | mem x CE | mem x lin+CE | note |",
@@ -330,25 +355,75 @@ def _write(rows: List[Dict], suite: str, out: str, meta: Dict) -> None:
     plt.close(fig)
 
 
+#: (description, loss label, B, C, reference label, metric ("x" time or "mem"), bound)
+TARGETS = [
+    *[(f"{n} <= 2x F.cross_entropy at (256, 1e3)", n, 256, 1000, "F.cross_entropy", "x", 2.0) for n in SINGLE_PASS],
+    *[(f"{n} <= 1.5x F.cross_entropy at (256, 1e5)", n, 256, 100000, "F.cross_entropy", "x", 1.5)
+      for n in SINGLE_PASS],
+    ("sparsemax (full sort) <= 5x F.cross_entropy at (256, 1e3)", "sparsemax", 256, 1000, "F.cross_entropy", "x", 5.0),
+    ("sparsemax (top-k) <= 2x F.cross_entropy at (256, 1e5)", "sparsemax (top-k 100)", 256, 100000,
+     "F.cross_entropy", "x", 2.0),
+    ("margin softmax <= 1.5x linear + CE at (256, 1e3, D=128)", "margin_softmax", 256, 1000,
+     "linear+F.cross_entropy", "x", 1.5),
+    ("margin softmax <= 1.5x linear + CE at (256, 1e5, D=128)", "margin_softmax", 256, 100000,
+     "linear+F.cross_entropy", "x", 1.5),
+    ("Partial FC (0.1) <= 0.2x time of full margin softmax at C=1e6, D=128", "partial_fc (rate 0.1)", 256, 1000000,
+     "margin_softmax", "x", 0.2),
+    ("Partial FC (0.1) <= 0.3x peak memory of full margin softmax at C=1e6, D=128", "partial_fc (rate 0.1)", 256,
+     1000000, "margin_softmax", "mem", 0.3),
+    ("linear_cross_entropy <= 0.25x peak memory of linear + CE at (1024, 1e5, D=256)", "linear_cross_entropy", 1024,
+     100000, "linear+F.cross_entropy", "mem", 0.25),
+    ("linear_cross_entropy <= 1.5x time of linear + CE at (1024, 1e5, D=256)", "linear_cross_entropy", 1024, 100000,
+     "linear+F.cross_entropy", "x", 1.5),
+]
+
+
+def write_targets(rows: List[Dict], out: str) -> None:
+    """Evaluate :data:`TARGETS` on one run's rows and write ``targets_verdicts.md``."""
+    def find(label, b, c):
+        m = [r for r in rows if r["loss"] == label and r["B"] == b and r["C"] == c]
+        return m[0] if m else None
+
+    lines = ["| target | measured | verdict |", "|---|---|---|"]
+    for desc, label, b, c, ref, metric, bound in TARGETS:
+        r, q = find(label, b, c), find(ref, b, c)
+        key = "ms" if metric == "x" else "peak_mb"
+        if not r or not q or not r.get(key) or not q.get(key):
+            lines.append(f"| {desc} | not measured | — |")
+            continue
+        ratio = r[key] / q[key]
+        lines.append(f"| {desc} | {ratio:.2f}x ({r[key]:.1f} vs {q[key]:.1f} {'ms' if metric == 'x' else 'MB'}) | "
+                     f"{'met' if ratio <= bound else 'missed'} |")
+    with open(os.path.join(out, "targets_verdicts.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--suite", default="losses", choices=["losses", "sparsemax", "partial_fc", "linear_ce", "all"])
+    p.add_argument("--suite", default="losses",
+                   choices=["losses", "sparsemax", "partial_fc", "linear_ce", "targets", "all"])
     p.add_argument("--classes", type=lambda s: [int(float(v)) for v in s.split(",")], default=None,
                    help="comma-separated class counts (default per suite)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--max-seconds", type=float, default=10.0, help="time budget per timing cell")
     p.add_argument("--skip-memory", action="store_true")
+    p.add_argument("--clock", choices=["wall", "process"], default="wall",
+                   help="wall: perf_counter; process: CPU time of the process (robust on a shared machine "
+                        "when --threads 1)")
     p.add_argument("--out", default=os.path.join(ROOT, "results", "perf"))
     args = p.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return
-    suites = ["losses", "sparsemax", "partial_fc", "linear_ce"] if args.suite == "all" else [args.suite]
+    suites = ["losses", "sparsemax", "partial_fc", "linear_ce", "targets"] if args.suite == "all" else [args.suite]
     for suite in suites:
-        run_suite(suite, args.classes or DEFAULT_CLASSES[suite], args.threads, args.out, args.repeats,
-                  args.max_seconds, args.skip_memory)
+        rows = run_suite(suite, args.classes or DEFAULT_CLASSES[suite], args.threads, args.out, args.repeats,
+                         args.max_seconds, args.skip_memory, args.clock)
+        if suite == "targets":
+            write_targets(rows, args.out)
 
 
 if __name__ == "__main__":
