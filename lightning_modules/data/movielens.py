@@ -231,7 +231,8 @@ class MovieLensDataModule(BenchmarkDataModule):
         if num_negatives < 0:
             raise ValueError(f"MovieLensDataModule: num_negatives must be >= 0 (got {num_negatives})")
         if negative_sharing not in ("row", "batch"):
-            raise ValueError(f"MovieLensDataModule: negative_sharing must be 'row' or 'batch' (got {negative_sharing!r})")
+            raise ValueError(
+                f"MovieLensDataModule: negative_sharing must be 'row' or 'batch' (got {negative_sharing!r})")
         self.train_view = train_view
         self.negative_sharing = negative_sharing
         self.num_negatives = int(num_negatives)

@@ -84,7 +84,7 @@ def test_candidates_never_contain_excluded_items():
 
 
 # -- routing --------------------------------------------------------------------------------------
-U, I, D = 6, 11, 4
+U, I, D = 6, 11, 4  # noqa: E741 (users, items, dim)
 
 
 def _batch(g, B=5, N=3):
