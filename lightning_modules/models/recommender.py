@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from ..base import BenchmarkModule
 from ..retrieval_metrics import candidates_from_scores, log_data_meta, recommendation_metrics
 from ..routing import loss_route
-from .vision import clean_linked_hparams
+from ..base import clean_linked_hparams
 
 __all__ = ["Recommender"]
 

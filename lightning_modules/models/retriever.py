@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from ..base import BenchmarkModule
 from ..retrieval_metrics import FaissIndex, candidates_from_search, log_data_meta, retrieval_metrics
 from ..routing import loss_route
-from .vision import clean_linked_hparams
+from ..base import clean_linked_hparams
 
 __all__ = ["DualEncoderRetriever"]
 
