@@ -828,6 +828,9 @@ def plot_temperature(rows, arms, path) -> None:
     if math.isfinite(z):
         ax.axhline(z, color="0.5", ls="--", label="zero-shot MiniLM")
     ax.set_xscale("log")
+    ax.set_xticks(list(TEMPERATURES))
+    ax.set_xticklabels([f"{t:g}" for t in TEMPERATURES])
+    ax.minorticks_off()
     ax.set_xlabel("InfoNCE temperature")
     ax.set_ylabel("test R@1")
     ax.set_title("stdlib code search: R@1 vs temperature", fontsize=10)
