@@ -170,6 +170,13 @@ def list_losses() -> List[LossSpec]:
     return [_REGISTRY[k] for k in sorted(_REGISTRY)]
 
 
+def id_unit_weights(*args: Any, ignore_index: int = -100, **_: Any) -> Tensor:
+    """Unit weights of losses with one unit per class id (the last positional argument, e.g.
+    ``(embeddings, target)`` or ``(model, inputs, target)``): 1 where the id is not
+    ``ignore_index``, else 0, shaped like the ids."""
+    return (args[-1] != ignore_index).double()
+
+
 # --------------------------------------------------------------------------------------
 # default example inputs per kind (used by the contract tests and the docs)
 # --------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from .._core import (
     upcast,
     value_error,
 )
-from .._registry import register
+from .._registry import id_unit_weights, register
 from .comp_sum import _CompSumFunction
 from .zloss import _class_ids
 
@@ -342,18 +342,13 @@ class AdversarialCompSumLoss(nn.Module):
                 f"reduction={self.reduction!r}, seed={self.seed}")
 
 
-def _row_unit_weights(model, inputs, target, *, ignore_index: int = -100, **_: object) -> Tensor:
-    """Unit weights: 1 per non-ignored row (position), shaped like the ``"none"`` output."""
-    return (target != ignore_index).double()
-
-
 register(
     "adversarial_comp_sum",
     function=adversarial_comp_sum_loss,
     module=AdversarialCompSumLoss,
     inputs="M",
     unit="row",
-    unit_weights=_row_unit_weights,
+    unit_weights=id_unit_weights,
     arxiv="2304.07288",
     paper="A. Mao, M. Mohri, Y. Zhong, Cross-Entropy Loss Functions: Theoretical Analysis and Applications, "
           "ICML 2023 (smooth adversarial comp-sum; experimental reconstruction)",

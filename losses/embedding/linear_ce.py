@@ -20,7 +20,7 @@ from .._core import (
     reduce_loss,
     value_error,
 )
-from .._registry import register
+from .._registry import id_unit_weights, register
 
 __all__ = ["linear_cross_entropy", "LinearCrossEntropyLoss"]
 
@@ -262,17 +262,13 @@ class LinearCrossEntropyLoss(nn.Module):
                 f"ignore_index={self.ignore_index}, reduction={self.reduction!r}")
 
 
-def _row_unit_weights(embeddings: Tensor, target: Tensor, *, ignore_index: int = -100, **_: object) -> Tensor:
-    return (target != ignore_index).double()
-
-
 register(
     "linear_cross_entropy",
     function=linear_cross_entropy,
     module=LinearCrossEntropyLoss,
     inputs="E",
     unit="row",
-    unit_weights=_row_unit_weights,
+    unit_weights=id_unit_weights,
     arxiv="2411.09009",
     paper="Chunked linear + softmax cross-entropy (many-class path; cf. Wijmans et al., ICLR 2025)",
     owns_head=True,

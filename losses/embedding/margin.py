@@ -35,7 +35,7 @@ from .._core import (
     upcast,
     value_error,
 )
-from .._registry import register
+from .._registry import id_unit_weights, register
 
 __all__ = ["margin_logits", "margin_softmax_loss", "MarginSoftmaxLoss"]
 
@@ -461,18 +461,13 @@ class MarginSoftmaxLoss(nn.Module):
                 f"ignore_index={self.ignore_index}, reduction={self.reduction!r}")
 
 
-def row_unit_weights(embeddings: Tensor, target: Tensor, *, ignore_index: int = -100, **_: object) -> Tensor:
-    """Unit weights of the row-level head losses: 1 per non-ignored row, shaped ``(N,)``."""
-    return (target != ignore_index).double()
-
-
 register(
     "margin_softmax",
     function=margin_softmax_loss,
     module=MarginSoftmaxLoss,
     inputs="E",
     unit="row",
-    unit_weights=row_unit_weights,
+    unit_weights=id_unit_weights,
     arxiv="1801.07698",
     paper="J. Deng et al., ArcFace: Additive Angular Margin Loss for Deep Face Recognition, CVPR 2019",
     owns_head=True,
@@ -484,7 +479,7 @@ register(
     module=MarginSoftmaxLoss,
     inputs="E",
     unit="row",
-    unit_weights=row_unit_weights,
+    unit_weights=id_unit_weights,
     arxiv="1704.06369",
     paper="F. Wang et al., NormFace: L2 Hypersphere Embedding for Face Verification, ACM MM 2017 "
           "(margin softmax with margin (1, 0, 0))",

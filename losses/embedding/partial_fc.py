@@ -35,14 +35,13 @@ from .._core import (
 from .._distributed import all_gather_no_grad, all_gather_with_grad, all_reduce_with_grad, is_distributed
 from .._distributed import rank as _rank
 from .._distributed import world_size as _world_size
-from .._registry import register
+from .._registry import id_unit_weights, register
 from .margin import (
     _check_sizes,
     check_head_inputs,
     check_margin_hparams,
     cosine_logits,
     margin_row_losses,
-    row_unit_weights,
 )
 
 __all__ = ["partial_fc_loss", "PartialFCLoss"]
@@ -514,7 +513,7 @@ register(
     module=PartialFCLoss,
     inputs="E",
     unit="row",
-    unit_weights=row_unit_weights,
+    unit_weights=id_unit_weights,
     arxiv="2010.05222",
     paper="X. An et al., Partial FC: Training 10 Million Identities on a Single Machine, ICCV Workshops 2021",
     owns_head=True,

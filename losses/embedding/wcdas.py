@@ -26,7 +26,7 @@ from .._core import (
     upcast,
     value_error,
 )
-from .._registry import register
+from .._registry import id_unit_weights, register
 from .opl import _check_embeddings_and_target
 
 __all__ = ["wcdas_logits", "wcdas_loss", "WCDASLoss"]
@@ -260,18 +260,13 @@ class WCDASLoss(nn.Module):
                 f"ignore_index={self.ignore_index}, reduction={self.reduction!r}")
 
 
-def row_unit_weights(embeddings: Tensor, target: Tensor, *, ignore_index: int = -100, **_: object) -> Tensor:
-    """Unit weights of row-level embedding losses: 1 for non-ignored rows, else 0; shape ``(N,)``."""
-    return (target != ignore_index).double()
-
-
 register(
     "wcdas",
     function=wcdas_loss,
     module=WCDASLoss,
     inputs="E",
     unit="row",
-    unit_weights=row_unit_weights,
+    unit_weights=id_unit_weights,
     arxiv="2305.18732",
     paper="B. Han, Wrapped Cauchy Distributed Angular Softmax for Long-Tailed Visual Recognition, ICML 2023",
     owns_head=True,
