@@ -6,7 +6,7 @@ Peak memory: peak RSS minus the RSS after inputs and parameters are allocated (p
 excluded, their gradients included), measured in a separate fresh subprocess per loss with a
 fixed glibc mmap threshold (``MALLOC_MMAP_THRESHOLD_=131072``), so that the peak is that of live
 memory and not of blocks the allocator keeps cached after freeing them.
-Data checks are off (``losses.validation(False)``), as the targets in issue 5 specify.
+Data checks are off (``losses.validation(False)``), as the performance targets specify.
 
 Usage::
 
@@ -210,7 +210,7 @@ def suite_cases(suite: str, classes: List[int]) -> List[Dict]:
                 cases.append({"name": "partial_fc", "label": f"partial_fc (rate {rate})", "B": 256, "C": c,
                               "D": 128, "kind": "E", "kwargs": {"sample_rate": rate, "seed": 0}})
     elif suite == "targets":
-        # the issue-5 targets, each next to its reference in the same run
+        # the first performance targets, each next to its reference in the same run
         for c in (1000, 100000):
             cases.append({"name": "F.cross_entropy", "B": 256, "C": c, "kind": "ref"})
             cases.append({"name": "linear+F.cross_entropy", "B": 256, "C": c, "D": 128, "kind": "ref"})

@@ -1,4 +1,4 @@
-"""Reproduce the papers' claims of ``BENCHMARKS.md`` with the project's Lightning recipes.
+"""Reproduce the papers' claims of ``docs/benchmarks.md`` with the project's Lightning recipes.
 
 For every row of the table "What each family should show" this runs the family's recipe(s) and
 its baseline recipe(s) (``configs/<benchmark>/*.yaml``) through the project's CLI -- ``fit``,
@@ -712,7 +712,7 @@ def write_markdown(benchmark: str, claims: Sequence[Claim], rows: Sequence[dict]
 def temperature_section(rows: Sequence[dict], arms: Dict[str, Arm]) -> str:
     lines = ["## Reference: InfoNCE temperature on stdlib code search", "",
              "`configs/retrieval/stdlib_infonce.yaml` with `--model.init_args.loss.init_args.temperature` "
-             "overridden (BENCHMARKS.md reference: zero-shot R@1 0.526, tau=0.05 0.616, tau=0.5 0.486 on "
+             "overridden (docs/benchmarks.md reference: zero-shot R@1 0.526, tau=0.05 0.616, tau=0.5 0.486 on "
              "2,257 train / 1,000 test pairs, Python 3.11).", "",
              "| temperature | n | R@1 | R@10 | nDCG@10 |", "|---|---|---|---|---|"]
     for label, key in [("zero-shot", "stdlib_zero")] + [(f"{t:g}", _temp_key(t)) for t in TEMPERATURES]:

@@ -1,4 +1,4 @@
-"""Route a loss by its registry declaration (``LOSSES.md`` §0, Registry), never by its name.
+"""Route a loss by its registry declaration (``docs/conventions.md``, Registry), never by its name.
 
 A LightningModule asks :func:`loss_route` what a loss takes and calls it accordingly; it holds
 no loss-specific ``if`` branches. Losses outside the registry (e.g. ``torch.nn.CrossEntropyLoss``)

@@ -4,7 +4,7 @@ Everything here is private API used by the loss families; the public names
 (:func:`set_validation`, :func:`validation`, :func:`is_validation_enabled`,
 :class:`ExperimentalWarning`) are re-exported from :mod:`losses`.
 
-Conventions implemented once here (``LOSSES.md`` §0 and §13.3):
+Conventions implemented once here (``docs/conventions.md``):
 
 * **Errors** read ``"<function>: <problem> (got <value>); <hint>"``. Bad hyperparameters,
   shapes or data raise :class:`ValueError`; a wrong target kind raises :class:`TypeError`.
@@ -374,7 +374,7 @@ def reduce_loss(
     *,
     anchors: Sequence[Optional[Tensor]] = (),
 ) -> Tensor:
-    """The single reduction used by every loss (§13.3 unit-weight rule).
+    """The single reduction used by every loss (the unit-weight rule, docs/conventions.md unit-weight rule).
 
     ``values`` are per-unit losses; ``weights`` (same shape, ``>= 0``; ``None`` = all ones)
     are unit weights. ``"none"`` returns ``values`` with exact zeros where ``weights == 0``;

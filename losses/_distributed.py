@@ -1,11 +1,11 @@
-"""Distributed helpers shared by the losses (LOSSES.md §0 "Distributed").
+"""Distributed helpers shared by the losses (docs/conventions.md "Distributed").
 
 Functional forms are single-process. Modules with ``gather_distributed=True`` all-gather their
 batch with :func:`all_gather_with_grad`, whose backward *sums* the incoming gradients over
 ranks and returns this rank's slice. With the loss computed identically on every rank over the
 global batch, each rank's input therefore receives ``world_size`` x its single-process
 gradient, which DDP's ``1/world_size`` averaging of the backbone turns back into the
-single-process step (§0 (d)).
+single-process step (docs/conventions.md, distributed (d)).
 
 Everything works without an initialised process group (then it is the identity), on gloo (CPU)
 and NCCL (GPU).

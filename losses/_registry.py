@@ -1,5 +1,5 @@
 """The loss registry: stable names -> function, module and the metadata the Lightning layer and
-the contract tests route by (``LOSSES.md`` §0, Registry).
+the contract tests route by (``docs/conventions.md``, Registry).
 
 Each family module registers its entries at import time with :func:`register`. Users call
 :func:`create_loss` and :func:`list_losses`::
@@ -124,7 +124,7 @@ def register(
     if inputs not in INPUT_KINDS:
         raise ValueError(f"register: inputs must be one of {sorted(INPUT_KINDS)} (got {inputs!r}); see INPUT_KINDS")
     if unit not in UNITS:
-        raise ValueError(f"register: unit must be one of {UNITS} (got {unit!r}); see LOSSES.md §13.3")
+        raise ValueError(f"register: unit must be one of {UNITS} (got {unit!r}); see docs/conventions.md")
     spec = LossSpec(
         name=name,
         function=function,

@@ -10,8 +10,7 @@ Usage::
 
     results = run_gloo(worker, world_size=2, payload=...)   # list, one entry per rank
 
-Each worker runs with ``OMP_NUM_THREADS=1`` and ``torch.set_num_threads(1)`` (CI sizing, LOSSES.md
-§13). Exceptions in a worker are re-raised in the parent with the worker's traceback.
+Each worker runs with ``OMP_NUM_THREADS=1`` and ``torch.set_num_threads(1)`` (CI sizing, docs/conventions.md). Exceptions in a worker are re-raised in the parent with the worker's traceback.
 """
 
 from __future__ import annotations

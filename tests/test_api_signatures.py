@@ -1,11 +1,12 @@
-"""Pin the public API of ``losses`` to LOSSES.md: every function and module constructor named in
-§1-§12 and §14, the registry table of §0, and the §0 signature conventions.
+"""Pin the public API of ``losses`` to its documented specification: every function and module
+constructor named on the family pages under docs/losses/, the registry table and the signature
+conventions of docs/conventions.md.
 
 The expectations below are written out by hand from the spec text; nothing is derived from the
 code. How the abbreviations of the spec are expanded:
 
 * ``fn(first, target, [required tensors], *, <hyperparameters>, <optional tensors>,
-  ignore_index=-100, reduction="mean")`` (§0): required tensors are positional, everything else is
+  ignore_index=-100, reduction="mean")`` (docs/conventions.md): required tensors are positional, everything else is
   keyword-only; ``ignore_index`` and ``reduction`` close the list, followed only by what the spec
   itself puts after them (``return_penalty``, ``return_stats``; module-only ``seed``,
   ``gather_distributed``, ``distributed``, ``process_group``, as in the explicit blocks of
@@ -13,7 +14,7 @@ code. How the abbreviations of the spec are expanded:
   ``PartialFCLoss``).
 * ``partial_fc_loss(..., sample_rate=0.1, <margin_softmax_loss keywords>, index=None,
   generator=None)``: the hyperparameters of ``margin_softmax_loss`` in its order, then the optional
-  tensors ``index``, ``generator``, then ``ignore_index``, ``reduction`` (§0 order).
+  tensors ``index``, ``generator``, then ``ignore_index``, ``reduction`` (docs/conventions.md order).
 * Module "same keywords": the function's keywords in the same order and with the same defaults,
   minus per-call data tensors (``mask``, ``neg_mask``, ``index``), which ``forward`` takes instead
   (``PartialFCLoss``'s explicit block drops ``index`` the same way); ``generator`` becomes
@@ -52,11 +53,11 @@ def kw(**defaults):
     return [(n, KW, d) for n, d in defaults.items()]
 
 
-# ``ignore_index=-100, reduction="mean"`` (§0)
+# ``ignore_index=-100, reduction="mean"`` (docs/conventions.md)
 IR = kw(ignore_index=-100, reduction="mean")
-# ArcFace head defaults of §11
+# ArcFace head defaults of docs/losses/partial_fc.md
 MARGIN_KW = kw(scale=64.0, margin=(1.0, 0.5, 0.0), variant="paper", interclass_filtering_threshold=0.0)
-# Dice / Jaccard / soft Dice keywords of §12 (function)
+# Dice / Jaccard / soft Dice keywords of docs/losses/dice.md (function)
 DICE_HYPER = kw(activation="softmax", smooth=1.0, aggregate="dataset", active_classes=None, log_loss=False,
                 weight=None)
 
@@ -64,29 +65,29 @@ DICE_HYPER = kw(activation="softmax", smooth=1.0, aggregate="dataset", active_cl
 # functions: losses.<name>(...)
 # ----------------------------------------------------------------------------------------------
 FUNCTIONS = {
-    # §0 Baselines
+    # docs/conventions.md Baselines
     "cross_entropy_loss": pos("input", "target") + kw(label_smoothing=0.0, weight=None) + IR,
     "bce_with_logits_loss": pos("input", "target") + kw(label_smoothing=0.0, weight=None) + IR,
-    # §1a
+    # docs/losses/z_loss.md
     "z_loss": pos("input", "target") + kw(a=1.0, b=0.0, eps=1e-6) + IR,
-    # §1b
+    # docs/losses/z_loss.md
     "logz_penalty": pos("input") + kw(coef=1e-4, mask=None, reduction="mean"),
     "cross_entropy_with_logz_penalty": pos("input", "target") + kw(coef=1e-4) + IR + kw(return_penalty=False),
-    # §2
+    # docs/losses/sparsemax.md
     "sparsemax": pos("input") + kw(dim=-1, k=None),
     "entmax15": pos("input") + kw(dim=-1, k=None),
     "entmax_bisect": pos("input") + kw(alpha=1.5, dim=-1, n_iter=50),
     "sparsemax_loss": pos("input", "target") + kw(k=None) + IR,
     "entmax15_loss": pos("input", "target") + kw(k=None) + IR,
     "entmax_bisect_loss": pos("input", "target") + kw(alpha=1.5, n_iter=50) + IR,
-    # §3
+    # docs/losses/comp_sum.md
     "comp_sum_loss": pos("input", "target") + kw(tau=1.0) + IR,
-    # §4
+    # docs/losses/adversarial_comp_sum.md
     "adversarial_comp_sum_loss": pos("input", "input_adv", "target") + kw(tau=1.0, rho=1.0, nu=REQUIRED) + IR,
-    # §5
+    # docs/losses/opl.md
     "opl_loss": pos("embeddings", "target") + kw(gamma=0.5, variant="paper", neg_term=None) + IR
     + kw(return_stats=False),
-    # §6
+    # docs/losses/psl.md
     "psl_loss": pos("pos_scores", "neg_scores") + kw(
         temperature=0.05, activation="tanh", score_scale=0.5, variant="paper", include_positive=None,
         normalization="row", bounded_scores=True, neg_mask=None, reduction="mean"),
@@ -94,7 +95,7 @@ FUNCTIONS = {
         temperature=0.05, score_scale=0.5, variant="paper", include_positive=None, neg_mask=None,
         reduction="mean"),
     "bpr_loss": pos("pos_scores", "neg_scores") + kw(neg_mask=None, reduction="mean"),
-    # §7
+    # docs/losses/decoupled_softmax.md
     "decoupled_softmax_loss": pos("scores", "target") + kw(
         temperature=0.05, weighted=False, variant="paper", sample_one_positive=None, mask_value=None,
         generator=None) + IR,
@@ -102,28 +103,28 @@ FUNCTIONS = {
     "soft_topk_loss": pos("scores", "target") + kw(
         k=5, alpha=2.0, temperature=0.05, n_iter=32, variant="paper", generator=None) + IR,
     "in_batch_scores": pos("query", "keys", "target") + kw(gather_distributed=False),
-    # §8
+    # docs/losses/nbc_softmax.md
     "nbc_loss": pos("embeddings", "target") + kw(scale=0.2, num_classes=None, variant="paper") + IR,
     "nbc_softmax_loss": pos("embeddings", "target", "weight") + kw(
         scale=0.2, nbc_weight=0.5, variant="paper", bias=None) + IR,
-    # §9
+    # docs/losses/wcdas.md
     "wcdas_logits": pos("embeddings", "weight", "concentration_logit", "scale") + kw(variant="paper"),
     "wcdas_loss": pos("embeddings", "target", "weight", "concentration_logit", "scale") + kw(variant="paper")
     + IR,
-    # §10
+    # docs/losses/gol.md
     "gumbel_activation": pos("input"),
     "gumbel_prior_bias": pos("prior"),
     "gumbel_bce_loss": pos("input", "target") + kw(
         label_smoothing=0.0, variant="paper", clamp=None, weight=None) + IR,
-    # §11
+    # docs/losses/partial_fc.md
     "margin_softmax_loss": pos("embeddings", "target", "weight") + MARGIN_KW + IR,
     "partial_fc_loss": pos("embeddings", "target", "weight") + kw(sample_rate=0.1) + MARGIN_KW
     + kw(index=None, generator=None) + IR,
-    # §12
+    # docs/losses/dice.md
     "dice_semimetric_loss": pos("input", "target") + DICE_HYPER + kw(mask=None) + IR,
     "jaccard_metric_loss": pos("input", "target") + DICE_HYPER + kw(mask=None) + IR,
     "soft_dice_loss": pos("input", "target") + DICE_HYPER + kw(mask=None) + IR,
-    # §14
+    # docs/losses/linear_cross_entropy.md
     "linear_cross_entropy": pos("embeddings", "target", "weight") + kw(bias=None, chunk_size=None) + IR,
 }
 
@@ -183,14 +184,14 @@ FORWARD_KEYWORDS = {
 }
 
 # Keywords that share a name between function and module but are different things in the spec:
-# a bias *tensor* (function) vs a bias *flag* (module), §8 and §14.
+# a bias *tensor* (function) vs a bias *flag* (module), docs/losses/nbc_softmax.md and docs/losses/linear_cross_entropy.md.
 DIFFERENT_MEANING = {
     ("nbc_softmax_loss", "NBCSoftmaxLoss"): {"bias"},
     ("linear_cross_entropy", "LinearCrossEntropyLoss"): {"bias"},
 }
 
 # ----------------------------------------------------------------------------------------------
-# registry table of §0: name -> (function, module, inputs, owns_head, auxiliary, unit, example_kwargs)
+# registry table of docs/conventions.md: name -> (function, module, inputs, owns_head, auxiliary, unit, example_kwargs)
 # ----------------------------------------------------------------------------------------------
 HEAD_KWARGS = {"embedding_dim": 8, "num_classes": 5}
 I, E, S, P, M = ("input", "target"), ("embeddings", "target"), ("scores", "target"), \
@@ -208,7 +209,7 @@ REGISTRY = {
     "gol": ("gumbel_bce_loss", "GumbelBCELoss", I, False, False, "element", {}),
     "bce_with_logits": ("bce_with_logits_loss", "BCEWithLogitsLoss", I, False, False, "element", {}),
     # unit "class; (image, class)": the registry's unit is "class", the (image, class) shape is the
-    # "image"/"class" aggregation's "none" shape (§13.3)
+    # "image"/"class" aggregation's "none" shape (the unit-weight rule, docs/conventions.md)
     "dice_semimetric": ("dice_semimetric_loss", "DiceSemimetricLoss", I, False, False, "class", {}),
     "jaccard_metric": ("jaccard_metric_loss", "JaccardMetricLoss", I, False, False, "class", {}),
     "soft_dice": ("soft_dice_loss", "SoftDiceLoss", I, False, False, "class", {}),
@@ -232,9 +233,9 @@ REGISTRY = {
     "infonce": ("infonce_loss", "InfoNCELoss", S, False, False, "row", {}),
     "soft_topk": ("soft_topk_loss", "SoftTopKLoss", S, False, False, "row", {"k": 2}),
 }
-EXPERIMENTAL = {"adversarial_comp_sum"}  # §4 is the only section marked experimental
+EXPERIMENTAL = {"adversarial_comp_sum"}  # docs/losses/adversarial_comp_sum.md is the only section marked experimental
 
-# Methods the spec names on modules (§9, §11, §14, registry "owns_head": ``.logits(embeddings)``).
+# Methods the spec names on modules (docs/losses/wcdas.md, docs/losses/partial_fc.md, docs/losses/linear_cross_entropy.md, registry "owns_head": ``.logits(embeddings)``).
 METHODS = {
     "WCDASLoss": {"logits": ["embeddings"], "concentration": [], "effective_scale": []},
     "MarginSoftmaxLoss": {"logits": ["embeddings"]},
@@ -266,7 +267,7 @@ def _check_contents(label, params, expected):
     actual = {p.name: p for p in params}
     for p in params:
         if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
-            problems.append(f"{label}: has {p} (no *args/**kwargs allowed, §0)")
+            problems.append(f"{label}: has {p} (no *args/**kwargs allowed, docs/conventions.md)")
     exp_names = [n for n, _, _ in expected]
     exp_pos = [n for n, k, _ in expected if k is POS]
     act_pos = [p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY, POS)]
@@ -386,7 +387,7 @@ def test_forward_signature(name):
     sig = inspect.signature(cls.forward)
     placeholders = [object()] * len(inputs)
     sig.bind(object(), *placeholders)  # self + inputs, raises TypeError if not accepted
-    if inputs == S:  # §7: .forward(scores, target) or .forward(query, keys, target)
+    if inputs == S:  # docs/losses/decoupled_softmax.md: .forward(scores, target) or .forward(query, keys, target)
         sig.bind(object(), object(), object(), object())
     for extra in FORWARD_KEYWORDS.get(name, ()):
         p = sig.parameters.get(extra)
@@ -436,7 +437,7 @@ def test_registry_has_exactly_the_spec_names():
 
 
 def test_top_level_api():
-    # §0 Registry, Errors, Randomness
+    # docs/conventions.md Registry, Errors, Randomness
     p = _params(losses.create_loss)
     assert [(q.name, q.kind) for q in p] == [("name", POS), ("kwargs", inspect.Parameter.VAR_KEYWORD)]
     assert _params(losses.list_losses) == []

@@ -1,4 +1,4 @@
-"""Contract tests run over every registered loss (LOSSES.md §13, ARCHITECTURE.md "How a loss is
+"""Contract tests run over every registered loss (docs/conventions.md, docs/contributing.md "How a loss is
 tested"). A family joins them by registering; per-family maths lives in its own test file."""
 
 from __future__ import annotations
@@ -21,19 +21,19 @@ SPECS = losses.list_losses()
 NAMES = [s.name for s in SPECS]
 BY_NAME = {s.name: s for s in SPECS}
 
-#: Documented exact infinities (LOSSES.md §13.5): comp-sum with tau < 1 overflows to +inf on
+#: Documented exact infinities (docs/conventions.md): comp-sum with tau < 1 overflows to +inf on
 #: logits x1e4; the registry example uses tau = 0.5.
 DOCUMENTED_INF = {"comp_sum"}
 
-#: Every name the registry must hold once both loss issues land (LOSSES.md §0, Registry).
+#: Every name the registry must hold (docs/conventions.md, Registry).
 EXPECTED_NAMES = {
-    # classification (issue 2)
+    # classification
     "z_loss", "logz_penalty", "sparsemax", "entmax15", "entmax_bisect", "comp_sum", "adversarial_comp_sum",
     "gol", "dice_semimetric", "jaccard_metric", "cross_entropy", "bce_with_logits", "soft_dice",
-    # embedding and ranking (issue 3)
+    # embedding and ranking
     "opl", "psl", "sampled_softmax", "bpr", "decoupled_softmax", "infonce", "soft_topk", "nbc_softmax",
     "wcdas", "margin_softmax", "cosine_softmax", "partial_fc",
-    # many-class path (LOSSES.md §14)
+    # many-class path (docs/losses/linear_cross_entropy.md)
     "linear_cross_entropy",
 }
 
@@ -128,7 +128,7 @@ def test_unknown_name_is_a_clear_error():
 
 
 # --------------------------------------------------------------------------------------
-# reductions and unit weights (§13.3)
+# reductions and unit weights (the unit-weight rule, docs/conventions.md)
 # --------------------------------------------------------------------------------------
 
 
@@ -183,7 +183,7 @@ def test_all_ignored_batch_is_attached_zero(name):
 
 
 # --------------------------------------------------------------------------------------
-# numerics (§13.5, §13.6)
+# numerics (finite extremes, docs/conventions.md, half precision, docs/conventions.md)
 # --------------------------------------------------------------------------------------
 
 
@@ -262,7 +262,7 @@ def test_float64_inputs_compute_in_float64(name):
 
 
 # --------------------------------------------------------------------------------------
-# modules (§13.7)
+# modules (modules, docs/conventions.md)
 # --------------------------------------------------------------------------------------
 
 
@@ -322,7 +322,7 @@ def test_state_dict_round_trip(name):
 
 
 # --------------------------------------------------------------------------------------
-# torch.compile (§13.8; once per registry entry with inductor, as §13 CI sizing says)
+# torch.compile (device and compile, docs/conventions.md; once per registry entry with inductor, as docs/conventions.md CI sizing says)
 # --------------------------------------------------------------------------------------
 
 
@@ -347,7 +347,7 @@ def test_torch_compile_inductor_matches_eager(name):
 
 
 # --------------------------------------------------------------------------------------
-# validation switch (§13.9)
+# validation switch (validation, docs/conventions.md)
 # --------------------------------------------------------------------------------------
 
 

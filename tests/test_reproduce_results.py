@@ -77,7 +77,7 @@ def test_claim_verdict_and_format():
 
 
 def test_every_claim_row_of_benchmarks_md_is_covered():
-    """One claim per row of the BENCHMARKS.md table (decoupled softmax: two, one per data set),
+    """One claim per row of the docs/benchmarks.md table (decoupled softmax: two, one per data set),
     every arm points at an existing recipe, every check at an arm of its claim."""
     arms = rr._arms()
     claims = rr._claims()

@@ -1,4 +1,4 @@
-"""scikit-learn's bundled ``load_digits`` as vision benchmarks (``BENCHMARKS.md``, vision rows).
+"""scikit-learn's bundled ``load_digits`` as vision benchmarks (``docs/benchmarks.md``, vision rows).
 
 1,797 real 8x8 handwritten digits (UCI), read from the file scikit-learn installs; nothing touches
 the network. Pixels are scaled to ``[0, 1]`` (``value / 16``, no standardisation, so adversarial
@@ -214,7 +214,7 @@ class DigitsDataModule(_DigitsBase):
         batch_size / eval_batch_size: training / evaluation batch sizes (``None``: the same).
         val_fraction, test_fraction: stratified fractions of all 1,797 images held out.
         train_fraction: low-data variant: keep ``round(train_fraction * n_c)`` (>= 1) training
-            images per class (BENCHMARKS.md: 10%).
+            images per class (docs/benchmarks.md: 10%).
         imbalance_factor: digits-LT when > 1: keep ``n_c = floor(n_max * IF ** (-c / (C - 1)))``
             training images of class ``c`` (``n_max`` = the smallest per-class training count
             before subsampling); class 0 is the head. Val and test stay balanced.
@@ -349,7 +349,7 @@ class DigitsDataModule(_DigitsBase):
 
 
 class DigitsSegmentationDataModule(_DigitsBase):
-    """Digits as 11-class segmentation maps (BENCHMARKS.md, Dice semimetric row).
+    """Digits as 11-class segmentation maps (docs/benchmarks.md, Dice semimetric row).
 
     The image is upsampled to ``image_size``; a pixel with ink intensity ``v > threshold`` gets the
     digit's class ``digit + 1``, the others background ``0`` (``num_classes = 11``).

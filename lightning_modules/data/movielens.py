@@ -5,7 +5,7 @@ as ``user_id:token``) are located without importing RecBole (its ``__init__`` br
 numpy 2 / torch >= 2.6) and read with pandas. The MovieLens licence forbids redistribution, so
 nothing here copies the data anywhere.
 
-Protocol (BENCHMARKS.md): ids are remapped to ``0..U-1`` / ``0..I-1`` in ascending order of
+Protocol (docs/benchmarks.md): ids are remapped to ``0..U-1`` / ``0..I-1`` in ascending order of
 the raw ids; each user's interactions are ordered by timestamp (ties keep the file's order, a
 stable sort), the last one is the test item, the one before it the validation item, and the
 rest are training interactions (a user with two interactions gets no validation item, one with

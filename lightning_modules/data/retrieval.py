@@ -1,6 +1,6 @@
 """Dense-retrieval data: CPython standard-library code search and chatterbot-corpus Q -> A.
 
-Both sets are built from installed files at run time (BENCHMARKS.md) and encoded once with
+Both sets are built from installed files at run time (docs/benchmarks.md) and encoded once with
 all-MiniLM-L6-v2 (:mod:`.embedding_cache`); models train small towers on the cached vectors.
 
 * ``stdlib`` (single positive): query = first paragraph of a function docstring (whitespace

@@ -7,7 +7,7 @@ their positives, i.e. in-batch negatives, plus any sampled negatives) and a ``(B
 mask. The loss is routed by its registry declaration (never by name):
 
 * ``"S"`` (decoupled softmax, InfoNCE, soft top-k): ``loss(query, keys, target)`` when the
-  module's ``forward`` takes three tensors (the §7 modules, which score with
+  module's ``forward`` takes three tensors (the docs/losses/decoupled_softmax.md modules, which score with
   ``losses.in_batch_scores`` and can all-gather keys), else ``loss(query @ keys.T, target)``.
 * ``"P"`` (PSL, sampled softmax, BPR): the labelled positive's score against every other key
   of the row that is not a positive (``neg_mask``).

@@ -2,7 +2,7 @@
 
 :class:`VisionClassifier` (digits and its variants) and :class:`VisionSegmenter` (the digits
 segmentation maps). Neither holds a loss-specific branch: :func:`~lightning_modules.routing.loss_route`
-says what the loss's ``forward`` takes (``LOSSES.md`` §0, Registry) and the module calls it so.
+says what the loss's ``forward`` takes (``docs/conventions.md``, Registry) and the module calls it so.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Kernels behind :mod:`losses.classification.sparsemax` (LOSSES.md §2).
+"""Kernels behind :mod:`losses.classification.sparsemax` (docs/losses/sparsemax.md).
 
 Everything here works on a 2-D tensor ``z`` of shape ``(M, C)`` (rows on dim 0, classes on
 the last dim) that is already in the compute dtype (float32 or float64). The public functions in
@@ -13,7 +13,7 @@ Conventions shared by every kernel:
   ``m = 0`` and an all-zero probability row (no NaN), so gradients of ignored rows stay finite.
 * Exact threshold searches (``k=None``):
 
-  - ``"sort"``: sort each row, cumulative sums, ``k*`` and ``tau`` as LOSSES.md §2 writes them;
+  - ``"sort"``: sort each row, cumulative sums, ``k*`` and ``tau`` as docs/losses/sparsemax.md writes them;
     ``tau`` is then recomputed from pairwise sums over the support (not the sequential
     ``cumsum``) so rows sum to one to rounding even for large supports.
   - ``"newton"``: the candidates ``z' > -1`` (``-2``) are packed into a narrow matrix, then
@@ -389,7 +389,7 @@ def bisect_g(p: Tensor, alpha: Tensor) -> Tensor:
 
 
 def alpha_vjp(p: Tensor, v: Tensor, alpha: Tensor, g: Tensor) -> Tensor:
-    """``(M, 1)`` gradient w.r.t. alpha of ``<v, entmax_alpha(z)>`` (LOSSES.md §2, alpha-VJP)."""
+    """``(M, 1)`` gradient w.r.t. alpha of ``<v, entmax_alpha(z)>`` (docs/losses/sparsemax.md, alpha-VJP)."""
     am1 = alpha - 1
     gs = g.sum(dim=-1, keepdim=True)
     pt = g / torch.where(gs > 0, gs, torch.ones_like(gs))

@@ -1,4 +1,4 @@
-"""Smooth adversarial comp-sum loss (LOSSES.md §4) — **experimental**.
+"""Smooth adversarial comp-sum loss (docs/losses/adversarial_comp_sum.md) — **experimental**.
 
 Experimental: formula reconstructed, not yet confirmed against arXiv:2304.07288; API and defaults
 may change.
@@ -6,7 +6,7 @@ may change.
 A. Mao, M. Mohri, Y. Zhong, *Cross-Entropy Loss Functions: Theoretical Analysis and
 Applications*, ICML 2023, arXiv:2304.07288. The abstract confirms a comp-sum term plus a related
 *smooth* term trained by minimising a regularised smooth adversarial comp-sum loss; the exact
-form below is this library's reconstruction (LOSSES.md §4), frozen by the API.
+form below is this library's reconstruction (docs/losses/adversarial_comp_sum.md), frozen by the API.
 """
 
 from __future__ import annotations

@@ -219,7 +219,7 @@ class BCEWithLogitsLoss(nn.Module):
 
 
 # --------------------------------------------------------------------------------------
-# unit weights (§13.3), exposed through the registry
+# unit weights (the unit-weight rule, docs/conventions.md), exposed through the registry
 # --------------------------------------------------------------------------------------
 
 

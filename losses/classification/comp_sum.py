@@ -1,4 +1,4 @@
-"""Comp-sum losses (LOSSES.md §3): sum-exponential, cross-entropy, GCE and MAE in one family.
+"""Comp-sum losses (docs/losses/comp_sum.md): sum-exponential, cross-entropy, GCE and MAE in one family.
 
 A. Mao, M. Mohri, Y. Zhong, *Cross-Entropy Loss Functions: Theoretical Analysis and
 Applications*, ICML 2023, arXiv:2304.07288. There is no public code; implemented from the maths.
@@ -28,7 +28,7 @@ __all__ = ["comp_sum_loss", "CompSumLoss"]
 
 
 class _CompSumFunction(torch.autograd.Function):
-    """Per-row ``Phi^tau(1/p_y - 1)`` with the log-space backward of LOSSES.md §3.
+    """Per-row ``Phi^tau(1/p_y - 1)`` with the log-space backward of docs/losses/comp_sum.md.
 
     Forward: ``ce = logsumexp(h) - h_y``; ``ce`` if ``tau == 1`` else
     ``expm1((1 - tau) ce) / (1 - tau)``. Backward, with ``r = (1 - tau) ce``:

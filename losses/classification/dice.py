@@ -1,4 +1,4 @@
-"""Dice semimetric loss, Jaccard metric loss and the soft Dice baseline (LOSSES.md §12).
+"""Dice semimetric loss, Jaccard metric loss and the soft Dice baseline (docs/losses/dice.md).
 
 All three are computed from per-class (and per-image) sums over the kept positions of the
 probabilities ``x`` and labels ``y``::
@@ -218,7 +218,7 @@ def _dice_forward(
         fn, kind, input, target, activation=activation, aggregate=aggregate, active_classes=active_classes,
         weight=weight, mask=mask, ignore_index=ignore_index, gather=gather)
 
-    # unit weights (LOSSES.md §13.3)
+    # unit weights (docs/conventions.md)
     a = wc * active.to(wc.dtype)
     if aggregate == "dataset":
         w = a
@@ -279,7 +279,7 @@ _COMMON_DOC = r"""Args:
         reduction: ``"none"`` gives ``(C,)`` (``"dataset"``) or ``(B, C)`` per-unit values (0 for
             inactive units); ``"mean"`` divides by the total unit weight; ``"sum"``.
 
-    Unit weights (LOSSES.md §13.3): ``w_c = weight_c active_c`` (``"dataset"``);
+    Unit weights (docs/conventions.md): ``w_c = weight_c active_c`` (``"dataset"``);
     ``w_bc = weight_c active_bc / sum_c' weight_c' active_bc'`` (``"image"``);
     ``w_bc = weight_c active_bc / #{b: active_bc}`` (``"class"``). No active unit: an exact,
     graph-attached 0. ``s = 0`` with ``|x| + |y| = 0``: 0.
@@ -502,7 +502,7 @@ def _unit_weights_for(fn: str, kind: str):
                      smooth: float = 1.0, aggregate: str = "dataset", active_classes: Optional[str] = None,
                      log_loss: bool = False, weight: Optional[Tensor] = None, ignore_index: int = -100,
                      reduction: str = "mean", **_: object) -> Tensor:
-        """The §13.3 unit weights of the aggregate in use, shaped like the ``"none"`` output."""
+        """The the unit-weight rule, docs/conventions.md unit weights of the aggregate in use, shaped like the ``"none"`` output."""
         with torch.no_grad():
             return _dice_forward(fn, kind, input.detach(), target, activation=activation, smooth=smooth,
                                  aggregate=aggregate, active_classes=active_classes, log_loss=log_loss,

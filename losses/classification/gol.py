@@ -1,7 +1,7 @@
 """GOL: the Gumbel optimised loss (binary cross-entropy through the Gumbel CDF).
 
 Alexandridis, Deng, Nguyen, Luo, *Long-tailed Instance Segmentation using Gumbel Optimized Loss*,
-ECCV 2022, arXiv:2207.10936 (LOSSES.md §10).
+ECCV 2022, arXiv:2207.10936 (docs/losses/gol.md).
 
 The activation is the Gumbel CDF ``eta(q) = exp(-exp(-q))``; the loss is the element-wise binary
 cross-entropy of ``eta(input)`` against one-hot (or soft / multi-hot) targets, evaluated in log
@@ -45,7 +45,7 @@ __all__ = [
     "GOLLoss",
 ]
 
-#: logits are floored here before exponentiating (zero gradient below), LOSSES.md §10
+#: logits are floored here before exponentiating (zero gradient below), docs/losses/gol.md
 _FLOOR = -50.0
 #: the reference's logit clamp
 _REFERENCE_CLAMP = (-4.0, 10.0)

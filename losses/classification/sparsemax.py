@@ -1,4 +1,4 @@
-"""Sparsemax, entmax-1.5 and bisection entmax: activations and Fenchel-Young losses (LOSSES.md §2).
+"""Sparsemax, entmax-1.5 and bisection entmax: activations and Fenchel-Young losses (docs/losses/sparsemax.md).
 
 ``entmax_alpha(z) = argmax_{p in simplex} <p, z> + H_alpha(p)`` with the Tsallis entropy
 ``H_alpha(p) = (1 - sum_j p_j^alpha) / (alpha (alpha - 1))``; ``alpha = 2`` is sparsemax

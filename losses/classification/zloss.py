@@ -1,4 +1,4 @@
-"""The Z-loss of de Brébisson & Vincent and, separately, the PaLM / T5X log-Z penalty (LOSSES.md §1).
+"""The Z-loss of de Brébisson & Vincent and, separately, the PaLM / T5X log-Z penalty (docs/losses/z_loss.md).
 
 The two share a name in the literature but are different losses:
 

@@ -1,4 +1,4 @@
-"""The many-class path: linear layer + softmax cross-entropy without the N x C logits (LOSSES.md §14)."""
+"""The many-class path: linear layer + softmax cross-entropy without the N x C logits (docs/losses/linear_cross_entropy.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Margin softmax on a cosine head: ArcFace, CosFace and combined margins (``LOSSES.md`` §11).
+"""Margin softmax on a cosine head: ArcFace, CosFace and combined margins (``docs/losses/partial_fc.md``).
 
 The margin is a plain function of the cosines: :func:`margin_logits` maps a cosine matrix and the
 class ids to logits ``s·cos`` with the target entries replaced by ``s·psi(cos)``; it is what a user
@@ -42,7 +42,7 @@ __all__ = ["margin_logits", "margin_softmax_loss", "MarginSoftmaxLoss"]
 VARIANTS = ("paper", "reference")
 #: ``-log(1e-30)``: the ``"reference"`` variant's forward-only cap on the per-sample loss.
 REFERENCE_CAP = -math.log(1e-30)
-#: ``normalize(v) = v / max(||v||, 1e-12)`` (LOSSES.md §0, Numerics).
+#: ``normalize(v) = v / max(||v||, 1e-12)`` (docs/conventions.md, Numerics).
 NORM_EPS = 1e-12
 #: ArcFace's square root ``sqrt(1 - c^2)`` sees ``c`` clamped to ``[-1 + 1e-6, 1 - 1e-6]``.
 ROOT_CLAMP = 1e-6

@@ -1,4 +1,4 @@
-"""NBC-Softmax: softmax cross-entropy plus a batch-level centroid-separation term (LOSSES.md §8).
+"""NBC-Softmax: softmax cross-entropy plus a batch-level centroid-separation term (docs/losses/nbc_softmax.md).
 
 G. K. Kulatilleke, S. S. Chandra, M. Portmann, *NBC-Softmax: Darkweb Author fingerprinting and
 migration tracking*, arXiv preprint 2022, arXiv:2212.08184. The reference repository
@@ -252,7 +252,7 @@ class NBCSoftmaxLoss(nn.Module):
     gives the class scores for prediction. ``gather_distributed=True`` all-gathers embeddings
     (sum-backward) and labels over the default process group and computes the loss of the global
     batch on every rank: the classifier gets its single-process gradient on every rank and each
-    rank's embeddings ``world_size`` x theirs (LOSSES.md §0 Distributed). Every rank must pass the
+    rank's embeddings ``world_size`` x theirs (docs/conventions.md Distributed). Every rank must pass the
     same batch size (else ``ValueError``).
     """
 

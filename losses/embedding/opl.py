@@ -1,4 +1,4 @@
-"""Orthogonal Projection Loss (OPL), an auxiliary loss on penultimate features (LOSSES.md §5).
+"""Orthogonal Projection Loss (OPL), an auxiliary loss on penultimate features (docs/losses/opl.md).
 
 K. Ranasinghe, M. Naseer, M. Hayat, S. Khan, F. S. Khan, *Orthogonal Projection Loss*, ICCV 2021,
 arXiv:2103.14021. Reference code: ``kahnchana/opl`` (MIT); implemented here from the maths only.

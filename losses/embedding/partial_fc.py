@@ -1,5 +1,5 @@
 """Partial FC: margin softmax over a sampled subset of class centres, optionally sharded over ranks
-(``LOSSES.md`` §11 and §0 "Distributed").
+(``docs/losses/partial_fc.md`` and ``docs/conventions.md`` "Distributed").
 
 Single process: :func:`partial_fc_loss` keeps every positive class of the batch and draws the rest of
 ``k = floor(sample_rate·C)`` classes uniformly without replacement, then computes
@@ -208,7 +208,7 @@ def partial_fc_loss(
 
 
 class _ScaleGrad(torch.autograd.Function):
-    """Identity forward; multiplies the gradient by ``factor`` (the world size, §0 (d))."""
+    """Identity forward; multiplies the gradient by ``factor`` (the world size, docs/conventions.md, distributed (d))."""
 
     @staticmethod
     def forward(ctx, x, factor):  # type: ignore[override]

@@ -1,4 +1,4 @@
-"""WCDAS: Wrapped Cauchy Distributed Angular Softmax (LOSSES.md §9).
+"""WCDAS: Wrapped Cauchy Distributed Angular Softmax (docs/losses/wcdas.md).
 
 B. Han, *Wrapped Cauchy Distributed Angular Softmax for Long-Tailed Visual Recognition*,
 ICML 2023, arXiv:2305.18732. The reference repository (``boranhan/WCDAS_code``) has no licence

@@ -1,4 +1,4 @@
-"""Decoupled softmax, the InfoNCE baseline and soft top-k (LOSSES.md §7), plus in-batch scores.
+"""Decoupled softmax, the InfoNCE baseline and soft top-k (docs/losses/decoupled_softmax.md), plus in-batch scores.
 
 * N. Gupta, F. Devvrit, A. S. Rawat, S. Bhojanapalli, P. Jain, I. S. Dhillon, *Dual-Encoders for
   Extreme Multi-label Classification*, ICLR 2024, arXiv:2310.10636 (decoupled softmax, soft
@@ -567,7 +567,7 @@ def in_batch_scores(
 
 def _module_forward(module: nn.Module, rows_fn, a: Tensor, b: Tensor, c: Optional[Tensor]) -> Tensor:
     """``forward(scores, target)`` or ``forward(query, keys, target)``, reduced over the global
-    batch when ``gather_distributed`` (LOSSES.md §0 Distributed)."""
+    batch when ``gather_distributed`` (docs/conventions.md Distributed)."""
     if c is None:
         scores, target, anchors = a, b, (a,)
     else:
@@ -781,7 +781,7 @@ class SoftTopKLoss(_SeededModule):
 
 
 def _row_unit_weights(scores: Tensor, target: Tensor, *, ignore_index: int = -100, **_: object) -> Tensor:
-    """Row weights of the §7 losses: 1 for a row with at least one positive, else 0."""
+    """Row weights of the docs/losses/decoupled_softmax.md losses: 1 for a row with at least one positive, else 0."""
     pos, _ = _ranking_targets("unit_weights", scores, target, ignore_index, torch.float64)
     return pos.any(dim=1).double()
 

@@ -1,4 +1,4 @@
-"""PSL (Pairwise Softmax Loss) with its sampled-softmax and BPR baselines (LOSSES.md §6).
+"""PSL (Pairwise Softmax Loss) with its sampled-softmax and BPR baselines (docs/losses/psl.md).
 
 Each row ``b`` is one (user, positive item) pair scored ``pos_scores[b]`` together with ``N``
 sampled negatives scored ``neg_scores[b, j]`` (raw cosine similarities); the caller samples the
@@ -11,7 +11,7 @@ negatives.
   Ranking from Implicit Feedback*, UAI 2009, arXiv:1205.2618.
 
 The public PSL code (``Tiny-Snow/IR-Benchmark``) is GPL-3.0; nothing here is taken from it.
-This module is written from the formulas of the paper as restated in LOSSES.md §6.
+This module is written from the formulas of the paper as restated in docs/losses/psl.md.
 """
 
 from __future__ import annotations
@@ -319,7 +319,7 @@ def sampled_softmax_loss(
 
     The sampled softmax as the recommendation baseline is the SSM of W. Yang et al., *PSL:
     Rethinking and Improving Softmax Loss from Pairwise Perspective for Recommendation*,
-    NeurIPS 2024, arXiv:2411.00163 (§2 there, following sampled-softmax recommendation work).
+    NeurIPS 2024, arXiv:2411.00163 (Section 2 there, following sampled-softmax recommendation work).
 
     >>> import torch, losses
     >>> pos, neg = torch.tensor([0.5]), torch.tensor([[0.1, 0.3]])

@@ -1,4 +1,4 @@
-"""Smooth adversarial comp-sum loss (LOSSES.md §4, experimental): loop oracle, gradcheck, the test
+"""Smooth adversarial comp-sum loss (docs/losses/adversarial_comp_sum.md, experimental): loop oracle, gradcheck, the test
 facts, the PGD inner loop against an independent re-implementation, model mode / parameters /
 .grad untouched, determinism, errors and the ExperimentalWarning."""
 
@@ -120,7 +120,7 @@ def test_gradcheck(shape, tau, rho, nu):
 
 
 # --------------------------------------------------------------------------------------
-# test facts (§4) on the functional form
+# test facts (docs/losses/adversarial_comp_sum.md) on the functional form
 # --------------------------------------------------------------------------------------
 
 
@@ -223,7 +223,7 @@ def _batch(n=5, d=6, c=4, seed=0, dtype=torch.float64):
 
 
 def pgd_oracle(model, x, t, *, epsilon, steps, step_size, norm, clip, std, seed, ignore_index=-100):
-    """PGD on sum_i ||Delta(model(x'))_i - Delta(model(x))_i||_2 written from LOSSES.md §4."""
+    """PGD on sum_i ||Delta(model(x'))_i - Delta(model(x))_i||_2 written from docs/losses/adversarial_comp_sum.md."""
     model.eval()
     with torch.no_grad():
         ref = model(x)
@@ -249,7 +249,7 @@ def pgd_oracle(model, x, t, *, epsilon, steps, step_size, norm, clip, std, seed,
                 xa = xa + step_size * grad.sign()
                 xa = torch.max(torch.min(xa, x + epsilon), x - epsilon)
             else:
-                gn = grad.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, 1)  # normalize(v) of §0
+                gn = grad.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, 1)  # normalize(v) of docs/conventions.md
                 xa = xa + step_size * grad / gn
                 delta = xa - x
                 dn = delta.flatten(1).norm(dim=1).view(-1, 1)

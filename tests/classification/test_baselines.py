@@ -1,4 +1,4 @@
-"""Baselines (LOSSES.md §0 "Baselines"): cross_entropy_loss and bce_with_logits_loss against float64
+"""Baselines (docs/conventions.md "Baselines"): cross_entropy_loss and bce_with_logits_loss against float64
 loop oracles, gradcheck, the all-ignored rule, errors and the validation switch."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Comp-sum losses (LOSSES.md §3): loop oracle, gradcheck, the table values, continuity at tau = 1,
+"""Comp-sum losses (docs/losses/comp_sum.md): loop oracle, gradcheck, the table values, continuity at tau = 1,
 the documented infinities, the gradient fact, errors and the validation switch."""
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def test_tau_one_is_cross_entropy():
 
 
 # --------------------------------------------------------------------------------------
-# the table (§3) and continuity at tau = 1
+# the table (docs/losses/comp_sum.md) and continuity at tau = 1
 # --------------------------------------------------------------------------------------
 
 

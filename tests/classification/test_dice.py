@@ -1,4 +1,4 @@
-"""Dice semimetric, Jaccard metric and soft Dice losses (LOSSES.md §12)."""
+"""Dice semimetric, Jaccard metric and soft Dice losses (docs/losses/dice.md)."""
 
 from __future__ import annotations
 
@@ -247,7 +247,7 @@ def test_gradcheck(n, c, kind):
 
 
 # --------------------------------------------------------------------------------------
-# test facts (§12)
+# test facts (docs/losses/dice.md)
 # --------------------------------------------------------------------------------------
 
 
@@ -543,7 +543,7 @@ def test_registry_unit_weights(name, aggregate):
     none = losses.create_loss(name, aggregate=aggregate, weight=w, reduction="none")(x, t, mask)
     assert uw.shape == none.shape == ((5,) if aggregate == "dataset" else (4, 5))
     torch.testing.assert_close(m(x, t, mask), (uw * none).sum() / uw.sum())
-    # §13.3 formulas, computed independently
+    # the unit-weight rule, docs/conventions.md formulas, computed independently
     act = torch.zeros(4, 5, dtype=torch.bool)
     keep = (t != -100) & mask
     for b in range(4):

@@ -1,5 +1,5 @@
-"""Dice / Jaccard / soft Dice with ``gather_distributed=True`` on real gloo processes (LOSSES.md §0
-Distributed, §12): every rank returns the loss of the concatenated batch, and its inputs get
+"""Dice / Jaccard / soft Dice with ``gather_distributed=True`` on real gloo processes (docs/conventions.md
+Distributed, docs/losses/dice.md): every rank returns the loss of the concatenated batch, and its inputs get
 world_size x their single-process gradient."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""GOL (LOSSES.md §10): loop oracle, gradcheck, gradient facts, variants, errors, validation."""
+"""GOL (docs/losses/gol.md): loop oracle, gradcheck, gradient facts, variants, errors, validation."""
 
 from __future__ import annotations
 
@@ -269,7 +269,7 @@ def test_gradcheck_differentiable_weight():
 
 
 # --------------------------------------------------------------------------------------
-# gradient facts (§10)
+# gradient facts (docs/losses/gol.md)
 # --------------------------------------------------------------------------------------
 
 

@@ -1,6 +1,6 @@
-"""Sparsemax / entmax-1.5 / bisection entmax: activations and Fenchel-Young losses (LOSSES.md §2).
+"""Sparsemax / entmax-1.5 / bisection entmax: activations and Fenchel-Young losses (docs/losses/sparsemax.md).
 
-Oracles are independent float64 loops written from the formulas of §2 (sort, find k*, tau; a
+Oracles are independent float64 loops written from the formulas of docs/losses/sparsemax.md (sort, find k*, tau; a
 scalar bisection for general alpha) on Python floats; gradients are compared with the analytic
 Jacobian/FY formulas evaluated by loops, with finite differences, and with gradcheck.
 """
@@ -485,7 +485,7 @@ def test_gradcheck_losses(n, c):
 
 
 # --------------------------------------------------------------------------------------
-# gradient and test facts (§2)
+# gradient and test facts (docs/losses/sparsemax.md)
 # --------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""Z-loss (LOSSES.md §1a) and the PaLM log-Z penalty (§1b): loop oracles, gradcheck, the gradient
+"""Z-loss (docs/losses/z_loss.md) and the PaLM log-Z penalty (docs/losses/z_loss.md): loop oracles, gradcheck, the gradient
 facts, edge cases, errors and the validation switch."""
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def test_zloss_double_backward_is_refused():
 
 
 # --------------------------------------------------------------------------------------
-# Z-loss: gradient facts (§1a)
+# Z-loss: gradient facts (docs/losses/z_loss.md)
 # --------------------------------------------------------------------------------------
 
 
@@ -410,7 +410,7 @@ def test_zloss_validation_off_skips_only_data_checks():
 
 
 # --------------------------------------------------------------------------------------
-# log-Z penalty (§1b)
+# log-Z penalty (docs/losses/z_loss.md)
 # --------------------------------------------------------------------------------------
 
 

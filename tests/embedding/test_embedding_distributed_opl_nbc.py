@@ -1,4 +1,4 @@
-"""OPL and NBC-softmax with ``gather_distributed=True`` on 2 real gloo processes (LOSSES.md §0
+"""OPL and NBC-softmax with ``gather_distributed=True`` on 2 real gloo processes (docs/conventions.md
 Distributed (a), (b), (d)): the loss of the concatenated global batch on every rank, the
 single-process gradient for the replicated NBC head, world_size x the single-process gradient for
 this rank's embeddings, and a ValueError for unequal batch sizes."""

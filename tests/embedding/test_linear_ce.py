@@ -1,4 +1,4 @@
-"""linear_cross_entropy (LOSSES.md §14): chunked == materialised, loop oracle, gradcheck, errors."""
+"""linear_cross_entropy (docs/losses/linear_cross_entropy.md): chunked == materialised, loop oracle, gradcheck, errors."""
 
 import math
 

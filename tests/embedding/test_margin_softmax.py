@@ -1,4 +1,4 @@
-"""Margin softmax (ArcFace / CosFace / combined margins), LOSSES.md §11: float64 loop oracle,
+"""Margin softmax (ArcFace / CosFace / combined margins), docs/losses/partial_fc.md: float64 loop oracle,
 gradcheck, the section's test facts, errors and the validation switch."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ CAP = 30 * math.log(10)  # -log(1e-30) = 69.0776
 
 
 # --------------------------------------------------------------------------------------
-# the oracle: explicit loops in float64, straight from §11
+# the oracle: explicit loops in float64, straight from docs/losses/partial_fc.md
 # --------------------------------------------------------------------------------------
 
 
@@ -163,7 +163,7 @@ def test_gradcheck(name, shape):
 
 
 def test_paper_arcface_gradient_matches_finite_differences():
-    """§11 test fact: fp64, target cosines in (-0.8, 0.95), central differences at s = 64."""
+    """docs/losses/partial_fc.md test fact: fp64, target cosines in (-0.8, 0.95), central differences at s = 64."""
     x, w, y = _inputs_with_target_cos(6, 5, 4, seed=3)
     cy = _target_cos(x, w, y)
     assert bool(((cy > -0.8) & (cy < 0.95)).all())
@@ -211,7 +211,7 @@ def test_arcface_fallback_below_pi_minus_m():
 
 
 def test_cosine_margin_is_cross_entropy_on_scaled_cosine():
-    """§11: margin = (1, 0, 0) gives CE on s·cos (value and gradients); also the registry preset."""
+    """docs/losses/partial_fc.md: margin = (1, 0, 0) gives CE on s·cos (value and gradients); also the registry preset."""
     x, w, y = _inputs(5, 7, 3, seed=4)
     xs, ws = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
     got = losses.margin_softmax_loss(xs, y, ws, scale=10.0, margin=(1.0, 0.0, 0.0))
@@ -255,7 +255,7 @@ def test_margin_logits_values():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_reference_loss_is_capped_cross_entropy(dtype):
-    """§11: the "reference" loss equals mean_i min(CE_i, 69.0776) (CE_i on the margin logits)."""
+    """docs/losses/partial_fc.md: the "reference" loss equals mean_i min(CE_i, 69.0776) (CE_i on the margin logits)."""
     x, w, y = _inputs(6, 5, 4, seed=8, dtype=dtype)
     # rows 0 and 1 far from their centres and close to another: CE > 69 at s = 64
     for i in (0, 1):

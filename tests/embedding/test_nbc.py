@@ -1,4 +1,4 @@
-"""NBC-Softmax (LOSSES.md §8): loop oracle, gradcheck, test facts, many classes, errors."""
+"""NBC-Softmax (docs/losses/nbc_softmax.md): loop oracle, gradcheck, test facts, many classes, errors."""
 
 from __future__ import annotations
 
@@ -149,7 +149,7 @@ def test_gradcheck_module_head():
 
 
 # --------------------------------------------------------------------------------------
-# test facts (§8)
+# test facts (docs/losses/nbc_softmax.md)
 # --------------------------------------------------------------------------------------
 
 

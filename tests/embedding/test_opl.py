@@ -1,4 +1,4 @@
-"""Orthogonal Projection Loss (LOSSES.md §5): loop oracle, gradcheck, test facts, errors."""
+"""Orthogonal Projection Loss (docs/losses/opl.md): loop oracle, gradcheck, test facts, errors."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def test_gradcheck(variant, neg_term, n, y):
 
 
 # --------------------------------------------------------------------------------------
-# test facts (§5)
+# test facts (docs/losses/opl.md)
 # --------------------------------------------------------------------------------------
 
 
@@ -170,7 +170,7 @@ def test_paper_default_gamma_and_paper_equation():
 
 
 # --------------------------------------------------------------------------------------
-# edge cases (§5)
+# edge cases (docs/losses/opl.md)
 # --------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""Partial FC on one process (LOSSES.md §11): sampling, equality with margin softmax, the loop
+"""Partial FC on one process (docs/losses/partial_fc.md): sampling, equality with margin softmax, the loop
 oracle on the sampled centres, gradcheck, determinism, errors. The sharded form is tested on gloo
 processes in ``test_partial_fc_distributed.py``."""
 
@@ -27,7 +27,7 @@ def _call(x, w, y, **kw):
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
 @pytest.mark.parametrize("name", list(ALL_CONFIGS))
 def test_rate_one_equals_margin_softmax(name, reduction):
-    """§11: sample_rate = 1.0 equals margin_softmax_loss (values and gradients)."""
+    """docs/losses/partial_fc.md: sample_rate = 1.0 equals margin_softmax_loss (values and gradients)."""
     kw = ALL_CONFIGS[name]
     x, w, y = _inputs(6, 7, 3, seed=2)
     y[3] = -100
@@ -97,7 +97,7 @@ def test_gradcheck_embeddings_and_centres(name, shape):
     (1000, 0.01, [999, 0, -100, 500]),
 ])
 def test_index_holds_positives_and_has_size_max_k_p(num_classes, rate, labels):
-    """§11: I contains every positive and |I| = max(k, |P|); sorted, unique, in range."""
+    """docs/losses/partial_fc.md: I contains every positive and |I| = max(k, |P|); sorted, unique, in range."""
     torch.manual_seed(0)
     module = losses.PartialFCLoss(4, num_classes, sample_rate=rate, seed=1)
     y = torch.tensor(labels)
@@ -149,7 +149,7 @@ def test_sampling_is_uniform_over_non_positives():
 
 
 def test_determinism_with_generator_and_seed():
-    """§13.10: same generator seed / module seed -> same draws and loss; copies continue the stream."""
+    """determinism, docs/conventions.md: same generator seed / module seed -> same draws and loss; copies continue the stream."""
     x, w, _ = _inputs(4, 50, 3, seed=6)
     y = torch.tensor([1, 2, 3, 4])
 

@@ -1,5 +1,5 @@
-"""Model-parallel Partial FC (``distributed=True``) on real gloo processes (LOSSES.md §0 "Distributed",
-§11): the sharded loss and gradients against the single-process loss on the concatenated batch.
+"""Model-parallel Partial FC (``distributed=True``) on real gloo processes (docs/conventions.md "Distributed",
+docs/losses/partial_fc.md): the sharded loss and gradients against the single-process loss on the concatenated batch.
 
 Everything runs in one 2-process gloo launch (spawning is the slow part): the worker records its
 results and the tests below compare them with single-process computations in the parent.

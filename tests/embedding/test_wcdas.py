@@ -1,4 +1,4 @@
-"""WCDAS (LOSSES.md §9): loop oracle, gradcheck, test facts, module state, errors."""
+"""WCDAS (docs/losses/wcdas.md): loop oracle, gradcheck, test facts, module state, errors."""
 
 from __future__ import annotations
 
@@ -144,7 +144,7 @@ def test_gradcheck_module_parameters(scale):
 
 
 # --------------------------------------------------------------------------------------
-# test facts (§9)
+# test facts (docs/losses/wcdas.md)
 # --------------------------------------------------------------------------------------
 
 

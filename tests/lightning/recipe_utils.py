@@ -1,4 +1,4 @@
-"""Run a recipe through the real CLI entry point, in-process (LOSSES.md §13 CI sizing).
+"""Run a recipe through the real CLI entry point, in-process (docs/conventions.md CI sizing).
 
 ``run_recipe(config, tmp_path)`` runs ``fit`` with one short epoch (2 train / 2 val / 2 test
 batches; not ``fast_dev_run``, which writes no checkpoint), then ``validate`` and ``test`` from

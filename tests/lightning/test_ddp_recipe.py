@@ -5,7 +5,7 @@ Both runs see the same global batches: the DDP recipe uses ``shuffle: false`` (t
 pre-shuffled once, seeded), 32 images per rank, and the single-process run 64 images with
 ``distributed: false``; with ``limit_*_batches=2`` no DistributedSampler padding enters. The
 backbone normalises per sample (GroupNorm), Partial FC uses ``sample_rate=1.0`` (where the
-sharded loss equals the single-process loss, LOSSES.md §11), and the loss gives every rank the
+sharded loss equals the single-process loss, docs/losses/partial_fc.md), and the loss gives every rank the
 global-batch loss with world_size x input gradients, so DDP's averaging recovers the
 single-process step. Stated tolerance: 1e-4 absolute on losses, ECE, cosines and the gathered
 class centres after two AdamW steps (float reduction order differs across processes); at most

@@ -1,5 +1,5 @@
 """Every recommendation / retrieval recipe runs through the real CLI: fit (1 epoch, 2 batches),
-then validate and test from the checkpoint that fit saved (LOSSES.md §13, CI sizing); plus the
+then validate and test from the checkpoint that fit saved (docs/conventions.md, CI sizing); plus the
 checkpoint round trip through ``load_from_checkpoint`` for recipes whose loss owns parameters.
 
 Recipes run unchanged except for the CI shortening of ``run_recipe``, no sanity-check pass and,

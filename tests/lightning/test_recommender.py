@@ -149,7 +149,7 @@ def test_scores_route_users_view_and_pairs_view():
     torch.testing.assert_close(m._train_loss({"user": users, "target": target}), loss(scores, target))
     b = _batch(g)
     pos, neg = m._pos_neg(b)
-    # one positive (column 0) per row: decoupled softmax = cross-entropy at temperature T (LOSSES.md §7)
+    # one positive (column 0) per row: decoupled softmax = cross-entropy at temperature T (docs/losses/decoupled_softmax.md)
     torch.testing.assert_close(m._train_loss(b), F.cross_entropy(torch.cat([pos[:, None], neg], 1) / 0.1,
                                                                  torch.zeros(5, dtype=torch.long)))
 

@@ -139,7 +139,7 @@ def test_chatterbot_pairs_match_an_independent_reading():
                         expected.setdefault(q, set()).add(a)
     got = {pairs.queries[i]: {pairs.documents[d] for d in pos} for i, pos in enumerate(pairs.positives)}
     assert got == expected
-    assert (len(pairs.queries), len(pairs.documents)) == (748, 870)  # BENCHMARKS.md
+    assert (len(pairs.queries), len(pairs.documents)) == (748, 870)  # docs/benchmarks.md
     assert pairs.meta["multi_positive_queries"] == sum(len(p) > 1 for p in pairs.positives) > 0
 
 

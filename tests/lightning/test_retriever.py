@@ -144,7 +144,7 @@ def test_scores_route_in_batch(loss):
     k = F.normalize(m.doc_tower(b["keys"]), dim=1)
     expected = loss(q @ k.T, b["target"])
     torch.testing.assert_close(m._train_loss(b, q, k), expected)
-    assert m._three_tensor_loss  # the §7 modules take forward(query, keys, target)
+    assert m._three_tensor_loss  # the docs/losses/decoupled_softmax.md modules take forward(query, keys, target)
     # an S loss whose forward takes (scores, target) only gets the in-batch score matrix
     m._three_tensor_loss = False
     torch.testing.assert_close(m._train_loss(b, q, k), expected)

@@ -86,7 +86,7 @@ def test_head_owning_loss_gets_features_and_supplies_logits():
 
 
 def test_model_aware_loss_gets_model_mapping_images_to_logits():
-    # LOSSES.md §4 test fact: nu = 0, rho = 1 equals comp_sum_loss, i.e. CE at tau = 1, on the
+    # docs/losses/adversarial_comp_sum.md test fact: nu = 0, rho = 1 equals comp_sum_loss, i.e. CE at tau = 1, on the
     # logits of the model the loss was handed
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", losses.ExperimentalWarning)

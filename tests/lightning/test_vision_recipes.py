@@ -1,5 +1,5 @@
 """Every vision / segmentation recipe runs through the real CLI: fit (1 epoch, 2 batches), then
-validate and test from the checkpoint that fit saved (LOSSES.md §13, CI sizing); and the
+validate and test from the checkpoint that fit saved (docs/conventions.md, CI sizing); and the
 checkpoint round trip through ``load_from_checkpoint``.
 
 Recipes run unchanged except for the CI shortening of ``run_recipe``, a batch size of 4, no
@@ -65,7 +65,7 @@ def results(tmp_path_factory):
 
 
 def test_recipe_inventory():
-    """Every BENCHMARKS.md digits row and its baseline has a recipe, loss given by class_path."""
+    """Every docs/benchmarks.md digits row and its baseline has a recipe, loss given by class_path."""
     names = {os.path.basename(r) for r in RECIPES}
     expected = {
         "cross_entropy.yaml", "z_loss.yaml", "sparsemax.yaml", "comp_sum_noisy.yaml", "cross_entropy_noisy.yaml",
@@ -93,7 +93,7 @@ def _finite(metrics: dict) -> None:
 
 
 def _stochastic_loss(recipe: str) -> bool:
-    """Losses that draw random numbers take a ``seed`` (LOSSES.md §0 Randomness); their value
+    """Losses that draw random numbers take a ``seed`` (docs/conventions.md Randomness); their value
     depends on the generator state, which a checkpoint does not carry."""
     import importlib
 

@@ -1,4 +1,4 @@
-"""Decoupled softmax and InfoNCE (LOSSES.md §7) against explicit float64 loops and the spec's facts;
+"""Decoupled softmax and InfoNCE (docs/losses/decoupled_softmax.md) against explicit float64 loops and the spec's facts;
 target handling, sampling, errors and the single-process ``in_batch_scores`` / module forms."""
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ def test_expected_sampled_loss_equals_paper_loss():
 
 
 # --------------------------------------------------------------------------------------
-# test facts (LOSSES.md §7)
+# test facts (docs/losses/decoupled_softmax.md)
 # --------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""PSL, sampled softmax and BPR (LOSSES.md §6) against explicit float64 loops and the spec's facts.
+"""PSL, sampled softmax and BPR (docs/losses/psl.md) against explicit float64 loops and the spec's facts.
 
 The oracles below compute sigma(d) ** (1 / tau) directly (not in log space) from the table of
 activations, so they are independent of the implementation's log-space forms.
@@ -214,7 +214,7 @@ def test_bpr_matches_loop_oracle(use_mask):
 
 
 # --------------------------------------------------------------------------------------
-# test facts (LOSSES.md §6)
+# test facts (docs/losses/psl.md)
 # --------------------------------------------------------------------------------------
 
 

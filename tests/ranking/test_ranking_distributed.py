@@ -1,5 +1,5 @@
 """``gather_distributed=True`` for decoupled softmax / InfoNCE / soft top-k and ``in_batch_scores``
-on 2 real gloo processes (LOSSES.md §0 Distributed, §7).
+on 2 real gloo processes (docs/conventions.md Distributed, docs/losses/decoupled_softmax.md).
 
 Every rank must return the loss of the concatenated global batch ("mean" divides by the global
 number of rows with positives; "none" returns this rank's rows) and give its inputs world_size x

@@ -1,4 +1,4 @@
-"""Soft top-k loss (LOSSES.md §7): an independent float64 loop oracle (its own solver for the
+"""Soft top-k loss (docs/losses/decoupled_softmax.md): an independent float64 loop oracle (its own solver for the
 threshold), the spec's facts (sum of p, bracket up to L = 1e6, implicit gradient vs finite
 differences), the reference variant's positive sampling, errors and modules."""
 
