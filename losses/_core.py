@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from typing import Callable, Iterator, Optional, Sequence
 
 import torch
@@ -89,15 +90,49 @@ def validation(enabled: bool) -> Iterator[None]:
         set_validation(previous)
 
 
+_COMPILE_WARNED = False
+
+#: the warning given (once per process) when validation is on but a data check is skipped
+#: because torch.compile / dynamo is tracing the call
+COMPILE_WARNING = (
+    "losses: data checks are skipped while torch.compile traces a loss (they need a host sync), "
+    "so this compiled step is NOT validated although validation is on; run the loss eagerly to "
+    "check the data, or turn the checks off explicitly with losses.validation(False) / "
+    "losses.set_validation(False) around compiled code"
+)
+
+
+def _compiling() -> bool:
+    try:
+        return torch.compiler.is_compiling()
+    except AttributeError:  # pragma: no cover - very old torch
+        return False
+
+
+@torch.compiler.disable
+def _warn_compile_unchecked() -> None:
+    # runs eagerly (dynamo skips this frame), so the warning is a real Python warning
+    global _COMPILE_WARNED
+    if not _COMPILE_WARNED:
+        _COMPILE_WARNED = True
+        warnings.warn(COMPILE_WARNING, UserWarning, stacklevel=4)
+
+
 def _checking() -> bool:
-    # Data checks are skipped while torch.compile / dynamo traces, whatever the switch says:
-    # a host sync inside a compiled graph would force a graph break on every call.
+    """Whether a data check (host sync) runs now: validation is on and the call is eager.
+
+    While torch.compile / dynamo traces, the checks are skipped whatever the switch says (a host
+    sync inside a compiled graph would force a graph break on every call). If validation is on
+    at that point, a ``UserWarning`` naming ``losses.validation(False)`` is given once per
+    process, so that no one believes a compiled step is checked when it is not.
+    """
     if not _VALIDATION:
         return False
-    try:
-        return not torch.compiler.is_compiling()
-    except AttributeError:  # pragma: no cover - very old torch
-        return True
+    if _compiling():
+        if not _COMPILE_WARNED:
+            _warn_compile_unchecked()
+        return False
+    return True
 
 
 # --------------------------------------------------------------------------------------
@@ -159,15 +194,109 @@ def check_floating(fn: str, name: str, x: object) -> Tensor:
 
 
 def check_integer_target(fn: str, target: object, *, name: str = "target") -> Tensor:
+    """Class ids: a float, complex or bool tensor is the wrong kind (``TypeError``).
+
+    The hint never suggests casting (``.long()`` on soft targets would silently corrupt them).
+    """
     check_tensor(fn, name, target)
     if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
         raise type_error(
             fn,
             f"{name} must hold integer class ids",
             str(target.dtype),
-            f"pass {name}.long(); this loss does not take soft or boolean targets",
+            f"this loss takes integer class ids, not probabilities, soft labels or masks; pass the "
+            f"labels as an integer tensor (if {name} is a distribution, use a loss that accepts "
+            f"soft targets, e.g. cross_entropy_loss)",
         )
     return target
+
+
+def check_class_target(fn: str, input: Tensor, target: object, *, soft: bool = True,
+                       soft_name: str = "probabilities") -> bool:
+    """Kind and shape of a classification target for ``input (N, C, d1..dk)``.
+
+    Integer ids ``(N, d1..dk)`` return ``False``; with ``soft=True`` a floating tensor shaped like
+    ``input`` returns ``True``. A floating tensor shaped like the ids (float labels where ids are
+    expected) and a bool or complex tensor are the wrong kind (``TypeError``); any other float
+    shape is a ``ValueError``. The id shape itself is checked by the caller.
+    """
+    check_tensor(fn, "target", target)
+    ids_shape = (input.shape[0],) + tuple(input.shape[2:]) if input.dim() >= 1 else ()
+    kinds = f"integer class ids or float {soft_name}" if soft else "integer class ids"
+    if target.dtype == torch.bool or target.is_complex():
+        raise type_error(fn, f"target must hold {kinds}", str(target.dtype),
+                         "pass the class ids as an integer tensor" + (
+                             f", or {soft_name} as a float tensor shaped like input" if soft else ""))
+    if not target.is_floating_point():
+        return False
+    if soft and tuple(target.shape) == tuple(input.shape):
+        return True
+    if tuple(target.shape) == ids_shape:
+        raise type_error(
+            fn,
+            f"target has the shape of class ids {ids_shape} but a floating-point dtype",
+            str(target.dtype),
+            "class ids must be an integer tensor (e.g. torch.long)"
+            + (f"; {soft_name} must have the input's shape {tuple(input.shape)}" if soft else ""),
+        )
+    if not soft:
+        check_integer_target(fn, target)
+    raise value_error(
+        fn,
+        f"float target must have the input's shape {tuple(input.shape)}",
+        f"shape {tuple(target.shape)}",
+        f"pass {soft_name} shaped like input, or integer class ids of shape {ids_shape}",
+    )
+
+
+def check_bool(fn: str, name: str, value: object) -> bool:
+    """A flag must be a Python ``bool`` (``TypeError`` otherwise, e.g. for 0/1 or "yes")."""
+    if not isinstance(value, bool):
+        raise type_error(fn, f"{name} must be a bool", type(value).__name__, "pass True or False")
+    return value
+
+
+def check_int(
+    fn: str,
+    name: str,
+    value: object,
+    *,
+    low: Optional[int] = None,
+    allow_none: bool = False,
+    what: str = "",
+    hint: str = "",
+) -> Optional[int]:
+    """An integer hyperparameter: a non-integer (bool and float included) is ``TypeError``;
+    an integer below ``low`` is ``ValueError``. ``None`` passes when ``allow_none``. ``what``
+    phrases the requirement (default: "an int", "a positive int", "an int >= low", "... or None")."""
+    if value is None and allow_none:
+        return None
+    if not what:
+        what = "an int" if low is None else ("a positive int" if low == 1 else f"an int >= {low}")
+        if allow_none:
+            what += " or None"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise type_error(fn, f"{name} must be {what}", repr(value), hint or f"pass {name} as a Python int")
+    if low is not None and value < low:
+        raise value_error(fn, f"{name} must be {what}", repr(value), hint or f"pass {name} >= {low}")
+    return int(value)
+
+
+def check_seed(fn: str, seed: object) -> Optional[int]:
+    """``None`` (the global RNG) or an integer seed; anything else is ``TypeError``."""
+    return check_int(fn, "seed", seed, allow_none=True,
+                     hint="pass an integer seed for a private generator, or None for the global RNG")
+
+
+def check_softmax_classes(fn: str, c: int) -> None:
+    """A softmax over one class is identically 1: the loss is 0 and trains nothing."""
+    if c == 1:
+        raise value_error(
+            fn,
+            "a softmax over a single class is identically 1, so this loss is 0 and trains nothing",
+            "C=1",
+            "for a binary task use bce_with_logits_loss (one logit per sample) or pass two classes",
+        )
 
 
 def check_choice(fn: str, name: str, value: object, choices: Sequence[object]) -> None:
@@ -216,8 +345,11 @@ def check_number(
 # --------------------------------------------------------------------------------------
 
 
-def check_finite(fn: str, name: str, x: Tensor, *, allow_neg_inf: bool = False) -> None:
-    """NaN or +inf anywhere (and -inf unless it is a documented mask) raises ValueError."""
+def check_finite(fn: str, name: str, x: Tensor, *, allow_neg_inf: bool = False,
+                 hint: Optional[str] = None) -> None:
+    """NaN or +inf anywhere (and -inf unless it is a documented mask) raises ValueError.
+
+    ``hint`` replaces the default hint (used where ``-inf`` has a documented alternative)."""
     if not _checking() or not x.is_floating_point() or x.numel() == 0:
         return
     # one-pass screen: a sum of finite values is finite unless it overflows, and any NaN or
@@ -242,8 +374,76 @@ def check_finite(fn: str, name: str, x: Tensor, *, allow_neg_inf: bool = False) 
             fn,
             f"{name} contains {what}",
             ", ".join(parts),
+            hint if (hint is not None and not n_nan and not n_pinf) else
             "check the model output for overflow or divergence"
             + ("; -inf is allowed as a mask" if allow_neg_inf else ""),
+        )
+
+
+def check_masked_logits(fn: str, name: str, x: Tensor, *, active: Optional[Tensor] = None,
+                        class_dim: int = 1) -> None:
+    """Logits where ``-inf`` is a mask: NaN or +inf raise; so does an active row (a position
+    along every dim but ``class_dim``) without a finite score. ``active`` (bool, the row shape,
+    ``None`` = all rows) exempts ignored rows. Data check; one sum when everything is finite."""
+    if not _checking() or not x.is_floating_point() or x.numel() == 0:
+        return
+    if bool(torch.isfinite(x.detach().sum(dtype=torch.float64 if x.dtype == torch.float64 else torch.float32))):
+        return
+    check_finite(fn, name, x, allow_neg_inf=True)
+    dead = (x == -math.inf).all(dim=class_dim)
+    if active is not None:
+        dead = dead & active.reshape(dead.shape)
+    if bool(dead.any()):
+        row = int(torch.nonzero(dead.reshape(-1))[0, 0])
+        raise value_error(fn, f"row {row} of {name} has no finite score", "all -inf",
+                          "unmask at least one class per row")
+
+
+def check_class_weight(fn: str, weight: object, c: int, *, name: str = "weight",
+                       allow_shape: Optional[tuple] = None) -> Optional[Tensor]:
+    """Class weights ``(C,)`` (or ``allow_shape``, e.g. per element): a floating tensor; finite,
+    non-negative and, for ``(C,)``, not all zero (data checks)."""
+    if weight is None:
+        return None
+    check_tensor(fn, name, weight)
+    shape = tuple(weight.shape)
+    if shape != (c,) and (allow_shape is None or shape != tuple(allow_shape)):
+        raise value_error(
+            fn,
+            f"{name} must have shape ({c},), one per class" if allow_shape is None else
+            f"{name} must have shape ({c},) or the input's shape {tuple(allow_shape)}",
+            f"shape {shape}",
+            "pass a 1-D tensor of class weights" if allow_shape is None else
+            "pass one weight per class or one per element",
+        )
+    if not weight.is_floating_point():
+        raise type_error(fn, f"{name} must be a floating-point tensor", str(weight.dtype),
+                         f"pass {name} as a float tensor")
+    check_finite(fn, name, weight)
+    if _checking() and weight.numel() > 0:
+        if bool((weight < 0).any()):
+            raise value_error(fn, f"{name} must be non-negative", f"min={float(weight.min())}",
+                              "class weights are >= 0; use 0 to drop a class")
+        if shape == (c,) and not bool((weight > 0).any()):
+            raise value_error(fn, f"{name} is zero for every class, so nothing would be trained", "all 0",
+                              "give at least one class a positive weight")
+    return weight
+
+
+def check_distribution(fn: str, name: str, q: Tensor, *, dim: int = 1, tol: float = 1e-3,
+                       hint: str = "") -> None:
+    """Soft targets: non-negative and summing to 1 along ``dim`` within ``tol`` (relative to the
+    expected sum 1). Data check."""
+    if not _checking() or q.numel() == 0:
+        return
+    qd = q.detach()
+    err = (qd.sum(dim=dim, dtype=torch.float64) - 1).abs()
+    if bool((qd < 0).any()) or bool((err > tol).any()):
+        raise value_error(
+            fn,
+            f"float {name} must be a distribution over dim {dim} (non-negative, summing to 1 within {tol:g})",
+            f"min={float(qd.min())}, max |row sum - 1|={float(err.max()):.3g}",
+            hint or f"normalise it ({name} / {name}.sum({dim}, keepdim=True)) or pass integer class ids",
         )
 
 
@@ -303,6 +503,21 @@ def compute_dtype(*tensors: Optional[Tensor]) -> torch.dtype:
 
 def upcast(x: Tensor, dtype: torch.dtype) -> Tensor:
     return x if x.dtype == dtype else x.to(dtype)
+
+
+def no_autocast(device_type: str):
+    """A context that switches autocast off (the maths then runs in the dtypes chosen by
+    :func:`compute_dtype`, float32 or wider, as ``F.cross_entropy`` does under autocast)."""
+    try:
+        return torch.autocast(device_type=device_type, enabled=False)
+    except RuntimeError:  # pragma: no cover - device type without autocast support
+        return contextlib.nullcontext()
+
+
+def zero_rows(x: Tensor, keep: Tensor) -> Tensor:
+    """``x (M, C)`` with the rows where ``keep (M,)`` is False replaced by 0 *before* any maths,
+    so that ignored positions holding +-inf or NaN give exactly zero (not NaN) gradients."""
+    return torch.where(keep.unsqueeze(1), x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 def move_class_dim_last(input: Tensor) -> Tensor:

@@ -19,11 +19,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._core import (
+    check_class_target,
+    check_class_weight,
     check_finite,
     check_ids_in_range,
     check_tensor,
     check_unit_interval,
-    type_error,
     value_error,
 )
 
@@ -47,21 +48,7 @@ def elementwise_targets(
             "add a batch dimension with input.unsqueeze(0)",
         )
     c = input.shape[1]
-    if target.dtype == torch.bool:
-        raise type_error(
-            fn,
-            "target must hold integer class ids or float labels in [0, 1]",
-            "torch.bool",
-            "pass target.float() for multi-hot labels",
-        )
-    if target.is_floating_point():
-        if target.shape != input.shape:
-            raise value_error(
-                fn,
-                f"float target must have the input's shape {tuple(input.shape)}",
-                f"shape {tuple(target.shape)}",
-                "pass integer class ids of shape (N, d1, ..., dk) or labels shaped like input",
-            )
+    if check_class_target(fn, input, target, soft=True, soft_name="labels in [0, 1]"):
         check_finite(fn, "target", target)
         check_unit_interval(fn, "target", target, hint="float targets are probabilities; pass ids as integers")
         y = target.to(dtype)
@@ -90,15 +77,8 @@ def broadcast_class_weight(fn: str, weight: Optional[Tensor], input: Tensor, dty
     tensor broadcastable to ``input``."""
     if weight is None:
         return None
-    check_tensor(fn, "weight", weight)
     c = input.shape[1]
+    check_class_weight(fn, weight, c, allow_shape=tuple(input.shape))
     if weight.shape == (c,):
         return weight.to(dtype).view((1, c) + (1,) * (input.dim() - 2))
-    if weight.shape == input.shape:
-        return weight.to(dtype)
-    raise value_error(
-        fn,
-        f"weight must have shape ({c},) or the input's shape {tuple(input.shape)}",
-        f"shape {tuple(weight.shape)}",
-        "pass one weight per class or one per element",
-    )
+    return weight.to(dtype)

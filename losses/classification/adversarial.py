@@ -22,15 +22,20 @@ from .._core import (
     check_choice,
     check_finite,
     check_floating,
+    check_int,
     check_integer_target,
+    check_masked_logits,
     check_number,
     check_reduction,
+    check_seed,
     compute_dtype,
     flatten_logits_and_target,
+    no_autocast,
     reduce_loss,
     type_error,
     upcast,
     value_error,
+    zero_rows,
 )
 from .._registry import id_unit_weights, register
 from .comp_sum import _CompSumFunction
@@ -79,15 +84,19 @@ def _adversarial_comp_sum(fn: str, input: Tensor, input_adv: Tensor, target: Ten
                           f"shape {tuple(input_adv.shape)}", "pass the model's logits on the perturbed inputs")
     x2d, y, valid, out_shape = _class_ids(fn, input, target, ignore_index)
     x_adv2d, _, _ = flatten_logits_and_target(fn, input_adv, target)
-    check_finite(fn, "input", input)
-    check_finite(fn, "input_adv", input_adv)
+    check_masked_logits(fn, "input", x2d, active=valid)
+    check_masked_logits(fn, "input_adv", x_adv2d, active=valid)
     dtype = compute_dtype(input, input_adv)
-    h = upcast(x2d, dtype)
-    h_adv = upcast(x_adv2d, dtype)
-    main = _CompSumFunction.apply(h if rho == 1.0 else h / rho, y, tau)
-    smooth = _safe_l2(_margin_change(h_adv, h, y))
-    values = main + nu * smooth
-    return reduce_loss(values.reshape(out_shape), valid.reshape(out_shape).to(dtype), reduction)
+    with no_autocast(input.device.type):
+        h = zero_rows(upcast(x2d, dtype), valid)
+        h_adv = zero_rows(upcast(x_adv2d, dtype), valid)
+        main = _CompSumFunction.apply(h if rho == 1.0 else h / rho, y, tau)
+        # -inf (a mask) in either logit vector removes that class from the margin vector too
+        zero = torch.zeros((), dtype=dtype, device=h.device)
+        absent = (h == float("-inf")) | (h_adv == float("-inf"))
+        smooth = _safe_l2(_margin_change(torch.where(absent, zero, h_adv), torch.where(absent, zero, h), y))
+        values = main + nu * smooth
+        return reduce_loss(values.reshape(out_shape), valid.reshape(out_shape).to(dtype), reduction)
 
 
 def adversarial_comp_sum_loss(
@@ -118,8 +127,14 @@ def adversarial_comp_sum_loss(
     logit vector. :class:`AdversarialCompSumLoss` finds ``input_adv`` by PGD on the smooth term.
 
     Args:
-        input: clean logits ``(N, C)`` or ``(N, C, d1, ..., dk)``, classes on dim 1; finite.
-        input_adv: adversarial logits, the shape of ``input``; finite.
+        input: clean logits ``(N, C)`` or ``(N, C, d1, ..., dk)``, classes on dim 1, ``C >= 2``
+            (``C = 1`` raises ``ValueError``). ``-inf`` entries are masks: the class is removed
+            from the comp-sum term (as in :func:`comp_sum_loss`, including a target on a masked
+            class) and from the margin vector of the smooth term, with exactly zero gradient
+            there. NaN, ``+inf`` and a non-ignored row without a finite logit raise
+            ``ValueError`` (data checks).
+        input_adv: adversarial logits, the shape of ``input``; ``-inf`` entries likewise remove
+            the class from the smooth term.
         target: integer ids ``(N,)`` / ``(N, d1, ..., dk)``; float targets raise ``TypeError``.
         tau: ``tau >= 0`` (default 1: cross-entropy).
         rho: ``rho > 0`` (default 1).
@@ -127,7 +142,9 @@ def adversarial_comp_sum_loss(
         ignore_index: positions with this id give 0 and leave the ``"mean"`` denominator.
         reduction: ``"none"``, ``"mean"`` or ``"sum"``.
 
-    Unit: the row (position), weight 1 (0 if ignored).
+    Unit: the row (position), weight 1 (0 if ignored). Ignored rows are zeroed before the maths
+    (exactly zero gradients even if they hold ``+-inf`` with validation off). Under
+    ``torch.autocast`` the loss is computed in float32 (or float64).
 
     Paper: A. Mao, M. Mohri, Y. Zhong, *Cross-Entropy Loss Functions: Theoretical Analysis and
     Applications*, ICML 2023, arXiv:2304.07288 (no public code; the abstract leaves the smooth term
@@ -204,9 +221,7 @@ class AdversarialCompSumLoss(nn.Module):
         check_reduction(fn, reduction)
         self.tau, self.rho, self.nu = _check_hyper(fn, tau, rho, nu)
         self.epsilon = check_number(fn, "epsilon", epsilon, low=0.0)
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise value_error(fn, "steps must be an integer >= 0", repr(steps), "pass the number of PGD steps")
-        self.steps = int(steps)
+        self.steps = check_int(fn, "steps", steps, low=0, what="an integer >= 0", hint="pass the number of PGD steps")
         self.step_size = check_number(fn, "step_size", step_size, low=0.0)
         check_choice(fn, "norm", norm, NORMS)
         self.norm = norm
@@ -214,9 +229,7 @@ class AdversarialCompSumLoss(nn.Module):
         self.random_init_std = check_number(fn, "random_init_std", random_init_std, low=0.0)
         self.ignore_index = int(ignore_index)
         self.reduction = reduction
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise type_error(fn, "seed must be an int or None", type(seed).__name__, "pass an integer seed")
-        self.seed = seed
+        self.seed = check_seed(fn, seed)
         self._generator: Optional[torch.Generator] = None
         _warn()
 

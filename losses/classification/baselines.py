@@ -7,6 +7,7 @@ conventions (error format, dtype rule, all-ignored batch gives an attached 0 ins
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -14,15 +15,21 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    check_class_target,
+    check_class_weight,
+    check_distribution,
     check_finite,
     check_floating,
     check_ids_in_range,
+    check_masked_logits,
     check_number,
     check_reduction,
+    check_softmax_classes,
     check_tensor,
     check_unit_interval,
     compute_dtype,
     flatten_logits_and_target,
+    no_autocast,
     reduce_loss,
     upcast,
     value_error,
@@ -33,14 +40,9 @@ from ._targets import broadcast_class_weight, elementwise_targets
 __all__ = ["cross_entropy_loss", "bce_with_logits_loss", "CrossEntropyLoss", "BCEWithLogitsLoss"]
 
 
-def _check_class_weight(fn: str, weight: Optional[Tensor], c: int) -> None:
-    if weight is None:
-        return
-    check_tensor(fn, "weight", weight)
-    if weight.shape != (c,):
-        raise value_error(fn, f"weight must have shape ({c},), one per class", f"shape {tuple(weight.shape)}",
-                          "pass a 1-D tensor of class weights")
-    check_finite(fn, "weight", weight)
+def _class_view(w: Tensor, input: Tensor) -> Tensor:
+    """``(C,)`` class weights viewed to broadcast against ``input (N, C, d1..dk)``."""
+    return w.view((1, -1) + (1,) * (input.dim() - 2))
 
 
 def cross_entropy_loss(
@@ -56,18 +58,32 @@ def cross_entropy_loss(
 
     ``L_i = logsumexp_k(input_ik) - input_{i,y_i}`` for class ids ``y``, or
     ``L_i = -sum_k q_ik log softmax(input_i)_k`` for a float (soft) target ``q``; label smoothing
-    ``eps`` mixes the target with the uniform distribution as :func:`F.cross_entropy` does.
+    ``eps`` mixes the target with the uniform distribution as :func:`F.cross_entropy` does
+    (``(1 - eps) w_y L_i + eps/C sum_k w_k (-log softmax_k)`` for ids).
 
-    Shapes: ``input (N, C)`` or ``(N, C, d1..dk)``; ``target`` ids ``(N,)`` / ``(N, d1..dk)`` or
-    probabilities shaped like ``input``; ``weight (C,)``. ``"none"`` gives ``(N, d1..dk)``.
+    Shapes: ``input (N, C)`` or ``(N, C, d1..dk)`` with ``C >= 2`` (``C = 1`` raises
+    ``ValueError``: the loss would be identically 0; use :func:`bce_with_logits_loss`);
+    ``target`` ids ``(N,)`` / ``(N, d1..dk)`` or probabilities shaped like ``input`` (each row
+    non-negative and summing to 1 within 1e-3, a data check); float labels shaped like the ids
+    raise ``TypeError``. ``weight (C,)``: finite, non-negative, not all zero (data checks).
+    ``"none"`` gives ``(N, d1..dk)``.
+
+    **Masks.** ``-inf`` logits mean "this class does not exist for this row": the value equals
+    the loss with that class removed and its gradient is exactly 0; label smoothing spreads its
+    mass ``eps`` over the row's unmasked classes only (``eps / C_row`` each). A target (id, or
+    positive probability) on a masked class gives ``+inf`` exactly, with the finite gradient
+    ``softmax - target``. NaN, ``+inf`` and a non-ignored row without a finite logit raise
+    ``ValueError`` (data checks).
 
     Unit: the position; unit weight ``weight[y_i]`` (1 without ``weight``), 0 where
     ``y_i == ignore_index``. As in :func:`F.cross_entropy`, ``"none"`` values already include
     the class weight (so ``"sum"`` is their sum) and ``"mean"`` divides by the total weight of
     the non-ignored positions. A batch with every position ignored gives an exact,
-    graph-attached 0 (:func:`F.cross_entropy` gives NaN). ``-inf`` logits act as masks.
+    graph-attached 0 (:func:`F.cross_entropy` gives NaN); ignored positions are zeroed before
+    the maths, so they give exactly zero gradients even when they hold ``+-inf``.
 
-    Half inputs are computed in float32; float64 stays float64.
+    Half inputs are computed in float32; float64 stays float64; under ``torch.autocast`` the
+    forward and backward run in float32 (as :func:`F.cross_entropy` does).
 
     >>> import torch, losses
     >>> x = torch.tensor([[2.0, 0.0, -1.0]])
@@ -79,42 +95,63 @@ def cross_entropy_loss(
     check_floating(fn, "input", input)
     check_tensor(fn, "target", target)
     check_reduction(fn, reduction)
-    check_number(fn, "label_smoothing", label_smoothing, low=0.0, high=1.0)
+    eps = check_number(fn, "label_smoothing", label_smoothing, low=0.0, high=1.0)
     if input.dim() < 2:
         raise value_error(fn, "input must have shape (N, C) or (N, C, d1, ..., dk) with classes on dim 1",
                           f"shape {tuple(input.shape)}", "add a batch dimension with input.unsqueeze(0)")
     c = input.shape[1]
-    _check_class_weight(fn, weight, c)
+    check_softmax_classes(fn, c)
+    check_class_weight(fn, weight, c)
+    soft = check_class_target(fn, input, target, soft=True, soft_name="probabilities")
     dtype = compute_dtype(input, weight)
-    x = upcast(input, dtype)
-    w = None if weight is None else upcast(weight, dtype)
-    check_finite(fn, "input", input, allow_neg_inf=True)
-    if target.is_floating_point():
-        if target.shape != input.shape:
-            raise value_error(fn, f"float target must have the input's shape {tuple(input.shape)}",
-                              f"shape {tuple(target.shape)}", "pass class ids as an integer tensor")
-        check_finite(fn, "target", target)
-        check_unit_interval(fn, "target", target)
-        values = F.cross_entropy(x, target.to(dtype), weight=w, label_smoothing=label_smoothing, reduction="none")
-        return reduce_loss(values, None, reduction)
-    if target.dtype == torch.bool:
-        raise TypeError(f"{fn}: target must hold integer class ids or float probabilities (got torch.bool); "
-                        "pass target.long() or target.float()")
-    flatten_logits_and_target(fn, input, target)  # shape check only
-    check_ids_in_range(fn, target, c, ignore_index)
-    values = F.cross_entropy(x, target.long(), weight=w, ignore_index=ignore_index,
-                             label_smoothing=label_smoothing, reduction="none")
-    valid = target != ignore_index
-    unit = valid.to(dtype)
-    if w is not None:
-        unit = unit * w[torch.where(valid, target, torch.zeros_like(target)).long()]
-    if reduction == "none":
-        return values
-    total = values.sum()
-    if reduction == "sum":
-        return total
-    denom = unit.sum()
-    return total / torch.where(denom > 0, denom, torch.ones_like(denom))
+    with no_autocast(input.device.type):
+        x = upcast(input, dtype)
+        w = None if weight is None else upcast(weight, dtype).to(x.device)
+        zero = torch.zeros((), dtype=dtype, device=x.device)
+        if soft:
+            check_finite(fn, "target", target)
+            check_unit_interval(fn, "target", target)
+            check_distribution(fn, "target", target, dim=1, tol=1e-3,
+                               hint="normalise it (target / target.sum(1, keepdim=True)) or pass integer class ids")
+            check_masked_logits(fn, "input", input)
+            q = target.to(dtype)
+            lp = torch.log_softmax(x, dim=1)
+            if eps > 0:
+                finite = x > -math.inf
+                n_fin = finite.sum(dim=1, keepdim=True).clamp_min(1).to(dtype)
+                q = q * (1.0 - eps) + torch.where(finite, eps / n_fin, zero)
+            wq = q if w is None else q * _class_view(w, x)
+            # a class without target mass contributes exactly 0 (never 0 * -inf), before the product
+            values = -(wq * torch.where(wq != 0, lp, zero)).sum(dim=1)
+            return reduce_loss(values, None, reduction)
+        flatten_logits_and_target(fn, input, target)  # shape check only
+        check_ids_in_range(fn, target, c, ignore_index)
+        valid = target != ignore_index
+        check_masked_logits(fn, "input", input, active=valid)
+        x = torch.where(valid.unsqueeze(1), x, zero)  # ignored positions: no +-inf/NaN reaches the maths
+        safe = torch.where(valid, target, torch.zeros_like(target)).long()
+        if eps == 0:
+            values = F.cross_entropy(x, target.long(), weight=w, ignore_index=ignore_index, reduction="none")
+        else:
+            lp = torch.log_softmax(x, dim=1)
+            nll = -lp.gather(1, safe.unsqueeze(1)).squeeze(1)
+            finite = x > -math.inf
+            n_fin = finite.sum(dim=1).clamp_min(1).to(dtype)
+            wl = lp if w is None else lp * _class_view(w, x)
+            smooth = -torch.where(finite, wl, zero).sum(dim=1) / n_fin
+            if w is not None:
+                nll = nll * w[safe]
+            values = torch.where(valid, (1.0 - eps) * nll + eps * smooth, zero)
+        unit = valid.to(dtype)
+        if w is not None:
+            unit = unit * w[safe]
+        if reduction == "none":
+            return values
+        total = values.sum()
+        if reduction == "sum":
+            return total
+        denom = unit.sum()
+        return total / torch.where(denom > 0, denom, torch.ones_like(denom))
 
 
 def bce_with_logits_loss(
@@ -128,15 +165,24 @@ def bce_with_logits_loss(
 ) -> Tensor:
     r"""Element-wise sigmoid binary cross-entropy (the one-vs-all baseline of GOL).
 
-    ``l = softplus(input) - y * input = -y log sigmoid(input) - (1-y) log(1 - sigmoid(input))``.
+    ``l = softplus(input) - y * input = -y log sigmoid(input) - (1-y) log(1 - sigmoid(input))``,
+    with the exact ``softplus(x) = max(x, 0) + log1p(exp(-|x|))`` (no linearisation above a
+    threshold, so float64 is exact at any magnitude).
 
     Target: integer ids ``(N, d1..dk)`` (one-hot encoded over dim 1; an ``ignore_index`` id drops
-    its whole row of ``C`` elements) or float labels in ``[0, 1]`` shaped like ``input``. Label
-    smoothing: ``y -> y (1 - eps) + eps / C``. ``weight`` is ``(C,)`` or shaped like ``input`` and
-    scales the values (the unit weight stays 1, as in :func:`F.binary_cross_entropy_with_logits`).
+    its whole row of ``C`` elements) or float labels in ``[0, 1]`` shaped like ``input`` (float
+    labels shaped like the ids raise ``TypeError``). Label smoothing:
+    ``y -> y (1 - eps) + eps / C``. ``weight`` is ``(C,)`` or shaped like ``input`` and scales
+    the values (the unit weight stays 1, as in :func:`F.binary_cross_entropy_with_logits`);
+    finite and non-negative, and ``(C,)`` class weights not all zero (data checks).
+
+    **-inf logits** are probability 0 (each element is its own sigmoid, so nothing is removed):
+    the element gives 0 when its label is 0 and ``+inf`` when its label is positive, and its
+    gradient is 0 (the logit is treated as fixed). NaN and ``+inf`` raise ``ValueError``.
 
     Unit: the element. ``"none"`` gives ``(N, C, d1..dk)``; ``"mean"`` divides by the number of
-    non-ignored elements.
+    non-ignored elements. Ignored rows are zeroed before the maths (exactly zero gradients even
+    with ``+-inf`` there). Under ``torch.autocast`` the computation runs in float32 (or float64).
 
     >>> import torch, losses
     >>> x = torch.zeros(2, 3)
@@ -151,14 +197,19 @@ def bce_with_logits_loss(
     y, unit = elementwise_targets(fn, input, target, label_smoothing=label_smoothing,
                                   ignore_index=ignore_index, dtype=dtype)
     w = broadcast_class_weight(fn, weight, input, dtype)
-    check_finite(fn, "input", input)
-    if w is not None:
-        check_finite(fn, "weight", weight)
-    x = upcast(input, dtype)
-    values = F.softplus(x) - y * x
-    if w is not None:
-        values = values * w
-    return reduce_loss(values, unit, reduction)
+    check_finite(fn, "input", input, allow_neg_inf=True)
+    with no_autocast(input.device.type):
+        zero = torch.zeros((), dtype=dtype, device=input.device)
+        x = upcast(input, dtype)
+        if not target.is_floating_point():
+            x = torch.where(unit > 0, x, zero)
+        neg = x == -math.inf
+        xs = torch.where(neg, zero, x)
+        values = torch.logaddexp(xs, zero) - y * xs
+        values = torch.where(neg, torch.where(y > 0, math.inf, 0.0).to(dtype), values)
+        if w is not None:
+            values = values * w
+        return reduce_loss(values, unit, reduction)
 
 
 class CrossEntropyLoss(nn.Module):

@@ -11,14 +11,16 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from .._core import (
-    check_finite,
     check_floating,
     check_integer_target,
+    check_masked_logits,
     check_number,
     check_reduction,
     compute_dtype,
+    no_autocast,
     reduce_loss,
     upcast,
+    zero_rows,
 )
 from .._registry import register
 from .baselines import position_unit_weights
@@ -36,7 +38,9 @@ class _CompSumFunction(torch.autograd.Function):
     ``p_y^(tau-1) (p - e_y)``. The upstream gradient is folded into the exponent as
     ``log|g|`` (so a zero upstream gradient gives exact zeros, never ``inf * 0``); entries may
     be +-inf but never NaN. The target entry is minus the sum of the others, summed without
-    the target term, so it does not cancel when ``p_y -> 1``.
+    the target term, so it does not cancel when ``p_y -> 1``. ``-inf`` logits (masks) get an
+    exact 0, also when ``r = +inf`` (a target on a masked class with ``tau < 1``), where
+    ``exp(-inf + inf)`` would be NaN.
     """
 
     @staticmethod
@@ -51,6 +55,7 @@ class _CompSumFunction(torch.autograd.Function):
             r = (1.0 - tau) * ce
             value = torch.expm1(r) / (1.0 - tau)
         ctx.save_for_backward(x, y, m, log_s, r)
+        ctx.tau_below_one = tau < 1.0
         return value
 
     @staticmethod
@@ -60,6 +65,8 @@ class _CompSumFunction(torch.autograd.Function):
         k = (r - log_s) + torch.log(g.abs())  # -inf where g == 0
         grad = torch.sub(x, m.unsqueeze(1))
         grad.add_(k.unsqueeze(1)).exp_()  # |g| exp(r + lp_j)
+        if ctx.tau_below_one:  # only then can r (and k) be +inf
+            grad.masked_fill_(x == float("-inf"), 0.0)  # masks: exp(-inf + inf) is NaN, the answer 0
         idx = y.unsqueeze(1)
         grad.scatter_(1, idx, 0.0)
         others = grad.sum(dim=1, keepdim=True)  # |g| exp(r + logsumexp_{j != y} lp_j)
@@ -101,14 +108,23 @@ def comp_sum_loss(
     clamp; use float64 inputs for such logits.
 
     Args:
-        input: logits ``(N, C)`` or ``(N, C, d1, ..., dk)``, classes on dim 1; finite.
+        input: logits ``(N, C)`` or ``(N, C, d1, ..., dk)``, classes on dim 1, ``C >= 2``
+            (``C = 1`` raises ``ValueError``: the loss would be identically 0). ``-inf`` entries
+            are masks ("this class does not exist for this row"): the value equals the loss with
+            those classes removed and their gradient is exactly 0. A target on a masked class
+            (``p_y = 0``) gives the exact limit: ``+inf`` for ``tau <= 1`` (gradient ``p - e_y``
+            at ``tau = 1``, entries ``+-inf`` for ``tau < 1``; never NaN) and ``1/(tau - 1)`` with
+            zero gradient for ``tau > 1``. NaN, ``+inf`` and a non-ignored position without a
+            finite logit raise ``ValueError`` (data checks).
         target: integer ids ``(N,)`` / ``(N, d1, ..., dk)``; float targets raise ``TypeError``.
         tau: ``tau >= 0`` and finite (default 1: cross-entropy; the paper analyses [0, 2]; larger
             values are allowed).
         ignore_index: positions with this id give 0 and leave the ``"mean"`` denominator.
         reduction: ``"none"`` (shape ``(N, d1, ..., dk)``), ``"mean"`` or ``"sum"``.
 
-    Unit: the position, weight 1 (0 if ignored).
+    Unit: the position, weight 1 (0 if ignored). Ignored positions are zeroed before the maths
+    (exactly zero gradients even if they hold ``+-inf`` with validation off). Under
+    ``torch.autocast`` the computation runs in float32 (or float64).
 
     Paper: A. Mao, M. Mohri, Y. Zhong, *Cross-Entropy Loss Functions: Theoretical Analysis and
     Applications*, ICML 2023, arXiv:2304.07288. No public code exists, so there is no reference
@@ -128,10 +144,11 @@ def comp_sum_loss(
     check_reduction(fn, reduction)
     tau = _check_tau(fn, tau)
     x2d, y, valid, out_shape = _class_ids(fn, input, target, ignore_index)
-    check_finite(fn, "input", input)
+    check_masked_logits(fn, "input", x2d, active=valid)
     dtype = compute_dtype(input)
-    values = _CompSumFunction.apply(upcast(x2d, dtype), y, tau)
-    return reduce_loss(values.reshape(out_shape), valid.reshape(out_shape).to(dtype), reduction)
+    with no_autocast(input.device.type):
+        values = _CompSumFunction.apply(zero_rows(upcast(x2d, dtype), valid), y, tau)
+        return reduce_loss(values.reshape(out_shape), valid.reshape(out_shape).to(dtype), reduction)
 
 
 class CompSumLoss(nn.Module):

@@ -25,20 +25,25 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from .._core import (
+    check_bool,
     check_finite,
     check_floating,
     check_ids_in_range,
     check_integer_target,
+    check_masked_logits,
     check_number,
     check_reduction,
+    check_softmax_classes,
     check_tensor,
     compute_dtype,
     flatten_logits_and_target,
     move_class_dim_last,
+    no_autocast,
     reduce_loss,
     type_error,
     upcast,
     value_error,
+    zero_rows,
 )
 from .._registry import register
 from .baselines import position_unit_weights
@@ -67,17 +72,19 @@ def _row_max_logsum(x: Tensor) -> Tuple[Tensor, Tensor]:
     return m, e.sum(dim=1).log()
 
 
-def _class_ids(fn: str, input: Tensor, target: Tensor, ignore_index: int):
+def _class_ids(fn: str, input: Tensor, target: Tensor, ignore_index: int, *, softmax: bool = True):
     """Shape checks, flattening and safe ids shared by the position-level losses.
 
     Returns ``(x2d, safe_ids, valid, out_shape)`` with ``x2d`` of shape ``(M, C)`` (not yet
     upcast), ``safe_ids`` long ``(M,)`` with ignored positions mapped to class 0 and ``valid``
-    bool ``(M,)``.
+    bool ``(M,)``. ``softmax``: a single class is an error (the loss would be identically 0).
     """
     x2d, t, out_shape = flatten_logits_and_target(fn, input, target)
     c = input.shape[1]
     if c < 1:
         raise value_error(fn, "input needs at least one class", f"C={c}", "pass logits with C >= 1")
+    if softmax:
+        check_softmax_classes(fn, c)
     check_ids_in_range(fn, target, c, ignore_index)
     valid = t != ignore_index
     safe = torch.where(valid, t, torch.zeros_like(t)).long()
@@ -158,7 +165,10 @@ def z_loss(
 
     Args:
         input: logits ``(N, C)`` or ``(N, C, d1, ..., dk)``, classes on dim 1, ``C >= 3``;
-            any floating dtype (half is computed in float32). Must be finite.
+            any floating dtype (half is computed in float32). Must be finite: the Z-loss
+            standardises over *all* classes, so a ``-inf`` entry cannot mean "class absent" here
+            and raises ``ValueError`` (data check) whose hint names the alternatives (drop the
+            class from the input, or use :func:`cross_entropy_loss`, where ``-inf`` is a mask).
         target: integer class ids ``(N,)`` or ``(N, d1, ..., dk)``; float targets raise
             :class:`TypeError`.
         a: sharpness ``a > 0`` (default 1, as the authors' code).
@@ -167,7 +177,9 @@ def z_loss(
         ignore_index: positions with this id give 0 and leave the ``"mean"`` denominator.
         reduction: ``"none"`` (shape ``(N, d1, ..., dk)``), ``"mean"`` or ``"sum"``.
 
-    Unit: the position, weight 1 (0 if ignored).
+    Unit: the position, weight 1 (0 if ignored). Ignored positions are zeroed before the maths, so
+    they give exactly zero gradients even when they hold ``+-inf`` (with validation off).
+    Under ``torch.autocast`` the forward and backward run in float32 (float64 for float64 input).
 
     Paper: A. de Brébisson, P. Vincent, *The Z-loss: a shift and scale invariant classification
     loss belonging to the Spherical Family*, arXiv preprint 2016, arXiv:1604.08859. The reference
@@ -201,11 +213,17 @@ def z_loss(
             "with C=2 the target z-score is always ±1, so the loss is constant and its gradient zero "
             "— use binary_cross_entropy_with_logits",
         )
-    x2d, y, valid, out_shape = _class_ids(fn, input, target, ignore_index)
-    check_finite(fn, "input", input)
+    x2d, y, valid, out_shape = _class_ids(fn, input, target, ignore_index, softmax=False)
+    check_finite(fn, "input", input, hint=_ZLOSS_NEG_INF_HINT)
     dtype = compute_dtype(input)
-    values = _ZLossFunction.apply(upcast(x2d, dtype), y, a, b, eps)
-    return reduce_loss(values.reshape(out_shape), valid.reshape(out_shape).to(dtype), reduction)
+    with no_autocast(input.device.type):
+        values = _ZLossFunction.apply(zero_rows(upcast(x2d, dtype), valid), y, a, b, eps)
+        return reduce_loss(values.reshape(out_shape), valid.reshape(out_shape).to(dtype), reduction)
+
+
+_ZLOSS_NEG_INF_HINT = ("z_loss standardises the logits over all C classes, so -inf cannot remove a class; "
+                       "drop masked classes from the input, or use cross_entropy_loss / comp_sum_loss, "
+                       "where -inf entries are masks")
 
 
 class ZLoss(nn.Module):
@@ -309,13 +327,18 @@ def logz_penalty(
     This is **not** the de Brébisson–Vincent Z-loss; that one is :func:`z_loss`.
 
     Args:
-        input: logits ``(N, C)`` or ``(N, C, d1, ..., dk)``, classes on dim 1; finite.
+        input: logits ``(N, C)`` or ``(N, C, d1, ..., dk)``, classes on dim 1. ``-inf`` entries
+            are masks ("this class does not exist for this row"): ``log Z`` is taken over the
+            other classes and the gradient there is exactly 0. NaN, ``+inf`` and a kept
+            position without a finite score raise ``ValueError`` (data checks).
         coef: ``kappa >= 0`` (default 1e-4, PaLM; T5X defaults it to 0).
         mask: optional bool ``(N, d1, ..., dk)``, ``True`` = keep; masked positions give 0 and
             leave the ``"mean"`` denominator.
         reduction: ``"none"`` (shape ``(N, d1, ..., dk)``), ``"mean"`` or ``"sum"`` (T5X sums).
 
-    Unit: the position, weight ``mask`` (1 without a mask).
+    Unit: the position, weight ``mask`` (1 without a mask). Masked-out positions are zeroed before
+    the maths (exactly zero gradients even if they hold ``+-inf``). Under ``torch.autocast`` the
+    computation runs in float32 (or float64).
 
     Paper: A. Chowdhery et al., *PaLM: Scaling Language Modeling with Pathways*, JMLR 2023,
     arXiv:2204.02311; router form: B. Zoph et al., *ST-MoE*, arXiv:2202.08906. Reference:
@@ -345,15 +368,19 @@ def logz_penalty(
         if tuple(mask.shape) != out_shape:
             raise value_error(fn, f"mask shape must be {out_shape} for input of shape {tuple(input.shape)}",
                               f"shape {tuple(mask.shape)}", "pass one flag per position")
-    check_finite(fn, "input", input)
+    check_masked_logits(fn, "input", input, active=mask)
     dtype = compute_dtype(input)
-    lse = _LogSumExpFunction.apply(upcast(move_class_dim_last(input), dtype))
-    values = (coef * lse.square()).reshape(out_shape)
-    if mask is None:
-        weights = torch.ones(out_shape, dtype=dtype, device=input.device)
-    else:
-        weights = mask.to(dtype)
-    return reduce_loss(values, weights, reduction)
+    x2d = upcast(move_class_dim_last(input), dtype)
+    if mask is not None:
+        x2d = zero_rows(x2d, mask.reshape(-1))
+    with no_autocast(input.device.type):
+        lse = _LogSumExpFunction.apply(x2d)
+        values = (coef * lse.square()).reshape(out_shape)
+        if mask is None:
+            weights = torch.ones(out_shape, dtype=dtype, device=input.device)
+        else:
+            weights = mask.to(dtype)
+        return reduce_loss(values, weights, reduction)
 
 
 def cross_entropy_with_logz_penalty(
@@ -375,7 +402,12 @@ def cross_entropy_with_logz_penalty(
     This is **not** the de Brébisson–Vincent Z-loss; that one is :func:`z_loss`.
 
     Args:
-        input: logits ``(N, C)`` or ``(N, C, d1, ..., dk)``, classes on dim 1; finite.
+        input: logits ``(N, C)`` or ``(N, C, d1, ..., dk)``, classes on dim 1, ``C >= 2``
+            (``C = 1`` raises ``ValueError``: the cross-entropy part would be identically 0).
+            ``-inf`` entries are masks: the value equals the loss with those classes removed and
+            their gradient is exactly 0; a target on a masked class gives ``+inf`` (exactly, with
+            the finite gradient ``(1 + 2 coef log Z) softmax - onehot``). NaN, ``+inf`` and a
+            non-ignored position without a finite logit raise ``ValueError`` (data checks).
         target: integer ids ``(N,)`` / ``(N, d1, ..., dk)``; float targets raise ``TypeError``.
         coef: ``kappa >= 0`` (default 1e-4, PaLM; T5X defaults it to 0).
         ignore_index: positions with this id give 0 and leave the ``"mean"`` denominator.
@@ -386,7 +418,9 @@ def cross_entropy_with_logz_penalty(
     Returns:
         the loss, or ``(loss, penalty)`` when ``return_penalty``.
 
-    Unit: the position, weight 1 (0 if ignored).
+    Unit: the position, weight 1 (0 if ignored). Ignored positions are zeroed before the maths
+    (exactly zero gradients even if they hold ``+-inf`` with validation off). Under
+    ``torch.autocast`` the computation runs in float32 (or float64).
 
     Paper: A. Chowdhery et al., *PaLM: Scaling Language Modeling with Pathways*, JMLR 2023,
     arXiv:2204.02311 (kappa = 1e-4); ST-MoE router z-loss, arXiv:2202.08906. Reference:
@@ -405,18 +439,18 @@ def cross_entropy_with_logz_penalty(
     check_integer_target(fn, target)
     check_reduction(fn, reduction)
     coef = check_number(fn, "coef", coef, low=0.0)
-    if not isinstance(return_penalty, bool):
-        raise type_error(fn, "return_penalty must be a bool", type(return_penalty).__name__, "pass True or False")
+    check_bool(fn, "return_penalty", return_penalty)
     x2d, y, valid, out_shape = _class_ids(fn, input, target, ignore_index)
-    check_finite(fn, "input", input)
+    check_masked_logits(fn, "input", x2d, active=valid)
     dtype = compute_dtype(input)
-    ce, lse = _CrossEntropyLogZFunction.apply(upcast(x2d, dtype), y)
-    penalty = coef * lse.square()
-    weights = valid.reshape(out_shape).to(dtype)
-    loss = reduce_loss((ce + penalty).reshape(out_shape), weights, reduction)
-    if return_penalty:
-        return loss, reduce_loss(penalty.reshape(out_shape), weights, reduction)
-    return loss
+    with no_autocast(input.device.type):
+        ce, lse = _CrossEntropyLogZFunction.apply(zero_rows(upcast(x2d, dtype), valid), y)
+        penalty = coef * lse.square()
+        weights = valid.reshape(out_shape).to(dtype)
+        loss = reduce_loss((ce + penalty).reshape(out_shape), weights, reduction)
+        if return_penalty:
+            return loss, reduce_loss(penalty.reshape(out_shape), weights, reduction)
+        return loss
 
 
 class CrossEntropyWithLogZPenalty(nn.Module):
@@ -441,9 +475,7 @@ class CrossEntropyWithLogZPenalty(nn.Module):
         fn = "CrossEntropyWithLogZPenalty"
         check_reduction(fn, reduction)
         self.coef = check_number(fn, "coef", coef, low=0.0)
-        if not isinstance(return_penalty, bool):
-            raise type_error(fn, "return_penalty must be a bool", type(return_penalty).__name__,
-                             "pass True or False")
+        check_bool(fn, "return_penalty", return_penalty)
         self.ignore_index = int(ignore_index)
         self.reduction = reduction
         self.return_penalty = return_penalty
