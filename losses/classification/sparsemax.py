@@ -21,20 +21,26 @@ from torch import Tensor, nn
 
 from .._core import (
     _checking,
+    check_class_target,
+    check_distribution,
     check_finite,
     check_floating,
     check_ids_in_range,
-    check_integer_target,
+    check_int,
+    check_masked_logits,
     check_number,
     check_reduction,
+    check_softmax_classes,
     check_tensor,
     compute_dtype,
     flatten_logits_and_target,
     move_class_dim_last,
+    no_autocast,
     reduce_loss,
     type_error,
     upcast,
     value_error,
+    zero_rows,
 )
 from .._registry import N_EXAMPLE, C_EXAMPLE, register
 from ._entmax_ops import (
@@ -76,18 +82,13 @@ def _check_dim(fn: str, input: Tensor, dim: object) -> int:
 
 
 def _check_k(fn: str, k: object) -> Optional[int]:
-    if k is None:
-        return None
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise value_error(fn, "k must be None or a positive int", repr(k),
-                          "k is only a partial-sort size for speed; use None for the full search")
-    return int(k)
+    # a non-integer k is TypeError, k < 1 ValueError
+    return check_int(fn, "k", k, low=1, allow_none=True, what="None or a positive int",
+                     hint="k is only a partial-sort size for speed; use None for the full search")
 
 
 def _check_n_iter(fn: str, n_iter: object) -> int:
-    if isinstance(n_iter, bool) or not isinstance(n_iter, int) or n_iter < 1:
-        raise value_error(fn, "n_iter must be a positive int", repr(n_iter), "use the default n_iter=50")
-    return int(n_iter)
+    return check_int(fn, "n_iter", n_iter, low=1, what="a positive int", hint="use the default n_iter=50")
 
 
 _ALPHA_HINT = "alpha must exceed 1 (alpha=1 is softmax); parametrise a learnable alpha as 1 + softplus(.)"
@@ -146,18 +147,22 @@ def _alpha_rows_activation(fn: str, alpha: AlphaLike, input: Tensor, dim: int, d
 # --------------------------------------------------------------------------------------
 
 
-def _activation(fn: str, function, input: Tensor, dim: int, *extra) -> Tensor:
+def _activation(fn: str, function, input: Tensor, dim: int, *extra, out_dtype=None) -> Tensor:
+    """Run a mapping in float32 (float64 for float64 input), outside autocast, and return it in
+    ``out_dtype`` (default: the input's dtype, as :func:`torch.softmax`)."""
     check_floating(fn, "input", input)
     d = _check_dim(fn, input, dim)
     dtype = compute_dtype(input)
+    out_dtype = input.dtype if out_dtype is None else out_dtype
     if input.dim() == 0:
         raise value_error(fn, "input must have at least one dimension", "a 0-D tensor",
                           "pass a vector of scores")
-    z2, moved_shape = _last_dim_2d(upcast(input, dtype), d)
-    if z2.numel() == 0:
-        return (z2 * 0).reshape(moved_shape).movedim(-1, d)
-    p = function.apply(z2, *extra)
-    return p.reshape(moved_shape).movedim(-1, d)
+    with no_autocast(input.device.type):
+        z2, moved_shape = _last_dim_2d(upcast(input, dtype), d)
+        if z2.numel() == 0:
+            return (z2 * 0).reshape(moved_shape).movedim(-1, d).to(out_dtype)
+        p = function.apply(z2, *extra)
+        return p.reshape(moved_shape).movedim(-1, d).to(out_dtype)
 
 
 def sparsemax(input: Tensor, *, dim: int = -1, k: Optional[int] = None) -> Tensor:
@@ -182,8 +187,10 @@ def sparsemax(input: Tensor, *, dim: int = -1, k: Optional[int] = None) -> Tenso
             host sync.
 
     Returns:
-        Probabilities shaped like ``input``, in float32 for half inputs (the threshold is
-        computed in float32, rows sum to one to about 1e-6), else in the input dtype.
+        Probabilities shaped like ``input``, in the input's dtype (as :func:`torch.softmax`).
+        Half inputs (and everything under ``torch.autocast``) are computed in float32: the
+        threshold is found in float32, where rows sum to one to about 1e-6, and only the
+        result is rounded to the input dtype.
         The backward pass uses ``dz = v - mean_S(v)`` on the support ``S`` (0 elsewhere);
         double backward raises ``RuntimeError``. Same maths as ``deep-spin/entmax``'s
         ``sparsemax``.
@@ -249,8 +256,10 @@ def entmax_bisect(input: Tensor, *, alpha: AlphaLike = 1.5, dim: int = -1, n_ite
         n_iter: bisection steps (the reference's default, 50).
 
     Returns:
-        Probabilities shaped like ``input`` (float32 for half inputs). Double backward raises
-        ``RuntimeError``.
+        Probabilities shaped like ``input`` in the input's dtype (computed in float32 for half
+        inputs and under ``torch.autocast``; float64 when ``input`` or a tensor ``alpha`` is
+        float64, and a tensor ``alpha`` of a wider dtype promotes the result). Double backward
+        raises ``RuntimeError``.
 
     >>> import torch, losses
     >>> z = torch.tensor([[2.0, 1.5, -1.0]], dtype=torch.float64)
@@ -265,41 +274,14 @@ def entmax_bisect(input: Tensor, *, alpha: AlphaLike = 1.5, dim: int = -1, n_ite
     dtype = compute_dtype(input, alpha if isinstance(alpha, Tensor) else None)
     a = _alpha_rows_activation(fn, alpha, input, d, dtype)
     a_float = None if isinstance(alpha, Tensor) else float(alpha)
+    out_dtype = torch.promote_types(input.dtype, alpha.dtype) if isinstance(alpha, Tensor) else input.dtype
     return _activation(fn, EntmaxBisectFunction, input.to(dtype) if input.dtype != dtype else input, dim, a, n_iter,
-                       a_float)
+                       a_float, out_dtype=out_dtype)
 
 
 # --------------------------------------------------------------------------------------
 # Fenchel-Young losses
 # --------------------------------------------------------------------------------------
-
-
-def _check_no_finite_rows(fn: str, z2: Tensor, active: Optional[Tensor]) -> None:
-    """Data check: an active row whose scores are all -inf raises."""
-    if not _checking() or z2.numel() == 0:
-        return
-    dead = (z2 == float("-inf")).all(dim=-1)
-    if active is not None:
-        dead = dead & active
-    if bool(dead.any()):
-        row = int(torch.nonzero(dead)[0, 0])
-        raise value_error(fn, f"row {row} of input has no finite score", "all -inf",
-                          "unmask at least one class per row")
-
-
-def _check_distribution(fn: str, q2: Tensor) -> None:
-    """Data check: float targets are distributions over the classes (within 1e-4)."""
-    if not _checking() or q2.numel() == 0:
-        return
-    err = (q2.sum(dim=-1) - 1).abs()
-    neg = q2 < 0
-    if bool(neg.any()) or bool((err > 1e-4).any()):
-        raise value_error(
-            fn,
-            "float target must be a distribution over dim 1 (non-negative, summing to 1 within 1e-4)",
-            f"min={float(q2.min())}, max |row sum - 1|={float(err.max())}",
-            "normalise it (target / target.sum(1, keepdim=True)) or pass integer class ids",
-        )
 
 
 def _alpha_rows_loss(fn: str, alpha: AlphaLike, input: Tensor, out_shape: tuple, dtype) -> Tensor:
@@ -344,53 +326,57 @@ def _fy_loss(
     if c == 0:
         raise value_error(fn, "input needs at least one class on dim 1", f"shape {tuple(input.shape)}",
                           "pass scores for C >= 1 classes")
+    check_softmax_classes(fn, c)
+    soft = check_class_target(fn, input, target, soft=True, soft_name="distribution")
     alpha_t = alpha if isinstance(alpha, Tensor) else None
-    dtype = compute_dtype(input, alpha_t, target if target.is_floating_point() else None)
+    dtype = compute_dtype(input, alpha_t, target if soft else None)
     out_shape = (input.shape[0],) + tuple(input.shape[2:])
-    check_finite(fn, "input", input, allow_neg_inf=True)
-    if target.is_floating_point():
-        if target.shape != input.shape:
-            raise value_error(fn, f"float target must be a distribution shaped like the input {tuple(input.shape)}",
-                              f"shape {tuple(target.shape)}", "pass class ids as an integer tensor")
+    if soft:
         check_finite(fn, "target", target)
+        check_distribution(fn, "target", target, dim=1, tol=1e-4)
+        check_masked_logits(fn, "input", input)
         z2 = move_class_dim_last(upcast(input, dtype))
         q2 = move_class_dim_last(upcast(target, dtype))
-        _check_distribution(fn, q2)
-        _check_no_finite_rows(fn, z2, None)
         y2, weights = None, None
     else:
-        check_integer_target(fn, target)
         _, t2, _ = flatten_logits_and_target(fn, input, target)
         check_ids_in_range(fn, target, c, ignore_index)
-        z2 = move_class_dim_last(upcast(input, dtype))
         valid = t2 != ignore_index
-        _check_no_finite_rows(fn, z2, valid)
+        check_masked_logits(fn, "input", input, active=valid)
+        z2 = zero_rows(move_class_dim_last(upcast(input, dtype)), valid)
         y2 = torch.where(valid, t2, torch.zeros_like(t2)).long()
         q2 = None
         weights = valid.to(dtype)
     a2 = None if alpha is None else _alpha_rows_loss(fn, alpha, input, out_shape, dtype)
-    if z2.shape[0] == 0:
-        values = z2.sum(dim=-1)
-    else:
-        a_float = None if alpha is None or isinstance(alpha, Tensor) else float(alpha)
-        values = FYLossFunction.apply(z2, y2, q2, a2, kind, k, n_iter, a_float)
-    values = values.reshape(out_shape)
-    if weights is not None:
-        weights = weights.reshape(out_shape)
-    # values depend on input (and a tensor alpha) through FYLossFunction, whose backward gives
-    # exact zeros for ignored positions, so no extra anchors are needed for the all-ignored case
-    return reduce_loss(values, weights, reduction)
+    with no_autocast(input.device.type):
+        if z2.shape[0] == 0:
+            values = z2.sum(dim=-1)
+        else:
+            a_float = None if alpha is None or isinstance(alpha, Tensor) else float(alpha)
+            values = FYLossFunction.apply(z2, y2, q2, a2, kind, k, n_iter, a_float)
+        values = values.reshape(out_shape)
+        if weights is not None:
+            weights = weights.reshape(out_shape)
+        # values depend on input (and a tensor alpha) through FYLossFunction, whose backward gives
+        # exact zeros for ignored positions, so no extra anchors are needed for the all-ignored case
+        return reduce_loss(values, weights, reduction)
 
 
 _LOSS_TARGET_DOC = """
     Args:
-        input: scores ``(N, C)`` or ``(N, C, d1, ..., dk)`` (classes on dim 1, any floating
-            dtype; half inputs are computed in float32). ``-inf`` scores are masks: they are
-            outside the support and ``p*_j z_j`` is taken as 0 there. A target on a ``-inf`` score
-            gives ``+inf`` (exactly) with the finite gradient ``p* - e_y``. An active row with no
-            finite score raises ``ValueError`` (data check).
+        input: scores ``(N, C)`` or ``(N, C, d1, ..., dk)`` (classes on dim 1, ``C >= 2``, any
+            floating dtype; half inputs and calls under ``torch.autocast`` are computed in
+            float32). ``C = 1`` raises ``ValueError`` (the loss would be identically 0; use
+            :func:`bce_with_logits_loss`). ``-inf`` scores are masks ("this class does not exist
+            for this row"): they are outside the support, ``p*_j z_j`` is taken as 0 there, the
+            value equals the loss with the class removed and the gradient there is exactly 0. A
+            target on a ``-inf`` score gives ``+inf`` (exactly) with the finite gradient
+            ``p* - e_y``. NaN, ``+inf`` and an active row with no finite score raise
+            ``ValueError`` (data checks); ignored rows are zeroed before the maths, so they give
+            exactly zero gradients even if they hold ``+-inf`` (validation off).
         target: integer class ids ``(N, d1, ..., dk)`` (``ignore_index`` positions give 0 and
-            leave the mean), or a float distribution shaped like ``input`` (non-negative, summing
+            leave the mean; float labels of that shape raise ``TypeError``), or a float
+            distribution shaped like ``input`` (non-negative, summing
             to 1 over dim 1 within 1e-4 - a data check; ``ignore_index`` does not apply; the
             target gradient ``-z + q^(alpha-1)/(alpha-1)`` is returned, with ``z`` shifted by its
             row max).
@@ -398,7 +384,7 @@ _LOSS_TARGET_DOC = """
         reduction: ``"none"`` (shape ``(N, d1, ..., dk)``), ``"mean"`` (over non-ignored
             positions) or ``"sum"``. All positions ignored gives an exact, graph-attached 0.
 
-    Unit: the position (unit weight 1, 0 where ignored). ``C = 1`` gives 0. The loss is
+    Unit: the position (unit weight 1, 0 where ignored). The loss is
     returned in float64 if an input is float64, else float32. Gradient ``p* - q`` via a custom
     ``autograd.Function`` (double backward raises ``RuntimeError``); values are clamped at 0
     against rounding. Differences from ``deep-spin/entmax``: a single tensor is returned (no

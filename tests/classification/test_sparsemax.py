@@ -665,13 +665,12 @@ def test_all_minus_inf_row_raises_data_check(name):
 
 
 @pytest.mark.parametrize("name", list(LOSSES))
-def test_one_class_gives_zero(name):
+def test_one_class_is_a_degenerate_input_error(name):
+    # C = 1: the loss would be identically 0 and train nothing, so it is refused
     x = torch.randn(4, 1, 3, dtype=torch.float64, requires_grad=True)
     for t in (torch.zeros(4, 3, dtype=torch.long), torch.ones(4, 1, 3, dtype=torch.float64)):
-        out = call_loss(name, x, t, reduction="none")
-        assert torch.all(out == 0)
-        (gx,) = torch.autograd.grad(out.sum(), x)
-        assert torch.all(gx == 0)
+        with pytest.raises(ValueError, match=rf"^{name}_loss: a softmax over a single class .*bce_with_logits"):
+            call_loss(name, x, t, reduction="none")
 
 
 @pytest.mark.parametrize("name", list(LOSSES))
@@ -714,10 +713,12 @@ def test_half_precision_rows_sum_to_one(dtype, c, tol):
         if c <= 1000 or i == 0:  # (wide supports at C = 1e5 would redo top-k up to a full sort)
             fns += [lambda z: losses.sparsemax(z, k=16), lambda z: losses.entmax15(z, k=16)]
         for fn in fns:
+            # the mappings return the input dtype (as torch.softmax) and compute in float32 inside
             p = fn(x)
-            assert p.dtype == torch.float32
-            assert float((p.double().sum(-1) - 1).abs().max()) <= tol
-            torch.testing.assert_close(p, fn(x.float()), rtol=0, atol=0)
+            assert p.dtype == dtype
+            p32 = fn(x.float())
+            assert float((p32.double().sum(-1) - 1).abs().max()) <= tol
+            torch.testing.assert_close(p, p32.to(dtype), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -771,8 +772,10 @@ def test_bad_arguments_raise_clear_errors(name):
         call_loss(name, torch.randn(4), torch.tensor(0))
     with pytest.raises(ValueError, match=rf"^{fn}: target shape must be \(3,\)"):
         call_loss(name, x, torch.tensor([0, 1]))
-    with pytest.raises(ValueError, match=rf"^{fn}: float target must be a distribution shaped like the input"):
-        call_loss(name, x, y.float())  # ids sent as floats
+    with pytest.raises(TypeError, match=rf"^{fn}: target has the shape of class ids \(3,\) but a floating-point"):
+        call_loss(name, x, y.float())  # ids sent as floats: the wrong kind
+    with pytest.raises(ValueError, match=rf"^{fn}: float target must have the input's shape"):
+        call_loss(name, x, torch.rand(3, 5))
     with pytest.raises(TypeError, match=rf"^{fn}: target must hold integer class ids"):
         call_loss(name, x, torch.ones(3, 4, dtype=torch.bool))
     with pytest.raises(TypeError, match=rf"^{fn}: input must be a floating-point tensor"):
@@ -797,8 +800,11 @@ def test_bad_arguments_raise_clear_errors(name):
     with pytest.raises(ValueError, match=rf"^{fn}: target contains NaN"):
         call_loss(name, x, torch.full((3, 4), math.nan))
     if name != "entmax_bisect":
-        for k in (0, -2, 1.5, True):
+        for k in (0, -2):
             with pytest.raises(ValueError, match=rf"^{fn}: k must be None or a positive int"):
+                call_loss(name, x, y, k=k)
+        for k in (1.5, True):  # not an int at all: the wrong kind
+            with pytest.raises(TypeError, match=rf"^{fn}: k must be None or a positive int"):
                 call_loss(name, x, y, k=k)
 
 
@@ -825,10 +831,10 @@ def test_alpha_and_n_iter_errors():
         losses.entmax_bisect(x, alpha=torch.full((4,), 1.5))
     with pytest.raises(TypeError, match=r"^entmax_bisect: alpha must be a floating-point tensor"):
         losses.entmax_bisect(x, alpha=torch.tensor(2))
-    for bad in (0, -1, 2.5):
-        with pytest.raises(ValueError, match=r"^entmax_bisect_loss: n_iter must be a positive int"):
+    for bad, exc in ((0, ValueError), (-1, ValueError), (2.5, TypeError)):
+        with pytest.raises(exc, match=r"^entmax_bisect_loss: n_iter must be a positive int"):
             losses.entmax_bisect_loss(x, y, n_iter=bad)
-        with pytest.raises(ValueError, match=r"^entmax_bisect: n_iter must be a positive int"):
+        with pytest.raises(exc, match=r"^entmax_bisect: n_iter must be a positive int"):
             losses.entmax_bisect(x, n_iter=bad)
     # tensor-alpha range is a data check: off with validation(False); shapes still checked
     with losses.validation(False):
