@@ -346,10 +346,12 @@ def check_number(
 
 
 def check_finite(fn: str, name: str, x: Tensor, *, allow_neg_inf: bool = False,
-                 hint: Optional[str] = None) -> None:
+                 hint: Optional[str] = None, neg_inf_note: str = "-inf is allowed as a mask") -> None:
     """NaN or +inf anywhere (and -inf unless it is a documented mask) raises ValueError.
 
-    ``hint`` replaces the default hint (used where ``-inf`` has a documented alternative)."""
+    ``hint`` replaces the default hint when the only offending values are ``-inf`` (used where
+    ``-inf`` has a documented alternative); ``neg_inf_note`` says what ``-inf`` means where it
+    is allowed."""
     if not _checking() or not x.is_floating_point() or x.numel() == 0:
         return
     # one-pass screen: a sum of finite values is finite unless it overflows, and any NaN or
@@ -376,7 +378,7 @@ def check_finite(fn: str, name: str, x: Tensor, *, allow_neg_inf: bool = False,
             ", ".join(parts),
             hint if (hint is not None and not n_nan and not n_pinf) else
             "check the model output for overflow or divergence"
-            + ("; -inf is allowed as a mask" if allow_neg_inf else ""),
+            + (f"; {neg_inf_note}" if allow_neg_inf else ""),
         )
 
 

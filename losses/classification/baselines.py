@@ -197,7 +197,7 @@ def bce_with_logits_loss(
     y, unit = elementwise_targets(fn, input, target, label_smoothing=label_smoothing,
                                   ignore_index=ignore_index, dtype=dtype)
     w = broadcast_class_weight(fn, weight, input, dtype)
-    check_finite(fn, "input", input, allow_neg_inf=True)
+    check_finite(fn, "input", input, allow_neg_inf=True, neg_inf_note="-inf is allowed (probability 0)")
     with no_autocast(input.device.type):
         zero = torch.zeros((), dtype=dtype, device=input.device)
         x = upcast(input, dtype)

@@ -28,16 +28,20 @@ from torch import Tensor, nn
 
 from .. import _distributed as D
 from .._core import (
-    _checking,
+    check_bool,
     check_choice,
+    check_class_target,
+    check_class_weight,
     check_finite,
     check_floating,
     check_ids_in_range,
+    check_masked_logits,
     check_number,
     check_reduction,
     check_tensor,
     check_unit_interval,
     compute_dtype,
+    no_autocast,
     reduce_loss,
     type_error,
     upcast,
@@ -74,8 +78,7 @@ def _check_args(fn: str, input: Tensor, target: Tensor, activation: str, smooth:
     check_choice(fn, "activation", activation, _ACTIVATIONS)
     check_choice(fn, "aggregate", aggregate, _AGGREGATES)
     check_choice(fn, "active_classes", active_classes, _ACTIVE)
-    if not isinstance(log_loss, bool):
-        raise type_error(fn, "log_loss must be a bool", type(log_loss).__name__, "pass True or False")
+    check_bool(fn, "log_loss", log_loss)
     return check_number(fn, "smooth", smooth, low=0.0, hint="choose smooth >= 0 (1.0 is the default)")
 
 
@@ -107,10 +110,11 @@ def _unit_stats(
     n_pos = 1
     for d in spatial:
         n_pos *= d
-    if target.dtype == torch.bool or target.is_complex():
-        raise type_error(fn, "target must hold integer class ids or float soft labels", str(target.dtype),
-                         "pass target.long() for ids or target.float() for soft labels")
-    hard = not target.is_floating_point()
+    if activation == "softmax" and c == 1:
+        raise value_error(fn, "a softmax over a single class is identically 1, so this loss is constant and trains "
+                          "nothing", "C=1", "for one foreground channel use activation='sigmoid' (or pass two "
+                          "classes); bce_with_logits_loss is the element-wise alternative")
+    hard = not check_class_target(fn, input, target, soft=True, soft_name="soft labels")
     if hard:
         if tuple(target.shape) != (b,) + spatial:
             raise value_error(fn, f"integer target shape must be {(b,) + spatial} for input of shape "
@@ -126,15 +130,7 @@ def _unit_stats(
         if tuple(mask.shape) != (b,) + spatial:
             raise value_error(fn, f"mask shape must be {(b,) + spatial}", f"shape {tuple(mask.shape)}",
                               "pass one bool per position (B, d1, ..., dk)")
-    if weight is not None:
-        check_tensor(fn, "weight", weight)
-        if tuple(weight.shape) != (c,):
-            raise value_error(fn, f"weight must have shape ({c},), one per class", f"shape {tuple(weight.shape)}",
-                              "pass a 1-D tensor of class weights")
-        check_finite(fn, "weight", weight)
-        if _checking() and bool((weight < 0).any()):
-            raise value_error(fn, "weight must be non-negative", f"min={float(weight.min())}",
-                              "class weights are >= 0; use 0 to drop a class")
+    check_class_weight(fn, weight, c)
 
     # data checks
     if hard:
@@ -142,27 +138,32 @@ def _unit_stats(
     else:
         check_finite(fn, "target", target)
         check_unit_interval(fn, "target", target, hint="soft labels are probabilities; pass ids as integers")
+    dtype = compute_dtype(input, target if not hard else None, weight)
+    if hard:
+        t = target.reshape(b, n_pos)
+        keep = t != ignore_index
+    else:
+        keep = torch.ones(b, n_pos, dtype=torch.bool, device=input.device)
+    if mask is not None:
+        keep = keep & mask.reshape(b, n_pos)
     if activation == "none":
         check_unit_interval(fn, "input", input, hint="pass probabilities or use activation='softmax'/'sigmoid'")
+    elif activation == "sigmoid":
+        check_finite(fn, "input", input, allow_neg_inf=True, neg_inf_note="-inf is allowed (probability 0)")
     else:
-        check_finite(fn, "input", input)
+        check_masked_logits(fn, "input", input.reshape(b, c, n_pos), active=keep)
 
-    dtype = compute_dtype(input, target if not hard else None, weight)
-    x = upcast(input, dtype)
+    x = upcast(input, dtype).reshape(b, c, n_pos)
+    # dropped positions are zeroed before the activation: no +-inf/NaN there reaches the maths
+    x = torch.where(keep.unsqueeze(1), x, torch.zeros((), dtype=dtype, device=x.device))
     if activation == "softmax":
         x = torch.softmax(x, dim=1)
     elif activation == "sigmoid":
         x = torch.sigmoid(x)
-    x = x.reshape(b, c, n_pos)
     if hard:
-        t = target.reshape(b, n_pos)
-        keep = t != ignore_index
         y = F.one_hot(t.clamp(0, c - 1).long(), c).transpose(1, 2).to(dtype)
     else:
         y = target.reshape(b, c, n_pos).to(dtype)
-        keep = torch.ones(b, n_pos, dtype=torch.bool, device=x.device)
-    if mask is not None:
-        keep = keep & mask.reshape(b, n_pos)
     k = keep.unsqueeze(1).to(dtype)  # (B, 1, S)
 
     xk = x * k
@@ -212,6 +213,15 @@ def _dice_forward(
     return_weights: bool = False,
 ):
     s = _check_args(fn, input, target, activation, smooth, aggregate, active_classes, log_loss, reduction)
+    with no_autocast(input.device.type):
+        return _dice_forward_impl(fn, kind, input, target, s, activation=activation, aggregate=aggregate,
+                                  active_classes=active_classes, log_loss=log_loss, weight=weight, mask=mask,
+                                  ignore_index=ignore_index, reduction=reduction, gather=gather,
+                                  return_weights=return_weights)
+
+
+def _dice_forward_impl(fn, kind, input, target, s, *, activation, aggregate, active_classes, log_loss, weight,
+                       mask, ignore_index, reduction, gather, return_weights):
     if gather and D.is_distributed():
         D.check_equal_batch_sizes(fn, input.shape[0], device=input.device)
     sx, sy, sa, active, wc, counts = _unit_stats(
@@ -256,9 +266,18 @@ def _dice_forward(
 
 _COMMON_DOC = r"""Args:
         input: logits (or probabilities with ``activation="none"``) ``(B, C)`` or
-            ``(B, C, d1..dk)``, classes on dim 1; computed in float32 (float64 if an input is).
+            ``(B, C, d1..dk)``, classes on dim 1; computed in float32 (float64 if an input is),
+            also inside ``torch.autocast``. **-inf** logits are probability 0: with
+            ``"softmax"`` the class is absent at that position (its probability and gradient
+            are exactly 0; a kept position without a finite logit is a ``ValueError``), with
+            ``"sigmoid"`` the element's probability is 0 (gradient 0); with ``"none"`` they
+            are outside [0, 1] (``ValueError``). NaN and ``+inf`` raise ``ValueError`` (data
+            checks). ``C = 1`` with ``"softmax"`` raises ``ValueError`` (the softmax is
+            identically 1); use ``activation="sigmoid"``. Dropped positions (ignored ids, mask)
+            are zeroed before the activation, so they give exactly zero gradients.
         target: integer ids ``(B, d1..dk)`` (one-hot inside) or float soft labels in [0, 1]
-            shaped like ``input``; the dtype decides.
+            shaped like ``input``; the dtype decides (float labels shaped like the ids raise
+            ``TypeError``).
         activation: ``"softmax"`` over dim 1 (default), ``"sigmoid"`` (multi-label) or ``"none"``
             (``input`` must lie in [0, 1]; data check).
         smooth: ``s >= 0`` (default 1.0, the authors' training configs; the papers fix none; the
@@ -273,7 +292,7 @@ _COMMON_DOC = r"""Args:
             costs ``|x| / (|x| + 2s)`` (Jaccard: ``|x| / (|x| + s)``), pushing its predictions to 0.
         log_loss: return ``-log T`` instead of ``1 - T`` (``+inf`` for an active unit with ``T = 0``,
             which needs ``smooth = 0``).
-        weight: class weights ``(C,)``, ``>= 0``.
+        weight: class weights ``(C,)``, finite, ``>= 0`` and not all zero (data checks).
         mask: bool ``(B, d1..dk)``, True = keep.
         ignore_index: id of positions to drop (integer targets only).
         reduction: ``"none"`` gives ``(C,)`` (``"dataset"``) or ``(B, C)`` per-unit values (0 for
@@ -430,9 +449,8 @@ class _DiceBase(nn.Module):
         check_choice(fn, "activation", activation, _ACTIVATIONS)
         check_choice(fn, "aggregate", aggregate, _AGGREGATES)
         check_choice(fn, "active_classes", active_classes, _ACTIVE)
-        for name, flag in (("log_loss", log_loss), ("gather_distributed", gather_distributed)):
-            if not isinstance(flag, bool):
-                raise type_error(fn, f"{name} must be a bool", type(flag).__name__, "pass True or False")
+        check_bool(fn, "log_loss", log_loss)
+        check_bool(fn, "gather_distributed", gather_distributed)
         self.activation = activation
         self.smooth = check_number(fn, "smooth", smooth, low=0.0, hint="choose smooth >= 0 (1.0 is the default)")
         self.aggregate = aggregate

@@ -143,8 +143,26 @@ def _b_from_t_(t: Tensor, x: Tensor, lo: float, hi: float) -> Tensor:
     return b
 
 
+def _terms_exact(x: Tensor, lo: float, hi: float) -> Tuple[Tensor, Tensor, Tensor]:
+    """Float64: ``u``, ``b`` and ``r`` from ``expm1`` directly (no tanh shortcut), exact to a few
+    ulp of each quantity itself: ``b = -log(-expm1(-u))``, ``r = u / expm1(u)``; above the cap
+    ``b = q`` (the ``u/2`` correction is below 1e-304) and ``r = 1``."""
+    q = x.clamp(lo, hi)
+    u = torch.exp(-q)
+    cap = _cap(x.dtype)
+    uc = torch.exp(-q.clamp(max=cap))
+    b = torch.where(q > cap, q, -torch.log(-torch.expm1(-uc)))
+    r = uc / torch.expm1(uc)
+    return u, b, r
+
+
 def _terms(x: Tensor, lo: float, hi: float) -> Tuple[Tensor, Tensor, Tensor]:
-    """Fresh tensors ``u = e^{-q}``, ``b = -log(1 - eta(q))`` and ``r = db/dq`` (clamped ``q``)."""
+    """Fresh tensors ``u = e^{-q}``, ``b = -log(1 - eta(q))`` and ``r = db/dq`` (clamped ``q``).
+
+    Float32 uses the vectorised tanh forms below (a few ulp of ``max(b, 1)`` and of ``u``);
+    float64 uses :func:`_terms_exact` so that it is exact to ~1e-15 relative everywhere."""
+    if x.dtype == torch.float64:
+        return _terms_exact(x, lo, hi)
     h, t = _half_u_and_tanh(x, lo, hi)
     r = torch.div(h, t).sub_(h)
     b = _b_from_t_(t, x, lo, hi)
@@ -180,7 +198,7 @@ def _paper_forward(x: Tensor, y: Optional[Tensor], ids: Optional[Tensor], valid:
         values = torch.lerp(b, u, y)
         grad = None
         if need_grad:
-            grad = torch.addcmul(r, y, u.add_(r), value=-1.0)
+            grad = torch.lerp(r, u.neg_(), y)  # (1 - y) r - y u, exact at y = 1 (no cancellation)
             grad.masked_fill_(_grad_mask(x, lo, hi, raw_hi), 0.0)
         del u, b, r
         if w is not None:
@@ -213,7 +231,8 @@ def _paper_forward(x: Tensor, y: Optional[Tensor], ids: Optional[Tensor], valid:
         inv = None
         row_scale = vb
     x_t = x.gather(1, idx)
-    fast = s == 0.0 and lo == _FLOOR and math.isinf(hi)
+    # the fused tanh hot path is float32-only; float64 takes the exact terms
+    fast = s == 0.0 and lo == _FLOOR and math.isinf(hi) and x.dtype != torch.float64
     # exact value and gradient at the ids (target y_t = 1 - eps + eps/C)
     if fast:
         # y_t = 1: l = u, dl/dq = -u (0 below the floor)
@@ -221,8 +240,9 @@ def _paper_forward(x: Tensor, y: Optional[Tensor], ids: Optional[Tensor], valid:
         g_t = val_t.neg().masked_fill_(x_t < _FLOOR, 0.0)
     else:
         u_t, b_t, r_t = _terms(x_t, lo, hi)
-        val_t = b_t + y_t * (u_t - b_t)
-        g_t = (r_t - y_t * (u_t + r_t)).masked_fill_(_grad_mask(x_t, lo, hi, raw_hi), 0.0)
+        # lerp is exact at y_t = 1 (b + y (u - b) would cancel: b ~ q, u ~ e^-q)
+        val_t = torch.lerp(b_t, u_t, y_t)
+        g_t = torch.lerp(r_t, -u_t, y_t).masked_fill_(_grad_mask(x_t, lo, hi, raw_hi), 0.0)
     w_t = None
     if w is not None:
         w_t = w.expand_as(x).gather(1, idx)
@@ -360,7 +380,9 @@ def gumbel_bce_loss(
     ``-log(1 - eta) = log(1/2 + 1/(2t))`` and ``u eta/(1 - eta) = h/t - h``; above ``q = 85``
     (float32) / ``700`` (float64) the exact large-``q`` forms are used. Values are accurate to a
     few ulp of ``max(l, 1)``, gradients to a few ulp of ``u`` (relative accuracy degrades only
-    where the ``y = 0`` gradient is below ~1e-3, i.e. ``q < -2``). A custom autograd function
+    where the ``y = 0`` gradient is below ~1e-3, i.e. ``q < -2``). Float64 does not use these
+    forms: it evaluates ``-log(-expm1(-u))`` and ``u / expm1(u)`` directly, exact to ~1e-15
+    relative at every ``q``. A custom autograd function
     computes value and gradient in one forward sweep (two buffers, in place) and its backward
     is a single in-place scaling; it does not support double backward.
 
@@ -369,7 +391,13 @@ def gumbel_bce_loss(
 
     Args:
         input: logits ``(N, C)`` or ``(N, C, d1..dk)``, any floating dtype (computed in float32, or
-            float64 if an input is float64; never under autocast).
+            float64 if an input is float64; never under autocast: inside ``torch.autocast`` the
+            forward and backward still run in float32). **-inf** means probability 0; GOL is a
+            per-class sigmoid-like loss, so nothing is removed: ``-inf`` is evaluated at the
+            -50 floor (``eta ~ 0``), i.e. an element with label 0 costs 0, one with label ``y``
+            costs ``y e^50`` (about ``5.2e21 y``), and the gradient there is 0. NaN and
+            ``+inf`` raise ``ValueError`` (data check). Ignored rows are zeroed before the maths
+            (exactly zero gradients even when they hold ``+-inf``, validation off).
         target: integer ids ``(N,)`` / ``(N, d1..dk)`` (one-hot encoded over dim 1; a position
             whose id is ``ignore_index`` drops its whole row of ``C`` elements) or float labels in
             [0, 1] shaped like ``input`` (soft / multi-hot; ``ignore_index`` does not apply).
@@ -387,8 +415,8 @@ def gumbel_bce_loss(
             the reduced value stays <= 20.
         clamp: ``(lo, hi)`` overrides the logit clamp of either variant (zero gradient outside);
             ``(-inf, inf)`` disables it. The -50 floor always applies.
-        weight: ``(C,)`` class weights or a tensor shaped like ``input`` (e.g. DropLoss weights);
-            it scales the values; the unit weight stays 1 (as in
+        weight: ``(C,)`` class weights or a tensor shaped like ``input`` (e.g. DropLoss weights),
+            finite and non-negative (``(C,)`` weights not all zero; data checks); it scales the values; the unit weight stays 1 (as in
             :func:`torch.nn.functional.binary_cross_entropy_with_logits`). The reference ignores its
             class weights; that is not reproduced.
         ignore_index: id whose rows are ignored (integer targets only).
@@ -426,10 +454,12 @@ def gumbel_bce_loss(
         y = unit = None
         ids, valid = _integer_targets(fn, input, target, ignore_index)
     w = broadcast_class_weight(fn, weight, input, dtype)
-    check_finite(fn, "input", input)
-    if w is not None:
-        check_finite(fn, "weight", weight)
+    check_finite(fn, "input", input, allow_neg_inf=True, neg_inf_note="-inf is allowed (probability 0)")  # -inf: probability 0 (the -50 floor)
     x = upcast(input, dtype)
+    if valid is not None:
+        x = torch.where(valid.unsqueeze(1), x, torch.zeros((), dtype=dtype, device=x.device))
+    elif unit is not None and not target.is_floating_point():
+        x = torch.where(unit > 0, x, torch.zeros((), dtype=dtype, device=x.device))
 
     if variant == "reference":
         lo, hi = clamp_ if clamp_ is not None else _REFERENCE_CLAMP

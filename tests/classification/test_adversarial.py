@@ -493,8 +493,8 @@ def test_function_and_module_hyperparameter_errors(kw, exc, pattern):
 @pytest.mark.parametrize("kw,exc,pattern", [
     ({"epsilon": -0.1}, ValueError, r"epsilon must be finite and satisfy epsilon >= 0.0"),
     ({"steps": -1}, ValueError, r"steps must be an integer >= 0 \(got -1\)"),
-    ({"steps": 2.5}, ValueError, r"steps must be an integer >= 0 \(got 2.5\)"),
-    ({"steps": True}, ValueError, r"steps must be an integer >= 0"),
+    ({"steps": 2.5}, TypeError, r"steps must be an integer >= 0 \(got 2.5\)"),  # not an int: wrong kind
+    ({"steps": True}, TypeError, r"steps must be an integer >= 0"),
     ({"norm": "l1"}, ValueError, r"norm must be one of 'linf', 'l2' \(got 'l1'\)"),
     ({"step_size": -1.0}, ValueError, r"step_size must be finite and satisfy step_size >= 0.0"),
     ({"random_init_std": -1.0}, ValueError, r"random_init_std must be finite"),

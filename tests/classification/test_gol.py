@@ -485,10 +485,10 @@ def test_errors():
             fn(x, torch.full((4, 3), 1.5), variant=variant)
         with pytest.raises(ValueError, match=r"^gumbel_bce_loss: target contains NaN"):
             fn(x, torch.full((4, 3), math.nan), variant=variant)
-    for bad_value, what in ((math.nan, "1 NaN"), (math.inf, r"1 \+inf"), (-math.inf, "1 -inf")):
+    for bad_value, what in ((math.nan, "1 NaN"), (math.inf, r"1 \+inf")):  # -inf: probability 0
         xb = x.clone()
         xb[1, 2] = bad_value
-        with pytest.raises(ValueError, match=rf"^gumbel_bce_loss: input contains NaN or infinite values \(got {what}\)"):
+        with pytest.raises(ValueError, match=rf"^gumbel_bce_loss: input contains NaN or \+inf \(got {what}\)"):
             fn(xb, t)
     with pytest.raises(ValueError, match=r"^gumbel_bce_loss: weight must have shape \(3,\)"):
         fn(x, t, weight=torch.ones(4))
