@@ -444,7 +444,7 @@ def check_distribution(fn: str, name: str, q: Tensor, *, dim: int = 1, tol: floa
         raise value_error(
             fn,
             f"float {name} must be a distribution over dim {dim} (non-negative, summing to 1 within {tol:g})",
-            f"min={float(qd.min())}, max |row sum - 1|={float(err.max()):.3g}",
+            f"min={float(qd.min()):.4g}, max |row sum - 1|={float(err.max()):.3g}",
             hint or f"normalise it ({name} / {name}.sum({dim}, keepdim=True)) or pass integer class ids",
         )
 

@@ -94,7 +94,8 @@ def _adversarial_comp_sum(fn: str, input: Tensor, input_adv: Tensor, target: Ten
         # -inf (a mask) in either logit vector removes that class from the margin vector too
         zero = torch.zeros((), dtype=dtype, device=h.device)
         absent = (h == float("-inf")) | (h_adv == float("-inf"))
-        smooth = _safe_l2(_margin_change(torch.where(absent, zero, h_adv), torch.where(absent, zero, h), y))
+        change = _margin_change(torch.where(absent, zero, h_adv), torch.where(absent, zero, h), y)
+        smooth = _safe_l2(torch.where(absent, zero, change))
         values = main + nu * smooth
         return reduce_loss(values.reshape(out_shape), valid.reshape(out_shape).to(dtype), reduction)
 
