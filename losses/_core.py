@@ -249,10 +249,14 @@ def check_class_target(fn: str, input: Tensor, target: object, *, soft: bool = T
     )
 
 
-def check_bool(fn: str, name: str, value: object) -> bool:
-    """A flag must be a Python ``bool`` (``TypeError`` otherwise, e.g. for 0/1 or "yes")."""
+def check_bool(fn: str, name: str, value: object, *, allow_none: bool = False) -> Optional[bool]:
+    """A flag must be a Python ``bool`` (``TypeError`` otherwise, e.g. for 0/1 or "yes");
+    ``None`` passes when ``allow_none`` (a per-variant default)."""
+    if value is None and allow_none:
+        return None
     if not isinstance(value, bool):
-        raise type_error(fn, f"{name} must be a bool", type(value).__name__, "pass True or False")
+        raise type_error(fn, f"{name} must be {'None or ' if allow_none else ''}a bool", repr(value),
+                         f"pass True or False{' (or None for the variant default)' if allow_none else ''}")
     return value
 
 

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from .._core import (
+    check_int,
     check_finite,
     check_floating,
     check_ids_in_range,
@@ -190,9 +191,7 @@ def linear_cross_entropy(
         if bias.shape != (c,):
             raise value_error(fn, f"bias must have shape ({c},)", f"shape {tuple(bias.shape)}", "one bias per class")
     if chunk_size is not None:
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-            raise value_error(fn, "chunk_size must be a positive int or None", repr(chunk_size),
-                              "use None to choose it from N and C")
+        check_int(fn, "chunk_size", chunk_size, low=1, allow_none=True, hint="use None to choose it from N and C")
     check_finite(fn, "embeddings", embeddings)
     check_finite(fn, "weight", weight)
     if bias is not None:
@@ -228,14 +227,11 @@ class LinearCrossEntropyLoss(nn.Module):
         super().__init__()
         fn = "LinearCrossEntropyLoss"
         for name, v in (("embedding_dim", embedding_dim), ("num_classes", num_classes)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise value_error(fn, f"{name} must be a positive int", repr(v), f"pass the {name.replace('_', ' ')}")
+            check_int(fn, name, v, low=1, hint=f"pass the {name.replace('_', ' ')}")
         check_reduction(fn, reduction)
         check_number(fn, "label_smoothing", label_smoothing, low=0.0, high=1.0)
         check_number(fn, "logz_coef", logz_coef, low=0.0)
-        if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
-            raise value_error(fn, "chunk_size must be a positive int or None", repr(chunk_size),
-                              "use None to choose it from N and C")
+        check_int(fn, "chunk_size", chunk_size, low=1, allow_none=True, hint="use None to choose it from N and C")
         self.embedding_dim, self.num_classes = embedding_dim, num_classes
         self.chunk_size = chunk_size
         self.label_smoothing, self.logz_coef = float(label_smoothing), float(logz_coef)

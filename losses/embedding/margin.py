@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    check_int,
     check_choice,
     check_finite,
     check_floating,
@@ -111,8 +112,7 @@ def check_head_inputs(fn: str, embeddings: Tensor, target: Tensor, weight: Tenso
 
 def _check_sizes(fn: str, embedding_dim: int, num_classes: int) -> None:
     for name, v in (("embedding_dim", embedding_dim), ("num_classes", num_classes)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise value_error(fn, f"{name} must be a positive int", repr(v), f"pass {name} as an int >= 1")
+        check_int(fn, name, v, low=1, hint=f"pass {name} as an int >= 1")
 
 
 # --------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    check_int,
     _checking,
     attached_zero,
     check_choice,
@@ -157,9 +158,7 @@ def _check_num_classes(fn: str, num_classes: Optional[int], variant: str) -> Opt
             raise value_error(fn, "variant='reference' needs num_classes (it scales L_NBC by 1/K)", None,
                               "pass num_classes=K, the total number of classes")
         return None
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
-        raise value_error(fn, "num_classes must be a positive int", repr(num_classes),
-                          "pass the total number of classes")
+    check_int(fn, "num_classes", num_classes, low=1, hint="pass the total number of classes")
     return num_classes
 
 
@@ -272,8 +271,7 @@ class NBCSoftmaxLoss(nn.Module):
         super().__init__()
         name = "NBCSoftmaxLoss"
         for key, val in (("embedding_dim", embedding_dim), ("num_classes", num_classes)):
-            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-                raise value_error(name, f"{key} must be a positive int", repr(val), f"pass the {key}")
+            check_int(name, key, val, low=1, hint=f"pass the {key}")
         check_reduction(name, reduction, allowed=("mean",))
         self.scale = check_number(name, "scale", scale, low=0.0)
         self.nbc_weight = check_number(name, "nbc_weight", nbc_weight, low=0.0, high=1.0)

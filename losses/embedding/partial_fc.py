@@ -21,6 +21,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from .._core import (
+    check_seed,
+    check_bool,
     _checking,
     check_finite,
     check_ids_in_range,
@@ -293,10 +295,8 @@ class PartialFCLoss(nn.Module):
         s, m, thr = check_margin_hparams(fn, scale=scale, margin=margin, variant=variant,
                                          interclass_filtering_threshold=interclass_filtering_threshold)
         check_reduction(fn, reduction)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise value_error(fn, "seed must be an int or None", repr(seed), "pass an integer seed")
-        if not isinstance(distributed, bool):
-            raise value_error(fn, "distributed must be a bool", repr(distributed), "pass True or False")
+        check_seed(fn, seed)
+        check_bool(fn, "distributed", distributed)
         self.embedding_dim = embedding_dim
         self.num_classes = num_classes
         self.sample_rate = rate

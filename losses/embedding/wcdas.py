@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    check_int,
     check_choice,
     check_finite,
     check_floating,
@@ -210,8 +211,7 @@ class WCDASLoss(nn.Module):
         super().__init__()
         name = "WCDASLoss"
         for key, val in (("embedding_dim", embedding_dim), ("num_classes", num_classes)):
-            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-                raise value_error(name, f"{key} must be a positive int", repr(val), f"pass the {key}")
+            check_int(name, key, val, low=1, hint=f"pass the {key}")
         check_reduction(name, reduction)
         check_choice(name, "variant", variant, VARIANTS)
         self.concentration_init = check_number(name, "concentration_init", concentration_init)

@@ -23,6 +23,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    check_seed,
+    check_int,
+    check_bool,
     _checking,
     check_choice,
     check_finite,
@@ -61,11 +64,7 @@ _REFERENCE_MASK = -100.0  # the reference overwrites positives' scaled scores wi
 
 
 def _check_bool(fn: str, name: str, value: object, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, bool):
-        raise value_error(fn, f"{name} must be {'None or ' if allow_none else ''}a bool", repr(value),
-                          f"pass True or False{' (or None for the variant default)' if allow_none else ''}")
+    check_bool(fn, name, value, allow_none=allow_none)
 
 
 def _check_mask_value(fn: str, value: object) -> None:
@@ -85,13 +84,11 @@ def _check_k(fn: str, k: object) -> None:
 
 
 def _check_n_iter(fn: str, n_iter: object) -> None:
-    if isinstance(n_iter, bool) or not isinstance(n_iter, int) or n_iter < 1:
-        raise value_error(fn, "n_iter must be an int >= 1", repr(n_iter), "32 bisection steps are the default")
+    check_int(fn, "n_iter", n_iter, low=1, what="an int >= 1", hint="32 bisection steps are the default")
 
 
 def _check_seed(fn: str, seed: object) -> None:
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise value_error(fn, "seed must be None or an int", repr(seed), "pass an integer seed or None")
+    check_seed(fn, seed)
 
 
 # --------------------------------------------------------------------------------------

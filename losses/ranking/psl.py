@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    check_bool,
     attached_zero,
     check_choice,
     check_finite,
@@ -63,11 +64,7 @@ _SCALE_BOUND = {"relu": 0.5, "atan": math.tan(1.0) / 2.0}
 
 
 def _check_bool(fn: str, name: str, value: object, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, bool):
-        raise value_error(fn, f"{name} must be {'None or ' if allow_none else ''}a bool", repr(value),
-                          f"pass True or False{' (or None for the variant default)' if allow_none else ''}")
+    check_bool(fn, name, value, allow_none=allow_none)
 
 
 def _check_psl_hparams(fn: str, *, temperature: float, activation: str, score_scale: float, variant: str,

@@ -754,3 +754,42 @@ def test_softmax_family_float64_exact_at_large_logits():
         torch.testing.assert_close(fn(x, t, reduction="none"),
                                    torch.tensor([fy_row(r, int(y), alpha) for r, y in zip(rows, t)],
                                                 dtype=torch.float64), rtol=1e-12, atol=1e-12)
+
+
+def test_one_exception_type_per_mistake_across_the_library():
+    """Argument checks of every family use the shared checkers: wrong kind -> TypeError,
+    wrong value -> ValueError."""
+    pos, neg = torch.randn(2, 1), torch.randn(2, 3)
+    s, t = torch.randn(2, 4), torch.tensor([0, 1])
+    kind = [
+        (lambda: losses.PartialFCLoss(2, 5, seed=1.5), r"^PartialFCLoss: seed must be an int or None"),
+        (lambda: losses.PartialFCLoss(2, 5, distributed=1), r"^PartialFCLoss: distributed must be a bool"),
+        (lambda: losses.PartialFCLoss(2.0, 5), r"^PartialFCLoss: embedding_dim must be a positive int"),
+        (lambda: losses.DecoupledSoftmaxLoss(seed="0"), r"^DecoupledSoftmaxLoss: seed must be an int or None"),
+        (lambda: losses.SoftTopKLoss(k=2, seed=2.0), r"^SoftTopKLoss: seed must be an int or None"),
+        (lambda: losses.decoupled_softmax_loss(s, t, weighted=1), r"^decoupled_softmax_loss: weighted must be a bool"),
+        (lambda: losses.soft_topk_loss(s, t, k=2, n_iter=3.0), r"^soft_topk_loss: n_iter must be an int >= 1"),
+        (lambda: losses.psl_loss(pos, neg, bounded_scores=None), r"^psl_loss: bounded_scores must be a bool"),
+        (lambda: losses.MarginSoftmaxLoss(4, 3.0), r"^MarginSoftmaxLoss: num_classes must be a positive int"),
+        (lambda: losses.WCDASLoss(True, 5), r"^WCDASLoss: embedding_dim must be a positive int"),
+        (lambda: losses.NBCSoftmaxLoss(3, 5.0), r"^NBCSoftmaxLoss: num_classes must be a positive int"),
+        (lambda: losses.LinearCrossEntropyLoss(3, 7, chunk_size=2.0),
+         r"^LinearCrossEntropyLoss: chunk_size must be a positive int or None"),
+        (lambda: losses.linear_cross_entropy(torch.randn(2, 3), t, torch.randn(4, 3), chunk_size="2"),
+         r"^linear_cross_entropy: chunk_size must be a positive int or None"),
+        (lambda: losses.margin_softmax_loss(torch.randn(2, 3), t.float(), torch.randn(4, 3)),
+         r"^margin_softmax_loss: target must hold integer class ids"),
+    ]
+    for call, pattern in kind:
+        with pytest.raises(TypeError, match=pattern) as info:
+            call()
+        assert ".long()" not in str(info.value)
+    value = [
+        (lambda: losses.PartialFCLoss(0, 5), r"^PartialFCLoss: embedding_dim must be a positive int \(got 0\)"),
+        (lambda: losses.NBCSoftmaxLoss(3, 0), r"^NBCSoftmaxLoss: num_classes must be a positive int \(got 0\)"),
+        (lambda: losses.soft_topk_loss(s, t, k=2, n_iter=0), r"^soft_topk_loss: n_iter must be an int >= 1"),
+        (lambda: losses.LinearCrossEntropyLoss(3, 7, chunk_size=0), r"^LinearCrossEntropyLoss: chunk_size must be"),
+    ]
+    for call, pattern in value:
+        with pytest.raises(ValueError, match=pattern):
+            call()

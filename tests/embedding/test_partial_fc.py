@@ -315,7 +315,7 @@ def test_validation_switch_turns_off_only_data_checks():
 
 
 def test_bad_constructor_arguments():
-    with pytest.raises(ValueError, match=r"^PartialFCLoss: seed must be an int or None"):
+    with pytest.raises(TypeError, match=r"^PartialFCLoss: seed must be an int or None"):
         losses.PartialFCLoss(2, 5, seed=1.5)
     with pytest.raises(ValueError, match=r"^PartialFCLoss: embedding_dim must be a positive int"):
         losses.PartialFCLoss(0, 5)

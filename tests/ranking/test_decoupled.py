@@ -545,13 +545,15 @@ def test_hyperparameter_errors():
         (dict(temperature=-0.1), r"^decoupled_softmax_loss: temperature"),
     ]
     for kw, pattern in cases:
-        with pytest.raises(ValueError, match=pattern):
+        # a non-bool flag is the wrong kind of argument (TypeError); the rest are wrong values
+        exc = TypeError if "a bool" in pattern else ValueError
+        with pytest.raises(exc, match=pattern):
             losses.decoupled_softmax_loss(s, t, **kw)
     with pytest.raises(ValueError, match=r"^infonce_loss: positive_normalization must be one of 'sum', 'mean'"):
         losses.infonce_loss(s, t, positive_normalization="max")
-    with pytest.raises(ValueError, match=r"^DecoupledSoftmaxLoss: seed must be None or an int"):
+    with pytest.raises(TypeError, match=r"^DecoupledSoftmaxLoss: seed must be an int or None"):
         losses.DecoupledSoftmaxLoss(seed=1.5)
-    with pytest.raises(ValueError, match=r"^DecoupledSoftmaxLoss: gather_distributed must be a bool"):
+    with pytest.raises(TypeError, match=r"^DecoupledSoftmaxLoss: gather_distributed must be a bool"):
         losses.DecoupledSoftmaxLoss(gather_distributed="yes")
     with pytest.raises(ValueError, match=r"^InfoNCELoss: temperature"):
         losses.InfoNCELoss(temperature=0)

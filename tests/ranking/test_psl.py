@@ -484,7 +484,9 @@ def test_domain_errors_have_the_spec_message():
 ])
 def test_psl_hyperparameter_errors(kwargs, pattern):
     pos, neg = cosine_inputs(B=2, N=3)
-    with pytest.raises(ValueError, match=pattern):
+    # a non-bool flag is the wrong kind of argument (TypeError); every other case is a wrong value
+    exc = TypeError if "must be None or a bool" in pattern or "must be a bool" in pattern else ValueError
+    with pytest.raises(exc, match=pattern):
         losses.psl_loss(pos, neg, **kwargs)
 
 

@@ -366,7 +366,7 @@ def test_errors():
         losses.soft_topk_loss(torch.randn(2, 1), torch.tensor([0, 0]), k="num_positives")
     with pytest.raises(ValueError, match=r"^SoftTopKLoss: alpha"):
         losses.SoftTopKLoss(alpha=-2.0)
-    with pytest.raises(ValueError, match=r"^SoftTopKLoss: seed must be None or an int"):
+    with pytest.raises(TypeError, match=r"^SoftTopKLoss: seed must be an int or None"):
         losses.SoftTopKLoss(seed="0")
     # a row with k_i >= L under k="num_positives" is a data check
     full = torch.ones(2, 5, dtype=torch.bool)
