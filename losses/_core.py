@@ -6,14 +6,29 @@ Everything here is private API used by the loss families; the public names
 
 Conventions implemented once here (``docs/conventions.md``):
 
-* **Errors** read ``"<function>: <problem> (got <value>); <hint>"``. Bad hyperparameters,
-  shapes or data raise :class:`ValueError`; a wrong target kind raises :class:`TypeError`.
-* **Data checks** (label range, NaN/+inf, values outside [0, 1], ...) need a host sync. They
-  run by default and are switched off by ``losses.set_validation(False)`` or the context
-  manager ``losses.validation(False)`` (for CUDA graphs and ``torch.compile``). Checks on
+* **Errors** read ``"<function>: <problem> (got <value>); <hint>"``. One exception type per
+  mistake, the same in every loss: a wrong *kind* of argument (float labels where class ids are
+  expected, a non-bool flag, a non-integer size or seed, a non-tensor) is :class:`TypeError`
+  (:func:`check_bool`, :func:`check_int`, :func:`check_seed`, :func:`check_integer_target`,
+  :func:`check_class_target`); a wrong value, shape or data is :class:`ValueError`. Hints never
+  suggest a fix that would silently corrupt the data (e.g. casting soft targets to ids).
+* **Data checks** (label range, NaN/+inf, values outside [0, 1], rows without a finite score,
+  soft targets that do not sum to 1, negative or all-zero class weights, ...) need a host sync.
+  They run by default and are switched off by ``losses.set_validation(False)`` or the context
+  manager ``losses.validation(False)`` (for CUDA graphs and ``torch.compile``). While
+  ``torch.compile`` traces a call they cannot run; if validation is on at that point a
+  ``UserWarning`` naming ``losses.validation(False)`` is given once per process. Checks on
   shapes, dtypes and hyperparameters never sync and always run.
+* **Masks.** In the softmax-family losses ``-inf`` logits mean "this class does not exist for
+  this row" (:func:`check_masked_logits`); ignored positions are replaced by 0 *before* the
+  maths (:func:`zero_rows`), so that +-inf there never turns into NaN gradients.
+* **Degenerate inputs** that would train nothing are errors: one logit for a softmax-family loss
+  (:func:`check_softmax_classes`), soft targets not summing to 1 (:func:`check_distribution`),
+  class weights with a negative entry or all zero (:func:`check_class_weight`).
 * **Dtypes.** Compute in float64 if any floating input is float64, else float32; half inputs
-  are upcast before any arithmetic and the loss is returned in the compute dtype.
+  are upcast before any arithmetic and the loss is returned in the compute dtype. Under
+  ``torch.autocast`` the maths runs with autocast switched off (:func:`no_autocast`), in those
+  dtypes, as ``F.cross_entropy`` does.
 * **Reduction.** Each loss computes per-unit values ``v`` and unit weights ``w >= 0``;
   ``"none"`` returns ``v`` (0 where ``w == 0``), ``"sum"`` returns ``sum(w * v)`` and
   ``"mean"`` returns ``sum(w * v) / sum(w)``; when ``sum(w) == 0`` the result is an exact,

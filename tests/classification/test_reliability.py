@@ -586,7 +586,7 @@ def test_wrong_kind_of_flag_int_or_seed_is_a_type_error():
 
 def test_core_checkers():
     assert _core.check_bool("f", "flag", True) is True
-    with pytest.raises(TypeError, match=r"^f: flag must be a bool \(got int\); pass True or False$"):
+    with pytest.raises(TypeError, match=r"^f: flag must be a bool \(got 1\); pass True or False$"):
         _core.check_bool("f", "flag", 1)
     assert _core.check_int("f", "n", 3, low=1) == 3
     assert _core.check_seed("f", None) is None and _core.check_seed("f", 7) == 7
