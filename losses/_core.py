@@ -365,18 +365,23 @@ def check_number(
 
 
 def check_finite(fn: str, name: str, x: Tensor, *, allow_neg_inf: bool = False,
-                 hint: Optional[str] = None, neg_inf_note: str = "-inf is allowed as a mask") -> None:
+                 hint: Optional[str] = None, neg_inf_note: str = "-inf is allowed as a mask") -> bool:
     """NaN or +inf anywhere (and -inf unless it is a documented mask) raises ValueError.
+
+    Returns True only when the check ran and found every value finite (callers may then skip
+    their sanitising passes); False when it was skipped or ``-inf`` entries are present.
 
     ``hint`` replaces the default hint when the only offending values are ``-inf`` (used where
     ``-inf`` has a documented alternative); ``neg_inf_note`` says what ``-inf`` means where it
     is allowed."""
-    if not _checking() or not x.is_floating_point() or x.numel() == 0:
-        return
+    if not _checking() or not x.is_floating_point():
+        return False
+    if x.numel() == 0:
+        return True
     # one-pass screen: a sum of finite values is finite unless it overflows, and any NaN or
     # +-inf makes it non-finite; only then run the full (several-pass) check below
     if bool(torch.isfinite(x.detach().sum(dtype=torch.float64 if x.dtype == torch.float64 else torch.float32))):
-        return
+        return True
     if allow_neg_inf:
         bad = torch.isnan(x) | (x == math.inf)
     else:
@@ -399,17 +404,23 @@ def check_finite(fn: str, name: str, x: Tensor, *, allow_neg_inf: bool = False,
             "check the model output for overflow or divergence"
             + (f"; {neg_inf_note}" if allow_neg_inf else ""),
         )
+    return bool(torch.isfinite(x).all()) if not allow_neg_inf else False
 
 
 def check_masked_logits(fn: str, name: str, x: Tensor, *, active: Optional[Tensor] = None,
-                        class_dim: int = 1) -> None:
+                        class_dim: int = 1) -> bool:
     """Logits where ``-inf`` is a mask: NaN or +inf raise; so does an active row (a position
     along every dim but ``class_dim``) without a finite score. ``active`` (bool, the row shape,
-    ``None`` = all rows) exempts ignored rows. Data check; one sum when everything is finite."""
-    if not _checking() or not x.is_floating_point() or x.numel() == 0:
-        return
+    ``None`` = all rows) exempts ignored rows. Data check; one sum when everything is finite.
+
+    Returns True only when the check ran and every entry is finite (no mask, nothing to
+    sanitise), else False."""
+    if not _checking() or not x.is_floating_point():
+        return False
+    if x.numel() == 0:
+        return True
     if bool(torch.isfinite(x.detach().sum(dtype=torch.float64 if x.dtype == torch.float64 else torch.float32))):
-        return
+        return True
     check_finite(fn, name, x, allow_neg_inf=True)
     dead = (x == -math.inf).all(dim=class_dim)
     if active is not None:
@@ -418,6 +429,7 @@ def check_masked_logits(fn: str, name: str, x: Tensor, *, active: Optional[Tenso
         row = int(torch.nonzero(dead.reshape(-1))[0, 0])
         raise value_error(fn, f"row {row} of {name} has no finite score", "all -inf",
                           "unmask at least one class per row")
+    return False
 
 
 def check_class_weight(fn: str, weight: object, c: int, *, name: str = "weight",
@@ -535,9 +547,15 @@ def no_autocast(device_type: str):
         return contextlib.nullcontext()
 
 
-def zero_rows(x: Tensor, keep: Tensor) -> Tensor:
+def zero_rows(x: Tensor, keep: Tensor, *, verified_finite: bool = False) -> Tensor:
     """``x (M, C)`` with the rows where ``keep (M,)`` is False replaced by 0 *before* any maths,
-    so that ignored positions holding +-inf or NaN give exactly zero (not NaN) gradients."""
+    so that ignored positions holding +-inf or NaN give exactly zero (not NaN) gradients.
+
+    ``verified_finite`` (a data check just found every entry finite) skips the pass: finite
+    ignored rows cannot produce NaN. Without that guarantee (validation off, under
+    ``torch.compile``, ``-inf`` masks present) the rows are always replaced, with no host sync."""
+    if verified_finite:
+        return x
     return torch.where(keep.unsqueeze(1), x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 

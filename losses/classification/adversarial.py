@@ -84,12 +84,12 @@ def _adversarial_comp_sum(fn: str, input: Tensor, input_adv: Tensor, target: Ten
                           f"shape {tuple(input_adv.shape)}", "pass the model's logits on the perturbed inputs")
     x2d, y, valid, out_shape = _class_ids(fn, input, target, ignore_index)
     x_adv2d, _, _ = flatten_logits_and_target(fn, input_adv, target)
-    check_masked_logits(fn, "input", x2d, active=valid)
-    check_masked_logits(fn, "input_adv", x_adv2d, active=valid)
+    finite = check_masked_logits(fn, "input", x2d, active=valid)
+    finite_adv = check_masked_logits(fn, "input_adv", x_adv2d, active=valid)
     dtype = compute_dtype(input, input_adv)
     with no_autocast(input.device.type):
-        h = zero_rows(upcast(x2d, dtype), valid)
-        h_adv = zero_rows(upcast(x_adv2d, dtype), valid)
+        h = zero_rows(upcast(x2d, dtype), valid, verified_finite=finite)
+        h_adv = zero_rows(upcast(x_adv2d, dtype), valid, verified_finite=finite_adv)
         main = _CompSumFunction.apply(h if rho == 1.0 else h / rho, y, tau)
         # -inf (a mask) in either logit vector removes that class from the margin vector too
         zero = torch.zeros((), dtype=dtype, device=h.device)

@@ -127,8 +127,8 @@ def cross_entropy_loss(
         flatten_logits_and_target(fn, input, target)  # shape check only
         check_ids_in_range(fn, target, c, ignore_index)
         valid = target != ignore_index
-        check_masked_logits(fn, "input", input, active=valid)
-        x = torch.where(valid.unsqueeze(1), x, zero)  # ignored positions: no +-inf/NaN reaches the maths
+        if not check_masked_logits(fn, "input", input, active=valid):
+            x = torch.where(valid.unsqueeze(1), x, zero)  # ignored positions: no +-inf/NaN reaches the maths
         safe = torch.where(valid, target, torch.zeros_like(target)).long()
         if eps == 0:
             values = F.cross_entropy(x, target.long(), weight=w, ignore_index=ignore_index, reduction="none")
@@ -197,16 +197,19 @@ def bce_with_logits_loss(
     y, unit = elementwise_targets(fn, input, target, label_smoothing=label_smoothing,
                                   ignore_index=ignore_index, dtype=dtype)
     w = broadcast_class_weight(fn, weight, input, dtype)
-    check_finite(fn, "input", input, allow_neg_inf=True, neg_inf_note="-inf is allowed (probability 0)")
+    finite = check_finite(fn, "input", input, allow_neg_inf=True, neg_inf_note="-inf is allowed (probability 0)")
     with no_autocast(input.device.type):
         zero = torch.zeros((), dtype=dtype, device=input.device)
         x = upcast(input, dtype)
-        if not target.is_floating_point():
-            x = torch.where(unit > 0, x, zero)
-        neg = x == -math.inf
-        xs = torch.where(neg, zero, x)
-        values = torch.logaddexp(xs, zero) - y * xs
-        values = torch.where(neg, torch.where(y > 0, math.inf, 0.0).to(dtype), values)
+        if finite:  # verified finite: no -inf to define, no +-inf in ignored rows
+            values = torch.logaddexp(x, zero) - y * x
+        else:
+            if not target.is_floating_point():
+                x = torch.where(unit > 0, x, zero)
+            neg = x == -math.inf
+            xs = torch.where(neg, zero, x)
+            values = torch.logaddexp(xs, zero) - y * xs
+            values = torch.where(neg, torch.where(y > 0, math.inf, 0.0).to(dtype), values)
         if w is not None:
             values = values * w
         return reduce_loss(values, unit, reduction)

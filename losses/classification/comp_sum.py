@@ -144,10 +144,10 @@ def comp_sum_loss(
     check_reduction(fn, reduction)
     tau = _check_tau(fn, tau)
     x2d, y, valid, out_shape = _class_ids(fn, input, target, ignore_index)
-    check_masked_logits(fn, "input", x2d, active=valid)
+    finite = check_masked_logits(fn, "input", x2d, active=valid)
     dtype = compute_dtype(input)
     with no_autocast(input.device.type):
-        values = _CompSumFunction.apply(zero_rows(upcast(x2d, dtype), valid), y, tau)
+        values = _CompSumFunction.apply(zero_rows(upcast(x2d, dtype), valid, verified_finite=finite), y, tau)
         return reduce_loss(values.reshape(out_shape), valid.reshape(out_shape).to(dtype), reduction)
 
 

@@ -146,16 +146,18 @@ def _unit_stats(
         keep = torch.ones(b, n_pos, dtype=torch.bool, device=input.device)
     if mask is not None:
         keep = keep & mask.reshape(b, n_pos)
+    finite = False
     if activation == "none":
         check_unit_interval(fn, "input", input, hint="pass probabilities or use activation='softmax'/'sigmoid'")
     elif activation == "sigmoid":
-        check_finite(fn, "input", input, allow_neg_inf=True, neg_inf_note="-inf is allowed (probability 0)")
+        finite = check_finite(fn, "input", input, allow_neg_inf=True, neg_inf_note="-inf is allowed (probability 0)")
     else:
-        check_masked_logits(fn, "input", input.reshape(b, c, n_pos), active=keep)
+        finite = check_masked_logits(fn, "input", input.reshape(b, c, n_pos), active=keep)
 
     x = upcast(input, dtype).reshape(b, c, n_pos)
-    # dropped positions are zeroed before the activation: no +-inf/NaN there reaches the maths
-    x = torch.where(keep.unsqueeze(1), x, torch.zeros((), dtype=dtype, device=x.device))
+    if not finite:
+        # dropped positions are zeroed before the activation: no +-inf/NaN there reaches the maths
+        x = torch.where(keep.unsqueeze(1), x, torch.zeros((), dtype=dtype, device=x.device))
     if activation == "softmax":
         x = torch.softmax(x, dim=1)
     elif activation == "sigmoid":

@@ -454,11 +454,13 @@ def gumbel_bce_loss(
         y = unit = None
         ids, valid = _integer_targets(fn, input, target, ignore_index)
     w = broadcast_class_weight(fn, weight, input, dtype)
-    check_finite(fn, "input", input, allow_neg_inf=True, neg_inf_note="-inf is allowed (probability 0)")  # -inf: probability 0 (the -50 floor)
+    # -inf: probability 0 (the -50 floor)
+    finite = check_finite(fn, "input", input, allow_neg_inf=True, neg_inf_note="-inf is allowed (probability 0)")
     x = upcast(input, dtype)
-    if valid is not None:
+    # ignored rows are zeroed unless a data check just verified that every logit is finite
+    if not finite and valid is not None:
         x = torch.where(valid.unsqueeze(1), x, torch.zeros((), dtype=dtype, device=x.device))
-    elif unit is not None and not target.is_floating_point():
+    elif not finite and unit is not None and not target.is_floating_point():
         x = torch.where(unit > 0, x, torch.zeros((), dtype=dtype, device=x.device))
 
     if variant == "reference":

@@ -342,8 +342,8 @@ def _fy_loss(
         _, t2, _ = flatten_logits_and_target(fn, input, target)
         check_ids_in_range(fn, target, c, ignore_index)
         valid = t2 != ignore_index
-        check_masked_logits(fn, "input", input, active=valid)
-        z2 = zero_rows(move_class_dim_last(upcast(input, dtype)), valid)
+        finite = check_masked_logits(fn, "input", input, active=valid)
+        z2 = zero_rows(move_class_dim_last(upcast(input, dtype)), valid, verified_finite=finite)
         y2 = torch.where(valid, t2, torch.zeros_like(t2)).long()
         q2 = None
         weights = valid.to(dtype)

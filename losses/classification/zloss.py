@@ -214,10 +214,10 @@ def z_loss(
             "— use binary_cross_entropy_with_logits",
         )
     x2d, y, valid, out_shape = _class_ids(fn, input, target, ignore_index, softmax=False)
-    check_finite(fn, "input", input, hint=_ZLOSS_NEG_INF_HINT)
+    finite = check_finite(fn, "input", input, hint=_ZLOSS_NEG_INF_HINT)
     dtype = compute_dtype(input)
     with no_autocast(input.device.type):
-        values = _ZLossFunction.apply(zero_rows(upcast(x2d, dtype), valid), y, a, b, eps)
+        values = _ZLossFunction.apply(zero_rows(upcast(x2d, dtype), valid, verified_finite=finite), y, a, b, eps)
         return reduce_loss(values.reshape(out_shape), valid.reshape(out_shape).to(dtype), reduction)
 
 
@@ -368,11 +368,11 @@ def logz_penalty(
         if tuple(mask.shape) != out_shape:
             raise value_error(fn, f"mask shape must be {out_shape} for input of shape {tuple(input.shape)}",
                               f"shape {tuple(mask.shape)}", "pass one flag per position")
-    check_masked_logits(fn, "input", input, active=mask)
+    finite = check_masked_logits(fn, "input", input, active=mask)
     dtype = compute_dtype(input)
     x2d = upcast(move_class_dim_last(input), dtype)
     if mask is not None:
-        x2d = zero_rows(x2d, mask.reshape(-1))
+        x2d = zero_rows(x2d, mask.reshape(-1), verified_finite=finite)
     with no_autocast(input.device.type):
         lse = _LogSumExpFunction.apply(x2d)
         values = (coef * lse.square()).reshape(out_shape)
@@ -441,10 +441,10 @@ def cross_entropy_with_logz_penalty(
     coef = check_number(fn, "coef", coef, low=0.0)
     check_bool(fn, "return_penalty", return_penalty)
     x2d, y, valid, out_shape = _class_ids(fn, input, target, ignore_index)
-    check_masked_logits(fn, "input", x2d, active=valid)
+    finite = check_masked_logits(fn, "input", x2d, active=valid)
     dtype = compute_dtype(input)
     with no_autocast(input.device.type):
-        ce, lse = _CrossEntropyLogZFunction.apply(zero_rows(upcast(x2d, dtype), valid), y)
+        ce, lse = _CrossEntropyLogZFunction.apply(zero_rows(upcast(x2d, dtype), valid, verified_finite=finite), y)
         penalty = coef * lse.square()
         weights = valid.reshape(out_shape).to(dtype)
         loss = reduce_loss((ce + penalty).reshape(out_shape), weights, reduction)
