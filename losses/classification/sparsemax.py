@@ -509,6 +509,11 @@ del _f
 # --------------------------------------------------------------------------------------
 
 
+def _wide(x: Tensor) -> Tensor:
+    """Half logits upcast to float32 (the loss's compute dtype) for ``predict_proba``."""
+    return upcast(x, compute_dtype(x)) if isinstance(x, Tensor) and x.is_floating_point() else x
+
+
 class SparsemaxLoss(nn.Module):
     """Module form of :func:`sparsemax_loss` (Martins & Astudillo, ICML 2016, arXiv:1602.02068).
 
@@ -528,8 +533,9 @@ class SparsemaxLoss(nn.Module):
         return sparsemax_loss(input, target, k=self.k, ignore_index=self.ignore_index, reduction=self.reduction)
 
     def predict_proba(self, input: Tensor) -> Tensor:
-        """The loss's own (sparse) output distribution, ``sparsemax`` over classes (dim 1)."""
-        return sparsemax(input, dim=1, k=self.k)
+        """The loss's own (sparse) output distribution, ``sparsemax`` over classes (dim 1), in float32
+        (float64 for float64 logits) like the loss itself, also for half logits."""
+        return sparsemax(_wide(input), dim=1, k=self.k)
 
     def extra_repr(self) -> str:
         return f"k={self.k}, ignore_index={self.ignore_index}, reduction={self.reduction!r}"
@@ -554,8 +560,9 @@ class Entmax15Loss(nn.Module):
         return entmax15_loss(input, target, k=self.k, ignore_index=self.ignore_index, reduction=self.reduction)
 
     def predict_proba(self, input: Tensor) -> Tensor:
-        """The loss's own (sparse) output distribution, ``entmax15`` over classes (dim 1)."""
-        return entmax15(input, dim=1, k=self.k)
+        """The loss's own (sparse) output distribution, ``entmax15`` over classes (dim 1), in float32
+        (float64 for float64 logits) like the loss itself, also for half logits."""
+        return entmax15(_wide(input), dim=1, k=self.k)
 
     def extra_repr(self) -> str:
         return f"k={self.k}, ignore_index={self.ignore_index}, reduction={self.reduction!r}"
@@ -587,8 +594,9 @@ class EntmaxBisectLoss(nn.Module):
                                   ignore_index=self.ignore_index, reduction=self.reduction)
 
     def predict_proba(self, input: Tensor) -> Tensor:
-        """The loss's own (sparse) output distribution, ``entmax_bisect`` over classes (dim 1)."""
-        return entmax_bisect(input, alpha=self.alpha, dim=1, n_iter=self.n_iter)
+        """The loss's own (sparse) output distribution, ``entmax_bisect`` over classes (dim 1), in float32
+        (float64 for float64 logits) like the loss itself, also for half logits."""
+        return entmax_bisect(_wide(input), alpha=self.alpha, dim=1, n_iter=self.n_iter)
 
     def extra_repr(self) -> str:
         return (f"alpha={self.alpha}, n_iter={self.n_iter}, ignore_index={self.ignore_index}, "

@@ -679,6 +679,12 @@ def test_mappings_return_the_input_dtype_and_compute_in_float32(mapping):
         p.float().pow(2).sum().backward()
     assert torch.isfinite(head.weight.grad).all()
     assert fn(x.double()).dtype == torch.float64 and fn(x).dtype == torch.float32
+    # the modules' predict_proba stays in the loss's compute dtype (float32 for half logits)
+    module = {"sparsemax": losses.SparsemaxLoss(), "entmax15": losses.Entmax15Loss(),
+              "entmax_bisect": losses.EntmaxBisectLoss()}[mapping]
+    pp = module.predict_proba(x.to(torch.bfloat16))
+    assert pp.dtype == torch.float32
+    torch.testing.assert_close(pp, fn(x.to(torch.bfloat16).float(), dim=1), rtol=0, atol=0)
 
 
 # --------------------------------------------------------------------------------------
