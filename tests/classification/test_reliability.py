@@ -624,7 +624,9 @@ def _autocast_cases():
         "bce": (losses.bce_with_logits_loss, t, {}), "BCEWithLogitsLoss": (losses.BCEWithLogitsLoss(), q, {}),
         "gol": (losses.gumbel_bce_loss, t, {}), "gol_reference": (losses.gumbel_bce_loss, t, {"variant": "reference"}),
         "GumbelBCELoss": (losses.GumbelBCELoss(label_smoothing=0.1), t, {}),
+        "entmax_bisect_alpha": (lambda x, y: losses.entmax_bisect_loss(x, y, alpha=torch.tensor(1.3)), t, {}),
         "dice": (losses.dice_semimetric_loss, t2, {}), "JaccardMetricLoss": (losses.JaccardMetricLoss(), t2, {}),
+        "DiceSemimetricLoss": (losses.DiceSemimetricLoss(aggregate="class"), t2, {}),
         "SoftDiceLoss": (losses.SoftDiceLoss(aggregate="image"), t2, {}),
     }
 
@@ -658,6 +660,24 @@ def test_forward_and_backward_under_cpu_bf16_autocast(case):
     assert out.dtype == torch.float32 and gx.dtype == torch.float32
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(gx, gr, rtol=1e-5, atol=1e-7)
+
+
+def test_adversarial_module_and_gumbel_activation_under_autocast():
+    g = torch.Generator().manual_seed(8)
+    x, t = torch.rand(5, 6, generator=g), torch.tensor([0, 1, 2, 3, 1])
+    model = torch.nn.Linear(6, 4)
+    loss_fn = _quiet(losses.AdversarialCompSumLoss, nu=1.0, tau=0.5, steps=2, seed=3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = loss_fn(model, x, t)
+    assert out.dtype == torch.float32 and torch.isfinite(out)
+    out.backward()
+    assert model.weight.grad.dtype == torch.float32 and torch.isfinite(model.weight.grad).all()
+    q = torch.randn(3, 4, generator=g).requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        eta = losses.gumbel_activation(q)
+        (gq,) = torch.autograd.grad(eta.sum(), q)
+    torch.testing.assert_close(eta, torch.exp(-torch.exp(-q.detach())), rtol=1e-6, atol=0)
+    assert gq.dtype == torch.float32 and torch.isfinite(gq).all()
 
 
 @pytest.mark.parametrize("mapping", ["sparsemax", "entmax15", "entmax_bisect"])
