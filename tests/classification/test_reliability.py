@@ -750,6 +750,17 @@ def test_gol_float64_is_exact_everywhere():
                 grad = -y * u + (1 - y) * u / math.expm1(u)
                 assert out[i, k].item() == pytest.approx(val, rel=1e-12, abs=0), (i, k, eps)
                 assert g[i, k].item() == pytest.approx(grad, rel=1e-12, abs=0), (i, k, eps)
+    # dense soft / multi-hot labels
+    y = torch.rand(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    y[0, 0], y[1, 3] = 1.0, 0.0
+    out = losses.gumbel_bce_loss(q, y, reduction="none")
+    (g,) = torch.autograd.grad(out.sum(), q)
+    for i in range(3):
+        for k in range(4):
+            v, yy = q[i, k].item(), y[i, k].item()
+            u = math.exp(-v)
+            assert out[i, k].item() == pytest.approx(yy * u - (1 - yy) * math.log(-math.expm1(-u)), rel=1e-12, abs=0)
+            assert g[i, k].item() == pytest.approx(-yy * u + (1 - yy) * u / math.expm1(u), rel=1e-12, abs=0)
 
 
 def test_softmax_family_float64_exact_at_large_logits():
