@@ -434,8 +434,9 @@ def check_masked_logits(fn: str, name: str, x: Tensor, *, active: Optional[Tenso
 
 def check_class_weight(fn: str, weight: object, c: int, *, name: str = "weight",
                        allow_shape: Optional[tuple] = None) -> Optional[Tensor]:
-    """Class weights ``(C,)`` (or ``allow_shape``, e.g. per element): a floating tensor; finite,
-    non-negative and, for ``(C,)``, not all zero (data checks)."""
+    """Class weights ``(C,)`` (or ``allow_shape``, e.g. per element): a real tensor (bool or
+    complex is ``TypeError``; integers are fine); finite, non-negative and, for ``(C,)``, not all
+    zero (data checks)."""
     if weight is None:
         return None
     check_tensor(fn, name, weight)
@@ -449,9 +450,9 @@ def check_class_weight(fn: str, weight: object, c: int, *, name: str = "weight",
             "pass a 1-D tensor of class weights" if allow_shape is None else
             "pass one weight per class or one per element",
         )
-    if not weight.is_floating_point():
-        raise type_error(fn, f"{name} must be a floating-point tensor", str(weight.dtype),
-                         f"pass {name} as a float tensor")
+    if weight.dtype == torch.bool or weight.is_complex():
+        raise type_error(fn, f"{name} must be a real-valued tensor", str(weight.dtype),
+                         f"pass {name} as a float tensor of per-class weights")
     check_finite(fn, name, weight)
     if _checking() and weight.numel() > 0:
         if bool((weight < 0).any()):

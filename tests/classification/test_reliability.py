@@ -470,8 +470,9 @@ def test_class_weights_negative_or_all_zero_are_refused(name):
         fn(x, t, torch.tensor([1.0, -0.5, 1.0, 1.0]))
     with pytest.raises(ValueError, match=rf"^{name}: weight is zero for every class, so nothing would be trained"):
         fn(x, t, torch.zeros(4))
-    with pytest.raises(TypeError, match=rf"^{name}: weight must be a floating-point tensor"):
-        fn(x, t, torch.ones(4, dtype=torch.long))
+    with pytest.raises(TypeError, match=rf"^{name}: weight must be a real-valued tensor"):
+        fn(x, t, torch.ones(4, dtype=torch.bool))
+    torch.testing.assert_close(fn(x, t, torch.tensor([1, 0, 2, 1])), fn(x, t, torch.tensor([1.0, 0.0, 2.0, 1.0])))
     assert torch.isfinite(fn(x, t, torch.tensor([1.0, 0.0, 2.0, 1.0])))
     with losses.validation(False):  # data checks
         fn(x, t, torch.zeros(4))
