@@ -124,13 +124,23 @@ def _compiling() -> bool:
         return False
 
 
-@torch.compiler.disable
-def _warn_compile_unchecked() -> None:
-    # runs eagerly (dynamo skips this frame), so the warning is a real Python warning
+def _emit_compile_warning(ctx: object = None) -> None:
     global _COMPILE_WARNED
     if not _COMPILE_WARNED:
         _COMPILE_WARNED = True
-        warnings.warn(COMPILE_WARNING, UserWarning, stacklevel=4)
+        warnings.warn(COMPILE_WARNING, UserWarning, stacklevel=2)
+
+
+def _warn_compile_unchecked() -> None:
+    # Called while dynamo traces. ``comptime`` runs the callback for real at trace time, without
+    # a graph break (so ``fullgraph=True`` still works) and without dynamo guarding on the
+    # once-flag (no recompilation when it flips); outside dynamo it is a no-op. torch._dynamo
+    # is necessarily imported while tracing, so this import costs nothing then.
+    try:
+        from torch._dynamo.comptime import comptime
+    except ImportError:  # pragma: no cover - torch without dynamo
+        return
+    comptime(_emit_compile_warning)
 
 
 def _checking() -> bool:
@@ -144,8 +154,7 @@ def _checking() -> bool:
     if not _VALIDATION:
         return False
     if _compiling():
-        if not _COMPILE_WARNED:
-            _warn_compile_unchecked()
+        _warn_compile_unchecked()
         return False
     return True
 

@@ -508,6 +508,21 @@ def test_compile_with_validation_on_warns_once():
             warnings.simplefilter("always")
             g(x, t)
         assert not [w for w in rec if "data checks are skipped" in str(w.message)]
+        # fullgraph=True still compiles (the warning needs no graph break), and the once-flag
+        # flipping does not force a recompilation
+        _core._COMPILE_WARNED = False
+        torch._dynamo.reset()
+        from torch._dynamo.testing import CompileCounter
+
+        counter = CompileCounter()
+        k = torch.compile(lambda a, b: losses.cross_entropy_loss(a, b, label_smoothing=0.1), backend=counter,
+                          fullgraph=True)
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            k(x, t)
+            k(x * 2, t)
+        assert len([w for w in rec if "data checks are skipped" in str(w.message)]) == 1
+        assert counter.frame_count == 1
         # validation off: no warning at all
         _core._COMPILE_WARNED = False
         h = torch.compile(lambda a, b: losses.sparsemax_loss(a, b), backend="eager")
