@@ -20,6 +20,7 @@ from .._core import (
     reduce_loss,
     value_error,
 )
+from .._precision import matmul, no_autocast
 from .._registry import id_unit_weights, register
 
 __all__ = ["linear_cross_entropy", "LinearCrossEntropyLoss"]
@@ -82,6 +83,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss):  # noqa: D102
+        # the chunked matmuls run in the compute dtype even when backward() is called inside
+        # an autocast region
+        with no_autocast(grad_loss):
+            return _LinearCrossEntropy._backward(ctx, grad_loss)
+
+    @staticmethod
+    def _backward(ctx, grad_loss):
         x, weight, bias, safe, valid, lse = ctx.saved_tensors
         chunk, eps, coef, dtype = ctx.chunk, ctx.eps, ctx.coef, ctx.dtype
         c = weight.shape[0]
@@ -201,11 +209,12 @@ def linear_cross_entropy(
     dtype = compute_dtype(embeddings, weight, bias)
     chunk = min(c, chunk_size if chunk_size is not None else _default_chunk_size(embeddings.shape[0], c))
     valid = target != ignore_index
-    values = _LinearCrossEntropy.apply(embeddings, weight, bias, target.long(), valid, chunk,
-                                       float(label_smoothing), float(logz_coef), dtype)
-    # no anchors needed: the autograd Function returns (zero) gradients for every input even
-    # when all rows are ignored
-    return reduce_loss(values, valid.to(dtype), reduction)
+    with no_autocast(embeddings, weight):  # logits in float32 (or float64) under autocast too
+        values = _LinearCrossEntropy.apply(embeddings, weight, bias, target.long(), valid, chunk,
+                                           float(label_smoothing), float(logz_coef), dtype)
+        # no anchors needed: the autograd Function returns (zero) gradients for every input even
+        # when all rows are ignored
+        return reduce_loss(values, valid.to(dtype), reduction)
 
 
 class LinearCrossEntropyLoss(nn.Module):
@@ -252,8 +261,9 @@ class LinearCrossEntropyLoss(nn.Module):
     def logits(self, embeddings: Tensor) -> Tensor:
         """``embeddings @ weight.T + bias`` over all classes (materialised; for evaluation)."""
         dtype = compute_dtype(embeddings, self.weight)
-        z = embeddings.to(dtype) @ self.weight.to(dtype).T
-        return z if self.bias is None else z + self.bias.to(dtype)
+        with no_autocast(embeddings, self.weight):
+            z = matmul(embeddings.to(dtype), self.weight.to(dtype).T)
+            return z if self.bias is None else z + self.bias.to(dtype)
 
     def extra_repr(self) -> str:
         return (f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, "

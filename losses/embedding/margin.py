@@ -35,6 +35,7 @@ from .._core import (
     upcast,
     value_error,
 )
+from .._precision import matmul, no_autocast
 from .._registry import id_unit_weights, register
 
 __all__ = ["margin_logits", "margin_softmax_loss", "MarginSoftmaxLoss"]
@@ -190,15 +191,16 @@ def margin_logits(
                           f"shapes {tuple(cos.shape)} and {tuple(target.shape)}", "pass one id per row of cos")
     check_ids_in_range(fn, target, cos.shape[1], ignore_index)
     check_finite(fn, "cos", cos)
-    c = upcast(cos, compute_dtype(cos)).clamp(-1.0, 1.0)
-    valid = target != ignore_index
-    col = torch.where(valid, target, torch.zeros_like(target)).long().unsqueeze(1)
-    base = torch.where(c > thr, torch.zeros((), dtype=c.dtype, device=c.device), c) if thr > 0 else c
-    if c.shape[1] == 0:
-        return s * base
-    cy = c.gather(1, col).squeeze(1)
-    new = torch.where(valid, target_transform(cy, m, variant), base.gather(1, col).squeeze(1))
-    return s * base.scatter(1, col, new.unsqueeze(1))
+    with no_autocast(cos):
+        c = upcast(cos, compute_dtype(cos)).clamp(-1.0, 1.0)
+        valid = target != ignore_index
+        col = torch.where(valid, target, torch.zeros_like(target)).long().unsqueeze(1)
+        base = torch.where(c > thr, torch.zeros((), dtype=c.dtype, device=c.device), c) if thr > 0 else c
+        if c.shape[1] == 0:
+            return s * base
+        cy = c.gather(1, col).squeeze(1)
+        new = torch.where(valid, target_transform(cy, m, variant), base.gather(1, col).squeeze(1))
+        return s * base.scatter(1, col, new.unsqueeze(1))
 
 
 # --------------------------------------------------------------------------------------
@@ -256,6 +258,11 @@ class _CosineLogSumExp(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_m, grad_s):  # type: ignore[override]
+        with no_autocast(grad_s):
+            return _CosineLogSumExp._backward(ctx, grad_s)
+
+    @staticmethod
+    def _backward(ctx, grad_s):
         xs, w, inv, norm, e, y, has_target, mask = ctx.saved_tensors
         n, k = xs.shape[0], w.shape[0]
         g = grad_s
@@ -387,17 +394,19 @@ def margin_softmax_loss(
     dtype = compute_dtype(embeddings, weight)
     valid = target != ignore_index
     y = torch.where(valid, target, torch.zeros_like(target)).long()
-    values = margin_row_losses(upcast(embeddings, dtype), upcast(weight, dtype), y, valid,
-                               scale=s, margin=m, variant=variant, threshold=thr)
-    return reduce_loss(values, valid.to(dtype), reduction)
+    with no_autocast(embeddings, weight):
+        values = margin_row_losses(upcast(embeddings, dtype), upcast(weight, dtype), y, valid,
+                                   scale=s, margin=m, variant=variant, threshold=thr)
+        return reduce_loss(values, valid.to(dtype), reduction)
 
 
 def cosine_logits(embeddings: Tensor, weight: Tensor, scale: float) -> Tensor:
     """``scale·normalize(embeddings) @ normalize(weight).T`` in the compute dtype (no margin)."""
     dtype = compute_dtype(embeddings, weight)
-    xn = F.normalize(upcast(embeddings, dtype), dim=1, eps=NORM_EPS)
-    wn = F.normalize(upcast(weight, dtype), dim=1, eps=NORM_EPS)
-    return scale * (xn @ wn.t())
+    with no_autocast(embeddings, weight):
+        xn = F.normalize(upcast(embeddings, dtype), dim=1, eps=NORM_EPS)
+        wn = F.normalize(upcast(weight, dtype), dim=1, eps=NORM_EPS)
+        return scale * matmul(xn, wn.t())
 
 
 class MarginSoftmaxLoss(nn.Module):

@@ -29,6 +29,7 @@ from .._core import (
     value_error,
 )
 from .._distributed import all_gather_no_grad, all_gather_with_grad
+from .._precision import matmul, no_autocast
 from .._registry import register
 from .opl import _check_embeddings_and_target
 
@@ -77,7 +78,7 @@ def _nbc_term(z: Tensor, target: Tensor, valid: Tensor, scale: float, num_classe
     present = counts > 0  # the slots of C_B
     mu = F.normalize(sums / torch.where(present, counts, torch.ones_like(counts)).unsqueeze(1), p=2.0, dim=1,
                      eps=1e-12)
-    sim = mu @ mu.transpose(0, 1)
+    sim = matmul(mu, mu.transpose(0, 1))
     eye = torch.eye(n, dtype=torch.bool, device=z.device)
     logits = (scale * sim).masked_fill(eye, 0.0)  # diagonal zeroed (not removed): exp(0) = 1 per row
     # a present row ranges over present columns only; absent rows stay finite and are dropped
@@ -237,7 +238,7 @@ def nbc_softmax_loss(
         b = None if bias is None else upcast(bias, dtype)
         valid = target != ignore_index
         term = _nbc_term(z, target, valid, scale, k, variant)
-        logits = F.linear(z, w, b)
+        logits = matmul(z, w.t()) if b is None else matmul(z, w.t()) + b
         ce_rows = F.cross_entropy(logits, target.long(), ignore_index=ignore_index, reduction="none")
         n_valid = valid.sum().to(dtype)
         ce = ce_rows.sum() / torch.where(n_valid > 0, n_valid, torch.ones_like(n_valid))
@@ -291,7 +292,9 @@ class NBCSoftmaxLoss(nn.Module):
         check_tensor("NBCSoftmaxLoss.logits", "embeddings", embeddings)
         w, b = self.classifier.weight, self.classifier.bias
         dtype = compute_dtype(embeddings, w, b)
-        return F.linear(upcast(embeddings, dtype), upcast(w, dtype), None if b is None else upcast(b, dtype))
+        with no_autocast(embeddings, w):
+            z = matmul(upcast(embeddings, dtype), upcast(w, dtype).t())
+            return z if b is None else z + upcast(b, dtype)
 
     def forward(self, embeddings: Tensor, target: Tensor) -> Tensor:
         if self.gather_distributed:

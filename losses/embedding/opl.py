@@ -25,6 +25,7 @@ from .._core import (
     value_error,
 )
 from .._distributed import all_gather_no_grad, all_gather_with_grad
+from .._precision import matmul
 from .._registry import register
 
 __all__ = ["opl_loss", "OrthogonalProjectionLoss"]
@@ -126,7 +127,7 @@ def opl_loss(
     dtype = compute_dtype(embeddings)
     with torch.autocast(device_type=embeddings.device.type, enabled=False):
         f = F.normalize(upcast(embeddings, dtype), p=2.0, dim=1, eps=1e-12)
-        g = f @ f.transpose(0, 1)  # (N, N) cosines
+        g = matmul(f, f.transpose(0, 1))  # (N, N) cosines
 
         valid = target != ignore_index
         pair_valid = valid.unsqueeze(1) & valid.unsqueeze(0)

@@ -35,6 +35,7 @@ from .._core import (
 from .._distributed import all_gather_no_grad, all_gather_with_grad, all_reduce_with_grad, is_distributed
 from .._distributed import rank as _rank
 from .._distributed import world_size as _world_size
+from .._precision import no_autocast
 from .._registry import id_unit_weights, register
 from .margin import (
     _check_sizes,
@@ -137,9 +138,10 @@ def _partial_fc(
     first = chosen[:1].to(target.device)
     y = torch.searchsorted(chosen, torch.where(valid, target.long(), first).to(chosen.device))
     y = y.clamp_(max=chosen.numel() - 1)  # in range even for an unchecked index without some positive
-    values = margin_row_losses(upcast(embeddings, dtype), w, y.to(embeddings.device), valid, scale=s, margin=m,
-                               variant=variant, threshold=thr)
-    return reduce_loss(values, valid.to(dtype), reduction), chosen
+    with no_autocast(embeddings, weight):
+        values = margin_row_losses(upcast(embeddings, dtype), w, y.to(embeddings.device), valid, scale=s, margin=m,
+                                   variant=variant, threshold=thr)
+        return reduce_loss(values, valid.to(dtype), reduction), chosen
 
 
 def partial_fc_loss(
@@ -477,11 +479,12 @@ class PartialFCLoss(nn.Module):
             y_loc = torch.zeros_like(y_dev)
         x = _ScaleGrad.apply(upcast(x_all, dtype), float(world))
         coupled = self.reduction == "none"
-        values = margin_row_losses(
-            x, w, y_loc.to(x.device), in_shard.to(x.device), scale=self.scale, margin=self.margin,
-            variant=self.variant, threshold=self.interclass_filtering_threshold, group=group,
-            global_sum=lambda v: _sum_over_ranks(v, group, coupled),
-        )
+        with no_autocast(x, w):
+            values = margin_row_losses(
+                x, w, y_loc.to(x.device), in_shard.to(x.device), scale=self.scale, margin=self.margin,
+                variant=self.variant, threshold=self.interclass_filtering_threshold, group=group,
+                global_sum=lambda v: _sum_over_ranks(v, group, coupled),
+            )
         weights = valid.to(device=values.device, dtype=dtype)
         if coupled:
             mine = slice(r * n, (r + 1) * n)

@@ -26,6 +26,7 @@ from .._core import (
     upcast,
     value_error,
 )
+from .._precision import matmul
 from .._registry import id_unit_weights, register
 from .opl import _check_embeddings_and_target
 
@@ -75,7 +76,7 @@ def _logits(embeddings: Tensor, weight: Tensor, concentration_logit: Tensor, sca
     with torch.autocast(device_type=embeddings.device.type, enabled=False):
         x = F.normalize(upcast(embeddings, dtype), p=2.0, dim=1, eps=1e-12)
         w = F.normalize(upcast(weight, dtype), p=2.0, dim=1, eps=1e-12)
-        cos = (x @ w.transpose(0, 1)).clamp(-1.0, 1.0)  # (N, C)
+        cos = matmul(x, w.transpose(0, 1)).clamp(-1.0, 1.0)  # (N, C)
         g = upcast(concentration_logit, dtype)
         s = upcast(scale, dtype).reshape(()) if isinstance(scale, Tensor) else scale
         if variant == "reference":
