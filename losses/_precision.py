@@ -15,8 +15,7 @@
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -29,17 +28,11 @@ def softplus(x: Tensor) -> Tensor:
     return torch.logaddexp(x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-@contextlib.contextmanager
-def no_autocast(*tensors: Optional[Tensor]) -> Iterator[None]:
-    """Disable ``torch.autocast`` for the device types of ``tensors`` (CPU when none is given)."""
-    types = {t.device.type for t in tensors if isinstance(t, Tensor)} or {"cpu"}
-    with contextlib.ExitStack() as stack:
-        for dev in sorted(types):
-            try:
-                stack.enter_context(torch.autocast(device_type=dev, enabled=False))
-            except RuntimeError:  # pragma: no cover - a device type autocast does not know
-                pass
-        yield
+def no_autocast(*tensors: Optional[Tensor]) -> torch.autocast:
+    """``torch.autocast(enabled=False)`` for the device type of the first tensor (CPU if none);
+    a plain context manager, so ``torch.compile(fullgraph=True)`` traces through it."""
+    dev = next((t.device.type for t in tensors if isinstance(t, Tensor)), "cpu")
+    return torch.autocast(device_type=dev, enabled=False)
 
 
 class _MatMul(torch.autograd.Function):

@@ -36,6 +36,7 @@ from .._distributed import all_gather_no_grad, all_gather_with_grad, all_reduce_
 from .._distributed import rank as _rank
 from .._distributed import world_size as _world_size
 from .._precision import no_autocast
+from .._random import GeneratorStateMixin
 from .._registry import id_unit_weights, register
 from .margin import (
     _check_sizes,
@@ -236,12 +237,14 @@ def _sum_over_ranks(x: Tensor, group: object, coupled: bool) -> Tensor:
     return total + (x - x.detach())
 
 
-class PartialFCLoss(nn.Module):
+class PartialFCLoss(GeneratorStateMixin):
     """Module form of :func:`partial_fc_loss` (arXiv:2010.05222), optionally model-parallel.
 
     Owns the class centres ``weight`` (``N(0, 0.01^2)``) and, with ``seed``, a private
-    ``torch.Generator`` (created on the weight's device at first use; deep copies and pickles carry
-    its state, so they reproduce the same draws). ``forward(embeddings, target, *, index=None)``;
+    ``torch.Generator`` (created on the weight's device at first use). Its state is part of
+    ``state_dict()`` (the ``_extra_state`` entry), so a run resumed from a checkpoint samples
+    exactly the classes the uninterrupted run would have sampled; a state_dict saved without it
+    still loads (the generator is then kept as it is). Deep copies and pickles carry it too. ``forward(embeddings, target, *, index=None)``;
     ``.last_index`` holds the class ids sampled in the last call; ``.logits(embeddings)`` is
     ``scale·cos`` over all ``C`` classes without margin.
 
@@ -320,36 +323,12 @@ class PartialFCLoss(nn.Module):
     # ---- randomness ------------------------------------------------------------------
 
     def _get_generator(self, device: torch.device) -> Optional[torch.Generator]:
-        if self.seed is None:
-            return None
-        g = self._generator
-        if g is None:
-            g = torch.Generator(device=device)
-            g.manual_seed(self.seed)
-        elif g.device != device:
-            # moved to another device: continue deterministically from the old stream
-            nxt = int(torch.randint(0, 2**62, (1,), generator=g, device=g.device))
-            g = torch.Generator(device=device)
-            g.manual_seed(nxt)
-        self._generator = g
-        return g
+        return self._seeded_generator(device)
 
     def __getstate__(self):
-        state = self.__dict__.copy()
-        g = state.get("_generator")
-        state["_generator"] = None
-        state["_generator_state"] = None if g is None else (str(g.device), g.get_state())
+        state = super().__getstate__()
         state["process_group"] = None
         return state
-
-    def __setstate__(self, state):
-        state = dict(state)
-        gs = state.pop("_generator_state", None)
-        super().__setstate__(state)
-        if gs is not None:
-            g = torch.Generator(device=gs[0])
-            g.set_state(gs[1])
-            self._generator = g
 
     def __deepcopy__(self, memo):
         new = self.__class__.__new__(self.__class__)
