@@ -20,6 +20,7 @@ from .._core import (
     reduce_loss,
     value_error,
 )
+from .._heads import check_head_embeddings, check_softmax_classes
 from .._precision import matmul, no_autocast
 from .._registry import id_unit_weights, register
 
@@ -161,7 +162,9 @@ def linear_cross_entropy(
     Shapes: ``embeddings (N, D)``, ``target (N,)`` integer ids, ``weight (C, D)``, ``bias (C,)``.
     Unit: the row (unit weight 0 where ``target == ignore_index``); ``"none"`` gives ``(N,)``.
     Half-precision inputs are upcast chunk by chunk; the loss is float32 (float64 for float64
-    inputs) and gradients come back in each input's dtype. No double backward.
+    inputs) and gradients come back in each input's dtype. Inside ``torch.autocast`` the logits
+    are still computed in float32 (autocast is switched off in the forward and the backward).
+    ``C >= 2`` (one class: ``ValueError``). No double backward.
 
     The chunked online softmax follows the memory-efficient cross-entropy used for large
     vocabularies (e.g. M. Wijmans et al., *Cut Your Losses in Large-Vocabulary Language Models*,
@@ -193,6 +196,7 @@ def linear_cross_entropy(
     c = weight.shape[0]
     if c == 0:
         raise value_error(fn, "weight must hold at least one class", "C=0", "pass a (C, D) weight with C >= 1")
+    check_softmax_classes(fn, c, name="weight.shape[0] (the number of classes C)")
     if bias is not None:
         check_tensor(fn, "bias", bias)
         if bias.shape != (c,):
@@ -239,6 +243,7 @@ class LinearCrossEntropyLoss(nn.Module):
         for name, v in (("embedding_dim", embedding_dim), ("num_classes", num_classes)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise value_error(fn, f"{name} must be a positive int", repr(v), f"pass the {name.replace('_', ' ')}")
+        check_softmax_classes(fn, num_classes)
         check_reduction(fn, reduction)
         check_number(fn, "label_smoothing", label_smoothing, low=0.0, high=1.0)
         check_number(fn, "logz_coef", logz_coef, low=0.0)
@@ -254,12 +259,15 @@ class LinearCrossEntropyLoss(nn.Module):
         self.register_parameter("bias", linear.bias if bias else None)
 
     def forward(self, embeddings: Tensor, target: Tensor) -> Tensor:
+        check_head_embeddings("linear_cross_entropy", type(self).__name__, embeddings, self.embedding_dim)
         return linear_cross_entropy(embeddings, target, self.weight, bias=self.bias, chunk_size=self.chunk_size,
                                     label_smoothing=self.label_smoothing, logz_coef=self.logz_coef,
                                     ignore_index=self.ignore_index, reduction=self.reduction)
 
     def logits(self, embeddings: Tensor) -> Tensor:
         """``embeddings @ weight.T + bias`` over all classes (materialised; for evaluation)."""
+        name = type(self).__name__
+        check_head_embeddings(name + ".logits", name, embeddings, self.embedding_dim)
         dtype = compute_dtype(embeddings, self.weight)
         with no_autocast(embeddings, self.weight):
             z = matmul(embeddings.to(dtype), self.weight.to(dtype).T)

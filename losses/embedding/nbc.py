@@ -29,6 +29,7 @@ from .._core import (
     value_error,
 )
 from .._distributed import all_gather_no_grad, all_gather_with_grad
+from .._heads import check_head_embeddings, check_softmax_classes
 from .._precision import matmul, no_autocast
 from .._registry import register
 from .opl import _check_embeddings_and_target
@@ -220,6 +221,7 @@ def nbc_softmax_loss(
         raise value_error(fn, f"weight must have shape (K, {d}) for embeddings of shape {tuple(embeddings.shape)}",
                           f"shape {tuple(weight.shape)}", "pass the classifier weight, one row per class")
     k = weight.shape[0]
+    check_softmax_classes(fn, k, name="weight.shape[0] (the number of classes K)")
     if bias is not None:
         check_floating(fn, "bias", bias)
         if tuple(bias.shape) != (k,):
@@ -275,6 +277,7 @@ class NBCSoftmaxLoss(nn.Module):
         for key, val in (("embedding_dim", embedding_dim), ("num_classes", num_classes)):
             if isinstance(val, bool) or not isinstance(val, int) or val < 1:
                 raise value_error(name, f"{key} must be a positive int", repr(val), f"pass the {key}")
+        check_softmax_classes(name, num_classes)
         check_reduction(name, reduction, allowed=("mean",))
         self.scale = check_number(name, "scale", scale, low=0.0)
         self.nbc_weight = check_number(name, "nbc_weight", nbc_weight, low=0.0, high=1.0)
@@ -290,6 +293,7 @@ class NBCSoftmaxLoss(nn.Module):
     def logits(self, embeddings: Tensor) -> Tensor:
         """Class scores ``embeddings @ W^T + b`` (in the compute dtype), shape ``(N, num_classes)``."""
         check_tensor("NBCSoftmaxLoss.logits", "embeddings", embeddings)
+        check_head_embeddings("NBCSoftmaxLoss.logits", "NBCSoftmaxLoss", embeddings, self.embedding_dim)
         w, b = self.classifier.weight, self.classifier.bias
         dtype = compute_dtype(embeddings, w, b)
         with no_autocast(embeddings, w):
@@ -297,6 +301,7 @@ class NBCSoftmaxLoss(nn.Module):
             return z if b is None else z + upcast(b, dtype)
 
     def forward(self, embeddings: Tensor, target: Tensor) -> Tensor:
+        check_head_embeddings("nbc_softmax_loss", "NBCSoftmaxLoss", embeddings, self.embedding_dim)
         if self.gather_distributed:
             fn = "NBCSoftmaxLoss"
             embeddings = all_gather_with_grad(embeddings, fn=fn)

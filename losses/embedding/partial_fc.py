@@ -35,6 +35,7 @@ from .._core import (
 from .._distributed import all_gather_no_grad, all_gather_with_grad, all_reduce_with_grad, is_distributed
 from .._distributed import rank as _rank
 from .._distributed import world_size as _world_size
+from .._heads import check_head_embeddings, check_softmax_classes
 from .._precision import no_autocast
 from .._random import GeneratorStateMixin
 from .._registry import id_unit_weights, register
@@ -121,6 +122,7 @@ def _partial_fc(
     check_reduction(fn, reduction)
     check_head_inputs(fn, embeddings, target, weight)
     num_classes = weight.shape[0]
+    check_softmax_classes(fn, num_classes, name="weight.shape[0] (the number of classes C)")
     check_ids_in_range(fn, target, num_classes, ignore_index)
     check_finite(fn, "embeddings", embeddings)
     dtype = compute_dtype(embeddings, weight)
@@ -294,6 +296,7 @@ class PartialFCLoss(GeneratorStateMixin):
         super().__init__()
         fn = "PartialFCLoss"
         _check_sizes(fn, embedding_dim, num_classes)
+        check_softmax_classes(fn, num_classes)
         rate = _check_rate(fn, sample_rate)
         s, m, thr = check_margin_hparams(fn, scale=scale, margin=margin, variant=variant,
                                          interclass_filtering_threshold=interclass_filtering_threshold)
@@ -397,6 +400,7 @@ class PartialFCLoss(GeneratorStateMixin):
     # ---- forward ---------------------------------------------------------------------
 
     def forward(self, embeddings: Tensor, target: Tensor, *, index: Optional[Tensor] = None) -> Tensor:
+        check_head_embeddings("partial_fc_loss", type(self).__name__, embeddings, self.embedding_dim)
         self._sync_shard()
         if self._world > 1:
             return self._forward_sharded(embeddings, target, index)
@@ -475,6 +479,8 @@ class PartialFCLoss(GeneratorStateMixin):
 
         Distributed: the shards are all-gathered (every rank must call it) and no gradient flows.
         """
+        name = type(self).__name__
+        check_head_embeddings(name + ".logits", name, embeddings, self.embedding_dim)
         self._sync_shard()
         if self._world > 1:
             with torch.no_grad():

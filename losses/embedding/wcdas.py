@@ -26,7 +26,8 @@ from .._core import (
     upcast,
     value_error,
 )
-from .._precision import matmul
+from .._heads import check_head_embeddings, check_softmax_classes
+from .._precision import matmul, softplus
 from .._registry import id_unit_weights, register
 from .opl import _check_embeddings_and_target
 
@@ -174,6 +175,7 @@ def wcdas_loss(
     check_reduction(fn, reduction)
     _check_embeddings_and_target(fn, embeddings, target)
     _check_head(fn, embeddings, weight, concentration_logit, scale)
+    check_softmax_classes(fn, weight.shape[0], name="weight.shape[0] (the number of classes C)")
     check_ids_in_range(fn, target, weight.shape[0], ignore_index)
     logits = _logits(embeddings, weight, concentration_logit, scale, variant)
     with torch.autocast(device_type=embeddings.device.type, enabled=False):
@@ -213,6 +215,7 @@ class WCDASLoss(nn.Module):
         for key, val in (("embedding_dim", embedding_dim), ("num_classes", num_classes)):
             if isinstance(val, bool) or not isinstance(val, int) or val < 1:
                 raise value_error(name, f"{key} must be a positive int", repr(val), f"pass the {key}")
+        check_softmax_classes(name, num_classes)
         check_reduction(name, reduction)
         check_choice(name, "variant", variant, VARIANTS)
         self.concentration_init = check_number(name, "concentration_init", concentration_init)
@@ -235,7 +238,7 @@ class WCDASLoss(nn.Module):
     def effective_scale(self) -> Tensor:
         """The scale ``s``: ``1 + softplus(scale_logit)`` if trainable, else the fixed buffer."""
         if self.scale_logit is not None:
-            return 1.0 + F.softplus(self.scale_logit)
+            return 1.0 + softplus(self.scale_logit)  # exact (no linear cut-off above 20)
         return self.scale
 
     def concentration(self) -> Tensor:
@@ -247,10 +250,12 @@ class WCDASLoss(nn.Module):
 
     def logits(self, embeddings: Tensor) -> Tensor:
         """``(N, num_classes)`` WCDAS logits (:func:`wcdas_logits`) of the owned head."""
+        check_head_embeddings("WCDASLoss.logits", "WCDASLoss", embeddings, self.embedding_dim)
         return wcdas_logits(embeddings, self.weight, self.concentration_logit, self.effective_scale(),
                             variant=self.variant)
 
     def forward(self, embeddings: Tensor, target: Tensor) -> Tensor:
+        check_head_embeddings("wcdas_loss", "WCDASLoss", embeddings, self.embedding_dim)
         return wcdas_loss(embeddings, target, self.weight, self.concentration_logit, self.effective_scale(),
                           variant=self.variant, ignore_index=self.ignore_index, reduction=self.reduction)
 

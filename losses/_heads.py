@@ -1,0 +1,43 @@
+"""Checks shared by the losses that own a classification head (embedding_dim x num_classes).
+
+* :func:`check_head_embeddings`: a head built for ``embedding_dim`` features called with
+  embeddings of another width gets an error that names ``embeddings`` and the head's
+  ``embedding_dim`` (not the class weights the user never passed).
+* :func:`check_softmax_classes`: a softmax over a single class is identically 0 and trains
+  nothing, so ``num_classes = 1`` (or a one-row class weight) is a ``ValueError`` that points to
+  the one-logit alternative (``docs/conventions.md``, degenerate inputs).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ._core import value_error
+
+__all__ = ["check_head_embeddings", "check_softmax_classes"]
+
+
+def check_head_embeddings(fn: str, head: str, embeddings: object, embedding_dim: int) -> None:
+    """``embeddings`` of shape ``(N, D)`` with ``D != embedding_dim`` raise ``ValueError``.
+
+    Other mistakes (not a tensor, not 2-D) are left to the loss function's own checks.
+    """
+    if isinstance(embeddings, Tensor) and embeddings.dim() == 2 and embeddings.shape[1] != embedding_dim:
+        raise value_error(
+            fn,
+            f"embeddings must have shape (N, {embedding_dim}) to match {head}(embedding_dim={embedding_dim})",
+            f"shape {tuple(embeddings.shape)}",
+            f"build the head with embedding_dim={embeddings.shape[1]} or project the features to "
+            f"{embedding_dim} dimensions",
+        )
+
+
+def check_softmax_classes(fn: str, num_classes: int, *, name: str = "num_classes") -> None:
+    """A softmax head needs at least 2 classes (``ValueError`` otherwise)."""
+    if num_classes == 1:
+        raise value_error(
+            fn,
+            f"{name} must be >= 2 for a softmax over classes; with one class the loss is identically 0",
+            num_classes,
+            "for a single yes/no output use one logit with losses.bce_with_logits_loss",
+        )
