@@ -10,11 +10,12 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ._core import value_error
 
-__all__ = ["check_head_embeddings", "check_softmax_classes"]
+__all__ = ["check_head_embeddings", "check_softmax_classes", "drop_rows"]
 
 
 def check_head_embeddings(fn: str, head: str, embeddings: object, embedding_dim: int) -> None:
@@ -41,3 +42,13 @@ def check_softmax_classes(fn: str, num_classes: int, *, name: str = "num_classes
             num_classes,
             "for a single yes/no output use one logit with losses.bce_with_logits_loss",
         )
+
+
+def drop_rows(x: Tensor, valid: Tensor) -> Tensor:
+    """``x`` with the rows where ``valid`` is False replaced by zeros (gradient exactly 0 there).
+
+    Ignored rows are dropped before any arithmetic, so their content, even ``inf``/NaN with the
+    data checks off, never reaches the value or the gradients of the other rows and parameters.
+    """
+    return torch.where(valid.reshape(-1, *([1] * (x.dim() - 1))).to(x.device), x,
+                       torch.zeros((), dtype=x.dtype, device=x.device))

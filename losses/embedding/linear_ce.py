@@ -20,7 +20,7 @@ from .._core import (
     reduce_loss,
     value_error,
 )
-from .._heads import check_head_embeddings, check_softmax_classes
+from .._heads import check_head_embeddings, check_softmax_classes, drop_rows
 from .._precision import matmul, no_autocast
 from .._registry import id_unit_weights, register
 
@@ -214,7 +214,7 @@ def linear_cross_entropy(
     chunk = min(c, chunk_size if chunk_size is not None else _default_chunk_size(embeddings.shape[0], c))
     valid = target != ignore_index
     with no_autocast(embeddings, weight):  # logits in float32 (or float64) under autocast too
-        values = _LinearCrossEntropy.apply(embeddings, weight, bias, target.long(), valid, chunk,
+        values = _LinearCrossEntropy.apply(drop_rows(embeddings, valid), weight, bias, target.long(), valid, chunk,
                                            float(label_smoothing), float(logz_coef), dtype)
         # no anchors needed: the autograd Function returns (zero) gradients for every input even
         # when all rows are ignored

@@ -35,7 +35,7 @@ from .._core import (
     upcast,
     value_error,
 )
-from .._heads import check_head_embeddings, check_softmax_classes
+from .._heads import check_head_embeddings, check_softmax_classes, drop_rows
 from .._precision import matmul, no_autocast
 from .._registry import id_unit_weights, register
 
@@ -407,7 +407,7 @@ def margin_softmax_loss(
     valid = target != ignore_index
     y = torch.where(valid, target, torch.zeros_like(target)).long()
     with no_autocast(embeddings, weight):
-        values = margin_row_losses(upcast(embeddings, dtype), upcast(weight, dtype), y, valid,
+        values = margin_row_losses(upcast(drop_rows(embeddings, valid), dtype), upcast(weight, dtype), y, valid,
                                    scale=s, margin=m, variant=variant, threshold=thr)
         return reduce_loss(values, valid.to(dtype), reduction)
 

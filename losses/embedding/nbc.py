@@ -29,7 +29,7 @@ from .._core import (
     value_error,
 )
 from .._distributed import all_gather_no_grad, all_gather_with_grad
-from .._heads import check_head_embeddings, check_softmax_classes
+from .._heads import check_head_embeddings, check_softmax_classes, drop_rows
 from .._precision import matmul, no_autocast
 from .._registry import register
 from .opl import _check_embeddings_and_target
@@ -148,8 +148,9 @@ def nbc_loss(
     _check_labels(fn, target, num_classes, ignore_index)
     dtype = compute_dtype(embeddings)
     with torch.autocast(device_type=embeddings.device.type, enabled=False):
-        z = upcast(embeddings, dtype)
-        term = _nbc_term(z, target, target != ignore_index, scale, num_classes, variant)
+        valid = target != ignore_index
+        z = upcast(drop_rows(embeddings, valid), dtype)
+        term = _nbc_term(z, target, valid, scale, num_classes, variant)
         return term + attached_zero(embeddings, dtype=dtype)
 
 
@@ -235,10 +236,10 @@ def nbc_softmax_loss(
 
     dtype = compute_dtype(embeddings, weight, bias)
     with torch.autocast(device_type=embeddings.device.type, enabled=False):
-        z = upcast(embeddings, dtype)
+        valid = target != ignore_index
+        z = upcast(drop_rows(embeddings, valid), dtype)
         w = upcast(weight, dtype)
         b = None if bias is None else upcast(bias, dtype)
-        valid = target != ignore_index
         term = _nbc_term(z, target, valid, scale, k, variant)
         logits = matmul(z, w.t()) if b is None else matmul(z, w.t()) + b
         ce_rows = F.cross_entropy(logits, target.long(), ignore_index=ignore_index, reduction="none")

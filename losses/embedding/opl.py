@@ -25,6 +25,7 @@ from .._core import (
     value_error,
 )
 from .._distributed import all_gather_no_grad, all_gather_with_grad
+from .._heads import drop_rows
 from .._precision import matmul
 from .._registry import register
 
@@ -126,10 +127,10 @@ def opl_loss(
 
     dtype = compute_dtype(embeddings)
     with torch.autocast(device_type=embeddings.device.type, enabled=False):
-        f = F.normalize(upcast(embeddings, dtype), p=2.0, dim=1, eps=1e-12)
+        valid = target != ignore_index  # ignored rows are dropped (zeroed) before any arithmetic
+        f = F.normalize(upcast(drop_rows(embeddings, valid), dtype), p=2.0, dim=1, eps=1e-12)
         g = matmul(f, f.transpose(0, 1))  # (N, N) cosines
 
-        valid = target != ignore_index
         pair_valid = valid.unsqueeze(1) & valid.unsqueeze(0)
         same = target.unsqueeze(1) == target.unsqueeze(0)
         n = embeddings.shape[0]

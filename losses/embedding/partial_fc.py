@@ -35,7 +35,7 @@ from .._core import (
 from .._distributed import all_gather_no_grad, all_gather_with_grad, all_reduce_with_grad, is_distributed
 from .._distributed import rank as _rank
 from .._distributed import world_size as _world_size
-from .._heads import check_head_embeddings, check_softmax_classes
+from .._heads import check_head_embeddings, check_softmax_classes, drop_rows
 from .._precision import no_autocast
 from .._random import GeneratorStateMixin
 from .._registry import id_unit_weights, register
@@ -142,7 +142,8 @@ def _partial_fc(
     y = torch.searchsorted(chosen, torch.where(valid, target.long(), first).to(chosen.device))
     y = y.clamp_(max=chosen.numel() - 1)  # in range even for an unchecked index without some positive
     with no_autocast(embeddings, weight):
-        values = margin_row_losses(upcast(embeddings, dtype), w, y.to(embeddings.device), valid, scale=s, margin=m,
+        values = margin_row_losses(upcast(drop_rows(embeddings, valid), dtype), w, y.to(embeddings.device), valid,
+                                   scale=s, margin=m,
                                    variant=variant, threshold=thr)
         return reduce_loss(values, valid.to(dtype), reduction), chosen
 
@@ -460,7 +461,7 @@ class PartialFCLoss(GeneratorStateMixin):
             y_loc = torch.where(in_shard.to(device), y_loc, torch.zeros_like(y_loc)).clamp(max=chosen.numel() - 1)
         else:
             y_loc = torch.zeros_like(y_dev)
-        x = _ScaleGrad.apply(upcast(x_all, dtype), float(world))
+        x = _ScaleGrad.apply(upcast(drop_rows(x_all, valid), dtype), float(world))
         coupled = self.reduction == "none"
         with no_autocast(x, w):
             values = margin_row_losses(

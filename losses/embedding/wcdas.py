@@ -26,7 +26,7 @@ from .._core import (
     upcast,
     value_error,
 )
-from .._heads import check_head_embeddings, check_softmax_classes
+from .._heads import check_head_embeddings, check_softmax_classes, drop_rows
 from .._precision import matmul, softplus
 from .._registry import id_unit_weights, register
 from .opl import _check_embeddings_and_target
@@ -177,7 +177,7 @@ def wcdas_loss(
     _check_head(fn, embeddings, weight, concentration_logit, scale)
     check_softmax_classes(fn, weight.shape[0], name="weight.shape[0] (the number of classes C)")
     check_ids_in_range(fn, target, weight.shape[0], ignore_index)
-    logits = _logits(embeddings, weight, concentration_logit, scale, variant)
+    logits = _logits(drop_rows(embeddings, target != ignore_index), weight, concentration_logit, scale, variant)
     with torch.autocast(device_type=embeddings.device.type, enabled=False):
         values = F.cross_entropy(logits, target.long(), ignore_index=ignore_index, reduction="none")
         valid = (target != ignore_index).to(logits.dtype)

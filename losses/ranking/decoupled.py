@@ -234,10 +234,13 @@ def _loss_dtype(scores: Tensor, target: Tensor) -> torch.dtype:
 # --------------------------------------------------------------------------------------
 
 
-def _scaled(scores: Tensor, avail: Tensor, dtype: torch.dtype, temperature: float) -> Tensor:
-    """``scores / T`` in ``dtype`` with 0 (a finite placeholder, zero gradient) where excluded."""
+def _scaled(scores: Tensor, avail: Tensor, pos: Tensor, dtype: torch.dtype, temperature: float) -> Tensor:
+    """``scores / T`` in ``dtype`` with 0 (a finite placeholder, zero gradient) where excluded and
+    in rows without a positive (unit weight 0), so that nothing there, even ``inf``/NaN with the
+    data checks off, reaches the value or the gradient."""
     s = upcast(scores, dtype)
-    return torch.where(avail, s, torch.zeros((), dtype=dtype, device=s.device)) / temperature
+    keep = avail & pos.any(dim=1, keepdim=True)
+    return torch.where(keep, s, torch.zeros((), dtype=dtype, device=s.device)) / temperature
 
 
 def _decoupled_rows(fn, scores, target, *, temperature, weighted, sample_one_positive, mask_value, generator,
@@ -250,7 +253,7 @@ def _decoupled_rows(fn, scores, target, *, temperature, weighted, sample_one_pos
     check_finite_or_masked(fn, "scores", scores)
     avail, pos = _available(fn, scores, mask, pos)
     y = torch.where(pos, y, torch.zeros_like(y))
-    s = _scaled(scores, avail, dtype, temperature)
+    s = _scaled(scores, avail, pos, dtype, temperature)
     n_pos = pos.sum(dim=1)
     nlse = _masked_logsumexp(s, avail & ~pos)  # NLSE_i, -inf without negatives
     if mask_value != -math.inf:
@@ -279,7 +282,7 @@ def _infonce_rows(fn, scores, target, *, temperature, positive_normalization, ig
     pos, _ = _ranking_targets(fn, scores, target, ignore_index, dtype)
     check_finite_or_masked(fn, "scores", scores)
     avail, pos = _available(fn, scores, mask, pos)
-    s = _scaled(scores, avail, dtype, temperature)
+    s = _scaled(scores, avail, pos, dtype, temperature)
     lse = _masked_logsumexp(s, avail).unsqueeze(1)
     terms = torch.where(pos, lse - s, torch.zeros_like(s))
     values = terms.sum(dim=1)
@@ -363,7 +366,7 @@ def _soft_topk_rows(fn, scores, target, *, k, alpha, temperature, n_iter, varian
     check_finite_or_masked(fn, "scores", scores)
     avail, pos = _available(fn, scores, mask, pos)
     y = torch.where(pos, y, torch.zeros_like(y))
-    s = _scaled(scores, avail, dtype, temperature)
+    s = _scaled(scores, avail, pos, dtype, temperature)
     n_pos = pos.sum(dim=1)
     n_avail = avail.sum(dim=1).to(dtype)
     if k == "num_positives":
@@ -393,7 +396,7 @@ def _soft_topk_rows(fn, scores, target, *, k, alpha, temperature, n_iter, varian
     active = (pos_loss.sum(dim=1) > 0) & (k_row > 0) & (k_row < n_avail)
     # inactive rows (no positive, k_i = 0; with validation off also too few candidates) get a
     # safe k, and rows with fewer than 2 candidates use every entry as a placeholder: finite, weight 0
-    avail_c = torch.where((n_avail >= 2).unsqueeze(1), avail, torch.ones_like(avail))
+    avail_c = torch.where(((n_avail >= 2) & (n_pos > 0)).unsqueeze(1), avail, torch.ones_like(avail))
     k_safe = torch.where(active, k_row, avail_c.sum(dim=1).to(dtype) / 2.0)
     t = _soft_topk_threshold(s, k_safe, alpha, n_iter, avail_c)
     terms = softplus(-alpha * (s + t.unsqueeze(1)))  # -log p_il

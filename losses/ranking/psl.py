@@ -121,10 +121,14 @@ def _pair_inputs(
     neg = upcast(neg_scores, dtype)
     present = neg.detach() != -math.inf
     mask = present if neg_mask is None else present & neg_mask.to(present.device)
-    neg = torch.where(present, neg, torch.zeros((), dtype=dtype, device=neg.device))
     if neg.dim() == 1:  # (B,) means one negative per row
         neg = neg.unsqueeze(1)
         mask = mask.unsqueeze(1)
+    # masked pairs and rows without a valid negative (unit weight 0) get finite placeholders with
+    # zero gradient: their content (even inf/NaN with the data checks off) never reaches the loss
+    zero = torch.zeros((), dtype=dtype, device=neg.device)
+    neg = torch.where(mask, neg, zero)
+    pos = torch.where(mask.any(dim=1), pos, zero)
     return pos, neg, mask, dtype
 
 

@@ -220,3 +220,43 @@ def _first_draw(make, batch):
     m = make()
     m(*batch)
     return m.last_index.clone()
+
+
+# --------------------------------------------------------------------------------------
+# ignored rows are dropped before any arithmetic
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", HEADS + ["opl"])
+@pytest.mark.parametrize("case", ["all", "some"])
+def test_ignored_rows_with_inf_and_nan_never_reach_the_gradients(name, case):
+    """validation(False): ignored rows may hold +-inf/NaN; the loss equals the loss of the other
+    rows, and every gradient is finite (exactly 0 on the ignored rows)."""
+    torch.manual_seed(4)
+    module = _make(name).double()
+    x, _ = _batch(5, n=5)
+    x = x.double()
+    y = torch.tensor([-100, -100, -100, 2, 0]) if case == "some" else torch.full((5,), -100)
+    dirty = x.clone()
+    dirty[0, 0], dirty[1, 1], dirty[2, 2] = math.inf, -math.inf, math.nan
+    dirty.requires_grad_(True)
+    clean = x.clone()
+    clean[:3] = 0.0
+    clean.requires_grad_(True)
+    outs, grads = [], []
+    for inp in (dirty, clean):
+        if name == "partial_fc":
+            module._generator = None
+        module.zero_grad()
+        with losses.validation(False):
+            out = module(inp, y)
+        out.backward()
+        outs.append(out.detach())
+        grads.append([inp.grad] + [p.grad.clone() for p in module.parameters()])
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+    assert torch.all(grads[0][0][:3] == 0)
+    for a, b in zip(grads[0], grads[1]):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    if case == "all":
+        assert outs[0].item() == 0.0

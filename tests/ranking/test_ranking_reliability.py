@@ -390,3 +390,37 @@ def test_resumed_module_draws_what_the_uninterrupted_run_draws(make):
         loaded(s, t)
     loaded.load_state_dict(_roundtrip(blank.state_dict()))
     assert torch.equal(loaded(*batches[0]), uninterrupted[0])
+
+
+@pytest.mark.parametrize("fn,kw", [(losses.decoupled_softmax_loss, {}), (losses.infonce_loss, {}),
+                                   (losses.soft_topk_loss, {"k": 2}), (losses.psl_loss, {}),
+                                   (losses.sampled_softmax_loss, {}), (losses.bpr_loss, {})])
+def test_rows_without_weight_holding_inf_or_nan_give_zero_gradients(fn, kw):
+    """validation(False): rows of unit weight 0 (no positive; no valid negative) and masked pairs
+    may hold +-inf/NaN; the value is that of the other rows and no gradient is NaN."""
+    scores, pos, _ = _case(10)
+    if fn in (losses.psl_loss, losses.sampled_softmax_loss, losses.bpr_loss):
+        p = scores[:, 0].clone()
+        n = scores[:, 1:4].clone()
+        keep = torch.ones_like(n, dtype=torch.bool)
+        keep[3] = False  # row without a valid negative
+        keep[0, 1] = False  # one masked pair
+        p[3], n[3, 0], n[0, 1] = math.nan, math.inf, math.nan
+        leaves = [p.requires_grad_(True), n.requires_grad_(True)]
+        with losses.validation(False):
+            out = fn(p, n, neg_mask=keep, **kw)
+        clean_n = n.detach().clone()
+        clean_n[3], clean_n[0, 1] = 0.0, 0.0
+        clean_p = p.detach().clone()
+        clean_p[3] = 0.0
+        ref = fn(clean_p, clean_n, neg_mask=keep, **kw)
+    else:
+        dirty = scores.clone()
+        dirty[3, 0], dirty[3, 1], dirty[3, 2] = math.inf, math.nan, NEG_INF  # row 3 has no positive
+        leaves = [dirty.requires_grad_(True)]
+        with losses.validation(False):
+            out = fn(dirty, pos, **kw)
+        ref = fn(scores[:3], pos[:3], **kw)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-14)
+    for g in torch.autograd.grad(out, leaves):
+        assert torch.isfinite(g).all()
