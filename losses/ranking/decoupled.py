@@ -923,6 +923,26 @@ def _row_unit_weights(scores: Tensor, target: Tensor, *, ignore_index: int = -10
     return pos.any(dim=1).double()
 
 
+def _example_scores(*, generator: Optional[torch.Generator] = None, dtype=torch.float32, case: str = "random"):
+    """``(scores (6, 7), bool target)``; ``"extreme"``: scores x1e4 with ``-inf`` on some negatives
+    (never a positive; every row keeps at least 4 candidates); ``"ignored"``: no positives."""
+    b, n = 6, 7
+    x = torch.randn((b, n), generator=generator, dtype=torch.float64)
+    t = torch.zeros(b, n, dtype=torch.bool)
+    t[torch.arange(b), torch.arange(b) % n] = True
+    t[0, 1] = True  # one row with two positives
+    if case == "extreme":
+        x = x * 1e4
+        drop = torch.zeros(b, n, dtype=torch.bool)
+        drop[0, 4:] = True
+        drop[1, 0] = True
+        drop[2, [0, 1, 3]] = True
+        x = x.masked_fill(drop & ~t, -math.inf)
+    elif case == "ignored":
+        t = torch.zeros_like(t)
+    return (x.to(dtype), t), {}
+
+
 _PAPER_DEXML = "N. Gupta et al., Dual-Encoders for Extreme Multi-label Classification, ICLR 2024"
 
 register(
@@ -934,6 +954,7 @@ register(
     unit_weights=_row_unit_weights,
     arxiv="2310.10636",
     paper=_PAPER_DEXML,
+    example_inputs=_example_scores,
 )
 register(
     "infonce",
@@ -944,6 +965,7 @@ register(
     unit_weights=_row_unit_weights,
     arxiv="1807.03748",
     paper="A. van den Oord, Y. Li, O. Vinyals, Representation Learning with Contrastive Predictive Coding, 2018",
+    example_inputs=_example_scores,
 )
 register(
     "soft_topk",
@@ -955,4 +977,5 @@ register(
     arxiv="2310.10636",
     paper=_PAPER_DEXML + " (soft top-k)",
     example_kwargs={"k": 2},
+    example_inputs=_example_scores,
 )

@@ -542,6 +542,22 @@ def _bpr_unit_weights(pos_scores: Tensor, neg_scores: Tensor, *, neg_mask: Optio
     return m.double()
 
 
+def _example_pairs(*, generator: Optional[torch.Generator] = None, dtype=torch.float32, case: str = "random"):
+    """``(pos (6,), neg (6, 7))`` cosines; ``"extreme"`` adds ``-inf`` negatives (missing ones, a
+    row with none left); ``"ignored"``: every negative masked."""
+    b, n = 6, 7
+    pos = torch.rand(b, generator=generator, dtype=torch.float64).mul(2).sub(1)
+    neg = torch.rand(b, n, generator=generator, dtype=torch.float64).mul(2).sub(1)
+    kwargs: dict = {}
+    if case == "extreme":
+        neg[0] = -math.inf
+        neg[1, :3] = -math.inf
+        neg[2, 6] = -math.inf
+    elif case == "ignored":
+        kwargs["neg_mask"] = torch.zeros(b, n, dtype=torch.bool)
+    return (pos.to(dtype), neg.to(dtype)), kwargs
+
+
 register(
     "psl",
     function=psl_loss,
@@ -549,6 +565,7 @@ register(
     inputs="P",
     unit="row",
     unit_weights=_psl_unit_weights,
+    example_inputs=_example_pairs,
     arxiv="2411.00163",
     paper="W. Yang et al., PSL: Rethinking and Improving Softmax Loss from Pairwise Perspective for "
           "Recommendation, NeurIPS 2024",
@@ -560,6 +577,7 @@ register(
     inputs="P",
     unit="row",
     unit_weights=_ssm_unit_weights,
+    example_inputs=_example_pairs,
     arxiv="2411.00163",
     paper="Sampled softmax (SSM), the baseline of W. Yang et al., PSL, NeurIPS 2024",
 )
@@ -570,6 +588,7 @@ register(
     inputs="P",
     unit="pair",
     unit_weights=_bpr_unit_weights,
+    example_inputs=_example_pairs,
     arxiv="1205.2618",
     paper="S. Rendle et al., BPR: Bayesian Personalized Ranking from Implicit Feedback, UAI 2009",
 )
