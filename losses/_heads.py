@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._core import value_error
+from ._core import type_error, value_error
 
-__all__ = ["check_head_embeddings", "check_softmax_classes", "drop_rows"]
+__all__ = ["check_head_embeddings", "check_softmax_classes", "check_positive_int", "drop_rows"]
 
 
 def check_head_embeddings(fn: str, head: str, embeddings: object, embedding_dim: int) -> None:
@@ -52,3 +52,13 @@ def drop_rows(x: Tensor, valid: Tensor) -> Tensor:
     """
     return torch.where(valid.reshape(-1, *([1] * (x.dim() - 1))).to(x.device), x,
                        torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def check_positive_int(fn: str, name: str, value: object, hint: str) -> int:
+    """A size such as ``embedding_dim``: not an int (bools excluded) is ``TypeError``, ``< 1`` is
+    ``ValueError``; both read ``"<fn>: <name> must be a positive int (got ...); <hint>"``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise type_error(fn, f"{name} must be a positive int", repr(value), hint)
+    if value < 1:
+        raise value_error(fn, f"{name} must be a positive int", repr(value), hint)
+    return value

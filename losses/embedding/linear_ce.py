@@ -20,7 +20,7 @@ from .._core import (
     reduce_loss,
     value_error,
 )
-from .._heads import check_head_embeddings, check_softmax_classes, drop_rows
+from .._heads import check_head_embeddings, check_positive_int, check_softmax_classes, drop_rows
 from .._precision import matmul, no_autocast
 from .._registry import id_unit_weights, register
 
@@ -202,9 +202,7 @@ def linear_cross_entropy(
         if bias.shape != (c,):
             raise value_error(fn, f"bias must have shape ({c},)", f"shape {tuple(bias.shape)}", "one bias per class")
     if chunk_size is not None:
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-            raise value_error(fn, "chunk_size must be a positive int or None", repr(chunk_size),
-                              "use None to choose it from N and C")
+        check_positive_int(fn, "chunk_size", chunk_size, "pass None to choose it from N and C")
     check_finite(fn, "embeddings", embeddings)
     check_finite(fn, "weight", weight)
     if bias is not None:
@@ -241,15 +239,13 @@ class LinearCrossEntropyLoss(nn.Module):
         super().__init__()
         fn = "LinearCrossEntropyLoss"
         for name, v in (("embedding_dim", embedding_dim), ("num_classes", num_classes)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise value_error(fn, f"{name} must be a positive int", repr(v), f"pass the {name.replace('_', ' ')}")
+            check_positive_int(fn, name, v, f"pass the {name.replace('_', ' ')}")
         check_softmax_classes(fn, num_classes)
         check_reduction(fn, reduction)
         check_number(fn, "label_smoothing", label_smoothing, low=0.0, high=1.0)
         check_number(fn, "logz_coef", logz_coef, low=0.0)
-        if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
-            raise value_error(fn, "chunk_size must be a positive int or None", repr(chunk_size),
-                              "use None to choose it from N and C")
+        if chunk_size is not None:
+            check_positive_int(fn, "chunk_size", chunk_size, "pass None to choose it from N and C")
         self.embedding_dim, self.num_classes = embedding_dim, num_classes
         self.chunk_size = chunk_size
         self.label_smoothing, self.logz_coef = float(label_smoothing), float(logz_coef)

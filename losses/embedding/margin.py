@@ -35,7 +35,7 @@ from .._core import (
     upcast,
     value_error,
 )
-from .._heads import check_head_embeddings, check_softmax_classes, drop_rows
+from .._heads import check_head_embeddings, check_positive_int, check_softmax_classes, drop_rows
 from .._precision import matmul, no_autocast
 from .._registry import id_unit_weights, register
 
@@ -113,8 +113,7 @@ def check_head_inputs(fn: str, embeddings: Tensor, target: Tensor, weight: Tenso
 
 def _check_sizes(fn: str, embedding_dim: int, num_classes: int) -> None:
     for name, v in (("embedding_dim", embedding_dim), ("num_classes", num_classes)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise value_error(fn, f"{name} must be a positive int", repr(v), f"pass {name} as an int >= 1")
+        check_positive_int(fn, name, v, f"pass {name} as an int >= 1")
 
 
 # --------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from .._core import (
     value_error,
 )
 from .._distributed import all_gather_no_grad, all_gather_with_grad
-from .._heads import check_head_embeddings, check_softmax_classes, drop_rows
+from .._heads import check_head_embeddings, check_positive_int, check_softmax_classes, drop_rows
 from .._precision import matmul, no_autocast
 from .._registry import register
 from .opl import _check_embeddings_and_target
@@ -160,10 +160,7 @@ def _check_num_classes(fn: str, num_classes: Optional[int], variant: str) -> Opt
             raise value_error(fn, "variant='reference' needs num_classes (it scales L_NBC by 1/K)", None,
                               "pass num_classes=K, the total number of classes")
         return None
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
-        raise value_error(fn, "num_classes must be a positive int", repr(num_classes),
-                          "pass the total number of classes")
-    return num_classes
+    return check_positive_int(fn, "num_classes", num_classes, "pass the total number of classes")
 
 
 def nbc_softmax_loss(
@@ -276,8 +273,7 @@ class NBCSoftmaxLoss(nn.Module):
         super().__init__()
         name = "NBCSoftmaxLoss"
         for key, val in (("embedding_dim", embedding_dim), ("num_classes", num_classes)):
-            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-                raise value_error(name, f"{key} must be a positive int", repr(val), f"pass the {key}")
+            check_positive_int(name, key, val, f"pass the {key}")
         check_softmax_classes(name, num_classes)
         check_reduction(name, reduction, allowed=("mean",))
         self.scale = check_number(name, "scale", scale, low=0.0)

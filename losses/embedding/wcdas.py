@@ -26,7 +26,7 @@ from .._core import (
     upcast,
     value_error,
 )
-from .._heads import check_head_embeddings, check_softmax_classes, drop_rows
+from .._heads import check_head_embeddings, check_positive_int, check_softmax_classes, drop_rows
 from .._precision import matmul, softplus
 from .._registry import id_unit_weights, register
 from .opl import _check_embeddings_and_target
@@ -213,8 +213,7 @@ class WCDASLoss(nn.Module):
         super().__init__()
         name = "WCDASLoss"
         for key, val in (("embedding_dim", embedding_dim), ("num_classes", num_classes)):
-            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-                raise value_error(name, f"{key} must be a positive int", repr(val), f"pass the {key}")
+            check_positive_int(name, key, val, f"pass the {key}")
         check_softmax_classes(name, num_classes)
         check_reduction(name, reduction)
         check_choice(name, "variant", variant, VARIANTS)

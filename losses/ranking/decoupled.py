@@ -79,22 +79,31 @@ def _check_bool(fn: str, name: str, value: object, *, allow_none: bool = False) 
 def _check_mask_value(fn: str, value: object) -> None:
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value == math.inf:
-        raise value_error(fn, "mask_value must be None, a finite real number or -inf", repr(value),
-                          "use -100.0 (the reference) or float('-inf') (exact removal)")
+    args = (fn, "mask_value must be None, a finite real number or -inf", repr(value),
+            "use -100.0 (the reference) or float('-inf') (exact removal)")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise type_error(*args)  # a wrong kind of argument
+    if math.isnan(value) or value == math.inf:
+        raise value_error(*args)
 
 
 def _check_k(fn: str, k: object) -> None:
     if k == "num_positives" and isinstance(k, str):
         return
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise value_error(fn, "k must be an int with 0 < k < L or 'num_positives'", repr(k),
-                          "pass the number of labels the soft top-k keeps")
+    args = (fn, "k must be an int with 0 < k < L or 'num_positives'", repr(k),
+            "pass the number of labels the soft top-k keeps")
+    if isinstance(k, bool) or not isinstance(k, (int, str)):
+        raise type_error(*args)  # a wrong kind of argument (float, None, bool)
+    if isinstance(k, str) or k < 1:
+        raise value_error(*args)
 
 
 def _check_n_iter(fn: str, n_iter: object) -> None:
-    if isinstance(n_iter, bool) or not isinstance(n_iter, int) or n_iter < 1:
-        raise value_error(fn, "n_iter must be an int >= 1", repr(n_iter), "32 bisection steps are the default")
+    args = (fn, "n_iter must be an int >= 1", repr(n_iter), "32 bisection steps are the default")
+    if isinstance(n_iter, bool) or not isinstance(n_iter, int):
+        raise type_error(*args)
+    if n_iter < 1:
+        raise value_error(*args)
 
 
 def _check_seed(fn: str, seed: object) -> None:

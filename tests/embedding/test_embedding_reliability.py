@@ -260,3 +260,26 @@ def test_ignored_rows_with_inf_and_nan_never_reach_the_gradients(name, case):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     if case == "all":
         assert outs[0].item() == 0.0
+
+
+@pytest.mark.parametrize("cls", [losses.MarginSoftmaxLoss, losses.PartialFCLoss, losses.WCDASLoss,
+                                 losses.NBCSoftmaxLoss, losses.LinearCrossEntropyLoss])
+def test_sizes_wrong_kind_is_type_error_wrong_value_is_value_error(cls):
+    name = cls.__name__
+    for bad in (8.0, "8", None, True):
+        with pytest.raises(TypeError, match=rf"^{name}: embedding_dim must be a positive int"):
+            cls(bad, 5)
+        with pytest.raises(TypeError, match=rf"^{name}: num_classes must be a positive int"):
+            cls(8, bad)
+    with pytest.raises(ValueError, match=rf"^{name}: embedding_dim must be a positive int \(got 0\)"):
+        cls(0, 5)
+
+
+def test_chunk_size_and_nbc_num_classes_kinds():
+    x, y, w = torch.randn(3, 4), torch.tensor([0, 1, 2]), torch.randn(5, 4)
+    with pytest.raises(TypeError, match=r"^linear_cross_entropy: chunk_size must be a positive int"):
+        losses.linear_cross_entropy(x, y, w, chunk_size=2.0)
+    with pytest.raises(ValueError, match=r"^linear_cross_entropy: chunk_size must be a positive int \(got 0\)"):
+        losses.linear_cross_entropy(x, y, w, chunk_size=0)
+    with pytest.raises(TypeError, match=r"^nbc_loss: num_classes must be a positive int"):
+        losses.nbc_loss(x, y, num_classes=5.0)

@@ -424,3 +424,15 @@ def test_rows_without_weight_holding_inf_or_nan_give_zero_gradients(fn, kw):
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-14)
     for g in torch.autograd.grad(out, leaves):
         assert torch.isfinite(g).all()
+
+
+def test_hyperparameter_kinds_are_type_errors():
+    s, t = torch.randn(2, 5), torch.tensor([0, 1])
+    with pytest.raises(TypeError, match=r"^soft_topk_loss: n_iter must be an int >= 1"):
+        losses.soft_topk_loss(s, t, k=2, n_iter=8.0)
+    with pytest.raises(ValueError, match=r"^soft_topk_loss: n_iter must be an int >= 1"):
+        losses.soft_topk_loss(s, t, k=2, n_iter=0)
+    with pytest.raises(TypeError, match=r"^decoupled_softmax_loss: mask_value must be None, a finite real number"):
+        losses.decoupled_softmax_loss(s, t, mask_value="-inf")
+    with pytest.raises(ValueError, match=r"^decoupled_softmax_loss: mask_value must be None, a finite real number"):
+        losses.decoupled_softmax_loss(s, t, mask_value=math.nan)
