@@ -19,6 +19,7 @@ does); their extra state records no generator.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Optional
 
 import torch
@@ -84,7 +85,13 @@ class GeneratorStateMixin(nn.Module):
             raise value_error(name, "state_dict generator_state must be a uint8 tensor", type(rng).__name__,
                               "load a state_dict saved by this module class")
         device = state.get("generator_device") or "cpu"
-        g = torch.Generator(device=device)
+        try:
+            g = torch.Generator(device=device)
+        except RuntimeError:  # e.g. a CUDA checkpoint loaded on a machine without CUDA
+            warnings.warn(f"{name}: the saved generator lives on {device!r}, which is not available here; "
+                          "the module starts again from its seed", UserWarning, stacklevel=2)
+            self._generator = None
+            return
         g.set_state(rng.cpu())
         self._generator = g
 

@@ -283,3 +283,19 @@ def test_chunk_size_and_nbc_num_classes_kinds():
         losses.linear_cross_entropy(x, y, w, chunk_size=0)
     with pytest.raises(TypeError, match=r"^nbc_loss: num_classes must be a positive int"):
         losses.nbc_loss(x, y, num_classes=5.0)
+
+
+def test_generator_state_from_an_unavailable_device_falls_back_to_the_seed():
+    m = losses.PartialFCLoss(4, 10, sample_rate=0.5, seed=1)
+    m(torch.randn(3, 4), torch.tensor([0, 1, 2]))
+    sd = m.state_dict()
+    assert sd["_extra_state"]["seed"] == 1 and sd["_extra_state"]["generator_device"] == "cpu"
+    fresh = losses.PartialFCLoss(4, 10, sample_rate=0.5, seed=1)
+    if torch.cuda.is_available():  # the state then loads on its device (covered by the CUDA run)
+        return
+    sd["_extra_state"] = dict(sd["_extra_state"], generator_device="cuda:0")
+    with pytest.warns(UserWarning, match=r"^PartialFCLoss: the saved generator lives on 'cuda:0'"):
+        fresh.load_state_dict(sd)
+    assert fresh._generator is None
+    with pytest.raises(ValueError, match=r"^PartialFCLoss: state_dict entry '_extra_state' is not a generator state"):
+        fresh.load_state_dict({"weight": sd["weight"], "_extra_state": 3})
