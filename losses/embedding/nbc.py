@@ -195,7 +195,8 @@ def nbc_softmax_loss(
     Batch-level loss: only ``reduction="mean"``. An empty or all-ignored batch gives an exact,
     graph-attached 0 with zero gradients for ``embeddings``, ``weight`` and ``bias``. Ids outside
     ``[0, K)`` other than ``ignore_index`` raise ``ValueError`` (a data check). Half inputs are
-    computed in float32, float64 stays float64.
+    computed in float32, float64 stays float64; inside ``torch.autocast`` the forward and backward
+    still run in float32. ``K >= 2`` (one class: ``ValueError``).
 
     Paper: G. K. Kulatilleke, S. S. Chandra, M. Portmann, "NBC-Softmax: Darkweb Author
     fingerprinting and migration tracking", arXiv preprint 2022, arXiv:2212.08184.

@@ -91,7 +91,9 @@ def opl_loss(
     zero features have cosine 0 with everything and a finite gradient.
 
     Args:
-        embeddings: ``(N, D)`` floating features (any sign; half inputs are computed in float32).
+        embeddings: ``(N, D)`` floating features (any sign; half inputs are computed in float32,
+            also inside ``torch.autocast``, forward and backward). Ignored rows are dropped
+            before any arithmetic (their values never matter).
         target: ``(N,)`` integer class ids.
         gamma: weight of the negative term, ``>= 0``.
         variant: ``"paper"`` or ``"reference"``.

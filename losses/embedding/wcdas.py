@@ -117,7 +117,8 @@ def wcdas_logits(
     about ``3.2e5 * s``). ``variant="reference"`` uses 3.14 for pi, the raw denominator
     ``1 + rho^2 - 2 rho c`` and no clamp on ``g``, as the reference code.
 
-    Returns ``(N, C)`` logits in the compute dtype (float32 for half inputs, also under autocast).
+    Returns ``(N, C)`` logits in the compute dtype (float32 for half inputs, also under autocast,
+    whose backward runs in float32 too).
 
     Paper: B. Han, "Wrapped Cauchy Distributed Angular Softmax for Long-Tailed Visual
     Recognition", ICML 2023, arXiv:2305.18732.

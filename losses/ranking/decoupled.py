@@ -16,6 +16,10 @@ Candidates that do not exist for a row (false negatives, padding) are removed wi
 ``mask`` (bool, the scores' shape, ``True`` = exclude) or, equivalently, a ``-inf`` score: the
 loss then equals the loss of the reduced row and the gradient is exactly 0 there. Removing a
 positive, or every candidate of a row, is a ``ValueError`` (data check).
+
+Everything is computed in float32 (float64 for float64 scores), also inside ``torch.autocast``
+(forward and backward; gradients come back in the inputs' dtypes). The seeded modules keep their
+generator state in ``state_dict()``, so a resumed run draws what the uninterrupted run would have.
 """
 
 from __future__ import annotations

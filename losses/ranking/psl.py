@@ -12,6 +12,10 @@ negatives.
 
 The public PSL code (``Tiny-Snow/IR-Benchmark``) is GPL-3.0; nothing here is taken from it.
 This module is written from the formulas of the paper as restated in docs/losses/psl.md.
+
+A ``-inf`` negative score is a negative that is not there: the same as ``neg_mask=False`` at that
+entry (value, unit weight, and a gradient of exactly 0). Everything is computed in float32
+(float64 for float64 scores), also inside ``torch.autocast``.
 """
 
 from __future__ import annotations
