@@ -28,7 +28,6 @@ import math
 from typing import Optional, Tuple, Union
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
