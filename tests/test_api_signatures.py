@@ -96,13 +96,16 @@ FUNCTIONS = {
         reduction="mean"),
     "bpr_loss": pos("pos_scores", "neg_scores") + kw(neg_mask=None, reduction="mean"),
     # docs/losses/decoupled_softmax.md
+    # (+ the candidate ``mask`` of the revised rules: an optional tensor, so after the
+    # hyperparameters and before ``generator`` as in partial_fc_loss's ``index, generator``)
     "decoupled_softmax_loss": pos("scores", "target") + kw(
         temperature=0.05, weighted=False, variant="paper", sample_one_positive=None, mask_value=None,
-        generator=None) + IR,
-    "infonce_loss": pos("scores", "target") + kw(temperature=0.05, positive_normalization="sum") + IR,
+        mask=None, generator=None) + IR,
+    "infonce_loss": pos("scores", "target") + kw(temperature=0.05, positive_normalization="sum", mask=None)
+    + IR,
     "soft_topk_loss": pos("scores", "target") + kw(
-        k=5, alpha=2.0, temperature=0.05, n_iter=32, variant="paper", generator=None) + IR,
-    "in_batch_scores": pos("query", "keys", "target") + kw(gather_distributed=False),
+        k=5, alpha=2.0, temperature=0.05, n_iter=32, variant="paper", mask=None, generator=None) + IR,
+    "in_batch_scores": pos("query", "keys", "target") + kw(gather_distributed=False, mask=None),
     # docs/losses/nbc_softmax.md
     "nbc_loss": pos("embeddings", "target") + kw(scale=0.2, num_classes=None, variant="paper") + IR,
     "nbc_softmax_loss": pos("embeddings", "target", "weight") + kw(
@@ -181,6 +184,10 @@ FORWARD_KEYWORDS = {
     "JaccardMetricLoss": ("mask",),
     "SoftDiceLoss": ("mask",),
     "PartialFCLoss": ("index",),
+    # the candidate mask of docs/losses/decoupled_softmax.md (revised rules): forward(..., *, mask=None)
+    "DecoupledSoftmaxLoss": ("mask",),
+    "InfoNCELoss": ("mask",),
+    "SoftTopKLoss": ("mask",),
 }
 
 # Keywords that share a name between function and module but are different things in the spec:

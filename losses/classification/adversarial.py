@@ -37,6 +37,7 @@ from .._core import (
     value_error,
     zero_rows,
 )
+from .._random import GeneratorStateMixin
 from .._registry import id_unit_weights, register
 from .comp_sum import _CompSumFunction
 from .zloss import _class_ids
@@ -164,7 +165,7 @@ def adversarial_comp_sum_loss(
                                  ignore_index=ignore_index, reduction=reduction)
 
 
-class AdversarialCompSumLoss(nn.Module):
+class AdversarialCompSumLoss(GeneratorStateMixin):
     r"""Smooth adversarial comp-sum loss with its PGD inner loop (**experimental**).
 
     *Experimental: formula reconstructed, not yet confirmed against arXiv:2304.07288; API and
@@ -175,7 +176,9 @@ class AdversarialCompSumLoss(nn.Module):
     1. saves the training mode of every submodule of ``model``, calls ``model.eval()`` and computes
        ``ref = model(inputs)`` without gradients;
     2. starts from ``x' = clip(inputs + random_init_std * N(0, I))`` (noise drawn from the module's
-       private generator when ``seed`` is set, else from the global RNG);
+       private generator when ``seed`` is set, else from the global RNG; the private generator's
+       state is in ``state_dict()``, so a resumed run draws the starts the uninterrupted run
+       would have drawn, and a state_dict saved without it still loads);
     3. takes ``steps`` ascent steps on ``sum_i ||Delta(model(x'))_i - Delta(ref)_i||_2`` over the
        non-ignored rows, with the gradient taken w.r.t. ``x'`` only (no parameter ``.grad`` is
        touched): ``"linf"`` steps ``step_size * sign(g)`` and projects onto the ``epsilon``-box
@@ -247,7 +250,7 @@ class AdversarialCompSumLoss(nn.Module):
             raise value_error(fn, "clip must satisfy low <= high", repr(tuple(clip)), "swap the bounds")
         return (low, high)
 
-    # ---- private generator (pickle- and deepcopy-friendly) ---------------------------------
+    # ---- private generator (in state_dict, pickle- and deepcopy-friendly) --------------------
 
     def _get_generator(self, device: torch.device) -> Optional[torch.Generator]:
         if self.seed is None:
@@ -258,22 +261,6 @@ class AdversarialCompSumLoss(nn.Module):
             g.manual_seed(self.seed)
             self._generator = g
         return g
-
-    def __getstate__(self):
-        state = super().__getstate__()
-        g = state.pop("_generator", None)
-        state["_generator_state"] = None if g is None else (str(g.device), g.get_state())
-        return state
-
-    def __setstate__(self, state):
-        saved = state.pop("_generator_state", None)
-        super().__setstate__(state)
-        self._generator = None
-        if saved is not None:
-            device, rng_state = saved
-            g = torch.Generator(device=device)
-            g.set_state(rng_state)
-            self._generator = g
 
     # ---- forward ---------------------------------------------------------------------------
 

@@ -21,6 +21,8 @@ from .._core import (
     reduce_loss,
     value_error,
 )
+from .._heads import check_head_embeddings, check_softmax_classes, drop_rows
+from .._precision import matmul, no_autocast
 from .._registry import id_unit_weights, register
 
 __all__ = ["linear_cross_entropy", "LinearCrossEntropyLoss"]
@@ -83,6 +85,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss):  # noqa: D102
+        # the chunked matmuls run in the compute dtype even when backward() is called inside
+        # an autocast region
+        with no_autocast(grad_loss):
+            return _LinearCrossEntropy._backward(ctx, grad_loss)
+
+    @staticmethod
+    def _backward(ctx, grad_loss):
         x, weight, bias, safe, valid, lse = ctx.saved_tensors
         chunk, eps, coef, dtype = ctx.chunk, ctx.eps, ctx.coef, ctx.dtype
         c = weight.shape[0]
@@ -154,7 +163,9 @@ def linear_cross_entropy(
     Shapes: ``embeddings (N, D)``, ``target (N,)`` integer ids, ``weight (C, D)``, ``bias (C,)``.
     Unit: the row (unit weight 0 where ``target == ignore_index``); ``"none"`` gives ``(N,)``.
     Half-precision inputs are upcast chunk by chunk; the loss is float32 (float64 for float64
-    inputs) and gradients come back in each input's dtype. No double backward.
+    inputs) and gradients come back in each input's dtype. Inside ``torch.autocast`` the logits
+    are still computed in float32 (autocast is switched off in the forward and the backward).
+    ``C >= 2`` (one class: ``ValueError``). No double backward.
 
     The chunked online softmax follows the memory-efficient cross-entropy used for large
     vocabularies (e.g. M. Wijmans et al., *Cut Your Losses in Large-Vocabulary Language Models*,
@@ -186,6 +197,7 @@ def linear_cross_entropy(
     c = weight.shape[0]
     if c == 0:
         raise value_error(fn, "weight must hold at least one class", "C=0", "pass a (C, D) weight with C >= 1")
+    check_softmax_classes(fn, c, name="weight.shape[0] (the number of classes C)")
     if bias is not None:
         check_tensor(fn, "bias", bias)
         if bias.shape != (c,):
@@ -200,11 +212,12 @@ def linear_cross_entropy(
     dtype = compute_dtype(embeddings, weight, bias)
     chunk = min(c, chunk_size if chunk_size is not None else _default_chunk_size(embeddings.shape[0], c))
     valid = target != ignore_index
-    values = _LinearCrossEntropy.apply(embeddings, weight, bias, target.long(), valid, chunk,
-                                       float(label_smoothing), float(logz_coef), dtype)
-    # no anchors needed: the autograd Function returns (zero) gradients for every input even
-    # when all rows are ignored
-    return reduce_loss(values, valid.to(dtype), reduction)
+    with no_autocast(embeddings, weight):  # logits in float32 (or float64) under autocast too
+        values = _LinearCrossEntropy.apply(drop_rows(embeddings, valid), weight, bias, target.long(), valid, chunk,
+                                           float(label_smoothing), float(logz_coef), dtype)
+        # no anchors needed: the autograd Function returns (zero) gradients for every input even
+        # when all rows are ignored
+        return reduce_loss(values, valid.to(dtype), reduction)
 
 
 class LinearCrossEntropyLoss(nn.Module):
@@ -228,6 +241,7 @@ class LinearCrossEntropyLoss(nn.Module):
         fn = "LinearCrossEntropyLoss"
         for name, v in (("embedding_dim", embedding_dim), ("num_classes", num_classes)):
             check_int(fn, name, v, low=1, hint=f"pass the {name.replace('_', ' ')}")
+        check_softmax_classes(fn, num_classes, name="num_classes")
         check_reduction(fn, reduction)
         check_number(fn, "label_smoothing", label_smoothing, low=0.0, high=1.0)
         check_number(fn, "logz_coef", logz_coef, low=0.0)
@@ -241,15 +255,19 @@ class LinearCrossEntropyLoss(nn.Module):
         self.register_parameter("bias", linear.bias if bias else None)
 
     def forward(self, embeddings: Tensor, target: Tensor) -> Tensor:
+        check_head_embeddings("linear_cross_entropy", type(self).__name__, embeddings, self.embedding_dim)
         return linear_cross_entropy(embeddings, target, self.weight, bias=self.bias, chunk_size=self.chunk_size,
                                     label_smoothing=self.label_smoothing, logz_coef=self.logz_coef,
                                     ignore_index=self.ignore_index, reduction=self.reduction)
 
     def logits(self, embeddings: Tensor) -> Tensor:
         """``embeddings @ weight.T + bias`` over all classes (materialised; for evaluation)."""
+        name = type(self).__name__
+        check_head_embeddings(name + ".logits", name, embeddings, self.embedding_dim)
         dtype = compute_dtype(embeddings, self.weight)
-        z = embeddings.to(dtype) @ self.weight.to(dtype).T
-        return z if self.bias is None else z + self.bias.to(dtype)
+        with no_autocast(embeddings, self.weight):
+            z = matmul(embeddings.to(dtype), self.weight.to(dtype).T)
+            return z if self.bias is None else z + self.bias.to(dtype)
 
     def extra_repr(self) -> str:
         return (f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, "

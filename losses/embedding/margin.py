@@ -36,6 +36,8 @@ from .._core import (
     upcast,
     value_error,
 )
+from .._heads import check_head_embeddings, check_softmax_classes, drop_rows
+from .._precision import matmul, no_autocast
 from .._registry import id_unit_weights, register
 
 __all__ = ["margin_logits", "margin_softmax_loss", "MarginSoftmaxLoss"]
@@ -172,7 +174,13 @@ def margin_logits(
     the extra ``N x C`` buffers).
 
     Shapes: ``cos (N, C)`` floating, ``target (N,)`` integer ids; returns ``(N, C)`` in float32
-    (float64 for float64 input). Papers: Deng et al., *ArcFace*, CVPR 2019, arXiv:1801.07698;
+    (float64 for float64 input; also inside ``torch.autocast``).
+
+    Masking classes: the margin heads take no mask. To remove classes for some rows (classes
+    that do not exist for a sample), set the returned logits (or ``MarginSoftmaxLoss.logits``)
+    to ``-inf`` there and use ``losses.cross_entropy_loss`` / ``F.cross_entropy``: the loss is
+    that of the row without those classes and their gradient is exactly 0. Masking a row's
+    target entry is a mistake (the loss of that row is ``+inf``). Papers: Deng et al., *ArcFace*, CVPR 2019, arXiv:1801.07698;
     Wang et al., *CosFace*, CVPR 2018, arXiv:1801.09414.
 
     >>> import torch, losses
@@ -190,15 +198,16 @@ def margin_logits(
                           f"shapes {tuple(cos.shape)} and {tuple(target.shape)}", "pass one id per row of cos")
     check_ids_in_range(fn, target, cos.shape[1], ignore_index)
     check_finite(fn, "cos", cos)
-    c = upcast(cos, compute_dtype(cos)).clamp(-1.0, 1.0)
-    valid = target != ignore_index
-    col = torch.where(valid, target, torch.zeros_like(target)).long().unsqueeze(1)
-    base = torch.where(c > thr, torch.zeros((), dtype=c.dtype, device=c.device), c) if thr > 0 else c
-    if c.shape[1] == 0:
-        return s * base
-    cy = c.gather(1, col).squeeze(1)
-    new = torch.where(valid, target_transform(cy, m, variant), base.gather(1, col).squeeze(1))
-    return s * base.scatter(1, col, new.unsqueeze(1))
+    with no_autocast(cos):
+        c = upcast(cos, compute_dtype(cos)).clamp(-1.0, 1.0)
+        valid = target != ignore_index
+        col = torch.where(valid, target, torch.zeros_like(target)).long().unsqueeze(1)
+        base = torch.where(c > thr, torch.zeros((), dtype=c.dtype, device=c.device), c) if thr > 0 else c
+        if c.shape[1] == 0:
+            return s * base
+        cy = c.gather(1, col).squeeze(1)
+        new = torch.where(valid, target_transform(cy, m, variant), base.gather(1, col).squeeze(1))
+        return s * base.scatter(1, col, new.unsqueeze(1))
 
 
 # --------------------------------------------------------------------------------------
@@ -256,6 +265,11 @@ class _CosineLogSumExp(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_m, grad_s):  # type: ignore[override]
+        with no_autocast(grad_s):
+            return _CosineLogSumExp._backward(ctx, grad_s)
+
+    @staticmethod
+    def _backward(ctx, grad_s):
         xs, w, inv, norm, e, y, has_target, mask = ctx.saved_tensors
         n, k = xs.shape[0], w.shape[0]
         g = grad_s
@@ -361,7 +375,11 @@ def margin_softmax_loss(
     Shapes: ``embeddings (N, D)``, ``target (N,)`` integer ids, ``weight (C, D)``; ``"none"`` gives
     ``(N,)``. Unit: the row, weight 0 where ``target == ignore_index`` (``"mean"`` divides by the
     number of other rows; all ignored: an attached 0). Computed in float32 (float64 if an input is
-    float64); half inputs are upcast first. The ``N x C`` logits exist once (see the module notes).
+    float64); half inputs are upcast first, and inside ``torch.autocast`` the forward and backward
+    still run in float32 (gradients come back in each input's dtype). The ``N x C`` logits exist
+    once (see the module notes). ``C >= 2`` (one class: ``ValueError``). No per-class mask: for
+    rows whose candidate classes differ, mask :func:`margin_logits` with ``-inf`` as described
+    there.
 
     Papers: J. Deng, J. Guo, N. Xue, S. Zafeiriou, *ArcFace: Additive Angular Margin Loss for Deep
     Face Recognition*, CVPR 2019, arXiv:1801.07698; H. Wang et al., *CosFace: Large Margin Cosine
@@ -381,30 +399,36 @@ def margin_softmax_loss(
                                      interclass_filtering_threshold=interclass_filtering_threshold)
     check_reduction(fn, reduction)
     check_head_inputs(fn, embeddings, target, weight)
+    check_softmax_classes(fn, weight.shape[0], name="weight.shape[0] (the number of classes C)")
     check_ids_in_range(fn, target, weight.shape[0], ignore_index)
     check_finite(fn, "embeddings", embeddings)
     check_finite(fn, "weight", weight)
     dtype = compute_dtype(embeddings, weight)
     valid = target != ignore_index
     y = torch.where(valid, target, torch.zeros_like(target)).long()
-    values = margin_row_losses(upcast(embeddings, dtype), upcast(weight, dtype), y, valid,
-                               scale=s, margin=m, variant=variant, threshold=thr)
-    return reduce_loss(values, valid.to(dtype), reduction)
+    with no_autocast(embeddings, weight):
+        values = margin_row_losses(upcast(drop_rows(embeddings, valid), dtype), upcast(weight, dtype), y, valid,
+                                   scale=s, margin=m, variant=variant, threshold=thr)
+        return reduce_loss(values, valid.to(dtype), reduction)
 
 
 def cosine_logits(embeddings: Tensor, weight: Tensor, scale: float) -> Tensor:
     """``scale·normalize(embeddings) @ normalize(weight).T`` in the compute dtype (no margin)."""
     dtype = compute_dtype(embeddings, weight)
-    xn = F.normalize(upcast(embeddings, dtype), dim=1, eps=NORM_EPS)
-    wn = F.normalize(upcast(weight, dtype), dim=1, eps=NORM_EPS)
-    return scale * (xn @ wn.t())
+    with no_autocast(embeddings, weight):
+        xn = F.normalize(upcast(embeddings, dtype), dim=1, eps=NORM_EPS)
+        wn = F.normalize(upcast(weight, dtype), dim=1, eps=NORM_EPS)
+        return scale * matmul(xn, wn.t())
 
 
 class MarginSoftmaxLoss(nn.Module):
     """Module form of :func:`margin_softmax_loss`; owns the class centres ``weight (C, D)``.
 
     ``weight`` is initialised from ``N(0, 0.01^2)``. ``.logits(embeddings)`` returns
-    ``scale·cos`` over all classes without the margin (for evaluation). With
+    ``scale·cos`` over all classes without the margin (for evaluation); it may be masked with
+    ``-inf`` before a cross-entropy (see :func:`margin_logits`), the loss itself takes no mask.
+    ``num_classes >= 2``; embeddings must have ``embedding_dim`` columns (else ``ValueError``).
+    Forward and backward work inside ``torch.autocast`` (maths in float32). With
     ``margin=(1.0, 0.0, 0.0)`` it is the ``cosine_softmax`` registry entry (NormFace: F. Wang et al.,
     *NormFace: L2 Hypersphere Embedding for Face Verification*, ACM MM 2017, arXiv:1704.06369).
     ArcFace: arXiv:1801.07698.
@@ -430,6 +454,7 @@ class MarginSoftmaxLoss(nn.Module):
         super().__init__()
         fn = "MarginSoftmaxLoss"
         _check_sizes(fn, embedding_dim, num_classes)
+        check_softmax_classes(fn, num_classes, name="num_classes")
         s, m, thr = check_margin_hparams(fn, scale=scale, margin=margin, variant=variant,
                                          interclass_filtering_threshold=interclass_filtering_threshold)
         check_reduction(fn, reduction)
@@ -444,6 +469,7 @@ class MarginSoftmaxLoss(nn.Module):
         self.weight = nn.Parameter(torch.empty(num_classes, embedding_dim).normal_(0.0, 0.01))
 
     def forward(self, embeddings: Tensor, target: Tensor) -> Tensor:
+        check_head_embeddings("margin_softmax_loss", type(self).__name__, embeddings, self.embedding_dim)
         return margin_softmax_loss(
             embeddings, target, self.weight, scale=self.scale, margin=self.margin, variant=self.variant,
             interclass_filtering_threshold=self.interclass_filtering_threshold,
@@ -452,6 +478,8 @@ class MarginSoftmaxLoss(nn.Module):
 
     def logits(self, embeddings: Tensor) -> Tensor:
         """``scale·cos(embeddings, weight)`` of shape ``(N, C)``, no margin."""
+        name = type(self).__name__
+        check_head_embeddings(name + ".logits", name, embeddings, self.embedding_dim)
         return cosine_logits(embeddings, self.weight, self.scale)
 
     def extra_repr(self) -> str:

@@ -30,6 +30,8 @@ from .._core import (
     value_error,
 )
 from .._distributed import all_gather_no_grad, all_gather_with_grad
+from .._heads import check_head_embeddings, check_softmax_classes, drop_rows
+from .._precision import matmul, no_autocast
 from .._registry import register
 from .opl import _check_embeddings_and_target
 
@@ -78,7 +80,7 @@ def _nbc_term(z: Tensor, target: Tensor, valid: Tensor, scale: float, num_classe
     present = counts > 0  # the slots of C_B
     mu = F.normalize(sums / torch.where(present, counts, torch.ones_like(counts)).unsqueeze(1), p=2.0, dim=1,
                      eps=1e-12)
-    sim = mu @ mu.transpose(0, 1)
+    sim = matmul(mu, mu.transpose(0, 1))
     eye = torch.eye(n, dtype=torch.bool, device=z.device)
     logits = (scale * sim).masked_fill(eye, 0.0)  # diagonal zeroed (not removed): exp(0) = 1 per row
     # a present row ranges over present columns only; absent rows stay finite and are dropped
@@ -147,8 +149,9 @@ def nbc_loss(
     _check_labels(fn, target, num_classes, ignore_index)
     dtype = compute_dtype(embeddings)
     with torch.autocast(device_type=embeddings.device.type, enabled=False):
-        z = upcast(embeddings, dtype)
-        term = _nbc_term(z, target, target != ignore_index, scale, num_classes, variant)
+        valid = target != ignore_index
+        z = upcast(drop_rows(embeddings, valid), dtype)
+        term = _nbc_term(z, target, valid, scale, num_classes, variant)
         return term + attached_zero(embeddings, dtype=dtype)
 
 
@@ -194,7 +197,8 @@ def nbc_softmax_loss(
     Batch-level loss: only ``reduction="mean"``. An empty or all-ignored batch gives an exact,
     graph-attached 0 with zero gradients for ``embeddings``, ``weight`` and ``bias``. Ids outside
     ``[0, K)`` other than ``ignore_index`` raise ``ValueError`` (a data check). Half inputs are
-    computed in float32, float64 stays float64.
+    computed in float32, float64 stays float64; inside ``torch.autocast`` the forward and backward
+    still run in float32. ``K >= 2`` (one class: ``ValueError``).
 
     Paper: G. K. Kulatilleke, S. S. Chandra, M. Portmann, "NBC-Softmax: Darkweb Author
     fingerprinting and migration tracking", arXiv preprint 2022, arXiv:2212.08184.
@@ -218,6 +222,7 @@ def nbc_softmax_loss(
         raise value_error(fn, f"weight must have shape (K, {d}) for embeddings of shape {tuple(embeddings.shape)}",
                           f"shape {tuple(weight.shape)}", "pass the classifier weight, one row per class")
     k = weight.shape[0]
+    check_softmax_classes(fn, k, name="weight.shape[0] (the number of classes K)")
     if bias is not None:
         check_floating(fn, "bias", bias)
         if tuple(bias.shape) != (k,):
@@ -231,12 +236,12 @@ def nbc_softmax_loss(
 
     dtype = compute_dtype(embeddings, weight, bias)
     with torch.autocast(device_type=embeddings.device.type, enabled=False):
-        z = upcast(embeddings, dtype)
+        valid = target != ignore_index
+        z = upcast(drop_rows(embeddings, valid), dtype)
         w = upcast(weight, dtype)
         b = None if bias is None else upcast(bias, dtype)
-        valid = target != ignore_index
         term = _nbc_term(z, target, valid, scale, k, variant)
-        logits = F.linear(z, w, b)
+        logits = matmul(z, w.t()) if b is None else matmul(z, w.t()) + b
         ce_rows = F.cross_entropy(logits, target.long(), ignore_index=ignore_index, reduction="none")
         n_valid = valid.sum().to(dtype)
         ce = ce_rows.sum() / torch.where(n_valid > 0, n_valid, torch.ones_like(n_valid))
@@ -272,6 +277,7 @@ class NBCSoftmaxLoss(nn.Module):
         name = "NBCSoftmaxLoss"
         for key, val in (("embedding_dim", embedding_dim), ("num_classes", num_classes)):
             check_int(name, key, val, low=1, hint=f"pass the {key}")
+        check_softmax_classes(name, num_classes, name="num_classes")
         check_reduction(name, reduction, allowed=("mean",))
         self.scale = check_number(name, "scale", scale, low=0.0)
         self.nbc_weight = check_number(name, "nbc_weight", nbc_weight, low=0.0, high=1.0)
@@ -287,11 +293,15 @@ class NBCSoftmaxLoss(nn.Module):
     def logits(self, embeddings: Tensor) -> Tensor:
         """Class scores ``embeddings @ W^T + b`` (in the compute dtype), shape ``(N, num_classes)``."""
         check_tensor("NBCSoftmaxLoss.logits", "embeddings", embeddings)
+        check_head_embeddings("NBCSoftmaxLoss.logits", "NBCSoftmaxLoss", embeddings, self.embedding_dim)
         w, b = self.classifier.weight, self.classifier.bias
         dtype = compute_dtype(embeddings, w, b)
-        return F.linear(upcast(embeddings, dtype), upcast(w, dtype), None if b is None else upcast(b, dtype))
+        with no_autocast(embeddings, w):
+            z = matmul(upcast(embeddings, dtype), upcast(w, dtype).t())
+            return z if b is None else z + upcast(b, dtype)
 
     def forward(self, embeddings: Tensor, target: Tensor) -> Tensor:
+        check_head_embeddings("nbc_softmax_loss", "NBCSoftmaxLoss", embeddings, self.embedding_dim)
         if self.gather_distributed:
             fn = "NBCSoftmaxLoss"
             embeddings = all_gather_with_grad(embeddings, fn=fn)

@@ -25,6 +25,8 @@ from .._core import (
     value_error,
 )
 from .._distributed import all_gather_no_grad, all_gather_with_grad
+from .._heads import drop_rows
+from .._precision import matmul
 from .._registry import register
 
 __all__ = ["opl_loss", "OrthogonalProjectionLoss"]
@@ -89,7 +91,9 @@ def opl_loss(
     zero features have cosine 0 with everything and a finite gradient.
 
     Args:
-        embeddings: ``(N, D)`` floating features (any sign; half inputs are computed in float32).
+        embeddings: ``(N, D)`` floating features (any sign; half inputs are computed in float32,
+            also inside ``torch.autocast``, forward and backward). Ignored rows are dropped
+            before any arithmetic (their values never matter).
         target: ``(N,)`` integer class ids.
         gamma: weight of the negative term, ``>= 0``.
         variant: ``"paper"`` or ``"reference"``.
@@ -125,10 +129,10 @@ def opl_loss(
 
     dtype = compute_dtype(embeddings)
     with torch.autocast(device_type=embeddings.device.type, enabled=False):
-        f = F.normalize(upcast(embeddings, dtype), p=2.0, dim=1, eps=1e-12)
-        g = f @ f.transpose(0, 1)  # (N, N) cosines
+        valid = target != ignore_index  # ignored rows are dropped (zeroed) before any arithmetic
+        f = F.normalize(upcast(drop_rows(embeddings, valid), dtype), p=2.0, dim=1, eps=1e-12)
+        g = matmul(f, f.transpose(0, 1))  # (N, N) cosines
 
-        valid = target != ignore_index
         pair_valid = valid.unsqueeze(1) & valid.unsqueeze(0)
         same = target.unsqueeze(1) == target.unsqueeze(0)
         n = embeddings.shape[0]

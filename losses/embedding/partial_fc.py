@@ -37,6 +37,9 @@ from .._core import (
 from .._distributed import all_gather_no_grad, all_gather_with_grad, all_reduce_with_grad, is_distributed
 from .._distributed import rank as _rank
 from .._distributed import world_size as _world_size
+from .._heads import check_head_embeddings, check_softmax_classes, drop_rows
+from .._precision import no_autocast
+from .._random import GeneratorStateMixin
 from .._registry import id_unit_weights, register
 from .margin import (
     _check_sizes,
@@ -121,6 +124,7 @@ def _partial_fc(
     check_reduction(fn, reduction)
     check_head_inputs(fn, embeddings, target, weight)
     num_classes = weight.shape[0]
+    check_softmax_classes(fn, num_classes, name="weight.shape[0] (the number of classes C)")
     check_ids_in_range(fn, target, num_classes, ignore_index)
     check_finite(fn, "embeddings", embeddings)
     dtype = compute_dtype(embeddings, weight)
@@ -139,9 +143,11 @@ def _partial_fc(
     first = chosen[:1].to(target.device)
     y = torch.searchsorted(chosen, torch.where(valid, target.long(), first).to(chosen.device))
     y = y.clamp_(max=chosen.numel() - 1)  # in range even for an unchecked index without some positive
-    values = margin_row_losses(upcast(embeddings, dtype), w, y.to(embeddings.device), valid, scale=s, margin=m,
-                               variant=variant, threshold=thr)
-    return reduce_loss(values, valid.to(dtype), reduction), chosen
+    with no_autocast(embeddings, weight):
+        values = margin_row_losses(upcast(drop_rows(embeddings, valid), dtype), w, y.to(embeddings.device), valid,
+                                   scale=s, margin=m,
+                                   variant=variant, threshold=thr)
+        return reduce_loss(values, valid.to(dtype), reduction), chosen
 
 
 def partial_fc_loss(
@@ -236,12 +242,14 @@ def _sum_over_ranks(x: Tensor, group: object, coupled: bool) -> Tensor:
     return total + (x - x.detach())
 
 
-class PartialFCLoss(nn.Module):
+class PartialFCLoss(GeneratorStateMixin):
     """Module form of :func:`partial_fc_loss` (arXiv:2010.05222), optionally model-parallel.
 
     Owns the class centres ``weight`` (``N(0, 0.01^2)``) and, with ``seed``, a private
-    ``torch.Generator`` (created on the weight's device at first use; deep copies and pickles carry
-    its state, so they reproduce the same draws). ``forward(embeddings, target, *, index=None)``;
+    ``torch.Generator`` (created on the weight's device at first use). Its state is part of
+    ``state_dict()`` (the ``_extra_state`` entry), so a run resumed from a checkpoint samples
+    exactly the classes the uninterrupted run would have sampled; a state_dict saved without it
+    still loads (the generator is then kept as it is). Deep copies and pickles carry it too. ``forward(embeddings, target, *, index=None)``;
     ``.last_index`` holds the class ids sampled in the last call; ``.logits(embeddings)`` is
     ``scale·cos`` over all ``C`` classes without margin.
 
@@ -291,6 +299,7 @@ class PartialFCLoss(nn.Module):
         super().__init__()
         fn = "PartialFCLoss"
         _check_sizes(fn, embedding_dim, num_classes)
+        check_softmax_classes(fn, num_classes, name="num_classes")
         rate = _check_rate(fn, sample_rate)
         s, m, thr = check_margin_hparams(fn, scale=scale, margin=margin, variant=variant,
                                          interclass_filtering_threshold=interclass_filtering_threshold)
@@ -318,36 +327,12 @@ class PartialFCLoss(nn.Module):
     # ---- randomness ------------------------------------------------------------------
 
     def _get_generator(self, device: torch.device) -> Optional[torch.Generator]:
-        if self.seed is None:
-            return None
-        g = self._generator
-        if g is None:
-            g = torch.Generator(device=device)
-            g.manual_seed(self.seed)
-        elif g.device != device:
-            # moved to another device: continue deterministically from the old stream
-            nxt = int(torch.randint(0, 2**62, (1,), generator=g, device=g.device))
-            g = torch.Generator(device=device)
-            g.manual_seed(nxt)
-        self._generator = g
-        return g
+        return self._seeded_generator(device)
 
     def __getstate__(self):
-        state = self.__dict__.copy()
-        g = state.get("_generator")
-        state["_generator"] = None
-        state["_generator_state"] = None if g is None else (str(g.device), g.get_state())
+        state = super().__getstate__()
         state["process_group"] = None
         return state
-
-    def __setstate__(self, state):
-        state = dict(state)
-        gs = state.pop("_generator_state", None)
-        super().__setstate__(state)
-        if gs is not None:
-            g = torch.Generator(device=gs[0])
-            g.set_state(gs[1])
-            self._generator = g
 
     def __deepcopy__(self, memo):
         new = self.__class__.__new__(self.__class__)
@@ -416,6 +401,7 @@ class PartialFCLoss(nn.Module):
     # ---- forward ---------------------------------------------------------------------
 
     def forward(self, embeddings: Tensor, target: Tensor, *, index: Optional[Tensor] = None) -> Tensor:
+        check_head_embeddings("partial_fc_loss", type(self).__name__, embeddings, self.embedding_dim)
         self._sync_shard()
         if self._world > 1:
             return self._forward_sharded(embeddings, target, index)
@@ -475,13 +461,14 @@ class PartialFCLoss(nn.Module):
             y_loc = torch.where(in_shard.to(device), y_loc, torch.zeros_like(y_loc)).clamp(max=chosen.numel() - 1)
         else:
             y_loc = torch.zeros_like(y_dev)
-        x = _ScaleGrad.apply(upcast(x_all, dtype), float(world))
+        x = _ScaleGrad.apply(upcast(drop_rows(x_all, valid), dtype), float(world))
         coupled = self.reduction == "none"
-        values = margin_row_losses(
-            x, w, y_loc.to(x.device), in_shard.to(x.device), scale=self.scale, margin=self.margin,
-            variant=self.variant, threshold=self.interclass_filtering_threshold, group=group,
-            global_sum=lambda v: _sum_over_ranks(v, group, coupled),
-        )
+        with no_autocast(x, w):
+            values = margin_row_losses(
+                x, w, y_loc.to(x.device), in_shard.to(x.device), scale=self.scale, margin=self.margin,
+                variant=self.variant, threshold=self.interclass_filtering_threshold, group=group,
+                global_sum=lambda v: _sum_over_ranks(v, group, coupled),
+            )
         weights = valid.to(device=values.device, dtype=dtype)
         if coupled:
             mine = slice(r * n, (r + 1) * n)
@@ -493,6 +480,8 @@ class PartialFCLoss(nn.Module):
 
         Distributed: the shards are all-gathered (every rank must call it) and no gradient flows.
         """
+        name = type(self).__name__
+        check_head_embeddings(name + ".logits", name, embeddings, self.embedding_dim)
         self._sync_shard()
         if self._world > 1:
             with torch.no_grad():

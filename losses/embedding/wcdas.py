@@ -27,6 +27,8 @@ from .._core import (
     upcast,
     value_error,
 )
+from .._heads import check_head_embeddings, check_softmax_classes, drop_rows
+from .._precision import matmul, softplus
 from .._registry import id_unit_weights, register
 from .opl import _check_embeddings_and_target
 
@@ -76,7 +78,7 @@ def _logits(embeddings: Tensor, weight: Tensor, concentration_logit: Tensor, sca
     with torch.autocast(device_type=embeddings.device.type, enabled=False):
         x = F.normalize(upcast(embeddings, dtype), p=2.0, dim=1, eps=1e-12)
         w = F.normalize(upcast(weight, dtype), p=2.0, dim=1, eps=1e-12)
-        cos = (x @ w.transpose(0, 1)).clamp(-1.0, 1.0)  # (N, C)
+        cos = matmul(x, w.transpose(0, 1)).clamp(-1.0, 1.0)  # (N, C)
         g = upcast(concentration_logit, dtype)
         s = upcast(scale, dtype).reshape(()) if isinstance(scale, Tensor) else scale
         if variant == "reference":
@@ -116,7 +118,8 @@ def wcdas_logits(
     about ``3.2e5 * s``). ``variant="reference"`` uses 3.14 for pi, the raw denominator
     ``1 + rho^2 - 2 rho c`` and no clamp on ``g``, as the reference code.
 
-    Returns ``(N, C)`` logits in the compute dtype (float32 for half inputs, also under autocast).
+    Returns ``(N, C)`` logits in the compute dtype (float32 for half inputs, also under autocast,
+    whose backward runs in float32 too).
 
     Paper: B. Han, "Wrapped Cauchy Distributed Angular Softmax for Long-Tailed Visual
     Recognition", ICML 2023, arXiv:2305.18732.
@@ -174,8 +177,9 @@ def wcdas_loss(
     check_reduction(fn, reduction)
     _check_embeddings_and_target(fn, embeddings, target)
     _check_head(fn, embeddings, weight, concentration_logit, scale)
+    check_softmax_classes(fn, weight.shape[0], name="weight.shape[0] (the number of classes C)")
     check_ids_in_range(fn, target, weight.shape[0], ignore_index)
-    logits = _logits(embeddings, weight, concentration_logit, scale, variant)
+    logits = _logits(drop_rows(embeddings, target != ignore_index), weight, concentration_logit, scale, variant)
     with torch.autocast(device_type=embeddings.device.type, enabled=False):
         values = F.cross_entropy(logits, target.long(), ignore_index=ignore_index, reduction="none")
         valid = (target != ignore_index).to(logits.dtype)
@@ -212,6 +216,7 @@ class WCDASLoss(nn.Module):
         name = "WCDASLoss"
         for key, val in (("embedding_dim", embedding_dim), ("num_classes", num_classes)):
             check_int(name, key, val, low=1, hint=f"pass the {key}")
+        check_softmax_classes(name, num_classes, name="num_classes")
         check_reduction(name, reduction)
         check_choice(name, "variant", variant, VARIANTS)
         self.concentration_init = check_number(name, "concentration_init", concentration_init)
@@ -234,7 +239,7 @@ class WCDASLoss(nn.Module):
     def effective_scale(self) -> Tensor:
         """The scale ``s``: ``1 + softplus(scale_logit)`` if trainable, else the fixed buffer."""
         if self.scale_logit is not None:
-            return 1.0 + F.softplus(self.scale_logit)
+            return 1.0 + softplus(self.scale_logit)  # exact (no linear cut-off above 20)
         return self.scale
 
     def concentration(self) -> Tensor:
@@ -246,10 +251,12 @@ class WCDASLoss(nn.Module):
 
     def logits(self, embeddings: Tensor) -> Tensor:
         """``(N, num_classes)`` WCDAS logits (:func:`wcdas_logits`) of the owned head."""
+        check_head_embeddings("WCDASLoss.logits", "WCDASLoss", embeddings, self.embedding_dim)
         return wcdas_logits(embeddings, self.weight, self.concentration_logit, self.effective_scale(),
                             variant=self.variant)
 
     def forward(self, embeddings: Tensor, target: Tensor) -> Tensor:
+        check_head_embeddings("wcdas_loss", "WCDASLoss", embeddings, self.embedding_dim)
         return wcdas_loss(embeddings, target, self.weight, self.concentration_logit, self.effective_scale(),
                           variant=self.variant, ignore_index=self.ignore_index, reduction=self.reduction)
 

@@ -11,6 +11,15 @@ a bool multi-hot mask ``(B, L)``, float relevance ``(B, L)`` (positives are ``y 
 ids ``(B,)`` (one positive per row, as ``F.cross_entropy``) or ``(B, P)`` id lists padded with
 ``ignore_index``. The modules also take ``(query, keys, target)`` and then score every query
 against the (optionally all-gathered) keys with :func:`in_batch_scores`.
+
+Candidates that do not exist for a row (false negatives, padding) are removed with
+``mask`` (bool, the scores' shape, ``True`` = exclude) or, equivalently, a ``-inf`` score: the
+loss then equals the loss of the reduced row and the gradient is exactly 0 there. Removing a
+positive, or every candidate of a row, is a ``ValueError`` (data check).
+
+Everything is computed in float32 (float64 for float64 scores), also inside ``torch.autocast``
+(forward and backward; gradients come back in the inputs' dtypes). The seeded modules keep their
+generator state in ``state_dict()``, so a resumed run draws what the uninterrupted run would have.
 """
 
 from __future__ import annotations
@@ -19,7 +28,6 @@ import math
 from typing import Optional, Tuple, Union
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
@@ -41,6 +49,9 @@ from .._core import (
     value_error,
 )
 from .._distributed import all_gather_no_grad, all_gather_with_grad, is_distributed, rank, world_size
+from .._masks import check_finite_or_masked
+from .._precision import matmul, no_autocast, softplus
+from .._random import GeneratorStateMixin
 from .._registry import register
 
 __all__ = [
@@ -70,17 +81,23 @@ def _check_bool(fn: str, name: str, value: object, *, allow_none: bool = False) 
 def _check_mask_value(fn: str, value: object) -> None:
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value == math.inf:
-        raise value_error(fn, "mask_value must be None, a finite real number or -inf", repr(value),
-                          "use -100.0 (the reference) or float('-inf') (exact removal)")
+    args = (fn, "mask_value must be None, a finite real number or -inf", repr(value),
+            "use -100.0 (the reference) or float('-inf') (exact removal)")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise type_error(*args)  # a wrong kind of argument
+    if math.isnan(value) or value == math.inf:
+        raise value_error(*args)
 
 
 def _check_k(fn: str, k: object) -> None:
     if k == "num_positives" and isinstance(k, str):
         return
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise value_error(fn, "k must be an int with 0 < k < L or 'num_positives'", repr(k),
-                          "pass the number of labels the soft top-k keeps")
+    args = (fn, "k must be an int with 0 < k < L or 'num_positives'", repr(k),
+            "pass the number of labels the soft top-k keeps")
+    if isinstance(k, bool) or not isinstance(k, (int, str)):
+        raise type_error(*args)  # a wrong kind of argument (float, None, bool)
+    if isinstance(k, str) or k < 1:
+        raise value_error(*args)
 
 
 def _check_n_iter(fn: str, n_iter: object) -> None:
@@ -101,6 +118,51 @@ def _check_scores(fn: str, scores: object) -> None:
     if scores.dim() != 2:
         raise value_error(fn, "scores must have shape (B, L)", f"shape {tuple(scores.shape)}",
                           "pass one row of label scores per query")
+
+
+def _check_candidate_mask(fn: str, mask: object, scores: Tensor) -> Optional[Tensor]:
+    """``mask`` (bool, the scores' shape, True = exclude) or ``None``."""
+    if mask is None:
+        return None
+    check_tensor(fn, "mask", mask)
+    if mask.dtype != torch.bool:
+        raise type_error(fn, "mask must be a bool tensor (True = exclude the candidate)", str(mask.dtype),
+                         "pass mask.bool(); use target for the positives")
+    if tuple(mask.shape) != tuple(scores.shape):
+        raise value_error(fn, f"mask must have the scores' shape {tuple(scores.shape)}", f"shape {tuple(mask.shape)}",
+                          "pass one flag per score (True = exclude)")
+    return mask.to(scores.device)
+
+
+def _rows_list(flags: Tensor) -> str:
+    rows = flags.nonzero().flatten()
+    return f"rows {rows[:8].tolist()}{' ...' if rows.numel() > 8 else ''}"
+
+
+def _available(fn: str, scores: Tensor, mask: Optional[Tensor], pos: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(avail, pos)``: the candidates that exist (not masked, score not ``-inf``) and the positives
+    among them. Data checks: a removed positive and a row without any candidate raise
+    ``ValueError``; with validation off a removed positive is dropped from the positives."""
+    avail = scores.detach() != -math.inf
+    if mask is not None:
+        avail = avail & ~mask
+    if _checking() and scores.numel() > 0:
+        removed = pos & ~avail
+        if bool(removed.any()):
+            raise value_error(fn, "mask or a -inf score removes a positive", _rows_list(removed.any(dim=1)),
+                              "a positive must stay a candidate: unmark it in mask or drop it from target")
+        empty = ~avail.any(dim=1)
+        if bool(empty.any()):
+            raise value_error(fn, "a row has no finite score (every candidate is masked or -inf)",
+                              _rows_list(empty), "keep at least one candidate per row or drop the row")
+    return avail, pos & avail
+
+
+def _check_two_candidates(fn: str, scores: Tensor) -> None:
+    if scores.shape[1] < 2:
+        raise value_error(fn, "scores must have at least 2 candidates per row; with one the loss is identically 0",
+                          f"shape {tuple(scores.shape)}",
+                          "score more candidates per query, or use losses.bce_with_logits_loss for one score")
 
 
 def _check_not_a_mask(fn: str, target: Tensor, num_labels: int) -> None:
@@ -178,20 +240,33 @@ def _loss_dtype(scores: Tensor, target: Tensor) -> torch.dtype:
 # --------------------------------------------------------------------------------------
 
 
+def _scaled(scores: Tensor, avail: Tensor, pos: Tensor, dtype: torch.dtype, temperature: float) -> Tensor:
+    """``scores / T`` in ``dtype`` with 0 (a finite placeholder, zero gradient) where excluded and
+    in rows without a positive (unit weight 0), so that nothing there, even ``inf``/NaN with the
+    data checks off, reaches the value or the gradient."""
+    s = upcast(scores, dtype)
+    keep = avail & pos.any(dim=1, keepdim=True)
+    return torch.where(keep, s, torch.zeros((), dtype=dtype, device=s.device)) / temperature
+
+
 def _decoupled_rows(fn, scores, target, *, temperature, weighted, sample_one_positive, mask_value, generator,
-                    ignore_index):
+                    ignore_index, mask=None):
     _check_scores(fn, scores)
+    _check_two_candidates(fn, scores)
+    mask = _check_candidate_mask(fn, mask, scores)
     dtype = _loss_dtype(scores, target)
     pos, y = _ranking_targets(fn, scores, target, ignore_index, dtype)
-    check_finite(fn, "scores", scores)
-    s = upcast(scores, dtype) / temperature
+    check_finite_or_masked(fn, "scores", scores)
+    avail, pos = _available(fn, scores, mask, pos)
+    y = torch.where(pos, y, torch.zeros_like(y))
+    s = _scaled(scores, avail, pos, dtype, temperature)
     n_pos = pos.sum(dim=1)
-    nlse = _masked_logsumexp(s, ~pos)  # NLSE_i, -inf without negatives
+    nlse = _masked_logsumexp(s, avail & ~pos)  # NLSE_i, -inf without negatives
     if mask_value != -math.inf:
         # one mask_value entry per positive of the row (the scored one included)
         extra = mask_value + torch.log(n_pos.clamp_min(1).to(dtype))
         nlse = torch.logaddexp(nlse, extra)
-    terms = F.softplus(nlse.unsqueeze(1) - s)
+    terms = softplus(nlse.unsqueeze(1) - s)
     w = y if weighted else None
     if sample_one_positive:
         j = _sample_keys(pos, y, generator).argmax(dim=1, keepdim=True)
@@ -205,13 +280,16 @@ def _decoupled_rows(fn, scores, target, *, temperature, weighted, sample_one_pos
     return values, (n_pos > 0).to(dtype)
 
 
-def _infonce_rows(fn, scores, target, *, temperature, positive_normalization, ignore_index):
+def _infonce_rows(fn, scores, target, *, temperature, positive_normalization, ignore_index, mask=None):
     _check_scores(fn, scores)
+    _check_two_candidates(fn, scores)
+    mask = _check_candidate_mask(fn, mask, scores)
     dtype = _loss_dtype(scores, target)
     pos, _ = _ranking_targets(fn, scores, target, ignore_index, dtype)
-    check_finite(fn, "scores", scores)
-    s = upcast(scores, dtype) / temperature
-    lse = torch.logsumexp(s, dim=1, keepdim=True)
+    check_finite_or_masked(fn, "scores", scores)
+    avail, pos = _available(fn, scores, mask, pos)
+    s = _scaled(scores, avail, pos, dtype, temperature)
+    lse = _masked_logsumexp(s, avail).unsqueeze(1)
     terms = torch.where(pos, lse - s, torch.zeros_like(s))
     values = terms.sum(dim=1)
     n_pos = pos.sum(dim=1)
@@ -220,18 +298,24 @@ def _infonce_rows(fn, scores, target, *, temperature, positive_normalization, ig
     return values, (n_pos > 0).to(dtype)
 
 
-def _bisect_threshold(x: Tensor, k: Tensor, n_iter: int) -> Tensor:
-    """``u`` with ``sum_l sigmoid(x_l + u) = k`` per row, by bisection on a bracket that holds for
-    every L: ``sigmoid(z) < e^z`` gives the sum ``< k`` at the lower end, and every term exceeds
-    ``k / L`` at the upper end."""
-    n_labels = x.shape[1]
+def _bisect_threshold(x: Tensor, k: Tensor, n_iter: int, avail: Tensor) -> Tensor:
+    """``u`` with ``sum_{l available} sigmoid(x_l + u) = k`` per row, by bisection on a bracket that
+    holds for every number ``L_i`` of available candidates: ``sigmoid(z) < e^z`` gives the sum
+    ``< k`` at the lower end, and every term exceeds ``k / L_i`` at the upper end. Every row must
+    have ``0 < k < L_i`` (the caller substitutes a safe ``k`` in inactive rows)."""
     with torch.no_grad():
         xd = x.detach()
-        lo = -xd.amax(dim=1) + torch.log(k / n_labels) - 1.0
-        hi = -xd.amin(dim=1) + torch.log(k / (n_labels - k)) + 1.0
+        n_avail = avail.sum(dim=1).to(xd.dtype)
+        big = torch.full((), math.inf, dtype=xd.dtype, device=xd.device)
+        x_max = torch.where(avail, xd, -big).amax(dim=1)
+        x_min = torch.where(avail, xd, big).amin(dim=1)
+        lo = -x_max + torch.log(k / n_avail) - 1.0
+        hi = -x_min + torch.log(k / (n_avail - k)) + 1.0
+        zero = torch.zeros((), dtype=xd.dtype, device=xd.device)
         for _ in range(n_iter):
             mid = 0.5 * (lo + hi)
-            below = (xd + mid.unsqueeze(1)).sigmoid_().sum(dim=1) < k
+            p = torch.where(avail, (xd + mid.unsqueeze(1)).sigmoid_(), zero)
+            below = p.sum(dim=1) < k
             lo = torch.where(below, mid, lo)
             hi = torch.where(below, hi, mid)
         return 0.5 * (lo + hi)
@@ -239,34 +323,43 @@ def _bisect_threshold(x: Tensor, k: Tensor, n_iter: int) -> Tensor:
 
 class _ImplicitThreshold(torch.autograd.Function):
     """Identity on the bisected threshold ``u`` whose backward is the implicit-function gradient
-    ``du/dx_m = -v_m / sum_l v_l`` with ``v = p (1 - p)``, ``p = sigmoid(x + u)``; the weights
-    are a softmax of ``log v = -softplus(z) - softplus(-z)``, so they never divide 0 by 0."""
+    ``du/dx_m = -v_m / sum_l v_l`` with ``v = p (1 - p)``, ``p = sigmoid(x + u)``, over the
+    available candidates (0 elsewhere); the weights are a softmax of
+    ``log v = -softplus(z) - softplus(-z)``, so they never divide 0 by 0."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, u: Tensor) -> Tensor:  # type: ignore[override]
-        ctx.save_for_backward(x, u)
+    def forward(ctx, x: Tensor, u: Tensor, avail: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x, u, avail)
         return u.clone()
 
     @staticmethod
     def backward(ctx, grad_u: Tensor):  # type: ignore[override]
-        x, u = ctx.saved_tensors
-        z = x + u.unsqueeze(1)
-        weights = torch.softmax(-F.softplus(z) - F.softplus(-z), dim=1)
-        return -grad_u.unsqueeze(1) * weights, None
+        x, u, avail = ctx.saved_tensors
+        with no_autocast(grad_u):
+            z = x + u.unsqueeze(1)
+            log_v = torch.where(avail, -softplus(z) - softplus(-z),
+                                torch.full((), -math.inf, dtype=z.dtype, device=z.device))
+            weights = torch.softmax(log_v, dim=1)
+            return -grad_u.unsqueeze(1) * weights, None, None
 
 
-def _soft_topk_threshold(scores: Tensor, k: Union[Tensor, float], alpha: float, n_iter: int) -> Tensor:
-    """Threshold ``t`` (``(B,)``) with ``sum_l sigmoid(alpha (scores_l + t)) = k``, differentiable in
-    ``scores`` by the implicit-function theorem (used by :func:`soft_topk_loss`; ``scores`` are
-    the already temperature-scaled ``s``)."""
+def _soft_topk_threshold(scores: Tensor, k: Union[Tensor, float], alpha: float, n_iter: int,
+                         avail: Optional[Tensor] = None) -> Tensor:
+    """Threshold ``t`` (``(B,)``) with ``sum_{l available} sigmoid(alpha (scores_l + t)) = k``,
+    differentiable in ``scores`` by the implicit-function theorem (used by :func:`soft_topk_loss`;
+    ``scores`` are the already temperature-scaled ``s``, finite; ``avail`` defaults to all)."""
     x = alpha * scores
+    if avail is None:
+        avail = torch.ones_like(x, dtype=torch.bool)
     kk = torch.as_tensor(k, dtype=x.dtype, device=x.device).expand(x.shape[0])
-    u = _bisect_threshold(x, kk, n_iter)
-    return _ImplicitThreshold.apply(x, u) / alpha
+    u = _bisect_threshold(x, kk, n_iter, avail)
+    return _ImplicitThreshold.apply(x, u, avail) / alpha
 
 
-def _soft_topk_rows(fn, scores, target, *, k, alpha, temperature, n_iter, variant, generator, ignore_index):
+def _soft_topk_rows(fn, scores, target, *, k, alpha, temperature, n_iter, variant, generator, ignore_index,
+                    mask=None):
     _check_scores(fn, scores)
+    mask = _check_candidate_mask(fn, mask, scores)
     dtype = _loss_dtype(scores, target)
     n_labels = scores.shape[1]
     if k == "num_positives":
@@ -276,16 +369,26 @@ def _soft_topk_rows(fn, scores, target, *, k, alpha, temperature, n_iter, varian
     elif k >= n_labels:
         raise value_error(fn, f"k must satisfy 0 < k < L = {n_labels}", k, "pick k smaller than the number of labels")
     pos, y = _ranking_targets(fn, scores, target, ignore_index, dtype)
-    check_finite(fn, "scores", scores)
-    s = upcast(scores, dtype) / temperature
+    check_finite_or_masked(fn, "scores", scores)
+    avail, pos = _available(fn, scores, mask, pos)
+    y = torch.where(pos, y, torch.zeros_like(y))
+    s = _scaled(scores, avail, pos, dtype, temperature)
     n_pos = pos.sum(dim=1)
+    n_avail = avail.sum(dim=1).to(dtype)
     if k == "num_positives":
         k_row = torch.ceil(y.sum(dim=1))
-        if _checking() and bool((k_row >= n_labels).any()):
+        if _checking() and bool((k_row >= n_avail).any()):
             raise value_error(fn, f"k='num_positives' needs fewer than L = {n_labels} positives per row",
-                              f"max k_i={int(k_row.max())}", "drop rows whose labels are all positive or pass an int k")
+                              f"max k_i={int(k_row.max())}",
+                              "drop rows whose labels are all positive or pass an int k (L counts the unmasked "
+                              "candidates of the row)")
     else:
         k_row = torch.full((scores.shape[0],), float(k), dtype=dtype, device=scores.device)
+        if _checking():
+            short = (n_pos > 0) & (k_row >= n_avail)
+            if bool(short.any()):
+                raise value_error(fn, f"k = {k} must be smaller than the number of unmasked candidates of every row",
+                                  _rows_list(short), "mask fewer candidates or pick a smaller k")
     pos_loss = pos
     if variant == "reference":
         # keep min(k_i, |P_i|) sampled positives; the other positives' scaled scores become -100
@@ -296,10 +399,13 @@ def _soft_topk_rows(fn, scores, target, *, k, alpha, temperature, n_iter, varian
         keep = torch.minimum(k_row, n_pos.to(dtype)).unsqueeze(1)
         pos_loss = pos & (ranks.to(dtype) < keep)
         s = torch.where(pos & ~pos_loss, torch.full((), _REFERENCE_MASK, dtype=dtype, device=s.device), s)
-    active = (pos_loss.sum(dim=1) > 0) & (k_row > 0)
-    k_safe = torch.where(active, k_row, torch.full_like(k_row, n_labels / 2.0))
-    t = _soft_topk_threshold(s, k_safe, alpha, n_iter)
-    terms = F.softplus(-alpha * (s + t.unsqueeze(1)))  # -log p_il
+    active = (pos_loss.sum(dim=1) > 0) & (k_row > 0) & (k_row < n_avail)
+    # inactive rows (no positive, k_i = 0; with validation off also too few candidates) get a
+    # safe k, and rows with fewer than 2 candidates use every entry as a placeholder: finite, weight 0
+    avail_c = torch.where(((n_avail >= 2) & (n_pos > 0)).unsqueeze(1), avail, torch.ones_like(avail))
+    k_safe = torch.where(active, k_row, avail_c.sum(dim=1).to(dtype) / 2.0)
+    t = _soft_topk_threshold(s, k_safe, alpha, n_iter, avail_c)
+    terms = softplus(-alpha * (s + t.unsqueeze(1)))  # -log p_il
     n_loss = pos_loss.sum(dim=1)
     values = torch.where(pos_loss, terms, torch.zeros_like(terms)).sum(dim=1) / n_loss.clamp_min(1).to(dtype)
     return values, active.to(dtype)
@@ -319,6 +425,7 @@ def decoupled_softmax_loss(
     variant: str = "paper",
     sample_one_positive: Optional[bool] = None,
     mask_value: Optional[float] = None,
+    mask: Optional[Tensor] = None,
     generator: Optional[torch.Generator] = None,
     ignore_index: int = -100,
     reduction: str = "mean",
@@ -334,7 +441,8 @@ def decoupled_softmax_loss(
     softmax cross-entropy (:func:`infonce_loss`) the other positives are not in the denominator.
 
     Args:
-        scores: ``(B, L)`` query-label scores (any float dtype; NaN/inf rejected).
+        scores: ``(B, L)`` query-label scores, ``L >= 2`` (any float dtype; NaN and ``+inf``
+            rejected; ``-inf`` means the candidate does not exist, as ``mask``).
         target: bool multi-hot ``(B, L)``, float relevance ``(B, L)`` (positives ``y > 0``),
             integer ids ``(B,)`` or ``(B, P)`` padded with ``ignore_index``. An integer
             ``(B, L)`` target (L > 2) holding only 0/1 raises ``TypeError`` (data check).
@@ -349,6 +457,10 @@ def decoupled_softmax_loss(
         mask_value: the scaled score written over *every* positive (the scored one included)
             before the log-sum-exp: ``NLSE'_i = logaddexp(NLSE_i, mask_value + log |P_i|)``;
             ``-inf`` is exact removal. Each flag overrides the variant on its own.
+        mask: ``(B, L)`` bool, ``True`` = exclude the candidate (e.g. a known false negative);
+            the same as a ``-inf`` score there: the loss equals the loss of the row without
+            those entries and their gradient is exactly 0. Removing a positive, or every
+            candidate of a row, raises ``ValueError`` (data check).
         generator: random source for ``sample_one_positive`` (``None``: the global RNG).
         ignore_index: padding id of integer targets.
         reduction: ``"none"`` (``(B,)``), ``"mean"`` or ``"sum"``.
@@ -375,11 +487,12 @@ def decoupled_softmax_loss(
     check_choice(fn, "variant", variant, VARIANTS)
     _check_bool(fn, "sample_one_positive", sample_one_positive, allow_none=True)
     _check_mask_value(fn, mask_value)
-    sample, mask = _decoupled_flags(variant, sample_one_positive, mask_value)
-    values, weights = _decoupled_rows(fn, scores, target, temperature=float(temperature), weighted=weighted,
-                                      sample_one_positive=sample, mask_value=mask, generator=generator,
-                                      ignore_index=ignore_index)
-    return reduce_loss(values, weights, reduction, anchors=(scores,))
+    sample, mask_fill = _decoupled_flags(variant, sample_one_positive, mask_value)
+    with no_autocast(scores):
+        values, weights = _decoupled_rows(fn, scores, target, temperature=float(temperature), weighted=weighted,
+                                          sample_one_positive=sample, mask_value=mask_fill, generator=generator,
+                                          ignore_index=ignore_index, mask=mask)
+        return reduce_loss(values, weights, reduction, anchors=(scores,))
 
 
 def _decoupled_flags(variant: str, sample_one_positive: Optional[bool], mask_value: Optional[float]):
@@ -395,6 +508,7 @@ def infonce_loss(
     *,
     temperature: float = 0.05,
     positive_normalization: str = "sum",
+    mask: Optional[Tensor] = None,
     ignore_index: int = -100,
     reduction: str = "mean",
 ) -> Tensor:
@@ -410,7 +524,9 @@ def infonce_loss(
 
     Shapes and targets as :func:`decoupled_softmax_loss` (float relevance counts ``y > 0`` as
     positive, unweighted). ``"none"`` gives ``(B,)``; a row without positives has loss 0 and
-    unit weight 0.
+    unit weight 0. ``mask`` (bool ``(B, L)``, ``True`` = exclude) and ``-inf`` scores remove
+    candidates exactly, as in :func:`decoupled_softmax_loss` (a removed positive, or a row
+    without any candidate, raises ``ValueError``); ``L >= 2``.
 
     Paper: A. van den Oord, Y. Li, O. Vinyals, *Representation Learning with Contrastive
     Predictive Coding*, arXiv:1807.03748, 2018; the multi-positive form is the baseline of
@@ -426,9 +542,11 @@ def infonce_loss(
     check_reduction(fn, reduction)
     check_number(fn, "temperature", temperature, low=0.0, low_inclusive=False)
     check_choice(fn, "positive_normalization", positive_normalization, POSITIVE_NORMALIZATIONS)
-    values, weights = _infonce_rows(fn, scores, target, temperature=float(temperature),
-                                    positive_normalization=positive_normalization, ignore_index=ignore_index)
-    return reduce_loss(values, weights, reduction, anchors=(scores,))
+    with no_autocast(scores):
+        values, weights = _infonce_rows(fn, scores, target, temperature=float(temperature),
+                                        positive_normalization=positive_normalization, ignore_index=ignore_index,
+                                        mask=mask)
+        return reduce_loss(values, weights, reduction, anchors=(scores,))
 
 
 def soft_topk_loss(
@@ -440,6 +558,7 @@ def soft_topk_loss(
     temperature: float = 0.05,
     n_iter: int = 32,
     variant: str = "paper",
+    mask: Optional[Tensor] = None,
     generator: Optional[torch.Generator] = None,
     ignore_index: int = -100,
     reduction: str = "mean",
@@ -468,6 +587,11 @@ def soft_topk_loss(
             per row, drawn without replacement with probabilities ``~ y`` (``generator``), and
             overwrites the other positives' scaled scores with -100; it equals the paper when
             no row has more than ``k_i`` positives.
+        mask: ``(B, L)`` bool, ``True`` = exclude the candidate; as a ``-inf`` score there. The
+            threshold is then solved over the ``L_i`` remaining candidates of the row (the loss
+            of the reduced row; gradient exactly 0 at excluded entries), and ``k`` must be
+            ``< L_i`` in every row with a positive (data check). A removed positive, or a row
+            without any candidate, raises ``ValueError``.
         generator: random source of the reference variant's draws.
         reduction: ``"none"`` (``(B,)``), ``"mean"`` or ``"sum"``.
 
@@ -489,10 +613,11 @@ def soft_topk_loss(
     check_number(fn, "temperature", temperature, low=0.0, low_inclusive=False)
     _check_n_iter(fn, n_iter)
     check_choice(fn, "variant", variant, VARIANTS)
-    values, weights = _soft_topk_rows(fn, scores, target, k=k, alpha=float(alpha), temperature=float(temperature),
-                                      n_iter=n_iter, variant=variant, generator=generator,
-                                      ignore_index=ignore_index)
-    return reduce_loss(values, weights, reduction, anchors=(scores,))
+    with no_autocast(scores):
+        values, weights = _soft_topk_rows(fn, scores, target, k=k, alpha=float(alpha),
+                                          temperature=float(temperature), n_iter=n_iter, variant=variant,
+                                          generator=generator, ignore_index=ignore_index, mask=mask)
+        return reduce_loss(values, weights, reduction, anchors=(scores,))
 
 
 def in_batch_scores(
@@ -501,6 +626,7 @@ def in_batch_scores(
     target: Tensor,
     *,
     gather_distributed: bool = False,
+    mask: Optional[Tensor] = None,
     ignore_index: int = -100,
 ) -> Tuple[Tensor, Tensor]:
     r"""Score every query against every key: ``scores = query @ keys_all.T`` and the matching target.
@@ -513,6 +639,11 @@ def in_batch_scores(
     are offset by ``rank * K`` (``ignore_index`` stays), masks are placed in this rank's column
     block of a ``(B, world_size * K)`` zero mask. Every rank must pass the same ``K``. Without a
     process group (or with the flag off) ``keys_all = keys`` and ``target`` is returned as is.
+
+    ``mask`` (bool, ``True`` = exclude, e.g. a known false negative) has shape ``(B, K)`` (this
+    rank's keys; gathered: placed in this rank's column block, the other ranks' keys stay in) or
+    ``(B, world_size * K)`` (every key); the returned scores are ``-inf`` there (gradient
+    exactly 0), which the ranking losses treat as a missing candidate.
 
     Computed in float32 or wider (float64 if either input is float64). Used by the modules of
     :func:`decoupled_softmax_loss`, :func:`infonce_loss` and :func:`soft_topk_loss` for
@@ -536,7 +667,25 @@ def in_batch_scores(
     dtype = compute_dtype(query, keys)
     q = upcast(query, dtype)
     kk = upcast(keys, dtype)
-    if gather_distributed and is_distributed():
+    if mask is not None:
+        check_tensor(fn, "mask", mask)
+        if mask.dtype != torch.bool:
+            raise type_error(fn, "mask must be a bool tensor (True = exclude the key)", str(mask.dtype),
+                             "pass mask.bool()")
+    gathered = gather_distributed and is_distributed()
+    n_world = world_size() if gathered else 1
+    if mask is not None:
+        shapes = [(query.shape[0], keys.shape[0])] + ([(query.shape[0], n_world * keys.shape[0])] if gathered else [])
+        if tuple(mask.shape) not in shapes:
+            raise value_error(fn, "mask must have shape " + " or ".join(str(t) for t in shapes)
+                              + ", one flag per (query, key)", f"shape {tuple(mask.shape)}",
+                              "pass True where a key must not be a candidate for the query")
+        if gathered and tuple(mask.shape) == shapes[0]:
+            r_, w_ = rank(), n_world
+            n_keys = keys.shape[0]
+            mask = torch.cat([mask.new_zeros(query.shape[0], r_ * n_keys), mask,
+                              mask.new_zeros(query.shape[0], (w_ - r_ - 1) * n_keys)], dim=1)
+    if gathered:
         n_keys = keys.shape[0]
         r, w = rank(), world_size()
         if target.dtype == torch.bool or target.is_floating_point():
@@ -554,7 +703,12 @@ def in_batch_scores(
             check_ids_in_range(fn, target, n_keys, ignore_index, hint="ids index this rank's keys; pad with ignore_index")
             target = torch.where(target != ignore_index, target + r * n_keys, target)
         kk = all_gather_with_grad(kk, fn=fn)
-    return q @ kk.T, target
+    with no_autocast(q, kk):
+        scores = matmul(q, kk.T)
+        if mask is not None:
+            scores = torch.where(mask.to(scores.device), torch.full((), -math.inf, dtype=scores.dtype,
+                                                                    device=scores.device), scores)
+    return scores, target
 
 
 # --------------------------------------------------------------------------------------
@@ -562,57 +716,44 @@ def in_batch_scores(
 # --------------------------------------------------------------------------------------
 
 
-def _module_forward(module: nn.Module, rows_fn, a: Tensor, b: Tensor, c: Optional[Tensor]) -> Tensor:
+def _module_forward(module: nn.Module, rows_fn, a: Tensor, b: Tensor, c: Optional[Tensor],
+                    mask: Optional[Tensor] = None) -> Tensor:
     """``forward(scores, target)`` or ``forward(query, keys, target)``, reduced over the global
     batch when ``gather_distributed`` (docs/conventions.md Distributed)."""
     if c is None:
         scores, target, anchors = a, b, (a,)
     else:
-        scores, target = in_batch_scores(a, b, c, gather_distributed=module.gather_distributed,
+        scores, target = in_batch_scores(a, b, c, gather_distributed=module.gather_distributed, mask=mask,
                                          ignore_index=module.ignore_index)
-        anchors = (a, b)
-    values, weights = rows_fn(scores, target)
-    if module.reduction != "none" and module.gather_distributed and is_distributed():
-        fn = type(module).__name__
-        values = all_gather_with_grad(values, fn=fn)
-        weights = all_gather_no_grad(weights, fn=fn)
-    return reduce_loss(values, weights, module.reduction, anchors=anchors)
+        anchors, mask = (a, b), None
+    with no_autocast(scores):
+        values, weights = rows_fn(scores, target, mask)
+        if module.reduction != "none" and module.gather_distributed and is_distributed():
+            fn = type(module).__name__
+            values = all_gather_with_grad(values, fn=fn)
+            weights = all_gather_no_grad(weights, fn=fn)
+        return reduce_loss(values, weights, module.reduction, anchors=anchors)
 
 
-class _SeededModule(nn.Module):
-    """Holds an optional private ``torch.Generator`` created lazily from ``seed``; deepcopy and
-    pickle carry its state, so copies reproduce the same draws."""
+class _SeededModule(GeneratorStateMixin):
+    """Holds an optional private ``torch.Generator`` created lazily (on CPU) from ``seed``; its
+    state is in ``state_dict()`` (so a resumed run draws what the uninterrupted run would have),
+    and deepcopy and pickle carry it, so copies reproduce the same draws."""
 
     seed: Optional[int]
 
     def _generator_or_none(self) -> Optional[torch.Generator]:
-        if self.seed is None:
-            return None
-        if self._generator is None:
-            self._generator = torch.Generator().manual_seed(self.seed)
-        return self._generator
-
-    def __getstate__(self):
-        state = super().__getstate__().copy()
-        gen = state.pop("_generator", None)
-        state["_generator_state"] = None if gen is None else gen.get_state()
-        return state
-
-    def __setstate__(self, state):
-        gen_state = state.pop("_generator_state", None)
-        super().__setstate__(state)
-        self._generator = None
-        if gen_state is not None:
-            self._generator = torch.Generator()
-            self._generator.set_state(gen_state)
+        return self._seeded_generator(torch.device("cpu"))
 
 
 class DecoupledSoftmaxLoss(_SeededModule):
     """Module form of :func:`decoupled_softmax_loss` (DEXML, arXiv:2310.10636).
 
-    ``forward(scores, target)`` or ``forward(query, keys, target)`` (scores from
-    :func:`in_batch_scores`). ``seed`` feeds a private generator for ``sample_one_positive``
-    (``None``: the global RNG). With ``gather_distributed=True`` the loss is that of the global
+    ``forward(scores, target, *, mask=None)`` or ``forward(query, keys, target, *, mask=None)``
+    (scores from :func:`in_batch_scores`, which takes the mask then). ``seed`` feeds a private
+    generator for ``sample_one_positive`` (``None``: the global RNG); its state is saved in
+    ``state_dict()``, so a run resumed from a checkpoint draws what the uninterrupted run would
+    have drawn (older state_dicts without it still load). With ``gather_distributed=True`` the loss is that of the global
     batch on every rank (``"mean"`` divides by the global number of rows with positives;
     ``"none"`` returns this rank's rows) and ``forward(query, keys, target)`` scores against every
     rank's keys.
@@ -656,16 +797,17 @@ class DecoupledSoftmaxLoss(_SeededModule):
         self.reduction = reduction
         self._generator: Optional[torch.Generator] = None
 
-    def forward(self, scores_or_query: Tensor, target_or_keys: Tensor, target: Optional[Tensor] = None) -> Tensor:
-        sample, mask = _decoupled_flags(self.variant, self.sample_one_positive, self.mask_value)
+    def forward(self, scores_or_query: Tensor, target_or_keys: Tensor, target: Optional[Tensor] = None, *,
+                mask: Optional[Tensor] = None) -> Tensor:
+        sample, mask_fill = _decoupled_flags(self.variant, self.sample_one_positive, self.mask_value)
         gen = self._generator_or_none() if sample else None
 
-        def rows(s, t):
+        def rows(s, t, m):
             return _decoupled_rows("decoupled_softmax_loss", s, t, temperature=self.temperature,
-                                   weighted=self.weighted, sample_one_positive=sample, mask_value=mask,
-                                   generator=gen, ignore_index=self.ignore_index)
+                                   weighted=self.weighted, sample_one_positive=sample, mask_value=mask_fill,
+                                   generator=gen, ignore_index=self.ignore_index, mask=m)
 
-        return _module_forward(self, rows, scores_or_query, target_or_keys, target)
+        return _module_forward(self, rows, scores_or_query, target_or_keys, target, mask)
 
     def extra_repr(self) -> str:
         return (f"temperature={self.temperature}, weighted={self.weighted}, variant={self.variant!r}, "
@@ -677,8 +819,8 @@ class DecoupledSoftmaxLoss(_SeededModule):
 class InfoNCELoss(nn.Module):
     """Module form of :func:`infonce_loss` (InfoNCE, arXiv:1807.03748).
 
-    ``forward(scores, target)`` or ``forward(query, keys, target)``; ``gather_distributed`` as in
-    :class:`DecoupledSoftmaxLoss`.
+    ``forward(scores, target, *, mask=None)`` or ``forward(query, keys, target, *, mask=None)``;
+    ``gather_distributed`` as in :class:`DecoupledSoftmaxLoss`.
     """
 
     def __init__(
@@ -702,12 +844,14 @@ class InfoNCELoss(nn.Module):
         self.ignore_index = int(ignore_index)
         self.reduction = reduction
 
-    def forward(self, scores_or_query: Tensor, target_or_keys: Tensor, target: Optional[Tensor] = None) -> Tensor:
-        def rows(s, t):
+    def forward(self, scores_or_query: Tensor, target_or_keys: Tensor, target: Optional[Tensor] = None, *,
+                mask: Optional[Tensor] = None) -> Tensor:
+        def rows(s, t, m):
             return _infonce_rows("infonce_loss", s, t, temperature=self.temperature,
-                                 positive_normalization=self.positive_normalization, ignore_index=self.ignore_index)
+                                 positive_normalization=self.positive_normalization, ignore_index=self.ignore_index,
+                                 mask=m)
 
-        return _module_forward(self, rows, scores_or_query, target_or_keys, target)
+        return _module_forward(self, rows, scores_or_query, target_or_keys, target, mask)
 
     def extra_repr(self) -> str:
         return (f"temperature={self.temperature}, positive_normalization={self.positive_normalization!r}, "
@@ -718,8 +862,9 @@ class InfoNCELoss(nn.Module):
 class SoftTopKLoss(_SeededModule):
     """Module form of :func:`soft_topk_loss` (DEXML soft top-k, arXiv:2310.10636).
 
-    ``forward(scores, target)`` or ``forward(query, keys, target)``; ``seed`` feeds the reference
-    variant's draws; ``gather_distributed`` as in :class:`DecoupledSoftmaxLoss`.
+    ``forward(scores, target, *, mask=None)`` or ``forward(query, keys, target, *, mask=None)``;
+    ``seed`` feeds the reference variant's draws (generator state in ``state_dict()``, as
+    :class:`DecoupledSoftmaxLoss`); ``gather_distributed`` as in :class:`DecoupledSoftmaxLoss`.
     """
 
     def __init__(
@@ -756,15 +901,16 @@ class SoftTopKLoss(_SeededModule):
         self.reduction = reduction
         self._generator: Optional[torch.Generator] = None
 
-    def forward(self, scores_or_query: Tensor, target_or_keys: Tensor, target: Optional[Tensor] = None) -> Tensor:
+    def forward(self, scores_or_query: Tensor, target_or_keys: Tensor, target: Optional[Tensor] = None, *,
+                mask: Optional[Tensor] = None) -> Tensor:
         gen = self._generator_or_none() if self.variant == "reference" else None
 
-        def rows(s, t):
+        def rows(s, t, m):
             return _soft_topk_rows("soft_topk_loss", s, t, k=self.k, alpha=self.alpha, temperature=self.temperature,
                                    n_iter=self.n_iter, variant=self.variant, generator=gen,
-                                   ignore_index=self.ignore_index)
+                                   ignore_index=self.ignore_index, mask=m)
 
-        return _module_forward(self, rows, scores_or_query, target_or_keys, target)
+        return _module_forward(self, rows, scores_or_query, target_or_keys, target, mask)
 
     def extra_repr(self) -> str:
         return (f"k={self.k!r}, alpha={self.alpha}, temperature={self.temperature}, n_iter={self.n_iter}, "
@@ -783,6 +929,26 @@ def _row_unit_weights(scores: Tensor, target: Tensor, *, ignore_index: int = -10
     return pos.any(dim=1).double()
 
 
+def _example_scores(*, generator: Optional[torch.Generator] = None, dtype=torch.float32, case: str = "random"):
+    """``(scores (6, 7), bool target)``; ``"extreme"``: scores x1e4 with ``-inf`` on some negatives
+    (never a positive; every row keeps at least 4 candidates); ``"ignored"``: no positives."""
+    b, n = 6, 7
+    x = torch.randn((b, n), generator=generator, dtype=torch.float64)
+    t = torch.zeros(b, n, dtype=torch.bool)
+    t[torch.arange(b), torch.arange(b) % n] = True
+    t[0, 1] = True  # one row with two positives
+    if case == "extreme":
+        x = x * 1e4
+        drop = torch.zeros(b, n, dtype=torch.bool)
+        drop[0, 4:] = True
+        drop[1, 0] = True
+        drop[2, [0, 1, 3]] = True
+        x = x.masked_fill(drop & ~t, -math.inf)
+    elif case == "ignored":
+        t = torch.zeros_like(t)
+    return (x.to(dtype), t), {}
+
+
 _PAPER_DEXML = "N. Gupta et al., Dual-Encoders for Extreme Multi-label Classification, ICLR 2024"
 
 register(
@@ -794,6 +960,7 @@ register(
     unit_weights=_row_unit_weights,
     arxiv="2310.10636",
     paper=_PAPER_DEXML,
+    example_inputs=_example_scores,
 )
 register(
     "infonce",
@@ -804,6 +971,7 @@ register(
     unit_weights=_row_unit_weights,
     arxiv="1807.03748",
     paper="A. van den Oord, Y. Li, O. Vinyals, Representation Learning with Contrastive Predictive Coding, 2018",
+    example_inputs=_example_scores,
 )
 register(
     "soft_topk",
@@ -815,4 +983,5 @@ register(
     arxiv="2310.10636",
     paper=_PAPER_DEXML + " (soft top-k)",
     example_kwargs={"k": 2},
+    example_inputs=_example_scores,
 )

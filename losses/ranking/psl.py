@@ -12,6 +12,10 @@ negatives.
 
 The public PSL code (``Tiny-Snow/IR-Benchmark``) is GPL-3.0; nothing here is taken from it.
 This module is written from the formulas of the paper as restated in docs/losses/psl.md.
+
+A ``-inf`` negative score is a negative that is not there: the same as ``neg_mask=False`` at that
+entry (value, unit weight, and a gradient of exactly 0). Everything is computed in float32
+(float64 for float64 scores), also inside ``torch.autocast``.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ import math
 from typing import Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
@@ -38,6 +41,8 @@ from .._core import (
     upcast,
     value_error,
 )
+from .._masks import check_finite_or_masked
+from .._precision import no_autocast, softplus
 from .._registry import register
 
 __all__ = [
@@ -88,7 +93,11 @@ def _check_psl_hparams(fn: str, *, temperature: float, activation: str, score_sc
 def _pair_inputs(
     fn: str, pos_scores: Tensor, neg_scores: Tensor, neg_mask: Optional[Tensor]
 ) -> Tuple[Tensor, Tensor, Optional[Tensor], torch.dtype]:
-    """Check shapes and return ``(pos (B,), neg (B, N), mask (B, N) or None, dtype)``."""
+    """Check shapes and return ``(pos (B,), neg (B, N), mask (B, N), dtype)``.
+
+    A ``-inf`` negative score is a negative that is not there: it is dropped exactly as
+    ``neg_mask=False`` (``mask`` is ``neg_mask & (neg_scores > -inf)``) and replaced by a finite
+    placeholder with zero gradient. ``-inf`` positive scores are rejected (data check)."""
     check_floating(fn, "pos_scores", pos_scores)
     check_floating(fn, "neg_scores", neg_scores)
     if pos_scores.dim() != 1:
@@ -108,13 +117,19 @@ def _pair_inputs(
                               f"shape {tuple(neg_mask.shape)}", "pass one flag per negative score")
     dtype = compute_dtype(pos_scores, neg_scores)
     check_finite(fn, "pos_scores", pos_scores)
-    check_finite(fn, "neg_scores", neg_scores)
+    check_finite_or_masked(fn, "neg_scores", neg_scores)
     pos = upcast(pos_scores, dtype)
     neg = upcast(neg_scores, dtype)
-    mask = neg_mask
+    present = neg.detach() != -math.inf
+    mask = present if neg_mask is None else present & neg_mask.to(present.device)
     if neg.dim() == 1:  # (B,) means one negative per row
         neg = neg.unsqueeze(1)
-        mask = None if mask is None else mask.unsqueeze(1)
+        mask = mask.unsqueeze(1)
+    # masked pairs and rows without a valid negative (unit weight 0) get finite placeholders with
+    # zero gradient: their content (even inf/NaN with the data checks off) never reaches the loss
+    zero = torch.zeros((), dtype=dtype, device=neg.device)
+    neg = torch.where(mask, neg, zero)
+    pos = torch.where(mask.any(dim=1), pos, zero)
     return pos, neg, mask, dtype
 
 
@@ -127,7 +142,7 @@ def _log_sigma(d: Tensor, activation: str) -> Tuple[Tensor, Optional[Tensor]]:
     if activation == "exp":
         return d, None
     if activation == "tanh":  # log(1 + tanh d) = log 2 + log sigmoid(2d)
-        return math.log(2.0) - F.softplus(-2.0 * d), None
+        return math.log(2.0) - softplus(-2.0 * d), None
     if activation == "relu":  # log max(d + 1, 0)
         ok = d > -1.0
         return torch.log1p(torch.where(ok, d, torch.zeros_like(d))), ok
@@ -173,7 +188,7 @@ def _softmax_pair_loss(
         any_c = contrib_all.any()
         x_safe = torch.where(any_c, x, torch.zeros_like(x))
         lse = torch.logsumexp(x_safe.reshape(-1), dim=0) - torch.log(torch.clamp(n_valid, min=1.0))
-        value = F.softplus(lse) if include_positive else lse
+        value = softplus(lse) if include_positive else lse
         out = torch.where(any_c, value, torch.zeros_like(value))
         return out + attached_zero(*anchors).to(dtype)
 
@@ -182,7 +197,7 @@ def _softmax_pair_loss(
     lse = torch.logsumexp(x_safe, dim=1)
     lse = torch.where(has, lse, neg_inf)
     if include_positive:
-        values = F.softplus(lse)  # log(1 + sum_j sigma_j^(1/tau)); 0 when nothing contributes
+        values = softplus(lse)  # log(1 + sum_j sigma_j^(1/tau)); 0 when nothing contributes
         weights = valid.any(dim=1)
     else:
         values = torch.where(has, lse, torch.zeros_like(lse))
@@ -251,7 +266,9 @@ def psl_loss(
         bounded_scores: the scores lie in ``[-1, 1]``; then ``relu`` with ``kappa > 0.5`` or
             ``atan`` with ``kappa > tan(1)/2 ~ 0.7787`` raises ``ValueError`` (such ``d`` leave
             the domain). Set False for unbounded scores.
-        neg_mask: ``(B, N)`` bool, True = valid negative (shaped like ``neg_scores``).
+        neg_mask: ``(B, N)`` bool, True = valid negative (shaped like ``neg_scores``). A ``-inf``
+            negative score is the same as ``neg_mask=False`` there (value, unit weight and a
+            gradient of exactly 0); NaN, ``+inf`` and ``-inf`` positive scores raise.
         reduction: ``"none"`` (``(B,)``), ``"mean"`` or ``"sum"``.
 
     Edge cases: a pair with ``sigma(d) <= 0`` (unbounded scores; relu at ``d = -1``)
@@ -282,9 +299,10 @@ def psl_loss(
                        bounded_scores=bounded_scores)
     check_reduction(fn, reduction, ("mean",) if normalization == "batch" else ("none", "mean", "sum"))
     inc = (variant == "paper") if include_positive is None else include_positive
-    return _softmax_pair_loss(fn, pos_scores, neg_scores, temperature=float(temperature), activation=activation,
-                              score_scale=float(score_scale), include_positive=inc, normalization=normalization,
-                              neg_mask=neg_mask, reduction=reduction)
+    with no_autocast(pos_scores, neg_scores):
+        return _softmax_pair_loss(fn, pos_scores, neg_scores, temperature=float(temperature),
+                                  activation=activation, score_scale=float(score_scale), include_positive=inc,
+                                  normalization=normalization, neg_mask=neg_mask, reduction=reduction)
 
 
 def sampled_softmax_loss(
@@ -310,8 +328,8 @@ def sampled_softmax_loss(
     ``include_positive`` overrides it. It equals :func:`psl_loss` with ``activation="exp"``.
 
     Shapes: ``pos_scores (B,)``, ``neg_scores (B, N)`` (``(B,)`` means N = 1), ``neg_mask (B, N)``
-    bool (True = valid). ``"none"`` gives ``(B,)``; a row without a valid negative has loss 0 and
-    unit weight 0. Reference temperature: the SSM ``tau`` of ``Tiny-Snow/IR-Benchmark`` (on raw
+    bool (True = valid; a ``-inf`` negative score counts as masked). ``"none"`` gives ``(B,)``; a
+    row without a valid negative has loss 0 and unit weight 0. Reference temperature: the SSM ``tau`` of ``Tiny-Snow/IR-Benchmark`` (on raw
     cosines) equals ``temperature / score_scale``.
 
     The sampled softmax as the recommendation baseline is the SSM of W. Yang et al., *PSL:
@@ -332,9 +350,10 @@ def sampled_softmax_loss(
     _check_bool(fn, "include_positive", include_positive, allow_none=True)
     check_reduction(fn, reduction)
     inc = (variant == "paper") if include_positive is None else include_positive
-    return _softmax_pair_loss(fn, pos_scores, neg_scores, temperature=float(temperature), activation="exp",
-                              score_scale=float(score_scale), include_positive=inc, normalization="row",
-                              neg_mask=neg_mask, reduction=reduction)
+    with no_autocast(pos_scores, neg_scores):
+        return _softmax_pair_loss(fn, pos_scores, neg_scores, temperature=float(temperature), activation="exp",
+                                  score_scale=float(score_scale), include_positive=inc, normalization="row",
+                                  neg_mask=neg_mask, reduction=reduction)
 
 
 def bpr_loss(
@@ -349,8 +368,9 @@ def bpr_loss(
     On raw scores (no scale, no temperature). Unit: the (positive, negative) pair.
 
     Shapes: ``pos_scores (B,)``, ``neg_scores (B, N)`` or ``(B,)`` (N = 1), ``neg_mask`` bool
-    shaped like ``neg_scores`` (True = valid pair). ``"none"`` returns the shape of
-    ``neg_scores`` with masked pairs 0; ``"mean"`` divides by the number of valid pairs.
+    shaped like ``neg_scores`` (True = valid pair; a ``-inf`` negative score counts as masked).
+    ``"none"`` returns the shape of ``neg_scores`` with masked pairs 0; ``"mean"`` divides by the
+    number of valid pairs.
 
     Paper: S. Rendle, C. Freudenthaler, Z. Gantner, L. Schmidt-Thieme, *BPR: Bayesian
     Personalized Ranking from Implicit Feedback*, UAI 2009, arXiv:1205.2618.
@@ -364,12 +384,13 @@ def bpr_loss(
     check_reduction(fn, reduction)
     shape = neg_scores.shape if isinstance(neg_scores, Tensor) else None
     pos, neg, mask, dtype = _pair_inputs(fn, pos_scores, neg_scores, neg_mask)
-    values = F.softplus(neg - pos.unsqueeze(1))
-    weights = None if mask is None else mask.to(dtype)
-    if reduction == "none" and len(shape) == 1:
-        values = values.squeeze(1)
-        weights = None if weights is None else weights.squeeze(1)
-    return reduce_loss(values, weights, reduction, anchors=(pos_scores, neg_scores))
+    with no_autocast(pos, neg):
+        values = softplus(neg - pos.unsqueeze(1))
+        weights = mask.to(dtype)
+        if reduction == "none" and len(shape) == 1:
+            values = values.squeeze(1)
+            weights = weights.squeeze(1)
+        return reduce_loss(values, weights, reduction, anchors=(pos_scores, neg_scores))
 
 
 # --------------------------------------------------------------------------------------
@@ -503,19 +524,39 @@ def _psl_unit_weights(pos_scores: Tensor, neg_scores: Tensor, *, neg_mask: Optio
 
 def _ssm_unit_weights(pos_scores: Tensor, neg_scores: Tensor, *, neg_mask: Optional[Tensor] = None,
                       **_: object) -> Tensor:
-    """Row weights of :func:`sampled_softmax_loss`: 1 for a row with a valid negative, else 0."""
-    if neg_mask is None:
-        return torch.ones(pos_scores.shape[0], dtype=torch.float64)
-    m = neg_mask if neg_mask.dim() == 2 else neg_mask.unsqueeze(1)
+    """Row weights of :func:`sampled_softmax_loss`: 1 for a row with a valid negative (unmasked,
+    score not ``-inf``), else 0."""
+    m = neg_scores.detach() != -math.inf
+    if neg_mask is not None:
+        m = m & neg_mask
+    m = m if m.dim() == 2 else m.unsqueeze(1)
     return m.any(dim=1).double()
 
 
 def _bpr_unit_weights(pos_scores: Tensor, neg_scores: Tensor, *, neg_mask: Optional[Tensor] = None,
                       **_: object) -> Tensor:
-    """Pair weights of :func:`bpr_loss`: ``neg_mask`` (all ones without it), shaped like neg_scores."""
-    if neg_mask is None:
-        return torch.ones(neg_scores.shape, dtype=torch.float64)
-    return neg_mask.double()
+    """Pair weights of :func:`bpr_loss`: ``neg_mask`` (all ones without it) and 0 where the
+    negative score is ``-inf``, shaped like neg_scores."""
+    m = neg_scores.detach() != -math.inf
+    if neg_mask is not None:
+        m = m & neg_mask
+    return m.double()
+
+
+def _example_pairs(*, generator: Optional[torch.Generator] = None, dtype=torch.float32, case: str = "random"):
+    """``(pos (6,), neg (6, 7))`` cosines; ``"extreme"`` adds ``-inf`` negatives (missing ones, a
+    row with none left); ``"ignored"``: every negative masked."""
+    b, n = 6, 7
+    pos = torch.rand(b, generator=generator, dtype=torch.float64).mul(2).sub(1)
+    neg = torch.rand(b, n, generator=generator, dtype=torch.float64).mul(2).sub(1)
+    kwargs: dict = {}
+    if case == "extreme":
+        neg[0] = -math.inf
+        neg[1, :3] = -math.inf
+        neg[2, 6] = -math.inf
+    elif case == "ignored":
+        kwargs["neg_mask"] = torch.zeros(b, n, dtype=torch.bool)
+    return (pos.to(dtype), neg.to(dtype)), kwargs
 
 
 register(
@@ -525,6 +566,7 @@ register(
     inputs="P",
     unit="row",
     unit_weights=_psl_unit_weights,
+    example_inputs=_example_pairs,
     arxiv="2411.00163",
     paper="W. Yang et al., PSL: Rethinking and Improving Softmax Loss from Pairwise Perspective for "
           "Recommendation, NeurIPS 2024",
@@ -536,6 +578,7 @@ register(
     inputs="P",
     unit="row",
     unit_weights=_ssm_unit_weights,
+    example_inputs=_example_pairs,
     arxiv="2411.00163",
     paper="Sampled softmax (SSM), the baseline of W. Yang et al., PSL, NeurIPS 2024",
 )
@@ -546,6 +589,7 @@ register(
     inputs="P",
     unit="pair",
     unit_weights=_bpr_unit_weights,
+    example_inputs=_example_pairs,
     arxiv="1205.2618",
     paper="S. Rendle et al., BPR: Bayesian Personalized Ranking from Implicit Feedback, UAI 2009",
 )

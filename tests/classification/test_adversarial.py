@@ -412,6 +412,36 @@ def test_determinism_with_seed_and_copies():
     assert torch.equal(e(model, x, t), g1)
 
 
+def test_resume_from_state_dict_draws_the_same_starts():
+    """The private generator's state is in state_dict: a resumed run draws the PGD starts of the
+    uninterrupted run; an older state_dict without it still loads (strict)."""
+    import io
+
+    x, t = _batch(seed=7)
+    model = Recorder(seed=7)
+    kw = dict(nu=1.0, steps=1, random_init_std=0.05, seed=13)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", losses.ExperimentalWarning)
+        make = lambda: losses.AdversarialCompSumLoss(**kw)  # noqa: E731
+        full = make()
+        uninterrupted = [full(model, x, t) for _ in range(5)]
+        first = make()
+        for _ in range(2):
+            first(model, x, t)
+        buf = io.BytesIO()
+        torch.save(first.state_dict(), buf)
+        buf.seek(0)
+        sd = torch.load(buf, weights_only=True)
+        assert "_extra_state" in sd
+        resumed = make()
+        resumed.load_state_dict(sd)
+        assert all(torch.equal(resumed(model, x, t), ref) for ref in uninterrupted[2:])
+        legacy = make()
+        legacy.load_state_dict({})  # no generator entry: keeps its own (fresh) generator
+        assert torch.equal(legacy(model, x, t), uninterrupted[0])
+        assert not torch.equal(uninterrupted[0], uninterrupted[2])
+
+
 def test_forward_under_no_grad_still_attacks():
     x, t = _batch(seed=7)
     model = Recorder(seed=7)

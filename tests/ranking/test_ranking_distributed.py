@@ -30,6 +30,22 @@ IDSP = [torch.tensor([[0, 1], [3, -100], [-100, -100]]), torch.tensor([[2, 2], [
 SCORE_IDS = [torch.tensor([[0, 4], [2, -100], [-100, -100]]), torch.tensor([[1, -100], [3, 0], [4, -100]])]
 
 
+# candidate masks (True = exclude, e.g. a false negative): rank 0 passes a (B, K) mask over its own
+# keys, rank 1 a (B, W*K) mask over every key (here one of rank 0's keys)
+FNM_LOCAL0 = torch.zeros(B, K, dtype=torch.bool)
+FNM_LOCAL0[0, 1] = FNM_LOCAL0[2, 0] = True
+FNM_GLOBAL1 = torch.zeros(B, W * K, dtype=torch.bool)
+FNM_GLOBAL1[0, K + 3] = FNM_GLOBAL1[2, 1] = True
+FNM = [FNM_LOCAL0, FNM_GLOBAL1]
+
+
+def global_fn_mask():
+    full = torch.zeros(W * B, W * K, dtype=torch.bool)
+    full[:B, :K] = FNM_LOCAL0
+    full[B:] = FNM_GLOBAL1
+    return full
+
+
 def global_data():
     g = torch.Generator().manual_seed(0)
     q = torch.randn(W * B, D, generator=g, dtype=torch.float64)
@@ -83,6 +99,14 @@ def _worker(rank, world_size, payload):
             loss = cls(gather_distributed=True, reduction=reduction, **kw)(s, SCORE_IDS[rank])
             (gs,) = torch.autograd.grad(loss.sum(), [s])
             out["scores"][name, reduction] = (loss.detach(), gs)
+    # candidate masks through forward(query, keys, target, mask=...)
+    out["masked"] = {}
+    for name, (cls, _, kw) in LOSSES.items():
+        q = q_all[rows].clone().requires_grad_(True)
+        k = k_all[rank * K:(rank + 1) * K].clone().requires_grad_(True)
+        loss = cls(gather_distributed=True, **kw)(q, k, IDS1[rank], mask=FNM[rank])
+        gq, gk = torch.autograd.grad(loss, [q, k])
+        out["masked"][name] = (loss.detach(), gq, gk)
     # an all-ignored global batch: attached zero, zero gradients
     q = q_all[rows].clone().requires_grad_(True)
     k = k_all[rank * K:(rank + 1) * K].clone().requires_grad_(True)
@@ -134,6 +158,20 @@ def test_gathered_losses_match_single_process():
                     _close(loss, ref.detach())  # identical on every rank
                     _close(gq_r, W * gq[rows])
                     _close(gk_r, W * gk[r * K:(r + 1) * K])
+    # candidate masks: the loss of the global batch with the global mask
+    t_glob = global_target("ids1", mask, rel)
+    for name, (_, fn, kw) in LOSSES.items():
+        q = q_all.clone().requires_grad_(True)
+        k = k_all.clone().requires_grad_(True)
+        ref = fn(q @ k.T, t_glob, mask=global_fn_mask(), **kw)
+        gq, gk = torch.autograd.grad(ref, [q, k])
+        unmasked = fn((q @ k.T).detach(), t_glob, **kw)
+        assert abs(float(ref) - float(unmasked)) > 1e-6  # the mask matters
+        for r, res in enumerate(results):
+            loss, gq_r, gk_r = res["masked"][name]
+            _close(loss, ref.detach())
+            _close(gq_r, W * gq[r * B:(r + 1) * B])
+            _close(gk_r, W * gk[r * K:(r + 1) * K])
     # forward(scores, target): rows gathered
     t_scores = torch.cat(SCORE_IDS)
     for name, (_, fn, kw) in LOSSES.items():

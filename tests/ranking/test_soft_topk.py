@@ -342,9 +342,11 @@ def test_extreme_and_half_inputs():
 
 @pytest.mark.parametrize("k", [0, -1, True, 2.5, "all", None])
 def test_bad_k(k):
-    with pytest.raises(ValueError, match=r"^soft_topk_loss: k must be an int with 0 < k < L or 'num_positives'"):
+    # one exception type per mistake: a wrong kind (bool, float, None) is TypeError, a wrong value ValueError
+    exc = TypeError if k is None or isinstance(k, (bool, float)) else ValueError
+    with pytest.raises(exc, match=r"^soft_topk_loss: k must be an int with 0 < k < L or 'num_positives'"):
         losses.soft_topk_loss(torch.randn(2, 5), torch.tensor([0, 1]), k=k)
-    with pytest.raises(ValueError, match=r"^SoftTopKLoss: k must be"):
+    with pytest.raises(exc, match=r"^SoftTopKLoss: k must be"):
         losses.SoftTopKLoss(k=k)
 
 

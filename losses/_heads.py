@@ -1,0 +1,43 @@
+"""Checks shared by the losses that own a classification head (embedding_dim x num_classes).
+
+* :func:`check_head_embeddings`: a head built for ``embedding_dim`` features called with
+  embeddings of another width gets an error that names ``embeddings`` and the head's
+  ``embedding_dim`` (not the class weights the user never passed).
+* :func:`check_softmax_classes`: a softmax over a single class is identically 0 and trains
+  nothing, so ``num_classes = 1`` (or a one-row class weight) is a ``ValueError`` that points to
+  the one-logit alternative (``docs/conventions.md``, degenerate inputs).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._core import check_softmax_classes, value_error
+
+__all__ = ["check_head_embeddings", "check_softmax_classes", "drop_rows"]
+
+
+def check_head_embeddings(fn: str, head: str, embeddings: object, embedding_dim: int) -> None:
+    """``embeddings`` of shape ``(N, D)`` with ``D != embedding_dim`` raise ``ValueError``.
+
+    Other mistakes (not a tensor, not 2-D) are left to the loss function's own checks.
+    """
+    if isinstance(embeddings, Tensor) and embeddings.dim() == 2 and embeddings.shape[1] != embedding_dim:
+        raise value_error(
+            fn,
+            f"embeddings must have shape (N, {embedding_dim}) to match {head}(embedding_dim={embedding_dim})",
+            f"shape {tuple(embeddings.shape)}",
+            f"build the head with embedding_dim={embeddings.shape[1]} or project the features to "
+            f"{embedding_dim} dimensions",
+        )
+
+
+def drop_rows(x: Tensor, valid: Tensor) -> Tensor:
+    """``x`` with the rows where ``valid`` is False replaced by zeros (gradient exactly 0 there).
+
+    Ignored rows are dropped before any arithmetic, so their content, even ``inf``/NaN with the
+    data checks off, never reaches the value or the gradients of the other rows and parameters.
+    """
+    return torch.where(valid.reshape(-1, *([1] * (x.dim() - 1))).to(x.device), x,
+                       torch.zeros((), dtype=x.dtype, device=x.device))
