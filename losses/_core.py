@@ -316,14 +316,14 @@ def check_seed(fn: str, seed: object) -> Optional[int]:
                      hint="pass an integer seed for a private generator, or None for the global RNG")
 
 
-def check_softmax_classes(fn: str, c: int, *, name: Optional[str] = None) -> None:
+def check_softmax_classes(fn: str, c: int, *, arg: Optional[str] = None) -> None:
     """A softmax over one class is identically 1: the loss is 0 and trains nothing.
 
-    ``name`` is the argument that fixes the class count (a head's ``num_classes``, a weight's rows);
+    ``arg`` names the argument that fixes the class count (a head's ``num_classes``, a weight's rows);
     without it the count came from the logits' class dimension."""
     if c != 1:
         return
-    if name is None:
+    if arg is None:
         raise value_error(
             fn,
             "a softmax over a single class is identically 1, so this loss is 0 and trains nothing",
@@ -332,7 +332,7 @@ def check_softmax_classes(fn: str, c: int, *, name: Optional[str] = None) -> Non
         )
     raise value_error(
         fn,
-        f"{name} must be >= 2 for a softmax over classes; with one class the loss is identically 0",
+        f"{arg} must be >= 2 for a softmax over classes; with one class the loss is identically 0",
         c,
         "for a single yes/no output use one logit with losses.bce_with_logits_loss",
     )

@@ -197,7 +197,7 @@ def linear_cross_entropy(
     c = weight.shape[0]
     if c == 0:
         raise value_error(fn, "weight must hold at least one class", "C=0", "pass a (C, D) weight with C >= 1")
-    check_softmax_classes(fn, c, name="weight.shape[0] (the number of classes C)")
+    check_softmax_classes(fn, c, arg="weight.shape[0] (the number of classes C)")
     if bias is not None:
         check_tensor(fn, "bias", bias)
         if bias.shape != (c,):
@@ -241,7 +241,7 @@ class LinearCrossEntropyLoss(nn.Module):
         fn = "LinearCrossEntropyLoss"
         for name, v in (("embedding_dim", embedding_dim), ("num_classes", num_classes)):
             check_int(fn, name, v, low=1, hint=f"pass the {name.replace('_', ' ')}")
-        check_softmax_classes(fn, num_classes, name="num_classes")
+        check_softmax_classes(fn, num_classes, arg="num_classes")
         check_reduction(fn, reduction)
         check_number(fn, "label_smoothing", label_smoothing, low=0.0, high=1.0)
         check_number(fn, "logz_coef", logz_coef, low=0.0)

@@ -399,7 +399,7 @@ def margin_softmax_loss(
                                      interclass_filtering_threshold=interclass_filtering_threshold)
     check_reduction(fn, reduction)
     check_head_inputs(fn, embeddings, target, weight)
-    check_softmax_classes(fn, weight.shape[0], name="weight.shape[0] (the number of classes C)")
+    check_softmax_classes(fn, weight.shape[0], arg="weight.shape[0] (the number of classes C)")
     check_ids_in_range(fn, target, weight.shape[0], ignore_index)
     check_finite(fn, "embeddings", embeddings)
     check_finite(fn, "weight", weight)
@@ -454,7 +454,7 @@ class MarginSoftmaxLoss(nn.Module):
         super().__init__()
         fn = "MarginSoftmaxLoss"
         _check_sizes(fn, embedding_dim, num_classes)
-        check_softmax_classes(fn, num_classes, name="num_classes")
+        check_softmax_classes(fn, num_classes, arg="num_classes")
         s, m, thr = check_margin_hparams(fn, scale=scale, margin=margin, variant=variant,
                                          interclass_filtering_threshold=interclass_filtering_threshold)
         check_reduction(fn, reduction)

@@ -222,7 +222,7 @@ def nbc_softmax_loss(
         raise value_error(fn, f"weight must have shape (K, {d}) for embeddings of shape {tuple(embeddings.shape)}",
                           f"shape {tuple(weight.shape)}", "pass the classifier weight, one row per class")
     k = weight.shape[0]
-    check_softmax_classes(fn, k, name="weight.shape[0] (the number of classes K)")
+    check_softmax_classes(fn, k, arg="weight.shape[0] (the number of classes K)")
     if bias is not None:
         check_floating(fn, "bias", bias)
         if tuple(bias.shape) != (k,):
@@ -277,7 +277,7 @@ class NBCSoftmaxLoss(nn.Module):
         name = "NBCSoftmaxLoss"
         for key, val in (("embedding_dim", embedding_dim), ("num_classes", num_classes)):
             check_int(name, key, val, low=1, hint=f"pass the {key}")
-        check_softmax_classes(name, num_classes, name="num_classes")
+        check_softmax_classes(name, num_classes, arg="num_classes")
         check_reduction(name, reduction, allowed=("mean",))
         self.scale = check_number(name, "scale", scale, low=0.0)
         self.nbc_weight = check_number(name, "nbc_weight", nbc_weight, low=0.0, high=1.0)

@@ -124,7 +124,7 @@ def _partial_fc(
     check_reduction(fn, reduction)
     check_head_inputs(fn, embeddings, target, weight)
     num_classes = weight.shape[0]
-    check_softmax_classes(fn, num_classes, name="weight.shape[0] (the number of classes C)")
+    check_softmax_classes(fn, num_classes, arg="weight.shape[0] (the number of classes C)")
     check_ids_in_range(fn, target, num_classes, ignore_index)
     check_finite(fn, "embeddings", embeddings)
     dtype = compute_dtype(embeddings, weight)
@@ -299,7 +299,7 @@ class PartialFCLoss(GeneratorStateMixin):
         super().__init__()
         fn = "PartialFCLoss"
         _check_sizes(fn, embedding_dim, num_classes)
-        check_softmax_classes(fn, num_classes, name="num_classes")
+        check_softmax_classes(fn, num_classes, arg="num_classes")
         rate = _check_rate(fn, sample_rate)
         s, m, thr = check_margin_hparams(fn, scale=scale, margin=margin, variant=variant,
                                          interclass_filtering_threshold=interclass_filtering_threshold)

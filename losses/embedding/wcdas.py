@@ -177,7 +177,7 @@ def wcdas_loss(
     check_reduction(fn, reduction)
     _check_embeddings_and_target(fn, embeddings, target)
     _check_head(fn, embeddings, weight, concentration_logit, scale)
-    check_softmax_classes(fn, weight.shape[0], name="weight.shape[0] (the number of classes C)")
+    check_softmax_classes(fn, weight.shape[0], arg="weight.shape[0] (the number of classes C)")
     check_ids_in_range(fn, target, weight.shape[0], ignore_index)
     logits = _logits(drop_rows(embeddings, target != ignore_index), weight, concentration_logit, scale, variant)
     with torch.autocast(device_type=embeddings.device.type, enabled=False):
@@ -216,7 +216,7 @@ class WCDASLoss(nn.Module):
         name = "WCDASLoss"
         for key, val in (("embedding_dim", embedding_dim), ("num_classes", num_classes)):
             check_int(name, key, val, low=1, hint=f"pass the {key}")
-        check_softmax_classes(name, num_classes, name="num_classes")
+        check_softmax_classes(name, num_classes, arg="num_classes")
         check_reduction(name, reduction)
         check_choice(name, "variant", variant, VARIANTS)
         self.concentration_init = check_number(name, "concentration_init", concentration_init)
