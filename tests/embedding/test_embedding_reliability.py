@@ -279,7 +279,7 @@ def test_chunk_size_and_nbc_num_classes_kinds():
     x, y, w = torch.randn(3, 4), torch.tensor([0, 1, 2]), torch.randn(5, 4)
     with pytest.raises(TypeError, match=r"^linear_cross_entropy: chunk_size must be a positive int"):
         losses.linear_cross_entropy(x, y, w, chunk_size=2.0)
-    with pytest.raises(ValueError, match=r"^linear_cross_entropy: chunk_size must be a positive int \(got 0\)"):
+    with pytest.raises(ValueError, match=r"^linear_cross_entropy: chunk_size must be a positive int or None \(got 0\)"):
         losses.linear_cross_entropy(x, y, w, chunk_size=0)
     with pytest.raises(TypeError, match=r"^nbc_loss: num_classes must be a positive int"):
         losses.nbc_loss(x, y, num_classes=5.0)
