@@ -447,6 +447,8 @@ class VisionSegmenter(BenchmarkModule):
         feature_index: which feature level feeds the head (timm ``out_indices``; 1 = stride 4,
             i.e. 8x8 maps for 32x32 inputs: the resolution of the original digits).
         num_classes / in_chans: linked from the DataModule (11 / 1).
+        init_seed / lr_schedule: as :class:`VisionClassifier` (the same initial weights for every
+            loss; ``"cosine"`` anneals the learning rate to 0 over the fit's steps).
 
     Metrics: ``loss``; ``dice`` (torchmetrics ``DiceScore``: per-class Dice over the whole set,
     macro mean, background included) in every stage; in val/test also ``dice_fg`` (without
@@ -465,10 +467,16 @@ class VisionSegmenter(BenchmarkModule):
         weight_decay: float = 0.0,
         ece_bins: int = 15,
         backbone_kwargs: Optional[Dict[str, Any]] = None,
+        init_seed: Optional[int] = None,
+        lr_schedule: str = "constant",
     ) -> None:
         super().__init__(lr=lr, weight_decay=weight_decay)
         self.save_hyperparameters()
         cls = "VisionSegmenter"
+        if lr_schedule not in ("constant", "cosine"):
+            raise ValueError(f"{cls}: lr_schedule must be 'constant' or 'cosine' (got {lr_schedule!r}); "
+                             "cosine anneals the learning rate to 0")
+        self.lr_schedule = lr_schedule
         _positive(cls, "num_classes", num_classes, "link it from the DataModule (the CLI does) or pass it")
         _positive(cls, "in_chans", in_chans, "digits images have 1 channel")
         if not isinstance(loss, nn.Module):
@@ -479,9 +487,12 @@ class VisionSegmenter(BenchmarkModule):
                              f"(got kind {self.route.kind!r} for {type(loss).__name__}); use a Dice / Jaccard / "
                              "cross-entropy loss")
         timm = _timm()
-        self.backbone = timm.create_model(backbone, pretrained=False, in_chans=in_chans, features_only=True,
-                                          out_indices=(feature_index,), **(backbone_kwargs or {}))
-        self.head = nn.Conv2d(self.backbone.feature_info.channels()[-1], num_classes, kernel_size=1)
+        with torch.random.fork_rng(devices=[], enabled=init_seed is not None):
+            if init_seed is not None:  # the same start for every loss (paired comparisons)
+                torch.manual_seed(int(init_seed))
+            self.backbone = timm.create_model(backbone, pretrained=False, in_chans=in_chans, features_only=True,
+                                              out_indices=(feature_index,), **(backbone_kwargs or {}))
+            self.head = nn.Conv2d(self.backbone.feature_info.channels()[-1], num_classes, kernel_size=1)
         self.loss = loss
         self.num_classes = num_classes
 
@@ -498,6 +509,17 @@ class VisionSegmenter(BenchmarkModule):
                 "ece": MulticlassCalibrationError(num_classes, n_bins=ece_bins, norm="l1"),
             }, prefix=f"{stage}/"))
         clean_linked_hparams(self)
+
+    def configure_optimizers(self) -> Any:
+        import math
+
+        opt = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        if self.lr_schedule == "constant":
+            return opt
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda step: 0.5 * (1.0 + math.cos(math.pi * min(1.0, step / total))))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def forward(self, x: Tensor) -> Tensor:
         feats = self.backbone(x)[-1]
