@@ -529,7 +529,7 @@ def parse_fmt(cell: str) -> Tuple[float, float]:
 
 def _params_text(p: Dict[str, Any]) -> str:
     if not p:
-        return "-"
+        return "recipe as is"
     return ", ".join(f"{k.split('.')[-1]}={cli_value(v)}" for k, v in p.items())
 
 
