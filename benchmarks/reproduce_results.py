@@ -437,18 +437,30 @@ def _row(run: Run, args: Sequence[str], res: dict) -> dict:
 def run_all(runs: Sequence[Run], *, jobs: int, threads: int, quick: bool, workdir: str, fresh: bool,
             timeout: float, log=print) -> List[dict]:
     order = sorted(runs, key=lambda r: (-r.arm.seconds, r.seed))  # long runs first
+    # arms whose runs are identical (same recipe and arguments, e.g. one recipe selected on two
+    # metrics) share one process: the first runs, the others read its cached result afterwards
+    first: Dict[str, Run] = {}
+    later: List[Run] = []
+    for r in order:
+        k = _run_key(r, r.args(quick))
+        if k in first:
+            later.append(r)
+        else:
+            first[k] = r
     rows: List[dict] = []
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = {pool.submit(execute, r, quick=quick, workdir=workdir, threads=threads, fresh=fresh,
-                               timeout=timeout): r for r in order}
+                               timeout=timeout): r for r in first.values()}
         for i, fut in enumerate(as_completed(futures), 1):
             r = futures[fut]
             row = fut.result()
             rows.append(row)
             status = "cached" if row["cached"] else ("ok" if row["ok"] else "FAILED " + row["error"][:200])
-            log(f"[{i}/{len(order)} {time.perf_counter() - t0:7.0f}s] {r.phase} {r.arm.key} seed {r.seed} "
+            log(f"[{i}/{len(first)} {time.perf_counter() - t0:7.0f}s] {r.phase} {r.arm.key} seed {r.seed} "
                 f"{row['params']}: {status} ({row['run_seconds']:.0f} s)", flush=True)
+    for r in later:
+        rows.append(execute(r, quick=quick, workdir=workdir, threads=threads, fresh=False, timeout=timeout))
     index = {id(r): i for i, r in enumerate(runs)}
     by_run = {(row["arm"], row["phase"], row["seed"], row["params"]): row for row in rows}
     return [by_run[(r.arm.key, r.phase, r.seed, json.dumps(dict(r.params), sort_keys=True))]

@@ -135,3 +135,13 @@ def test_every_arm_parses_through_the_cli():
             assert cli.model.two_stage_epoch == dict(a.overrides)["model.init_args.two_stage_epoch"]
         assert cli.model.hparams.init_seed == 0
     assert len(seen) >= 16
+
+
+def test_identical_runs_of_two_arms_share_one_key():
+    """ce and ce_robust differ only in their selection metric: a shared setting is one run, not two."""
+    ce, ce_r = CF.arms["ce"], CF.arms["ce_robust"]
+    p = ce.grid_points()[1]
+    a, b = rr.Run(ce, 0, "eval", tuple(p.items())), rr.Run(ce_r, 0, "eval", tuple(p.items()))
+    assert rr._run_key(a, a.args(False)) == rr._run_key(b, b.args(False))
+    c = rr.Run(ce, 0, "tune", tuple(p.items()))
+    assert rr._run_key(a, a.args(False)) != rr._run_key(c, c.args(False))
