@@ -665,9 +665,9 @@ def write_markdown(benchmark: str, claims: Sequence[Claim], results: Sequence[di
                   "|---|---|---|---|---|---|---|---|"]
         for x in res["checks"]:
             ch, ci = x["check"], x["ci"]
-            fam = fmt(*_mean_sd(list(per_seed(rows, ch.family, ch.metric).values())))
+            fam = fmt(*_mean_sd([v for s, v in per_seed(rows, ch.family, ch.metric).items() if s in seeds]))
             if ch.baseline:
-                base = fmt(*_mean_sd(list(per_seed(rows, ch.baseline, ch.metric).values())))
+                base = fmt(*_mean_sd([v for s, v in per_seed(rows, ch.baseline, ch.metric).items() if s in seeds]))
                 diff = f"{ci.mean:+.4f}" if math.isfinite(ci.mean) else "n/a"
             else:
                 base, diff = f"level {ch.level:g}", "-"

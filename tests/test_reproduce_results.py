@@ -140,6 +140,26 @@ def test_report_statistics_match_an_independent_computation(tmp_path):
     assert rr.fmt(statistics.fmean(ce_vals), statistics.stdev(ce_vals)) in md
 
 
+def test_bootstrap_option_is_used_and_stated(tmp_path):
+    rows = _synthetic_rows()
+    claim = next(c for c in CF.claims if c.key == "wcdas")
+    res = rr.claim_results(claim, rows, seeds=list(range(10)), method="bootstrap", confidence=0.95)
+    ci = res["checks"][0]["ci"]
+    assert ci.method == "bootstrap" and ci.low > 0  # 0.05 +- 0.01 over 10 seeds
+    d = np.array([r["test/acc_tail"] for r in rows if r["arm"] == "wcdas_lt"]) - \
+        np.array([r["test/acc_tail"] for r in rows if r["arm"] == "ce_lt"])
+    # percentile bootstrap of the mean: inside the range of the data, near mean +- 1.96 sd / sqrt(n)
+    half = 1.96 * d.std(ddof=0) / math.sqrt(10)
+    assert ci.low == pytest.approx(d.mean() - half, abs=0.3 * half)
+    assert ci.high == pytest.approx(d.mean() + half, abs=0.3 * half)
+    meta = {"mode": "test", "command": "x", "code": "c", "date": "d", "versions": {}, "cpus": 2, "cpu": "cpu",
+            "jobs": 1, "threads": 1, "ci": "bootstrap", "confidence": 0.95, "power": 0.8,
+            "bootstrap_resamples": 10000, "tuning_seeds": [1000], "seeds_of": {"wcdas": list(range(10))}}
+    path = tmp_path / "v.md"
+    rr.write_markdown("vision", [claim], [res], rows, CF, {}, {}, meta, str(path), [])
+    assert "percentile bootstrap of the mean (10000 resamples)" in path.read_text()
+
+
 # ------------------------------------------------------------------------------------------
 # the reduced reproduction, end to end
 # ------------------------------------------------------------------------------------------
