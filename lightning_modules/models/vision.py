@@ -288,13 +288,14 @@ class VisionClassifier(BenchmarkModule):
         for module in (self.net.backbone, self.net.projection):
             module.requires_grad_(False)
         self.train(self.training)
-        opts = self.optimizers()
-        opts = opts if isinstance(opts, list) else [opts]
-        with torch.no_grad():
-            for name, p in self._head_parameters().items():
-                p.copy_(self._head_init[name])
-                for opt in opts:  # fresh AdamW moments for the re-initialised head
-                    getattr(opt, "optimizer", opt).state.pop(p, None)
+        if self.current_epoch == self.two_stage_epoch:  # not when resuming inside stage 2
+            opts = self.optimizers()
+            opts = opts if isinstance(opts, list) else [opts]
+            with torch.no_grad():
+                for name, p in self._head_parameters().items():
+                    p.copy_(self._head_init[name])
+                    for opt in opts:  # fresh AdamW moments for the re-initialised head
+                        getattr(opt, "optimizer", opt).state.pop(p, None)
         dm.set_class_balanced_sampling(True)
         self.log("train/stage", 2.0, on_step=False, on_epoch=True)
 
