@@ -1,13 +1,14 @@
 """One recipe run for ``benchmarks/reproduce_results.py``, in a fresh process.
 
 ``python benchmarks/_reproduce_worker.py SPEC.json OUT.json`` where ``SPEC.json`` holds
-``{"config": path, "root": dir, "fit_args": [...], "test_args": [...], "fit": bool}``.
+``{"config": path, "root": dir, "fit_args": [...], "test_args": [...], "fit": bool, "test": bool}``.
 
 Runs the project's CLI entry point (``lightning_modules.cli.main``, the function behind
 ``python -m lightning_modules``) twice in this process: ``fit`` with ``fit_args``, then ``test``
 with ``test_args`` from the checkpoint the fit saved (the last one written: recipes keep
 Lightning's default ``ModelCheckpoint``, i.e. the end of the last epoch). With ``"fit": false``
-only ``test`` runs, on the untrained model (zero-shot references). Writes the test metrics the
+only ``test`` runs, on the untrained model (zero-shot references); with ``"test": false`` only
+``fit`` runs (tuning runs: their validation metrics are the result). Writes the test metrics the
 LightningModule logged (``test/...``), wall times, the epochs trained, the DataModule's data
 sizes, peak RSS and the library versions to ``OUT.json``.
 """
@@ -90,7 +91,14 @@ def run(spec: dict) -> dict:
         fit = main(args=["fit", "--config", spec["config"], *common, *spec.get("fit_args", [])])
         result["fit_seconds"] = time.perf_counter() - t0
         result["epochs"] = int(fit.trainer.current_epoch)
+        result["steps"] = int(fit.trainer.global_step)
         result["fit_metrics"] = _scalars(fit.trainer.callback_metrics)
+        if not spec.get("test", True):
+            result["data"] = _data_info(fit.datamodule)
+            result["val_metrics"] = {k: v for k, v in result["fit_metrics"].items() if k.startswith("val/")}
+            result.update(_env(torch, pl))
+            result["ok"] = True
+            return result
         ckpts = sorted(glob.glob(os.path.join(root, "**", "*.ckpt"), recursive=True), key=os.path.getmtime)
         if not ckpts:
             raise RuntimeError(f"fit wrote no checkpoint under {root}")
@@ -102,12 +110,16 @@ def run(spec: dict) -> dict:
     result["test_seconds"] = time.perf_counter() - t0
     result["test_metrics"] = {k: v for k, v in _scalars(test.trainer.callback_metrics).items() if k.startswith("test/")}
     result["data"] = _data_info(test.datamodule)
-    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    result["versions"] = {"python": platform.python_version(), "sys_version": sys.version.replace("\n", " "),
-                          "torch": torch.__version__, "pytorch_lightning": pl.__version__,
-                          "threads": torch.get_num_threads()}
+    result.update(_env(torch, pl))
     result["ok"] = True
     return result
+
+
+def _env(torch, pl) -> dict:
+    return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+            "versions": {"python": platform.python_version(), "sys_version": sys.version.replace("\n", " "),
+                         "torch": torch.__version__, "pytorch_lightning": pl.__version__,
+                         "threads": torch.get_num_threads()}}
 
 
 def main_cli(argv) -> int:

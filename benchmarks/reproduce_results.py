@@ -1,48 +1,40 @@
-"""Reproduce the papers' claims of ``docs/benchmarks.md`` with the project's Lightning recipes.
+"""Reproduce the papers' claims declared in ``benchmarks/claims.yaml`` with the project's recipes.
 
-For every row of the table "What each family should show" this runs the family's recipe(s) and
-its baseline recipe(s) (``configs/<benchmark>/*.yaml``) through the project's CLI -- ``fit``,
-then ``test`` from the checkpoint that fit saved (the end of the last epoch) -- over several
-seeds, collects the ``test/...`` metrics the LightningModules log, and writes
+The claims file declares, before anything runs, every claim's arms (recipe, fixed overrides, step
+budget), the hyperparameter grid each arm is tuned over, the selection metric (a validation
+metric), the seeds and each check's claimed direction or equivalence margin. This script
 
-* ``<out>/<benchmark>.md`` for ``vision``, ``segmentation``, ``recommendation``, ``retrieval``:
-  one table per claim (metric mean +- sd per loss, n seeds, epochs, wall time) and the claim's
-  checks with a verdict computed from the numbers (never hand-written);
-* ``<out>/summary.md``: one line per claim;
-* ``<out>/*.png``: plots (per-class accuracy on digits-LT, Recall@20 per loss on ML-100k, R@1
-  per loss on code search, R@1 against the InfoNCE temperature, one panel per claim);
-* ``<out>/raw_runs.csv``: every run (recipe, seed, overrides, wall times, data sizes, metrics).
+1. **tunes** every arm: one run per grid point and tuning seed (``tuning.seeds``, disjoint from the
+   evaluation seeds), ``fit`` only, validation at the end of the last epoch; the grid point with the
+   best mean ``select`` metric is chosen (ties: the first declared). The test split is never read;
+2. **evaluates** the chosen setting over the claim's seeds ``0 .. n-1``: ``fit`` (no validation
+   loop), then ``test`` from the checkpoint fit saved. Per seed every arm gets the same split and
+   training order (the DataModule's seed; the order is drawn from ``(seed, epoch)`` only), the same
+   initial weights where the architectures agree (``--model.init_args.init_seed``), and the same
+   step budget (``epochs``; the recipes anneal the learning rate with a cosine schedule per stage);
+3. **compares** paired: per check, the per-seed differences family - baseline, their mean with a 95%
+   CI (paired t by default; ``--ci bootstrap`` for a percentile bootstrap), the minimum detectable
+   effect at 80% power for that n, and the verdict *reproduced* / *contradicted* / *not resolved*
+   (rules: ``benchmarks/stats.py``);
+4. **reports**: ``<out>/<benchmark>.md`` (per claim: the arms' mean +- sd, the chosen
+   hyperparameters and the tuning table, the paired differences with CI, MDE and verdict),
+   ``<out>/<benchmark>_forest.png`` (every paired check's CI against 0 and its margin),
+   ``<out>/<benchmark>.png`` (per-claim panels), ``<out>/vision_lt_per_class.png`` (per-class test
+   accuracy of the long-tailed arms), ``<out>/<benchmark>_runs.csv`` (every run, tuning and
+   evaluation) and ``<out>/summary.md``.
 
-Usage (one command regenerates everything; about an hour on 2 CPU cores)::
+Usage::
 
-    python benchmarks/reproduce_results.py                    # 3 seeds, every benchmark
-    python benchmarks/reproduce_results.py --seeds 5 --benchmarks vision,retrieval
-    python benchmarks/reproduce_results.py --claims gol,psl --out /tmp/res
-    python benchmarks/reproduce_results.py --quick --out /tmp/res   # 1 seed, 1 epoch, 2 batches
+    python benchmarks/reproduce_results.py --jobs 2                        # every claim in the file
+    python benchmarks/reproduce_results.py --claims wcdas,wcdas_2stage --out /tmp/res
+    python benchmarks/reproduce_results.py --quick --out /tmp/res --claims opl   # CI smoke run
 
-Each run is a fresh process (``benchmarks/_reproduce_worker.py``, which calls
-``lightning_modules.cli.main`` -- the entry point of ``python -m lightning_modules`` -- for
-``fit`` and then ``test``), so no state leaks between runs. ``--jobs`` runs that many processes
-at once with ``max(1, cpus // jobs)`` torch threads each (never more threads than cores). Seeds
-vary ``--seed_everything``, the DataModule's ``seed`` (split, subsampling, label noise,
-shuffling, negatives) and a loss's own ``seed`` where the recipe sets one. Finished runs are
-kept in ``--workdir`` keyed by their exact overrides and parsed recipe, so an interrupted
-reproduction resumes (``--fresh`` ignores them; use it after changing the library).
-
-Verdicts (per check; ``d`` = family mean - baseline mean, sign-adjusted so that ``d > 0`` is
-better, ``s = sqrt((sd_f^2 + sd_b^2) / 2)``):
-
-* ``better`` (the claim says "better" or ">="): ``|d| <= s`` -> "inconclusive (within 1 sd)",
-  ``d > s`` -> "reproduced", ``d < -s`` -> "not reproduced";
-* ``not_worse`` ("competitive", "similar", "small cost", "matches"): "reproduced" when
-  ``d >= -max(s, tol)``, else "not reproduced";
-* ``equal`` ("equals"): "reproduced" when ``|d| <= max(s, tol)``, else "not reproduced";
-* ``below`` (a level, e.g. mean support size < number of classes): "reproduced" when
-  ``mean + sd < level``, "not reproduced" when ``mean - sd >= level``, else inconclusive.
-
-A claim is "reproduced" when all its checks are; "not reproduced" when any check is not;
-otherwise "inconclusive (within 1 sd)". With fewer than 2 seeds there is no sd and every check
-that needs one is "inconclusive (n < 2)".
+``--quick`` (1 seed, the first grid point, 1 epoch of 2 batches; numbers meaningless) refuses
+to write into the repository's ``results/``. Each run is a fresh process
+(``benchmarks/_reproduce_worker.py``, which calls ``lightning_modules.cli.main``); ``--jobs`` runs
+that many at once with ``max(1, cpus // jobs)`` torch threads each. Finished runs are kept in
+``--workdir``, keyed by recipe content and exact arguments, so an interrupted reproduction resumes
+(``--fresh`` ignores them; use it after changing the library).
 """
 
 from __future__ import annotations
@@ -52,73 +44,97 @@ import csv
 import dataclasses
 import datetime as _dt
 import hashlib
+import importlib.util
+import itertools
 import json
 import math
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "_reproduce_worker.py")
-BENCHMARKS = ("vision", "segmentation", "recommendation", "retrieval")
+CLAIMS_FILE = os.path.join(HERE, "claims.yaml")
 
-REPRODUCED = "reproduced"
-NOT_REPRODUCED = "not reproduced"
-INCONCLUSIVE = "inconclusive (within 1 sd)"
-INCONCLUSIVE_N = "inconclusive (n < 2)"
+
+def _load_stats():
+    name = "reproduce_stats"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, "stats.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+stats = _load_stats()
 
 QUICK_ARGS = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
               "--trainer.limit_test_batches=2", "--trainer.num_sanity_val_steps=0"]
+QUICK_GRID = 1  # grid points tuned in --quick (the selection itself is unit-tested)
+DIRECTION_KINDS = ("higher", "lower")
+MARGIN_KINDS = ("equivalent", "not_worse")
+LEVEL_KINDS = ("below", "above")
 
 
 # ------------------------------------------------------------------------------------------
-# what runs
+# the claims file
 # ------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Arm:
-    """One loss configuration: a recipe plus overrides, trained ``epochs`` epochs per seed."""
-
     key: str
+    benchmark: str
     label: str
     recipe: str
-    benchmark: str
     epochs: int
-    overrides: Tuple[str, ...] = ()
-    fit: bool = True  # False: test the untrained model (zero-shot reference)
-    cost: float = 40.0  # rough run time in seconds (2 cores, shared), to start long runs first
+    select: str
+    grid: Tuple[Tuple[str, Tuple[Any, ...]], ...] = ()
+    overrides: Tuple[Tuple[str, Any], ...] = ()
+    seconds: float = 60.0
+    points: Tuple[Tuple[Tuple[str, Any], ...], ...] = ()  # an explicit list of grid points instead
+
 
     def recipe_text(self) -> str:
         with open(os.path.join(ROOT, self.recipe)) as fh:
             return fh.read()
 
-    def loss_has_seed(self) -> bool:
+    def recipe_config(self) -> dict:
         import yaml
 
-        cfg = yaml.safe_load(self.recipe_text()) or {}
-        loss = (((cfg.get("model") or {}).get("init_args") or {}).get("loss") or {})
+        return yaml.safe_load(self.recipe_text()) or {}
+
+    def loss_has_seed(self) -> bool:
+        loss = (((self.recipe_config().get("model") or {}).get("init_args") or {}).get("loss") or {})
         return "seed" in (loss.get("init_args") or {})
+
+    def grid_points(self) -> List[Dict[str, Any]]:
+        """The grid points in declared order: the explicit ``points``, or the product of the grid's
+        lists (``[{}]`` without a grid)."""
+        if self.points:
+            return [dict(p) for p in self.points]
+        if not self.grid:
+            return [{}]
+        keys = [k for k, _ in self.grid]
+        return [dict(zip(keys, vals)) for vals in itertools.product(*[v for _, v in self.grid])]
 
 
 @dataclasses.dataclass(frozen=True)
 class Check:
-    """``metric`` of arm ``family`` against arm ``baseline`` (or a fixed ``level``)."""
-
     metric: str
     family: str
+    kind: str
     baseline: Optional[str] = None
-    kind: str = "better"  # better | not_worse | equal | below
-    higher_is_better: bool = True
-    tol: float = 0.0
+    margin: Optional[float] = None
     level: Optional[float] = None
-    note: str = ""
+    better: str = "higher"  # for not_worse: which direction of the metric is good
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,252 +146,238 @@ class Claim:
     claim: str
     arms: Tuple[str, ...]
     metrics: Tuple[str, ...]
+    seeds: int
+    plot: str
     checks: Tuple[Check, ...]
-    plot_metric: str
     notes: str = ""
+    varies: Tuple[str, ...] = ()  # data arguments the arms deliberately differ in (e.g. label_type)
 
 
-V, S, R, T = "vision", "segmentation", "recommendation", "retrieval"
+@dataclasses.dataclass(frozen=True)
+class ClaimsFile:
+    path: str
+    statistics: Dict[str, Any]
+    tuning_seeds: Tuple[int, ...]
+    benchmarks: Dict[str, Dict[str, str]]
+    arms: Dict[str, Arm]
+    claims: Tuple[Claim, ...]
 
 
-def _arms() -> Dict[str, Arm]:
-    arms = [
-        # digits (full): 18 steps / epoch
-        Arm("ce", "cross-entropy", "configs/vision/cross_entropy.yaml", V, 5, cost=130),
-        Arm("z_loss", "Z-loss", "configs/vision/z_loss.yaml", V, 5, cost=55),
-        Arm("sparsemax", "sparsemax loss", "configs/vision/sparsemax.yaml", V, 5, cost=55),
-        Arm("adv", "smooth adversarial comp-sum", "configs/vision/adversarial_comp_sum.yaml", V, 3, cost=290),
-        Arm("ce_noisy", "cross-entropy (40% noise)", "configs/vision/cross_entropy_noisy.yaml", V, 6, cost=90),
-        Arm("comp_sum_noisy", "comp-sum tau=1.5 (40% noise)", "configs/vision/comp_sum_noisy.yaml", V, 6, cost=90),
-        # digits low-data (10%): 2 steps / epoch
-        Arm("ce_lowdata", "cross-entropy (10% data)", "configs/vision/cross_entropy_lowdata.yaml", V, 30, cost=50),
-        Arm("opl_lowdata", "CE + OPL (10% data)", "configs/vision/opl_lowdata.yaml", V, 30, cost=55),
-        # digits-LT (IF 50): 5 steps / epoch
-        Arm("ce_lt", "cross-entropy (LT)", "configs/vision/cross_entropy_lt.yaml", V, 15, cost=55),
-        Arm("bce_lt", "BCE (LT)", "configs/vision/bce_with_logits_lt.yaml", V, 15, cost=55),
-        Arm("gol_lt", "GOL (LT)", "configs/vision/gol_lt.yaml", V, 15, cost=55),
-        Arm("cosine_lt", "cosine softmax (LT)", "configs/vision/cosine_softmax_lt.yaml", V, 15, cost=55),
-        Arm("wcdas_lt", "WCDAS (LT)", "configs/vision/wcdas_lt.yaml", V, 15, cost=60),
-        # digits segmentation
-        Arm("dml_soft", "DML, soft labels", "configs/segmentation/dice_semimetric_soft.yaml", S, 4, cost=75),
-        Arm("dml_hard", "DML, hard labels", "configs/segmentation/dice_semimetric_hard.yaml", S, 4, cost=75),
-        Arm("dice_hard", "soft Dice, hard labels", "configs/segmentation/soft_dice_hard.yaml", S, 4, cost=75),
-        # MovieLens-100k
-        Arm("bpr", "BPR", "configs/recommendation/bpr.yaml", R, 10, cost=48),
-        Arm("ssm", "sampled softmax", "configs/recommendation/sampled_softmax.yaml", R, 10, cost=35),
-        Arm("psl_tanh", "PSL tanh", "configs/recommendation/psl_tanh.yaml", R, 10, cost=35),
-        Arm("psl_atan", "PSL atan", "configs/recommendation/psl_atan.yaml", R, 10, cost=35),
-        Arm("psl_relu", "PSL relu", "configs/recommendation/psl_relu.yaml", R, 10, cost=35),
-        Arm("full_softmax", "full softmax (CE)", "configs/recommendation/full_softmax.yaml", R, 10, cost=50),
-        Arm("pfc_01", "Partial FC r=0.1", "configs/recommendation/partial_fc.yaml", R, 10, cost=50),
-        Arm("pfc_10", "Partial FC r=1.0 (full margin softmax)", "configs/recommendation/partial_fc.yaml", R, 10,
-            ("--model.init_args.loss.init_args.sample_rate=1.0",), cost=50),
-        Arm("ds_users", "decoupled softmax (users)", "configs/recommendation/decoupled_softmax_users.yaml", R, 10, cost=40),
-        Arm("infonce_users", "InfoNCE (users)", "configs/recommendation/infonce_users.yaml", R, 10, cost=40),
-        # retrieval
-        Arm("chat_ds", "decoupled softmax (chatterbot)", "configs/retrieval/chatterbot_decoupled_softmax.yaml", T, 10, cost=40),
-        Arm("chat_infonce", "InfoNCE (chatterbot)", "configs/retrieval/chatterbot_infonce.yaml", T, 10, cost=40),
-        Arm("chat_zero", "zero-shot MiniLM (chatterbot)", "configs/retrieval/chatterbot_infonce.yaml", T, 0,
-            fit=False, cost=15),
-        Arm("stdlib_infonce", "InfoNCE tau=0.05 (stdlib)", "configs/retrieval/stdlib_infonce.yaml", T, 3, cost=40),
-        Arm("stdlib_ds", "decoupled softmax tau=0.05 (stdlib)", "configs/retrieval/stdlib_infonce.yaml", T, 3,
-            ("--model.init_args.loss=losses.DecoupledSoftmaxLoss",
-             "--model.init_args.loss.init_args.temperature=0.05"), cost=40),
-        Arm("stdlib_zero", "zero-shot MiniLM (stdlib)", "configs/retrieval/stdlib_infonce.yaml", T, 0, fit=False, cost=15),
-        Arm("stdlib_nbc", "softmax + NBC (stdlib)", "configs/retrieval/stdlib_nbc_softmax.yaml", T, 3, cost=95),
-        Arm("stdlib_softmax", "softmax alone (stdlib)", "configs/retrieval/stdlib_softmax.yaml", T, 3, cost=95),
-    ]
-    for tau in TEMPERATURES:
-        if tau != 0.05:
-            arms.append(Arm(f"stdlib_infonce_t{tau:g}", f"InfoNCE tau={tau:g} (stdlib)",
-                            "configs/retrieval/stdlib_infonce.yaml", T, 3,
-                            (f"--model.init_args.loss.init_args.temperature={tau:g}",)))
-    return {a.key: a for a in arms}
+def load_claims(path: str = CLAIMS_FILE) -> ClaimsFile:
+    """Parse the claims file (no validation beyond its shape; see :func:`validate_claims`)."""
+    import yaml
+
+    with open(path) as fh:
+        raw = yaml.safe_load(fh) or {}
+    arms = {}
+    for key, a in (raw.get("arms") or {}).items():
+        grid = dict(a.get("grid") or {})
+        points = tuple(tuple((p or {}).items()) for p in grid.pop("points", None) or ())
+        arms[key] = Arm(key=key, benchmark=a["benchmark"], label=a.get("label", key), recipe=a["recipe"],
+                        epochs=int(a["epochs"]), select=a.get("select", ""), points=points,
+                        grid=tuple((k, tuple(v)) for k, v in grid.items()),
+                        overrides=tuple((a.get("overrides") or {}).items()), seconds=float(a.get("seconds", 60)))
+    claims = []
+    for c in raw.get("claims") or []:
+        checks = tuple(Check(metric=ch["metric"], family=ch["family"], kind=ch["kind"], baseline=ch.get("baseline"),
+                             margin=ch.get("margin"), level=ch.get("level"), better=ch.get("better", "higher"))
+                       for ch in c.get("checks") or [])
+        claims.append(Claim(key=c["key"], family=c["family"], benchmark=c["benchmark"], data=c.get("data", ""),
+                            claim=c.get("claim", ""), arms=tuple(c.get("arms") or ()),
+                            metrics=tuple(c.get("metrics") or ()), seeds=int(c.get("seeds", 0)),
+                            plot=c.get("plot", ""), checks=checks, notes=c.get("notes", "") or "",
+                            varies=tuple(c.get("varies") or ())))
+    tuning = raw.get("tuning") or {}
+    return ClaimsFile(path=path, statistics=dict(raw.get("statistics") or {}),
+                      tuning_seeds=tuple(int(s) for s in tuning.get("seeds") or ()),
+                      benchmarks=dict(raw.get("benchmarks") or {}), arms=arms, claims=tuple(claims))
 
 
-TEMPERATURES = (0.02, 0.05, 0.2, 0.5)
+def _data_config(arm: Arm, varies: Sequence[str] = ()) -> dict:
+    """The recipe's data section with the arm's overrides, without ``seed`` and the ``varies`` keys."""
+    cfg = arm.recipe_config().get("data") or {}
+    init = dict(cfg.get("init_args") or {})
+    for k, v in arm.overrides:
+        if k.startswith("data.init_args."):
+            init[k[len("data.init_args."):]] = v
+    for k in ("seed", *varies):
+        init.pop(k, None)
+    return {"class_path": cfg.get("class_path"), "init_args": init}
 
 
-def _claims() -> List[Claim]:
-    C = Check
-    return [
-        Claim("z_loss", "Z-loss", V, "digits (full)", "competitive top-1 with CE; better top-k ranking scores",
-              ("z_loss", "ce"), ("test/top1", "test/top5", "test/ece"),
-              (C("test/top1", "z_loss", "ce", "not_worse", tol=0.01),
-               C("test/top5", "z_loss", "ce", "better")), "test/top1"),
-        Claim("sparsemax", "sparsemax loss", V, "digits (full)",
-              "similar accuracy to CE with sparse output distributions (report mean support size)",
-              ("sparsemax", "ce"), ("test/top1", "test/support", "test/sparsemax_support", "test/ece"),
-              (C("test/top1", "sparsemax", "ce", "not_worse", tol=0.01),
-               C("test/support", "sparsemax", None, "below", level=10.0,
-                 note="mean support of sparsemax(logits) below the 10 classes (softmax: always 10)")),
-              "test/top1",
-              notes="`test/support` is the support of the loss's own predictive distribution (only losses "
-                    "with `predict_proba`); `test/sparsemax_support` is the support sparsemax would give the "
-                    "logits of any loss."),
-        Claim("comp_sum", "comp-sum (tau)", V, "digits + 40% symmetric label noise (clean test)",
-              "tau in (1, 2) (generalised CE / MAE-like) more robust to label noise than CE",
-              ("comp_sum_noisy", "ce_noisy"), ("test/top1", "test/balanced_acc", "test/ece"),
-              (C("test/top1", "comp_sum_noisy", "ce_noisy", "better"),), "test/top1"),
-        Claim("adversarial", "smooth adversarial comp-sum", V, "digits (full)",
-              "higher robust accuracy under PGD than CE training, small clean-accuracy cost",
-              ("adv", "ce"), ("test/robust_acc", "test/top1"),
-              (C("test/robust_acc", "adv", "ce", "better"),
-               C("test/top1", "adv", "ce", "not_worse", tol=0.05, note="small cost: at most 5 points")),
-              "test/robust_acc",
-              notes="Robust accuracy: PGD-10 on cross-entropy, l-inf, eps 8/255, step 2/255, random start "
-                    "(the recipes' `robust_eval`). The adversarial arm trains 3 epochs (each step runs a "
-                    "10-step attack, ~11x the cost of a CE step), cross-entropy 5 (it is shared with the "
-                    "Z-loss and sparsemax claims): the clean-accuracy comparison is, if anything, unfavourable "
-                    "to the adversarial loss."),
-        Claim("opl", "OPL", V, "digits low-data (10% of the training split)",
-              "CE + OPL >= CE; tighter intra-class / wider inter-class cosine",
-              ("opl_lowdata", "ce_lowdata"), ("test/top1", "test/cos_intra", "test/cos_inter"),
-              (C("test/top1", "opl_lowdata", "ce_lowdata", "better"),
-               C("test/cos_intra", "opl_lowdata", "ce_lowdata", "better"),
-               C("test/cos_inter", "opl_lowdata", "ce_lowdata", "better", higher_is_better=False)),
-              "test/top1"),
-        Claim("gol", "GOL", V, "digits-LT (imbalance factor 50, balanced test)",
-              "better tail-class accuracy than CE / BCE",
-              ("gol_lt", "ce_lt", "bce_lt"), ("test/acc_tail", "test/acc_head", "test/top1", "test/balanced_acc"),
-              (C("test/acc_tail", "gol_lt", "ce_lt", "better"),
-               C("test/acc_tail", "gol_lt", "bce_lt", "better")), "test/acc_tail"),
-        Claim("wcdas", "WCDAS", V, "digits-LT (imbalance factor 50, balanced test)",
-              "better tail-class and overall balanced accuracy than CE / cosine softmax",
-              ("wcdas_lt", "ce_lt", "cosine_lt"), ("test/acc_tail", "test/acc_head", "test/balanced_acc"),
-              (C("test/acc_tail", "wcdas_lt", "ce_lt", "better"),
-               C("test/acc_tail", "wcdas_lt", "cosine_lt", "better"),
-               C("test/balanced_acc", "wcdas_lt", "ce_lt", "better"),
-               C("test/balanced_acc", "wcdas_lt", "cosine_lt", "better")), "test/balanced_acc"),
-        Claim("dice", "Dice semimetric", S, "digits-seg (11 classes, soft labels from ink intensity)",
-              "soft-label training with DML >= hard-label (thresholded) training on Dice score and calibration; "
-              "equals soft Dice on hard labels",
-              ("dml_soft", "dml_hard", "dice_hard"), ("test/dice", "test/dice_fg", "test/ece", "test/pixel_acc"),
-              (C("test/dice", "dml_soft", "dml_hard", "better"),
-               C("test/dice", "dml_soft", "dice_hard", "better"),
-               C("test/ece", "dml_soft", "dml_hard", "better", higher_is_better=False),
-               C("test/ece", "dml_soft", "dice_hard", "better", higher_is_better=False),
-               C("test/dice", "dml_hard", "dice_hard", "equal", tol=1e-3,
-                 note="DML on hard labels equals soft Dice (same seed, same steps)")), "test/dice",
-              notes="Dice is computed against the thresholded (hard) map for every arm. On hard labels the two "
-                    "losses agree to float32 rounding on the same inputs, but rounding differences grow over "
-                    "training, so same-seed runs end at different models: the equality check compares the seed "
-                    "means within the pooled sd (the exact equality of values and gradients is a unit test of "
-                    "the losses)."),
-        Claim("nbc", "NBC-softmax", T, "stdlib docstring -> code pairs",
-              "softmax + NBC >= softmax alone on retrieval metrics",
-              ("stdlib_nbc", "stdlib_softmax", "stdlib_zero"), ("test/r@1", "test/r@10", "test/mrr@10", "test/ndcg@10"),
-              (C("test/r@1", "stdlib_nbc", "stdlib_softmax", "better"),
-               C("test/ndcg@10", "stdlib_nbc", "stdlib_softmax", "better")), "test/r@1"),
-        Claim("partial_fc", "Partial FC", R, "ML-100k next-item (1,682 item classes)",
-              "sample_rate 0.1 matches full-softmax accuracy at a fraction of time and memory",
-              ("pfc_01", "pfc_10", "full_softmax"), ("test/recall@20", "test/ndcg@20", "fit_s_per_epoch", "peak_rss_mb"),
-              (C("test/recall@20", "pfc_01", "pfc_10", "not_worse", tol=0.005),
-               C("test/recall@20", "pfc_01", "full_softmax", "not_worse", tol=0.005),
-               C("fit_s_per_epoch", "pfc_01", "pfc_10", "better", higher_is_better=False)), "test/recall@20",
-              notes="`fit_s_per_epoch` is the fit wall time divided by the epochs (the machine was shared, so "
-                    "single timings vary by 2-4x); `peak_rss_mb` the peak RSS of the whole run process. At 1,682 classes the "
-                    "centres are 0.4 MB, so memory differences are below the process noise; the many-class "
-                    "time and memory comparison (up to 1e6 classes) is in the performance benchmark "
-                    "(`benchmarks/perf_losses.py --suite partial_fc`)."),
-        Claim("decoupled_ml100k", "decoupled softmax", R, "ML-100k users -> all their training items",
-              "beats InfoNCE when queries have several positives",
-              ("ds_users", "infonce_users"), ("test/recall@20", "test/ndcg@20", "test/hr@10", "test/ndcg@10"),
-              (C("test/recall@20", "ds_users", "infonce_users", "better"),
-               C("test/ndcg@20", "ds_users", "infonce_users", "better")), "test/recall@20"),
-        Claim("decoupled", "decoupled softmax", T, "chatterbot Q -> A (multi-positive), stdlib pairs (one positive)",
-              "beats InfoNCE when queries have several positives; equal with one positive",
-              ("chat_ds", "chat_infonce", "chat_zero", "stdlib_ds", "stdlib_infonce"),
-              ("test/r@1", "test/r@10", "test/mrr@10", "test/ndcg@10"),
-              (C("test/r@1", "chat_ds", "chat_infonce", "better"),
-               C("test/ndcg@10", "chat_ds", "chat_infonce", "better"),
-               C("test/r@1", "stdlib_ds", "stdlib_infonce", "equal", tol=1e-3,
-                 note="one positive per query: the two losses coincide")), "test/r@1"),
-        Claim("psl", "PSL", R, "ML-100k matrix factorisation",
-              "PSL (tanh/atan/relu) >= sampled softmax >= BPR on Recall@20 / NDCG@20",
-              ("psl_tanh", "psl_atan", "psl_relu", "ssm", "bpr"), ("test/recall@20", "test/ndcg@20", "test/hr@10"),
-              tuple(C(m, p, "ssm", "better") for p in ("psl_tanh", "psl_atan", "psl_relu")
-                    for m in ("test/recall@20", "test/ndcg@20"))
-              + (C("test/recall@20", "ssm", "bpr", "better"), C("test/ndcg@20", "ssm", "bpr", "better")),
-              "test/recall@20",
-              notes="Every arm runs its recipe unchanged (10 epochs): PSL and sampled softmax share cosine "
-                    "scores, temperature 0.05, score scale 0.5 and a pool of 256 uniformly sampled negatives per "
-                    "batch; BPR uses one sampled negative per pair and dot scores."),
-    ]
-
-
-def _runs_for(claims: Sequence[Claim], arms: Dict[str, Arm], extra_arms: Sequence[str] = ()) -> List[Arm]:
-    keys: List[str] = []
-    for c in claims:
-        for k in c.arms:
-            if k not in keys:
-                keys.append(k)
-    for k in extra_arms:
-        if k not in keys:
-            keys.append(k)
-    return [arms[k] for k in keys]
+def validate_claims(cf: ClaimsFile) -> List[str]:
+    """Every problem of the claims file, as readable lines (empty: valid)."""
+    problems: List[str] = []
+    st = cf.statistics
+    if st.get("ci", "t") not in stats.METHODS:
+        problems.append(f"statistics.ci must be one of {stats.METHODS} (got {st.get('ci')!r})")
+    if not cf.tuning_seeds:
+        problems.append("tuning.seeds: declare at least one tuning seed")
+    keys = [c.key for c in cf.claims]
+    for k in {k for k in keys if keys.count(k) > 1}:
+        problems.append(f"claim key {k!r} is used twice")
+    for a in cf.arms.values():
+        where = f"arm {a.key!r}"
+        if a.benchmark not in cf.benchmarks:
+            problems.append(f"{where}: benchmark {a.benchmark!r} is not declared under benchmarks")
+        if not os.path.isfile(os.path.join(ROOT, a.recipe)):
+            problems.append(f"{where}: recipe {a.recipe} does not exist")
+        if a.epochs < 1:
+            problems.append(f"{where}: epochs must be >= 1")
+        if a.points and a.grid:
+            problems.append(f"{where}: give the grid either as lists (a product) or as points, not both")
+        if len(a.grid_points()) < 2 or any(len(v) < 1 for _, v in a.grid):
+            problems.append(f"{where}: declare a hyperparameter grid of at least 2 points (tuned on validation)")
+        if not a.select.startswith("val/"):
+            problems.append(f"{where}: select must be a validation metric (val/...), got {a.select!r}")
+        for k in [k for p in a.grid_points() for k in p] + [k for k, _ in a.overrides]:
+            if k.startswith("-") or k.split(".")[0] not in ("model", "data", "trainer"):
+                problems.append(f"{where}: override key {k!r} must look like model.init_args...., data.... or "
+                                "trainer.... (no leading dashes)")
+    for c in cf.claims:
+        where = f"claim {c.key!r}"
+        if c.benchmark not in cf.benchmarks:
+            problems.append(f"{where}: benchmark {c.benchmark!r} is not declared")
+        missing = [k for k in c.arms if k not in cf.arms]
+        if missing:
+            problems.append(f"{where}: arms {missing} are not declared under arms")
+            continue
+        if len(c.arms) < 2:
+            problems.append(f"{where}: needs a family arm and at least one baseline arm")
+        if not c.checks:
+            problems.append(f"{where}: declares no checks")
+        arms = [cf.arms[k] for k in c.arms]
+        if any(a.benchmark != c.benchmark for a in arms):
+            problems.append(f"{where}: every arm must belong to benchmark {c.benchmark!r}")
+        if len({a.epochs for a in arms}) > 1:
+            problems.append(f"{where}: arms have different step budgets {[(a.key, a.epochs) for a in arms]}")
+        datas = {json.dumps(_data_config(a, c.varies), sort_keys=True) for a in arms
+                 if os.path.isfile(os.path.join(ROOT, a.recipe))}
+        if len(datas) > 1:
+            problems.append(f"{where}: arms train on different data (the recipes' data sections differ beyond "
+                            f"the declared varies={list(c.varies)})")
+        budgets = {a.key: len(a.grid_points()) for a in arms}
+        if len(set(budgets.values())) > 1:
+            problems.append(f"{where}: unequal tuning budgets (grid points per arm: {budgets})")
+        need = 10 if all(a.seconds < 60 for a in arms) else 5
+        if c.seeds < need:
+            problems.append(f"{where}: {c.seeds} seeds; arms of about {max(a.seconds for a in arms):.0f} s need >= {need}")
+        if c.plot not in c.metrics:
+            problems.append(f"{where}: plot metric {c.plot!r} is not among its metrics")
+        for i, ch in enumerate(c.checks):
+            w = f"{where}, check {i + 1} ({ch.metric})"
+            if ch.family not in c.arms:
+                problems.append(f"{w}: family arm {ch.family!r} is not an arm of the claim")
+            if ch.metric not in c.metrics:
+                problems.append(f"{w}: metric is not among the claim's reported metrics")
+            if ch.kind in DIRECTION_KINDS + MARGIN_KINDS:
+                if ch.baseline not in c.arms or ch.baseline == ch.family:
+                    problems.append(f"{w}: baseline {ch.baseline!r} must be another arm of the claim")
+            if ch.kind in DIRECTION_KINDS:
+                if ch.margin is not None:
+                    problems.append(f"{w}: a direction claim takes no margin")
+            elif ch.kind in MARGIN_KINDS:
+                if not isinstance(ch.margin, (int, float)) or not ch.margin > 0:
+                    problems.append(f"{w}: a {ch.kind} claim needs a positive margin declared up front")
+                if ch.better not in ("higher", "lower"):
+                    problems.append(f"{w}: better must be 'higher' or 'lower'")
+            elif ch.kind in LEVEL_KINDS:
+                if not isinstance(ch.level, (int, float)):
+                    problems.append(f"{w}: a {ch.kind} claim needs a level")
+            else:
+                problems.append(f"{w}: kind {ch.kind!r} is not one of {DIRECTION_KINDS + MARGIN_KINDS + LEVEL_KINDS}")
+    return problems
 
 
 # ------------------------------------------------------------------------------------------
-# running
+# runs
 # ------------------------------------------------------------------------------------------
+def cli_value(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (list, dict)):
+        return json.dumps(v)
+    return str(v)
+
+
+def _overrides(items) -> List[str]:
+    return [f"--{k}={cli_value(v)}" for k, v in items]
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    arm: Arm
+    seed: int
+    phase: str  # "tune" | "eval"
+    params: Tuple[Tuple[str, Any], ...]  # the grid point
+
+    def args(self, quick: bool) -> List[str]:
+        return run_args(self.arm, self.seed, dict(self.params), phase=self.phase, quick=quick)
+
+
+def run_args(arm: Arm, seed: int, params: Dict[str, Any], *, phase: str, quick: bool) -> List[str]:
+    """CLI overrides of one run (the same for ``fit`` and ``test``)."""
+    cfg = arm.recipe_config()
+    model_cls = ((cfg.get("model") or {}).get("class_path") or "")
+    args = [f"--seed_everything={seed}", f"--data.init_args.seed={seed}"]
+    if model_cls.endswith(("VisionClassifier", "VisionSegmenter")):
+        args.append(f"--model.init_args.init_seed={seed}")  # the same initial weights for every loss
+    if arm.loss_has_seed():
+        args.append(f"--model.init_args.loss.init_args.seed={seed}")
+    args += _overrides(arm.overrides)
+    args += _overrides(params.items())
+    if quick:
+        args += QUICK_ARGS
+        if phase == "tune":
+            args.append("--trainer.check_val_every_n_epoch=1")
+        else:
+            args.append("--trainer.limit_val_batches=0")
+        return args
+    args += [f"--trainer.max_epochs={arm.epochs}", "--trainer.num_sanity_val_steps=0"]
+    if phase == "tune":  # one validation pass, at the end of training
+        args += [f"--trainer.check_val_every_n_epoch={arm.epochs}"]
+    else:  # the checkpoint is the end of the last epoch; nothing reads validation here
+        args += ["--trainer.limit_val_batches=0"]
+    return args
+
+
 def _code_version() -> str:
-    """Commit of HEAD (plus ``-dirty`` when the library / Lightning layer / recipes differ)."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True,
                               text=True, timeout=30).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "losses", "lightning_modules", "configs"],
-                               cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "losses", "lightning_modules", "configs",
+                                "benchmarks"], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
         return (head or "unknown") + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
 
-def run_args(arm: Arm, seed: int, quick: bool) -> List[str]:
-    """CLI overrides of one (arm, seed) run; used for both ``fit`` and ``test``."""
-    args = [f"--seed_everything={seed}", f"--data.init_args.seed={seed}"]
-    if arm.loss_has_seed():
-        args.append(f"--model.init_args.loss.init_args.seed={seed}")
-    args += list(arm.overrides)
-    if quick:
-        args += QUICK_ARGS
-    else:
-        e = max(1, arm.epochs)
-        # no validation loop (nothing here reads it; the checkpoint is the end of the last epoch,
-        # and PGD robust validation alone costs as much as several training epochs)
-        args += [f"--trainer.max_epochs={e}", "--trainer.num_sanity_val_steps=0", "--trainer.limit_val_batches=0"]
-    return args
-
-
-def _run_key(arm: Arm, seed: int, args: Sequence[str]) -> str:
-    """Identifies a finished run for resuming: recipe path and parsed content, overrides, fit or not. (Not
-    the code version: other work may commit while a long reproduction runs; use ``--fresh``
-    after changing the library.)"""
-    import yaml
-
-    parsed = yaml.safe_load(arm.recipe_text())  # comments do not count
-    blob = json.dumps([arm.recipe, parsed, list(args), arm.fit], sort_keys=True)
+def _run_key(run: Run, args: Sequence[str]) -> str:
+    """Recipe path and parsed content, the exact arguments and the phase: identical runs of two arms
+    (the same recipe and setting) share one result."""
+    blob = json.dumps([run.arm.recipe, run.arm.recipe_config(), list(args), run.phase], sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
-def execute(arm: Arm, seed: int, *, quick: bool, workdir: str, threads: int, code: str, fresh: bool,
-            timeout: float) -> dict:
-    args = run_args(arm, seed, quick)
-    key = _run_key(arm, seed, args)
-    run_dir = os.path.join(workdir, f"{arm.key}__s{seed}__{key}")
+def execute(run: Run, *, quick: bool, workdir: str, threads: int, fresh: bool, timeout: float) -> dict:
+    args = run.args(quick)
+    key = _run_key(run, args)
+    stem = os.path.splitext(os.path.basename(run.arm.recipe))[0]
+    run_dir = os.path.join(workdir, f"{stem}__{run.phase}__s{run.seed}__{key}")
     out = os.path.join(run_dir, "result.json")
     if not fresh and os.path.exists(out):
         with open(out) as fh:
             res = json.load(fh)
         if res.get("ok"):
             res["cached"] = True
-            return _row(arm, seed, args, res)
-    if os.path.isdir(run_dir):
-        shutil.rmtree(run_dir, ignore_errors=True)
+            return _row(run, args, res)
+    shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir, exist_ok=True)
-    spec = {"config": os.path.join(ROOT, arm.recipe), "root": os.path.join(run_dir, "logs"),
-            "fit_args": args, "test_args": args, "fit": arm.fit,
-            "recipe_sha": hashlib.sha1(arm.recipe_text().encode()).hexdigest()[:12]}
+    spec = {"config": os.path.join(ROOT, run.arm.recipe), "root": os.path.join(run_dir, "logs"),
+            "fit_args": args, "test_args": args, "fit": True, "test": run.phase == "eval",
+            "recipe_sha": hashlib.sha1(run.arm.recipe_text().encode()).hexdigest()[:12]}
     spec_path = os.path.join(run_dir, "spec.json")
     with open(spec_path, "w") as fh:
         json.dump(spec, fh, indent=1)
@@ -385,7 +387,7 @@ def execute(arm: Arm, seed: int, *, quick: bool, workdir: str, threads: int, cod
                 "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"})
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     started = _dt.datetime.now().isoformat(timespec="seconds")
-    code_at_start = _code_version()  # the working tree this run imports (others may commit meanwhile)
+    code_at_start = _code_version()
     t0 = time.perf_counter()
     with open(os.path.join(run_dir, "log.txt"), "w") as log:
         try:
@@ -401,89 +403,129 @@ def execute(arm: Arm, seed: int, *, quick: bool, workdir: str, threads: int, cod
         res = {"ok": False, "error": f"no result after {wall:.0f} s (timeout {timeout:.0f} s or crash); see "
                                      f"{os.path.join(run_dir, 'log.txt')}"}
     res["process_seconds"] = wall
-    res["recipe_sha"] = spec["recipe_sha"]  # the recipe file as this run read it
+    res["recipe_sha"] = spec["recipe_sha"]
     res["code"], res["started"] = code_at_start, started
-    # keep the result, drop checkpoints and logs of successful runs (disk)
     if res.get("ok"):
         shutil.rmtree(os.path.join(run_dir, "logs"), ignore_errors=True)
     with open(out, "w") as fh:
         json.dump(res, fh, indent=1, sort_keys=True)
-    return _row(arm, seed, args, res)
+    return _row(run, args, res)
 
 
-def _row(arm: Arm, seed: int, args: Sequence[str], res: dict) -> dict:
-    epochs = int(res.get("epochs", 0)) if arm.fit else 0
-    fit_s = float(res.get("fit_seconds", 0.0))
+def _row(run: Run, args: Sequence[str], res: dict) -> dict:
     row = {
-        "benchmark": arm.benchmark, "arm": arm.key, "loss": arm.label, "recipe": arm.recipe,
-        "recipe_sha": res.get("recipe_sha", ""), "code": res.get("code", ""), "started": res.get("started", ""),
-        "seed": seed,
-        "epochs": epochs, "overrides": " ".join(arm.overrides), "ok": bool(res.get("ok")),
-        "error": (res.get("error") or "")[:300],
-        "fit_seconds": round(fit_s, 3), "test_seconds": round(float(res.get("test_seconds", 0.0)), 3),
+        "benchmark": run.arm.benchmark, "arm": run.arm.key, "label": run.arm.label, "phase": run.phase,
+        "recipe": run.arm.recipe, "recipe_sha": res.get("recipe_sha", ""), "code": res.get("code", ""),
+        "started": res.get("started", ""), "seed": run.seed, "params": json.dumps(dict(run.params), sort_keys=True),
+        "overrides": " ".join(_overrides(run.arm.overrides)), "epochs": int(res.get("epochs", 0)),
+        "steps": int(res.get("steps", 0)), "ok": bool(res.get("ok")), "error": (res.get("error") or "")[:300],
+        "fit_seconds": round(float(res.get("fit_seconds", 0.0)), 3),
+        "test_seconds": round(float(res.get("test_seconds", 0.0)), 3),
         "run_seconds": round(float(res.get("wall_seconds", 0.0)), 3),
-        "fit_s_per_epoch": round(fit_s / epochs, 4) if epochs else "",
         "peak_rss_mb": round(float(res.get("peak_rss_mb", 0.0)), 1) if res.get("ok") else "",
         "threads": (res.get("versions") or {}).get("threads", ""),
-        "data": json.dumps(res.get("data", {}), sort_keys=True),
-        "cached": bool(res.get("cached", False)),
+        "data": json.dumps(res.get("data", {}), sort_keys=True), "cached": bool(res.get("cached", False)),
         "_versions": res.get("versions", {}),
     }
+    for k, v in sorted((res.get("val_metrics") or {}).items()):
+        row[k] = v
     for k, v in sorted((res.get("test_metrics") or {}).items()):
         row[k] = v
     return row
 
 
-def run_all(runs: Sequence[Tuple[Arm, int]], *, jobs: int, threads: int, quick: bool, workdir: str, code: str,
-            fresh: bool, timeout: float, log=print) -> List[dict]:
-    order = sorted(runs, key=lambda r: (-r[0].cost, r[1]))
+def run_all(runs: Sequence[Run], *, jobs: int, threads: int, quick: bool, workdir: str, fresh: bool,
+            timeout: float, log=print) -> List[dict]:
+    order = sorted(runs, key=lambda r: (-r.arm.seconds, r.seed))  # long runs first
+    # arms whose runs are identical (same recipe and arguments, e.g. one recipe selected on two
+    # metrics) share one process: the first runs, the others read its cached result afterwards
+    first: Dict[str, Run] = {}
+    later: List[Run] = []
+    for r in order:
+        k = _run_key(r, r.args(quick))
+        if k in first:
+            later.append(r)
+        else:
+            first[k] = r
     rows: List[dict] = []
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(execute, arm, seed, quick=quick, workdir=workdir, threads=threads, code=code,
-                               fresh=fresh, timeout=timeout): (arm, seed) for arm, seed in order}
+        futures = {pool.submit(execute, r, quick=quick, workdir=workdir, threads=threads, fresh=fresh,
+                               timeout=timeout): r for r in first.values()}
         for i, fut in enumerate(as_completed(futures), 1):
-            arm, seed = futures[fut]
+            r = futures[fut]
             row = fut.result()
             rows.append(row)
             status = "cached" if row["cached"] else ("ok" if row["ok"] else "FAILED " + row["error"][:200])
-            log(f"[{i}/{len(order)} {time.perf_counter() - t0:7.0f}s] {arm.key} seed {seed}: {status} "
-                f"({row['run_seconds']:.0f} s)", flush=True)
-    key = {(a.key, s): i for i, (a, s) in enumerate(runs)}
-    rows.sort(key=lambda r: key[(r["arm"], r["seed"])])
-    return rows
+            log(f"[{i}/{len(first)} {time.perf_counter() - t0:7.0f}s] {r.phase} {r.arm.key} seed {r.seed} "
+                f"{row['params']}: {status} ({row['run_seconds']:.0f} s)", flush=True)
+    for r in later:
+        rows.append(execute(r, quick=quick, workdir=workdir, threads=threads, fresh=False, timeout=timeout))
+    index = {id(r): i for i, r in enumerate(runs)}
+    by_run = {(row["arm"], row["phase"], row["seed"], row["params"]): row for row in rows}
+    return [by_run[(r.arm.key, r.phase, r.seed, json.dumps(dict(r.params), sort_keys=True))]
+            for r in sorted(runs, key=lambda r: index[id(r)])]
 
 
 # ------------------------------------------------------------------------------------------
-# statistics and verdicts
+# tuning and evaluation plan
 # ------------------------------------------------------------------------------------------
-def values(rows: Iterable[dict], arm: str, metric: str) -> List[float]:
+def tuning_runs(arms: Sequence[Arm], seeds: Sequence[int], quick: bool) -> List[Run]:
     out = []
-    for r in rows:
-        if r["arm"] == arm and r["ok"]:
-            v = r.get(metric, "")
-            if v not in ("", None):
-                v = float(v)
-                if math.isfinite(v):
-                    out.append(v)
+    for a in arms:
+        points = a.grid_points()[:QUICK_GRID] if quick else a.grid_points()
+        for p in points:
+            for s in seeds:
+                out.append(Run(a, s, "tune", tuple(p.items())))
     return out
 
 
-def mean_sd(xs: Sequence[float]) -> Tuple[float, float, int]:
-    """``(mean, sample sd, n)``; sd is ``nan`` for ``n < 2``, mean ``nan`` for ``n == 0``."""
-    n = len(xs)
-    if n == 0:
-        return float("nan"), float("nan"), 0
-    m = statistics.fmean(xs)
-    return m, (statistics.stdev(xs) if n > 1 else float("nan")), n
+def choose(arm: Arm, rows: Sequence[dict], quick: bool) -> Tuple[Dict[str, Any], List[dict]]:
+    """The grid point with the best mean validation ``select`` metric (ties: the first declared), and
+    the tuning table ``[{params, value, n}]``."""
+    points = arm.grid_points()[:QUICK_GRID] if quick else arm.grid_points()
+    table, best, best_v = [], points[0], -math.inf
+    for p in points:
+        key = json.dumps(p, sort_keys=True)
+        vals = [float(r[arm.select]) for r in rows if r["arm"] == arm.key and r["phase"] == "tune"
+                and r["params"] == key and r["ok"] and r.get(arm.select) not in ("", None)
+                and math.isfinite(float(r[arm.select]))]
+        v = sum(vals) / len(vals) if vals else float("nan")
+        table.append({"params": p, "value": v, "n": len(vals)})
+        if vals and v > best_v:
+            best, best_v = p, v
+    return best, table
 
 
-def fmt(m: float, s: float) -> str:
+# ------------------------------------------------------------------------------------------
+# statistics over rows
+# ------------------------------------------------------------------------------------------
+def per_seed(rows: Sequence[dict], arm: str, metric: str) -> Dict[int, float]:
+    out = {}
+    for r in rows:
+        if r["arm"] == arm and r["phase"] == "eval" and r["ok"]:
+            v = r.get(metric, "")
+            if v not in ("", None) and math.isfinite(float(v)):
+                out[int(r["seed"])] = float(v)
+    return out
+
+
+def evaluate_check(ch: Check, rows: Sequence[dict], seeds: Sequence[int], *, method: str,
+                   confidence: float) -> Tuple[str, "stats.Interval"]:
+    fam = {s: v for s, v in per_seed(rows, ch.family, ch.metric).items() if s in seeds}
+    base = None
+    if ch.baseline:
+        base = {s: v for s, v in per_seed(rows, ch.baseline, ch.metric).items() if s in seeds}
+    return stats.check(ch.kind, fam, base, better=ch.better, margin=ch.margin, level=ch.level, method=method,
+                       confidence=confidence)
+
+
+def fmt(m: float, s: float = float("nan"), digits: int = 4) -> str:
     if not math.isfinite(m):
         return "n/a"
     if not math.isfinite(s):
-        return f"{m:.4f}"
-    return f"{m:.4f} ± {s:.4f}"
+        return f"{m:.{digits}f}"
+    return f"{m:.{digits}f} ± {s:.{digits}f}"
 
 
 def parse_fmt(cell: str) -> Tuple[float, float]:
@@ -497,81 +539,38 @@ def parse_fmt(cell: str) -> Tuple[float, float]:
     return float(cell), float("nan")
 
 
-def verdict(check: Check, fam: Sequence[float], base: Sequence[float]) -> Tuple[str, dict]:
-    """The verdict of one check and the numbers it was computed from (see the module docstring)."""
-    mf, sf, nf = mean_sd(fam)
-    info = {"family_mean": mf, "family_sd": sf, "n_family": nf}
-    if nf == 0:
-        return "no data", info
-    if check.kind == "below":
-        info["level"] = check.level
-        if nf < 2:
-            return INCONCLUSIVE_N, info
-        if mf + sf < check.level:
-            return REPRODUCED, info
-        if mf - sf >= check.level:
-            return NOT_REPRODUCED, info
-        return INCONCLUSIVE, info
-    mb, sb, nb = mean_sd(base)
-    info.update(baseline_mean=mb, baseline_sd=sb, n_baseline=nb)
-    if nb == 0:
-        return "no data", info
-    sign = 1.0 if check.higher_is_better else -1.0
-    d = sign * (mf - mb)
-    pooled = math.sqrt((sf ** 2 + sb ** 2) / 2) if nf > 1 and nb > 1 else float("nan")
-    info.update(diff=mf - mb, pooled_sd=pooled)
-    if check.kind == "better":
-        if not math.isfinite(pooled):
-            return INCONCLUSIVE_N, info
-        if abs(d) <= pooled:
-            return INCONCLUSIVE, info
-        return (REPRODUCED if d > 0 else NOT_REPRODUCED), info
-    thr = max(pooled if math.isfinite(pooled) else 0.0, check.tol)
-    info["threshold"] = thr
-    if not math.isfinite(pooled) and abs(d) > check.tol:
-        return INCONCLUSIVE_N, info
-    if check.kind == "not_worse":
-        return (REPRODUCED if d >= -thr else NOT_REPRODUCED), info
-    if check.kind == "equal":
-        return (REPRODUCED if abs(d) <= thr else NOT_REPRODUCED), info
-    raise ValueError(f"verdict: unknown check kind {check.kind!r}")
+def _params_text(p: Dict[str, Any]) -> str:
+    if not p:
+        return "recipe as is"
+    return ", ".join(f"{k.split('.')[-1]}={cli_value(v)}" for k, v in p.items())
 
 
-def claim_verdict(verdicts: Sequence[str]) -> str:
-    k = sum(v == REPRODUCED for v in verdicts)
-    n = len(verdicts)
-    if n and k == n:
-        return REPRODUCED
-    if any(v == NOT_REPRODUCED for v in verdicts):
-        return f"{NOT_REPRODUCED} ({k} of {n} checks reproduced)"
-    if any(v == INCONCLUSIVE_N for v in verdicts):
-        return f"{INCONCLUSIVE_N} ({k} of {n} checks reproduced)"
-    return f"{INCONCLUSIVE} ({k} of {n} checks reproduced)"
-
-
-def _check_text(c: Check, arms: Dict[str, Arm]) -> str:
-    m = c.metric.replace("test/", "")
-    arrow = "" if c.higher_is_better else " (lower is better)"
-    fam = arms[c.family].label
-    if c.kind == "below":
-        return f"{m} of {fam} < {c.level:g}"
-    base = arms[c.baseline].label
-    if c.kind == "better":
-        return f"{m}: {fam} > {base}{arrow}"
-    if c.kind == "not_worse":
-        return f"{m}: {fam} >= {base} - max(sd, {c.tol:g}){arrow}"
-    return f"{m}: {fam} = {base} within max(sd, {c.tol:g})"
+def check_text(ch: Check, arms: Dict[str, Arm]) -> str:
+    m = ch.metric.split("/", 1)[-1]
+    fam = arms[ch.family].label
+    if ch.kind in LEVEL_KINDS:
+        return f"{m} of {fam} {'<' if ch.kind == 'below' else '>'} {ch.level:g}"
+    base = arms[ch.baseline].label
+    if ch.kind == "higher":
+        return f"{m}: {fam} > {base}"
+    if ch.kind == "lower":
+        return f"{m}: {fam} < {base}"
+    if ch.kind == "equivalent":
+        return f"{m}: {fam} = {base} within ±{ch.margin:g}"
+    worse = "below" if ch.better == "higher" else "above"
+    return f"{m}: {fam} not worse than {base} (at most {ch.margin:g} {worse})"
 
 
 # ------------------------------------------------------------------------------------------
 # reports
 # ------------------------------------------------------------------------------------------
-CSV_FIXED = ["benchmark", "arm", "loss", "recipe", "recipe_sha", "code", "started", "seed", "epochs", "overrides", "ok", "error", "fit_seconds",
-             "fit_s_per_epoch", "test_seconds", "run_seconds", "peak_rss_mb", "threads", "cached", "data"]
+CSV_FIXED = ["benchmark", "arm", "label", "phase", "recipe", "recipe_sha", "code", "started", "seed", "params",
+             "overrides", "epochs", "steps", "ok", "error", "fit_seconds", "test_seconds", "run_seconds",
+             "peak_rss_mb", "threads", "cached", "data"]
 
 
 def write_csv(rows: Sequence[dict], path: str) -> None:
-    metrics = sorted({k for r in rows for k in r if k.startswith("test/")})
+    metrics = sorted({k for r in rows for k in r if k.startswith(("val/", "test/"))})
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=CSV_FIXED + metrics, extrasaction="ignore")
         w.writeheader()
@@ -588,33 +587,6 @@ def read_csv(path: str) -> List[dict]:
     return rows
 
 
-def _data_lines(rows: Sequence[dict], arms: Dict[str, Arm], keys: Sequence[str]) -> List[str]:
-    """One line per distinct data set description (first ok run of each arm)."""
-    seen: Dict[str, List[str]] = {}
-    for k in keys:
-        for r in rows:
-            if r["arm"] == k and r["ok"]:
-                d = json.loads(r["data"]) if isinstance(r["data"], str) else r["data"]
-                d = {a: b for a, b in d.items() if a not in ("sys_version", "stdlib_dir")}
-                desc = ", ".join(f"{a}={b}" for a, b in sorted(d.items()))
-                seen.setdefault(desc, []).append(arms[k].label)
-                break
-    return [f"- {', '.join(v)} (seed {min(r['seed'] for r in rows if r['arm'] in keys)}): {k}"
-            for k, v in seen.items()]
-
-
-def _runs_code(rows: Sequence[dict]) -> str:
-    """Distinct code versions of ``rows`` and when the runs started."""
-    timed = sorted((r["started"], r.get("code") or "unknown") for r in rows if r.get("started"))
-    if not timed:
-        return ", ".join(sorted({r.get("code") or "unknown" for r in rows}))
-    codes = list(dict.fromkeys(c for _, c in timed))
-    span = f"runs started {timed[0][0].replace('T', ' ')} to {timed[-1][0].replace('T', ' ')}"
-    if len(codes) == 1:
-        return f"{codes[0]} ({span})"
-    return f"{len(codes)} successive commits, {codes[0]} (first run) to {codes[-1]} (last run) ({span})"
-
-
 def _versions(rows: Sequence[dict]) -> dict:
     for r in rows:
         if r.get("_versions"):
@@ -622,117 +594,116 @@ def _versions(rows: Sequence[dict]) -> dict:
     return {}
 
 
-def write_markdown(benchmark: str, claims: Sequence[Claim], rows: Sequence[dict], arms: Dict[str, Arm],
-                   meta: dict, path: str, pngs: Sequence[str], extra_sections: Sequence[str] = ()) -> List[dict]:
-    """Write ``<benchmark>.md``; returns the claim summaries (for ``summary.md``)."""
+def _mean_sd(vals: Sequence[float]) -> Tuple[float, float]:
+    m, s, _ = stats.mean_sd(vals)
+    return m, s
+
+
+def claim_results(c: Claim, rows: Sequence[dict], *, seeds: Sequence[int], method: str, confidence: float) -> dict:
+    checks = []
+    for ch in c.checks:
+        v, ci = evaluate_check(ch, rows, seeds, method=method, confidence=confidence)
+        checks.append({"check": ch, "verdict": v, "ci": ci})
+    return {"claim": c, "checks": checks, "verdict": stats.claim_verdict([x["verdict"] for x in checks])}
+
+
+def write_markdown(benchmark: str, claims: Sequence[Claim], results: Sequence[dict], rows: Sequence[dict],
+                   cf: ClaimsFile, chosen: Dict[str, Dict[str, Any]], tables: Dict[str, List[dict]], meta: dict,
+                   path: str, pngs: Sequence[str]) -> None:
     v = meta.get("versions", {})
-    bench_rows = [r for r in rows if r["benchmark"] == benchmark]
+    bench = cf.benchmarks.get(benchmark, {})
+    arms = cf.arms
+    method = meta["ci"]
+    ci_name = ("paired t interval" if method == "t" else
+               f"percentile bootstrap of the mean ({meta['bootstrap_resamples']} resamples)")
     lines = [f"# Reproduced results: {benchmark}", "",
-             "Generated by `python benchmarks/reproduce_results.py` "
-             f"({meta['mode']}); every number below is computed from `raw_runs.csv`; verdicts are computed "
-             "by the script from the numbers (rules in the module docstring of "
-             "`benchmarks/reproduce_results.py`).", "",
+             f"Generated by `python benchmarks/reproduce_results.py` from `{os.path.relpath(cf.path, ROOT)}` "
+             f"({meta['mode']}); every number is computed from `{benchmark}_runs.csv`. Verdicts follow "
+             "`benchmarks/stats.py`: *reproduced* when the 95% CI of the paired difference lies on the claimed "
+             "side of 0 (or inside the declared margin), *contradicted* when it lies on the other side (or "
+             "entirely outside the margin), *not resolved* otherwise.", "",
              f"- command: `{meta['command']}`",
-             f"- code: the runs imported the working tree of `main` at {_runs_code(bench_rows)} (git HEAD when each "
-             f"run started, per run in `raw_runs.csv`); report generated {meta['date']} at {meta['code']}",
-             f"- Python {v.get('python', platform.python_version())}; sys.version: `{v.get('sys_version', sys.version)}`",
-             f"- torch {v.get('torch', '?')}, pytorch-lightning {v.get('pytorch_lightning', '?')}; "
-             f"{meta['cpus']} CPUs ({meta['cpu']}), {meta['jobs']} run(s) at a time with {meta['threads']} "
-             "torch thread(s) each (the machine was shared with other work: wall times are indicative)",
-             f"- seeds: {', '.join(str(s) for s in meta['seeds'])} (each seed sets `--seed_everything`, the "
-             "DataModule's `seed` -- split, subsampling, label noise, shuffling, negatives -- and a loss's own "
-             "`seed` where the recipe has one)",
-             "- each run: `fit` for the epochs shown (no validation loop), then `test` from the checkpoint "
-             "fit saved (the end of the last epoch); `run s` is the wall time of the whole run process", ""]
-    failed = [r for r in bench_rows if not r["ok"]]
+             f"- code: {meta['code']}; report generated {meta['date']}",
+             f"- data: {bench.get('data', '?')}",
+             f"- model: {bench.get('backbone', '?')}",
+             f"- Python {v.get('python', platform.python_version())}; torch {v.get('torch', '?')}, "
+             f"pytorch-lightning {v.get('pytorch_lightning', '?')}; {meta['cpus']} CPUs ({meta['cpu']}), "
+             f"{meta['jobs']} run(s) at a time, {meta['threads']} torch thread(s) each",
+             f"- statistics: per-seed differences family - baseline; mean with a {int(meta['confidence'] * 100)}% "
+             f"{ci_name}; MDE = the true difference a two-sided paired t test detects with "
+             f"{int(meta['power'] * 100)}% power at this n and the observed sd of the differences",
+             f"- protocol: every arm tuned over its declared grid on the validation split (tuning seeds "
+             f"{', '.join(str(s) for s in meta['tuning_seeds'])}, one validation pass at the end of training; "
+             "the test split is never used for selection), then the chosen setting trained on each evaluation "
+             "seed (the seed fixes the split, the training order and the initial weights, the same for every "
+             "arm) and tested from the final checkpoint", ""]
+    failed = [r for r in rows if not r["ok"]]
     if failed:
         lines += ["**Failed runs** (excluded from the statistics):", ""]
-        lines += [f"- {r['arm']} seed {r['seed']}: {r['error']}" for r in failed]
+        lines += [f"- {r['phase']} {r['arm']} seed {r['seed']} {r['params']}: {r['error']}" for r in failed]
         lines.append("")
-    summaries = []
-    for c in claims:
-        lines += [f"## {c.family}: {c.claim}", "", f"Data: {c.data}.", ""]
-        head = ["loss", "recipe", "n", "epochs", *[m.replace("test/", "") for m in c.metrics], "run s"]
+    for res in results:
+        c = res["claim"]
+        seeds = meta["seeds_of"][c.key]
+        lines += [f"## {c.family}: {c.claim} (`{c.key}`)", "", f"Data: {c.data}. Seeds: {len(seeds)} "
+                  f"({seeds[0]}..{seeds[-1]}).", ""]
+        head = ["arm", "recipe", "chosen (val)", "steps", "n", *[m.split("/", 1)[-1] for m in c.metrics], "run s"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for k in c.arms:
             a = arms[k]
-            n = len([r for r in bench_rows if r["arm"] == k and r["ok"]])
-            ep = sorted({int(r["epochs"]) for r in bench_rows if r["arm"] == k and r["ok"]})
-            cells = [a.label, f"`{os.path.basename(a.recipe)}`" + (" *" if a.overrides else ""), str(n),
-                     "/".join(str(e) for e in ep) or "-"]
+            mine = [r for r in rows if r["arm"] == k and r["phase"] == "eval" and r["ok"] and r["seed"] in seeds]
+            steps = sorted({int(r["steps"]) for r in mine})
+            recipe = f"`{os.path.basename(a.recipe)}`" + (" " + " ".join(f"`{o}`" for o in _overrides(a.overrides))
+                                                          if a.overrides else "")
+            cells = [a.label, recipe, _params_text(chosen.get(k, {})), "/".join(str(s) for s in steps) or "-",
+                     str(len(mine))]
             for m in c.metrics:
-                mm, ss, _ = mean_sd(values(bench_rows, k, m))
-                cells.append(fmt(mm, ss))
-            rm, _, _ = mean_sd(values(bench_rows, k, "run_seconds"))
-            cells.append(f"{rm:.0f}" if math.isfinite(rm) else "n/a")
+                cells.append(fmt(*_mean_sd([float(r[m]) for r in mine if r.get(m, "") not in ("", None)])))
+            cells.append(fmt(_mean_sd([float(r["run_seconds"]) for r in mine])[0], digits=0))
             lines.append("| " + " | ".join(cells) + " |")
-        over = [arms[k] for k in c.arms if arms[k].overrides]
-        if over:
-            lines.append("")
-            lines += [f"\\* {a.label}: `{' '.join(a.overrides)}`" for a in over]
-        zero = [arms[k].label for k in c.arms if not arms[k].fit]
-        if zero:
-            lines += ["", f"{', '.join(zero)}: `test` of the untrained model (identity towers), a reference."]
-        lines += ["", "| check | family | baseline | difference | pooled sd | verdict |", "|---|---|---|---|---|---|"]
-        vs, key_numbers = [], []
-        for ch in c.checks:
-            fam = values(bench_rows, ch.family, ch.metric)
-            base = values(bench_rows, ch.baseline, ch.metric) if ch.baseline else []
-            vd, info = verdict(ch, fam, base)
-            vs.append(vd)
-            bcell = fmt(info.get("baseline_mean", float("nan")), info.get("baseline_sd", float("nan"))) \
-                if ch.baseline else f"level {ch.level:g}"
-            key_numbers.append(f"{ch.metric.replace('test/', '')} {fmt(info['family_mean'], info['family_sd'])} "
-                               + (f"vs {bcell}" if ch.baseline else f"(level {ch.level:g})"))
-            diff = info.get("diff", float("nan"))
-            pooled = info.get("pooled_sd", float("nan"))
-            text = _check_text(ch, arms) + (f" ({ch.note})" if ch.note else "")
-            lines.append(f"| {text} | {fmt(info['family_mean'], info['family_sd'])} | {bcell} | "
-                         f"{diff:+.4f} | {pooled:.4f} | {vd} |".replace("+nan", "n/a").replace("| nan |", "| n/a |"))
-        cv = claim_verdict(vs)
-        lines += ["", f"**Verdict: {cv}.**", ""]
+        lines += ["", "| check | pairs | family | baseline | mean difference | 95% CI | MDE (80%) | verdict |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for x in res["checks"]:
+            ch, ci = x["check"], x["ci"]
+            fam = fmt(*_mean_sd([v for s, v in per_seed(rows, ch.family, ch.metric).items() if s in seeds]))
+            if ch.baseline:
+                base = fmt(*_mean_sd([v for s, v in per_seed(rows, ch.baseline, ch.metric).items() if s in seeds]))
+                diff = f"{ci.mean:+.4f}" if math.isfinite(ci.mean) else "n/a"
+            else:
+                base, diff = f"level {ch.level:g}", "-"
+            ci_cell = f"[{ci.low:+.4f}, {ci.high:+.4f}]" if math.isfinite(ci.low) else "n/a (n < 2)"
+            mde = f"{ci.mde:.4f}" if math.isfinite(ci.mde) else "n/a"
+            lines.append(f"| {check_text(ch, arms)} | {ci.n} | {fam} | {base} | {diff} | {ci_cell} | {mde} | "
+                         f"{x['verdict']} |")
+        lines += ["", f"**Verdict: {res['verdict']}.**", ""]
         if c.notes:
             lines += [c.notes, ""]
-        summaries.append({"claim": c, "verdict": cv, "checks": vs, "first": key_numbers[0] if key_numbers else ""})
-    lines += ["## Data", ""]
-    keys = [k for c in claims for k in c.arms]
-    lines += _data_lines(bench_rows, arms, list(dict.fromkeys(keys)))
-    lines.append("")
-    for sec in extra_sections:
-        lines += [sec, ""]
-    if pngs:
-        lines += ["## Plots", ""]
-        lines += [f"![{os.path.splitext(p)[0]}]({p})" for p in pngs]
+        lines += ["Tuning (validation, mean over tuning seeds; chosen in bold):", ""]
+        for k in c.arms:
+            a = arms[k]
+            cells = []
+            for t in tables.get(k, []):
+                txt = f"{_params_text(t['params'])}: {fmt(t['value'])}"
+                cells.append(f"**{txt}**" if t["params"] == chosen.get(k) else txt)
+            lines.append(f"- {a.label} ({a.select}): " + "; ".join(cells))
         lines.append("")
+    lines += ["## Data", ""]
+    seen = {}
+    for r in rows:
+        if r["ok"] and r["phase"] == "eval" and r["arm"] not in seen:
+            d = json.loads(r["data"]) if isinstance(r["data"], str) else r["data"]
+            seen[r["arm"]] = ", ".join(f"{a}={b}" for a, b in sorted(d.items()))
+    by_desc: Dict[str, List[str]] = {}
+    for k, desc in seen.items():
+        by_desc.setdefault(desc, []).append(arms[k].label if k in arms else k)
+    lines += [f"- {', '.join(v)} (first seed): {k}" for k, v in by_desc.items()]
+    lines.append("")
+    if pngs:
+        lines += ["## Plots", ""] + [f"![{os.path.splitext(p)[0]}]({p})" for p in pngs] + [""]
     with open(path, "w") as fh:
         fh.write("\n".join(lines))
-    return summaries
 
 
-def temperature_section(rows: Sequence[dict], arms: Dict[str, Arm]) -> str:
-    lines = ["## Reference: InfoNCE temperature on stdlib code search", "",
-             "`configs/retrieval/stdlib_infonce.yaml` with `--model.init_args.loss.init_args.temperature` "
-             "overridden (docs/benchmarks.md reference: zero-shot R@1 0.526, tau=0.05 0.616, tau=0.5 0.486 on "
-             "2,257 train / 1,000 test pairs, Python 3.11).", "",
-             "| temperature | n | R@1 | R@10 | nDCG@10 |", "|---|---|---|---|---|"]
-    for label, key in [("zero-shot", "stdlib_zero")] + [(f"{t:g}", _temp_key(t)) for t in TEMPERATURES]:
-        if key not in arms:
-            continue
-        cells = [label, str(len(values(rows, key, "test/r@1")))]
-        for m in ("test/r@1", "test/r@10", "test/ndcg@10"):
-            mm, ss, _ = mean_sd(values(rows, key, m))
-            cells.append(fmt(mm, ss))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def _temp_key(t: float) -> str:
-    return "stdlib_infonce" if t == 0.05 else f"stdlib_infonce_t{t:g}"
-
-
-# ------------------------------------------------------------------------------------------
-# plots
-# ------------------------------------------------------------------------------------------
 def _plt():
     import matplotlib
 
@@ -742,33 +713,57 @@ def _plt():
     return plt
 
 
-def _bars(ax, rows, keys, arms, metric, title):
-    ms, ss = [], []
-    for k in keys:
-        m, s, _ = mean_sd(values(rows, k, metric))
-        ms.append(m if math.isfinite(m) else 0.0)
-        ss.append(s if math.isfinite(s) else 0.0)
-    x = range(len(keys))
-    ax.bar(x, ms, yerr=ss, capsize=3, color=[f"C{i}" for i in range(len(keys))])
-    ax.set_xticks(list(x))
-    ax.set_xticklabels([arms[k].label for k in keys], rotation=30, ha="right", fontsize=7)
-    ax.set_title(title, fontsize=9)
-    ax.set_ylabel(metric.replace("test/", ""), fontsize=8)
-    lo = min((m - s for m, s in zip(ms, ss)), default=0.0)
-    hi = max((m + s for m, s in zip(ms, ss)), default=1.0)
-    if hi > lo:
-        pad = 0.15 * (hi - lo) + 1e-3
-        ax.set_ylim(max(0.0, lo - pad) if lo > 0 else lo - pad, hi + pad)
+def plot_forest(benchmark: str, results: Sequence[dict], arms: Dict[str, Arm], path: str) -> int:
+    """One row per paired check: mean difference and CI against 0 (and the margin). Returns the rows."""
+    plt = _plt()
+    items = [(r["claim"], x) for r in results for x in r["checks"] if x["check"].baseline]
+    fig, ax = plt.subplots(figsize=(8.5, 0.45 * max(1, len(items)) + 1.4))
+    colours = {stats.REPRODUCED: "tab:green", stats.CONTRADICTED: "tab:red", stats.NOT_RESOLVED: "0.45"}
+    labels = []
+    for i, (c, x) in enumerate(items):
+        ch, ci = x["check"], x["ci"]
+        y = len(items) - 1 - i
+        labels.append(f"{c.key}: {check_text(ch, arms)}")
+        if ch.margin:
+            lo = -ch.margin if ch.kind == "equivalent" or ch.better == "higher" else -math.inf
+            hi = ch.margin if ch.kind == "equivalent" or ch.better == "lower" else math.inf
+            ax.fill_betweenx([y - 0.35, y + 0.35], max(lo, -1.0), min(hi, 1.0), color="tab:blue", alpha=0.12, lw=0)
+        if math.isfinite(ci.mean):
+            if math.isfinite(ci.low):
+                ax.plot([ci.low, ci.high], [y, y], color=colours[x["verdict"]], lw=2)
+            ax.plot([ci.mean], [y], "o", color=colours[x["verdict"]])
+    ax.axvline(0.0, color="k", lw=0.8)
+    ax.set_yticks(range(len(items)))
+    ax.set_yticklabels(list(reversed(labels)), fontsize=7)
+    ax.set_xlabel("family - baseline (paired over seeds): mean and 95% CI; shaded: declared margin")
+    finite = [v for _, x in items for v in (x["ci"].low, x["ci"].high, x["ci"].mean) if math.isfinite(v)]
+    if finite:
+        span = max(abs(min(finite)), abs(max(finite)), 1e-3) * 1.3
+        ax.set_xlim(-span, span)
+    ax.set_title(f"{benchmark}: paired differences (green reproduced, red contradicted, grey not resolved)",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return len(items)
 
 
-def plot_claims(benchmark, claims, rows, arms, path) -> None:
+def plot_claims(benchmark: str, claims: Sequence[Claim], rows: Sequence[dict], arms: Dict[str, Arm], path: str) -> None:
     plt = _plt()
     n = len(claims)
     cols = min(3, n)
     nrows = math.ceil(n / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.6 * nrows), squeeze=False)
     for ax, c in zip(axes.flat, claims):
-        _bars(ax, rows, list(c.arms), arms, c.plot_metric, f"{c.family}: {c.plot_metric.replace('test/', '')}")
+        ms, ss = [], []
+        for k in c.arms:
+            m, s = _mean_sd(list(per_seed(rows, k, c.plot).values()))
+            ms.append(m if math.isfinite(m) else 0.0)
+            ss.append(s if math.isfinite(s) else 0.0)
+        ax.bar(range(len(c.arms)), ms, yerr=ss, capsize=3, color=[f"C{i}" for i in range(len(c.arms))])
+        ax.set_xticks(range(len(c.arms)))
+        ax.set_xticklabels([arms[k].label for k in c.arms], rotation=30, ha="right", fontsize=7)
+        ax.set_title(f"{c.key}: {c.plot.split('/', 1)[-1]}", fontsize=9)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     fig.suptitle(f"{benchmark}: mean ± sd over seeds (test split)", fontsize=10)
@@ -777,64 +772,25 @@ def plot_claims(benchmark, claims, rows, arms, path) -> None:
     plt.close(fig)
 
 
-def plot_per_class(rows, arms, keys, path, num_classes=10, tail=(5, 6, 7, 8, 9)) -> None:
+def plot_per_class(rows: Sequence[dict], arms: Dict[str, Arm], keys: Sequence[str], path: str,
+                   num_classes: int = 10) -> None:
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(9, 3.8))
+    fig, ax = plt.subplots(figsize=(10, 4))
     w = 0.8 / max(1, len(keys))
     for i, k in enumerate(keys):
         ms, ss = [], []
         for c in range(num_classes):
-            m, s, _ = mean_sd(values(rows, k, f"test/acc_class_{c}"))
+            m, s = _mean_sd(list(per_seed(rows, k, f"test/acc_class_{c}").values()))
             ms.append(m if math.isfinite(m) else 0.0)
             ss.append(s if math.isfinite(s) else 0.0)
-        ax.bar([c + (i - (len(keys) - 1) / 2) * w for c in range(num_classes)], ms, w, yerr=ss, capsize=2,
+        ax.bar([c + (i - (len(keys) - 1) / 2) * w for c in range(num_classes)], ms, w, yerr=ss, capsize=1,
                label=arms[k].label)
-    ax.axvspan(min(tail) - 0.5, max(tail) + 0.5, color="0.9", zorder=0)
-    ax.text(min(tail) - 0.4, 1.02, "tail classes (fewest training images)", fontsize=8)
     ax.set_xticks(range(num_classes))
-    ax.set_xlabel("digit class (training images per class decrease with the class id, IF 50)")
+    ax.set_xlabel("class (training images per class fall with the class id; tail = 5-9)")
     ax.set_ylabel("test accuracy")
     ax.set_ylim(0, 1.1)
-    ax.legend(fontsize=7, ncol=3, loc="lower left")
-    ax.set_title("digits-LT: per-class test accuracy, mean ± sd over seeds", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_metric(rows, arms, keys, metric, title, path) -> None:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(max(5, 0.8 * len(keys) + 2), 3.8))
-    _bars(ax, rows, keys, arms, metric, title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_temperature(rows, arms, path) -> None:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(5, 3.6))
-    ts, ms, ss = [], [], []
-    for t in TEMPERATURES:
-        k = _temp_key(t)
-        if k in arms:
-            m, s, _ = mean_sd(values(rows, k, "test/r@1"))
-            if math.isfinite(m):
-                ts.append(t)
-                ms.append(m)
-                ss.append(s if math.isfinite(s) else 0.0)
-    ax.errorbar(ts, ms, yerr=ss, marker="o", capsize=3, label="InfoNCE (trained towers)")
-    z, zs, _ = mean_sd(values(rows, "stdlib_zero", "test/r@1"))
-    if math.isfinite(z):
-        ax.axhline(z, color="0.5", ls="--", label="zero-shot MiniLM")
-    ax.set_xscale("log")
-    ax.set_xticks(list(TEMPERATURES))
-    ax.set_xticklabels([f"{t:g}" for t in TEMPERATURES])
-    ax.minorticks_off()
-    ax.set_xlabel("InfoNCE temperature")
-    ax.set_ylabel("test R@1")
-    ax.set_title("stdlib code search: R@1 vs temperature", fontsize=10)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=6, ncol=4, loc="lower left")
+    ax.set_title("long-tailed arms: per-class test accuracy, mean ± sd over seeds", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -858,114 +814,137 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     cpus = os.cpu_count() or 1
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, default=3, help="number of seeds (0..N-1; default 3)")
-    p.add_argument("--benchmarks", default=",".join(BENCHMARKS),
-                   help=f"comma-separated subset of {','.join(BENCHMARKS)}")
-    p.add_argument("--claims", default="", help="comma-separated claim keys (default: all of --benchmarks): "
-                   + ",".join(c.key for c in _claims()))
-    p.add_argument("--quick", action="store_true",
-                   help="1 seed, 1 epoch, 2 train / 1 val / 2 test batches (CI smoke run; numbers meaningless)")
+    p.add_argument("--claims-file", default=CLAIMS_FILE, help="the claims file (default benchmarks/claims.yaml)")
+    p.add_argument("--claims", default="", help="comma-separated claim keys (default: every claim of --benchmarks)")
+    p.add_argument("--benchmarks", default="", help="comma-separated benchmarks (default: every one in the file)")
+    p.add_argument("--ci", choices=stats.METHODS, default=None, help="CI method (default: the file's statistics.ci)")
+    p.add_argument("--quick", action="store_true", help="CI smoke run: 1 seed, the first grid point, 1 epoch of 2 batches "
+                   "(numbers meaningless); needs --out outside results/")
     p.add_argument("--out", default=os.path.join(ROOT, "results"), help="output folder (default results/)")
-    p.add_argument("--jobs", type=int, default=cpus, help="runs at once (default: CPU count); each gets "
-                   "max(1, cpus // jobs) torch threads")
-    p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "losses-reproduce"),
-                   help="per-run folders (checkpoints are deleted after test; results are kept for --resume)")
+    p.add_argument("--jobs", type=int, default=cpus, help="runs at once (default: CPU count)")
+    p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "losses-reproduce-v2"),
+                   help="per-run folders (results kept for resuming; checkpoints deleted)")
     p.add_argument("--fresh", action="store_true", help="ignore finished runs in --workdir")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per run before it is killed")
-    p.add_argument("--no-temperature", action="store_true", help="skip the InfoNCE temperature sweep")
+    p.add_argument("--plan", action="store_true", help="print the runs and their estimated time, run nothing")
     return p.parse_args(argv)
+
+
+def select_claims(cf: ClaimsFile, claims_arg: str, benchmarks_arg: str) -> List[Claim]:
+    claims = list(cf.claims)
+    if benchmarks_arg:
+        want = [b.strip() for b in benchmarks_arg.split(",") if b.strip()]
+        bad = [b for b in want if b not in cf.benchmarks]
+        if bad:
+            raise SystemExit(f"reproduce_results: unknown benchmark(s) {bad}; the file declares {list(cf.benchmarks)}")
+        claims = [c for c in claims if c.benchmark in want]
+    if claims_arg:
+        want = [c.strip() for c in claims_arg.split(",") if c.strip()]
+        unknown = [w for w in want if w not in {c.key for c in cf.claims}]
+        if unknown:
+            raise SystemExit(f"reproduce_results: unknown claim(s) {unknown}; the file declares "
+                             f"{[c.key for c in cf.claims]}")
+        claims = [c for c in claims if c.key in want]
+    if not claims:
+        raise SystemExit("reproduce_results: nothing to run (check --benchmarks / --claims)")
+    return claims
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     t_start = time.perf_counter()
-    arms = _arms()
-    benches = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
-    bad = [b for b in benches if b not in BENCHMARKS]
-    if bad:
-        raise SystemExit(f"reproduce_results: unknown benchmark(s) {bad}; choose from {BENCHMARKS}")
-    claims = [c for c in _claims() if c.benchmark in benches]
-    if args.claims:
-        want = [c.strip() for c in args.claims.split(",") if c.strip()]
-        unknown = [w for w in want if w not in {c.key for c in _claims()}]
-        if unknown:
-            raise SystemExit(f"reproduce_results: unknown claim(s) {unknown}")
-        claims = [c for c in claims if c.key in want]
-    if not claims:
-        raise SystemExit("reproduce_results: nothing to run (check --benchmarks / --claims)")
-    seeds = [0] if args.quick else list(range(max(1, args.seeds)))
-    temperature = ("retrieval" in benches and not args.no_temperature and not args.quick
-                   and (not args.claims or "decoupled" in args.claims or "nbc" in args.claims))
-    extra = [_temp_key(t) for t in TEMPERATURES] + ["stdlib_zero"] if temperature else []
-    arm_list = _runs_for(claims, arms, extra)
-    runs = [(a, s) for a in arm_list for s in seeds]
+    cf = load_claims(args.claims_file)
+    problems = validate_claims(cf)
+    if problems:
+        raise SystemExit("reproduce_results: the claims file is invalid:\n  " + "\n  ".join(problems))
+    out = os.path.abspath(args.out)
+    if args.quick and os.path.commonpath([out, os.path.join(ROOT, "results")]) == os.path.join(ROOT, "results"):
+        raise SystemExit("reproduce_results: --quick writes meaningless numbers; pass --out outside results/")
+    claims = select_claims(cf, args.claims, args.benchmarks)
+    method = args.ci or cf.statistics.get("ci", "t")
+    confidence = float(cf.statistics.get("confidence", 0.95))
+    seeds_of = {c.key: [0] if args.quick else list(range(c.seeds)) for c in claims}
+    arm_seeds: Dict[str, set] = {}
+    for c in claims:
+        for k in c.arms:
+            arm_seeds.setdefault(k, set()).update(seeds_of[c.key])
+    arm_list = [cf.arms[k] for k in arm_seeds]
+    tune_seeds = list(cf.tuning_seeds[:1] if args.quick else cf.tuning_seeds)
+    tune = tuning_runs(arm_list, tune_seeds, args.quick)
+    n_eval = sum(len(s) for s in arm_seeds.values())
+    est = (sum(r.arm.seconds for r in tune) + sum(cf.arms[k].seconds * len(s) for k, s in arm_seeds.items()))
     cpus = os.cpu_count() or 1
-    jobs = max(1, min(args.jobs, len(runs)))
+    jobs = max(1, args.jobs)
     threads = max(1, cpus // jobs)
-    os.makedirs(args.out, exist_ok=True)
+    print(f"reproduce_results: {len(claims)} claims, {len(arm_list)} arms: {len(tune)} tuning runs + {n_eval} "
+          f"evaluation runs; declared run time {est / 60:.0f} min in all (~{est / 60 / jobs:.0f} min at {jobs} "
+          f"at a time); workdir {args.workdir}", flush=True)
+    if args.plan:
+        return 0
+    os.makedirs(out, exist_ok=True)
     os.makedirs(args.workdir, exist_ok=True)
-    code = _code_version()
-    print(f"reproduce_results: {len(runs)} runs ({len(arm_list)} configurations x {len(seeds)} seeds), "
-          f"{jobs} at a time, {threads} thread(s) each; workdir {args.workdir}", flush=True)
-    rows = run_all(runs, jobs=jobs, threads=threads, quick=args.quick, workdir=args.workdir, code=code,
-                   fresh=args.fresh, timeout=args.timeout)
+    common = dict(jobs=jobs, threads=threads, quick=args.quick, workdir=args.workdir, fresh=args.fresh,
+                  timeout=args.timeout)
+    tune_rows = run_all(tune, **common)
+    chosen, tables = {}, {}
+    for a in arm_list:
+        chosen[a.key], tables[a.key] = choose(a, tune_rows, args.quick)
+    evals = [Run(cf.arms[k], s, "eval", tuple(chosen[k].items())) for k, ss in arm_seeds.items() for s in sorted(ss)]
+    eval_rows = run_all(evals, **common)
+    rows = tune_rows + eval_rows
     wall = time.perf_counter() - t_start
-    write_csv(rows, os.path.join(args.out, "raw_runs.csv"))
     meta = {
-        "mode": ("quick smoke run: 1 seed, 1 epoch, 2 batches -- the numbers are meaningless" if args.quick
-                 else f"{len(seeds)} seeds"),
+        "mode": ("quick smoke run: 1 seed, the first grid point, 1 epoch of 2 batches -- the numbers are meaningless"
+                 if args.quick else "declared seeds and grids"),
         "command": "python benchmarks/reproduce_results.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "code": code, "date": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "versions": _versions(rows),
-        "cpus": cpus, "cpu": _cpu_name(), "jobs": jobs, "threads": threads, "seeds": seeds,
+        "code": _code_version(), "date": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "versions": _versions(rows),
+        "cpus": cpus, "cpu": _cpu_name(), "jobs": jobs, "threads": threads, "ci": method, "confidence": confidence,
+        "power": float(cf.statistics.get("power", 0.8)),
+        "bootstrap_resamples": int(cf.statistics.get("bootstrap_resamples", 10000)),
+        "tuning_seeds": tune_seeds, "seeds_of": seeds_of,
     }
-    summary: List[dict] = []
-    for b in BENCHMARKS:
+    summary = []
+    for b in cf.benchmarks:
         bc = [c for c in claims if c.benchmark == b]
         if not bc:
             continue
-        pngs = [f"{b}.png"]
-        plot_claims(b, bc, rows, arms, os.path.join(args.out, pngs[0]))
-        sections = []
-        keys_b = list(dict.fromkeys(k for c in bc for k in c.arms))
-        if b == "vision" and any(k in keys_b for k in ("gol_lt", "wcdas_lt")):
-            lt = [k for k in ("ce_lt", "bce_lt", "gol_lt", "cosine_lt", "wcdas_lt") if k in keys_b]
-            plot_per_class(rows, arms, lt, os.path.join(args.out, "vision_lt_per_class.png"))
-            pngs.append("vision_lt_per_class.png")
-        if b == "recommendation":
-            keys = [k for k in ("bpr", "ssm", "psl_tanh", "psl_atan", "psl_relu", "full_softmax", "pfc_01",
-                                "pfc_10", "infonce_users", "ds_users") if k in keys_b]
-            plot_metric(rows, arms, keys, "test/recall@20", "ML-100k: Recall@20 per loss (mean ± sd)",
-                        os.path.join(args.out, "recommendation_recall20.png"))
-            pngs.append("recommendation_recall20.png")
-        if b == "retrieval":
-            keys = [k for k in ("stdlib_zero", "stdlib_softmax", "stdlib_nbc", "stdlib_infonce", "stdlib_ds",
-                                "chat_zero", "chat_infonce", "chat_ds") if k in keys_b or k in extra]
-            plot_metric(rows, arms, keys, "test/r@1", "code search / chatterbot: R@1 per loss (mean ± sd)",
-                        os.path.join(args.out, "retrieval_r1.png"))
-            pngs.append("retrieval_r1.png")
-            if temperature:
-                plot_temperature(rows, arms, os.path.join(args.out, "retrieval_temperature.png"))
-                pngs.append("retrieval_temperature.png")
-                sections.append(temperature_section(rows, arms))
-        summary += write_markdown(b, bc, rows, arms, meta, os.path.join(args.out, f"{b}.md"), pngs, sections)
+        brows = [r for r in rows if r["benchmark"] == b]
+        write_csv(brows, os.path.join(out, f"{b}_runs.csv"))
+        results = [claim_results(c, brows, seeds=seeds_of[c.key], method=method, confidence=confidence) for c in bc]
+        pngs = []
+        if plot_forest(b, results, cf.arms, os.path.join(out, f"{b}_forest.png")):
+            pngs.append(f"{b}_forest.png")
+        plot_claims(b, bc, brows, cf.arms, os.path.join(out, f"{b}.png"))
+        pngs.append(f"{b}.png")
+        lt = [k for c in bc for k in c.arms if any("test/acc_class_0" in r for r in brows if r["arm"] == k)
+              and any("acc_tail" in m for m in c.metrics)]
+        lt = list(dict.fromkeys(lt))
+        if lt:
+            plot_per_class(brows, cf.arms, lt, os.path.join(out, f"{b}_lt_per_class.png"))
+            pngs.append(f"{b}_lt_per_class.png")
+        write_markdown(b, bc, results, brows, cf, chosen, tables, meta, os.path.join(out, f"{b}.md"), pngs)
+        summary += results
     run_total = sum(float(r["run_seconds"] or 0.0) for r in rows)
-    reused = sum(bool(r["cached"]) for r in rows)
     lines = ["# Reproduced claims: summary", "",
-             f"`{meta['command']}` ({meta['mode']}; code {code}; {meta['date']}). {len(runs)} runs "
-             f"({len(arm_list)} configurations x {len(seeds)} seeds), {jobs} at a time: {run_total / 60:.0f} min "
-             f"of run time in all (sum over runs); this invocation took {wall / 60:.1f} min and reused {reused} "
-             "finished runs from `--workdir`. Details, numbers and plots: one file per benchmark.", "",
-             "| family | data | claim | first check (mean ± sd, family vs baseline) | verdict | details |",
+             f"`{meta['command']}` ({meta['mode']}; code {meta['code']}; {meta['date']}): {len(rows)} runs "
+             f"({len(tune_rows)} tuning, {len(eval_rows)} evaluation), {run_total / 60:.0f} min of run time; this "
+             f"invocation took {wall / 60:.1f} min. CI: {method}, {int(confidence * 100)}%.", "",
+             "| family | data | claim | first check: mean difference [95% CI], MDE | verdict | details |",
              "|---|---|---|---|---|---|"]
-    for s in summary:
-        c = s["claim"]
-        lines.append(f"| {c.family} | {c.data} | {c.claim} | {s['first']} | {s['verdict']} | "
+    for res in summary:
+        c = res["claim"]
+        x = res["checks"][0]
+        ci = x["ci"]
+        first = f"{check_text(x['check'], cf.arms)}: " + (
+            f"{ci.mean:+.4f} [{ci.low:+.4f}, {ci.high:+.4f}], MDE {ci.mde:.4f}" if math.isfinite(ci.low)
+            else f"n = {ci.n}, no CI")
+        lines.append(f"| {c.family} | {c.data} | {c.claim} | {first} | {res['verdict']} | "
                      f"[{c.benchmark}.md]({c.benchmark}.md) |")
     lines.append("")
-    with open(os.path.join(args.out, "summary.md"), "w") as fh:
+    with open(os.path.join(out, "summary.md"), "w") as fh:
         fh.write("\n".join(lines))
     n_fail = sum(not r["ok"] for r in rows)
-    print(f"reproduce_results: wrote {args.out} in {wall / 60:.1f} min; {n_fail} failed run(s)", flush=True)
+    print(f"reproduce_results: wrote {out} in {wall / 60:.1f} min; {n_fail} failed run(s)", flush=True)
     return 1 if n_fail else 0
 
 

@@ -99,6 +99,23 @@ class VisionClassifier(BenchmarkModule):
             steps of ``pgd_step_size`` within the l-inf ball ``pgd_epsilon``, random start from
             ``pgd_seed``; the defaults are PGD-10, eps 8/255, step 2/255).
         ece_bins: bins of the expected calibration error.
+        init_seed: when set, the backbone, the projection and the model's own head are initialised
+            from ``torch.manual_seed(init_seed)`` (the global RNG is restored afterwards), so arms
+            of a paired comparison that share the architecture start from the same weights
+            whatever their losses draw.
+        lr_schedule: ``"constant"`` (default) or ``"cosine"``: per step, ``lr * (1 + cos(pi t)) / 2``
+            with ``t`` the fraction of the stage's steps done (one stage, or each of the two).
+        param_lrs: learning rates for parameters whose name (``named_parameters``) matches a
+            ``fnmatch`` pattern, e.g. ``{"loss.scale_logit": 0.05}`` gives WCDAS's trainable scale
+            its own rate; every other parameter uses ``lr``.
+        two_stage_epoch: two-stage long-tail protocol: epochs ``0 .. two_stage_epoch - 1`` train
+            everything (stage 1); at epoch ``two_stage_epoch`` the backbone and projection are
+            frozen (``requires_grad=False``, kept in eval mode), the classifier head -- the model's
+            linear head, or every parameter of a loss that owns the head -- is reset to its
+            initial values (a fresh optimiser state too), and the DataModule switches to
+            class-balanced sampling (``set_class_balanced_sampling``); the remaining epochs
+            retrain the head (for cross-entropy: cRT). ``None``: one stage.
+        stage2_lr: learning rate of stage 2 (``None``: ``lr``).
 
     Embedding losses (kind ``"E"``, main or auxiliary) receive class ids; soft targets are
     reduced to their argmax for them, and for every metric. Logits losses get the target as given.
@@ -131,10 +148,27 @@ class VisionClassifier(BenchmarkModule):
         pgd_seed: int = 0,
         ece_bins: int = 15,
         backbone_kwargs: Optional[Dict[str, Any]] = None,
+        init_seed: Optional[int] = None,
+        lr_schedule: str = "constant",
+        param_lrs: Optional[Dict[str, float]] = None,
+        two_stage_epoch: Optional[int] = None,
+        stage2_lr: Optional[float] = None,
     ) -> None:
         super().__init__(lr=lr, weight_decay=weight_decay)
         self.save_hyperparameters()
         cls = "VisionClassifier"
+        if lr_schedule not in ("constant", "cosine"):
+            raise ValueError(f"{cls}: lr_schedule must be 'constant' or 'cosine' (got {lr_schedule!r}); "
+                             "cosine anneals each stage's learning rate to 0")
+        if two_stage_epoch is not None and (isinstance(two_stage_epoch, bool) or not isinstance(two_stage_epoch, int)
+                                            or two_stage_epoch < 1):
+            raise ValueError(f"{cls}: two_stage_epoch must be a positive integer or None (got {two_stage_epoch!r}); "
+                             "stage 2 starts at that epoch, after at least one epoch of stage 1")
+        self.lr_schedule = lr_schedule
+        self.param_lrs = dict(param_lrs or {})
+        self.two_stage_epoch = two_stage_epoch
+        self.stage2_lr = float(stage2_lr) if stage2_lr is not None else None
+        self._stage2 = False
         _positive(cls, "num_classes", num_classes, "link it from the DataModule (the CLI does) or pass it")
         _positive(cls, "in_chans", in_chans, "digits images have 1 channel")
         _positive(cls, "embedding_dim", embedding_dim, "pass e.g. 64")
@@ -165,10 +199,14 @@ class VisionClassifier(BenchmarkModule):
         self.pgd_seed = int(pgd_seed)
 
         timm = _timm()
-        body = timm.create_model(backbone, pretrained=False, in_chans=in_chans, num_classes=0,
-                                 **(backbone_kwargs or {}))
-        head = None if self.route.owns_head else nn.Linear(embedding_dim, num_classes)
-        self.net = ClassifierNet(body, nn.Linear(body.num_features, embedding_dim), head)
+        with torch.random.fork_rng(devices=[], enabled=init_seed is not None):
+            if init_seed is not None:  # the same start for every loss (paired comparisons)
+                torch.manual_seed(int(init_seed))
+            body = timm.create_model(backbone, pretrained=False, in_chans=in_chans, num_classes=0,
+                                     **(backbone_kwargs or {}))
+            projection = nn.Linear(body.num_features, embedding_dim)
+            head = None if self.route.owns_head else nn.Linear(embedding_dim, num_classes)
+        self.net = ClassifierNet(body, projection, head)
         self.loss = loss
         self.aux_loss = aux_loss
 
@@ -182,7 +220,84 @@ class VisionClassifier(BenchmarkModule):
             setattr(self, f"{stage}_support", MeanMetric())
             setattr(self, f"{stage}_robust", MulticlassAccuracy(num_classes, average="micro"))
         self._tail_classes: List[int] = []
+        # the head's initial values, restored at the start of stage 2 (two-stage protocol)
+        self._head_init = {k: v.detach().clone() for k, v in self._head_parameters().items()}
         clean_linked_hparams(self)
+
+    # -- optimisation: schedule, parameter groups, two-stage protocol -----------------------------
+    def _head_parameters(self) -> Dict[str, nn.Parameter]:
+        """The classifier head: the model's linear head, or every parameter of a head-owning loss."""
+        named = dict(self.named_parameters())
+        prefix = "loss." if self.route.owns_head else "net.head."
+        return {k: p for k, p in named.items() if k.startswith(prefix)}
+
+    def configure_optimizers(self) -> Any:
+        import fnmatch
+
+        groups: Dict[str, List[nn.Parameter]] = {}
+        for name, p in self.named_parameters():
+            pattern = next((pat for pat in self.param_lrs if fnmatch.fnmatchcase(name, pat)), None)
+            groups.setdefault(pattern or "", []).append(p)
+        params = [{"params": ps, "lr": self.param_lrs[k] if k else self.lr, "name": k or "default"}
+                  for k, ps in groups.items()]
+        opt = torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
+        if self.lr_schedule == "constant" and self.two_stage_epoch is None:
+            return opt
+        scheduler = torch.optim.lr_scheduler.LambdaLR(opt, self._lr_factor)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _steps(self) -> tuple:
+        """``(steps of stage 1, total steps)`` of this fit."""
+        total = int(self.trainer.estimated_stepping_batches)
+        if self.two_stage_epoch is None:
+            return total, total
+        epochs = max(1, int(self.trainer.max_epochs or 1))
+        per_epoch = max(1, total // epochs)
+        return min(total, per_epoch * self.two_stage_epoch), total
+
+    def _lr_factor(self, step: int) -> float:
+        import math
+
+        if not hasattr(self, "_stage_steps"):
+            self._stage_steps = self._steps()
+        s1, total = self._stage_steps
+        if self.two_stage_epoch is not None and step >= s1:
+            base = (self.stage2_lr / self.lr) if self.stage2_lr is not None else 1.0
+            t, n = step - s1, max(1, total - s1)
+        else:
+            base, t, n = 1.0, step, max(1, s1)
+        if self.lr_schedule == "constant":
+            return base
+        return base * 0.5 * (1.0 + math.cos(math.pi * min(1.0, t / n)))
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if self._stage2:  # frozen features: batch-norm statistics stay those of stage 1
+            self.net.backbone.eval()
+            self.net.projection.eval()
+        return self
+
+    def on_train_epoch_start(self) -> None:
+        if self.two_stage_epoch is None or self._stage2 or self.current_epoch < self.two_stage_epoch:
+            return
+        dm = getattr(self.trainer, "datamodule", None)
+        if not callable(getattr(dm, "set_class_balanced_sampling", None)):
+            raise RuntimeError("VisionClassifier: two_stage_epoch needs a DataModule with class-balanced "
+                               f"sampling (got {type(dm).__name__}); use DigitsDataModule or MNISTDataModule")
+        self._stage2 = True
+        for module in (self.net.backbone, self.net.projection):
+            module.requires_grad_(False)
+        self.train(self.training)
+        if self.current_epoch == self.two_stage_epoch:  # not when resuming inside stage 2
+            opts = self.optimizers()
+            opts = opts if isinstance(opts, list) else [opts]
+            with torch.no_grad():
+                for name, p in self._head_parameters().items():
+                    p.copy_(self._head_init[name])
+                    for opt in opts:  # fresh AdamW moments for the re-initialised head
+                        getattr(opt, "optimizer", opt).state.pop(p, None)
+        dm.set_class_balanced_sampling(True)
+        self.log("train/stage", 2.0, on_step=False, on_epoch=True)
 
     # -- model ----------------------------------------------------------------------------------
     def logits_from_features(self, features: Tensor) -> Tensor:
@@ -302,6 +417,16 @@ class VisionClassifier(BenchmarkModule):
             if not torch.isnan(v):
                 out[f"{stage}/cos_{k}"] = v.float()
         cos_metric.reset()
+        with torch.no_grad():  # a head's own scale / concentrations (WCDAS), as trained so far
+            if callable(getattr(self.loss, "effective_scale", None)):
+                out[f"{stage}/loss_scale"] = self.loss.effective_scale().detach().float().reshape(())
+            if callable(getattr(self.loss, "concentration", None)):
+                rho = self.loss.concentration().detach().float().flatten()
+                out[f"{stage}/loss_rho_mean"] = rho.mean()
+                out[f"{stage}/loss_rho_min"] = rho.min()
+                out[f"{stage}/loss_rho_max"] = rho.max()
+                for c, v in enumerate(rho):
+                    out[f"{stage}/loss_rho_{c}"] = v
         if out:  # already reduced over ranks by the metrics' own sync; sync_dist averages equal values
             self.log_dict(out, sync_dist=True)
 
@@ -323,6 +448,8 @@ class VisionSegmenter(BenchmarkModule):
         feature_index: which feature level feeds the head (timm ``out_indices``; 1 = stride 4,
             i.e. 8x8 maps for 32x32 inputs: the resolution of the original digits).
         num_classes / in_chans: linked from the DataModule (11 / 1).
+        init_seed / lr_schedule: as :class:`VisionClassifier` (the same initial weights for every
+            loss; ``"cosine"`` anneals the learning rate to 0 over the fit's steps).
 
     Metrics: ``loss``; ``dice`` (torchmetrics ``DiceScore``: per-class Dice over the whole set,
     macro mean, background included) in every stage; in val/test also ``dice_fg`` (without
@@ -341,10 +468,16 @@ class VisionSegmenter(BenchmarkModule):
         weight_decay: float = 0.0,
         ece_bins: int = 15,
         backbone_kwargs: Optional[Dict[str, Any]] = None,
+        init_seed: Optional[int] = None,
+        lr_schedule: str = "constant",
     ) -> None:
         super().__init__(lr=lr, weight_decay=weight_decay)
         self.save_hyperparameters()
         cls = "VisionSegmenter"
+        if lr_schedule not in ("constant", "cosine"):
+            raise ValueError(f"{cls}: lr_schedule must be 'constant' or 'cosine' (got {lr_schedule!r}); "
+                             "cosine anneals the learning rate to 0")
+        self.lr_schedule = lr_schedule
         _positive(cls, "num_classes", num_classes, "link it from the DataModule (the CLI does) or pass it")
         _positive(cls, "in_chans", in_chans, "digits images have 1 channel")
         if not isinstance(loss, nn.Module):
@@ -355,9 +488,12 @@ class VisionSegmenter(BenchmarkModule):
                              f"(got kind {self.route.kind!r} for {type(loss).__name__}); use a Dice / Jaccard / "
                              "cross-entropy loss")
         timm = _timm()
-        self.backbone = timm.create_model(backbone, pretrained=False, in_chans=in_chans, features_only=True,
-                                          out_indices=(feature_index,), **(backbone_kwargs or {}))
-        self.head = nn.Conv2d(self.backbone.feature_info.channels()[-1], num_classes, kernel_size=1)
+        with torch.random.fork_rng(devices=[], enabled=init_seed is not None):
+            if init_seed is not None:  # the same start for every loss (paired comparisons)
+                torch.manual_seed(int(init_seed))
+            self.backbone = timm.create_model(backbone, pretrained=False, in_chans=in_chans, features_only=True,
+                                              out_indices=(feature_index,), **(backbone_kwargs or {}))
+            self.head = nn.Conv2d(self.backbone.feature_info.channels()[-1], num_classes, kernel_size=1)
         self.loss = loss
         self.num_classes = num_classes
 
@@ -374,6 +510,17 @@ class VisionSegmenter(BenchmarkModule):
                 "ece": MulticlassCalibrationError(num_classes, n_bins=ece_bins, norm="l1"),
             }, prefix=f"{stage}/"))
         clean_linked_hparams(self)
+
+    def configure_optimizers(self) -> Any:
+        import math
+
+        opt = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        if self.lr_schedule == "constant":
+            return opt
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda step: 0.5 * (1.0 + math.cos(math.pi * min(1.0, step / total))))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def forward(self, x: Tensor) -> Tensor:
         feats = self.backbone(x)[-1]

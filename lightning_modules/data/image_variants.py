@@ -1,0 +1,433 @@
+"""Splits and benchmark variants shared by the small image DataModules (digits, MNIST-5k).
+
+A subclass only says where its images come from (:meth:`ImageSplitsDataModule._load`: ``(N, H, W)``
+float32 in ``[0, 1]`` and ``(N,)`` int64 labels); everything else lives here:
+
+* a stratified train / val / test split drawn from a generator seeded by ``seed``;
+* :class:`ClassificationVariantsDataModule`: the full, low-data (``train_fraction``), long-tailed
+  (``imbalance_factor``: ``n_c = floor(n_max * IF ** (-c / (C - 1)))``, balanced val / test),
+  label-noise (``noise_rate``, ``noise_type``) and soft-target variants, applied to the training
+  split only;
+* :class:`SegmentationVariantsDataModule`: each image as a ``C + 1``-class segmentation map from
+  its ink (background ``0``, the class ``y + 1`` on inked pixels), soft labels from the ink
+  intensity or their threshold;
+* :class:`SeededEpochSampler`: the training order, drawn from ``(seed, epoch)`` only, so every
+  model trained with the same ``seed`` sees the same batches whatever else consumes the global RNG
+  (a paired comparison of losses), and an optional class-balanced mode (every class equally likely,
+  drawn with replacement) for the second stage of a two-stage long-tail protocol.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.data import DataLoader, DistributedSampler, Sampler, TensorDataset
+
+from ..base import BenchmarkDataModule
+
+__all__ = [
+    "ASYMMETRIC_FLIPS",
+    "ClassificationVariantsDataModule",
+    "ImageSplitsDataModule",
+    "SeededEpochSampler",
+    "SegmentationVariantsDataModule",
+    "long_tailed_counts",
+    "stratified_split",
+]
+
+#: Class-dependent ("asymmetric") noise between visually similar digits, as in Patrini et al.
+#: (CVPR 2017) for MNIST: 2 -> 7, 3 -> 8, 5 <-> 6, 7 -> 1. Other classes keep their labels.
+ASYMMETRIC_FLIPS: Dict[int, int] = {2: 7, 3: 8, 5: 6, 6: 5, 7: 1}
+
+
+def _check(cond: bool, cls: str, problem: str, got: object, hint: str) -> None:
+    if not cond:
+        raise ValueError(f"{cls}: {problem} (got {got!r}); {hint}")
+
+
+def stratified_split(
+    labels: Tensor, fractions: Tuple[float, ...], generator: torch.Generator
+) -> List[Tensor]:
+    """Split indices per class: part ``k`` gets ``round(fractions[k] * n_c)`` of class ``c``; the
+    last part takes the rest. Returns sorted index tensors."""
+    parts: List[List[Tensor]] = [[] for _ in range(len(fractions) + 1)]
+    for c in torch.unique(labels).tolist():
+        idx = torch.nonzero(labels == c).flatten()
+        idx = idx[torch.randperm(idx.numel(), generator=generator)]
+        start = 0
+        for k, frac in enumerate(fractions):
+            n = int(round(frac * idx.numel()))
+            parts[k].append(idx[start:start + n])
+            start += n
+        parts[-1].append(idx[start:])
+    return [torch.sort(torch.cat(p)).values for p in parts]
+
+
+def long_tailed_counts(n_max: int, num_classes: int, imbalance_factor: float) -> List[int]:
+    """``n_c = floor(n_max * IF ** (-c / (C - 1)))`` (at least 1), class 0 the head."""
+    if num_classes == 1:
+        return [n_max]
+    return [max(1, int(math.floor(n_max * imbalance_factor ** (-c / (num_classes - 1))))) for c in range(num_classes)]
+
+
+def _upsample(images: Tensor, size: int) -> Tensor:
+    """``(N, h, w)`` -> ``(N, 1, size, size)``, bilinear, values stay in ``[0, 1]``."""
+    x = images.unsqueeze(1)
+    if size != x.shape[-1] or size != x.shape[-2]:
+        x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+    return x.clamp_(0.0, 1.0).contiguous()
+
+
+class SeededEpochSampler(Sampler[int]):
+    """Training order from ``(seed, epoch)`` alone; optionally class-balanced.
+
+    Epoch ``e`` (set by Lightning through :meth:`set_epoch`; otherwise the number of completed
+    iterations) yields ``torch.randperm(n)`` of a generator seeded with ``seed * 1_000_003 + e``.
+    With ``class_balanced = True`` it yields ``n`` indices drawn with replacement so that each class
+    present in ``labels`` is equally likely (class-balanced sampling, as in cRT), from the same
+    generator. The mode can be switched between epochs; the DataLoader need not be rebuilt.
+    """
+
+    def __init__(self, labels: Tensor, seed: int) -> None:
+        self.labels = labels.clone()
+        self.seed = int(seed)
+        self.epoch: Optional[int] = None
+        self._iterations = 0
+        self.class_balanced = False
+
+    def __len__(self) -> int:
+        return int(self.labels.numel())
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def _generator(self) -> torch.Generator:
+        e = self.epoch if self.epoch is not None else self._iterations
+        return torch.Generator().manual_seed(self.seed * 1_000_003 + int(e))
+
+    def indices(self) -> Tensor:
+        g = self._generator()
+        n = self.labels.numel()
+        if not self.class_balanced:
+            return torch.randperm(n, generator=g)
+        classes = torch.unique(self.labels)
+        counts = (self.labels.unsqueeze(1) == classes.unsqueeze(0)).sum(0).double()
+        pos = torch.searchsorted(classes, self.labels)
+        weights = 1.0 / counts[pos]  # each class sums to 1
+        return torch.multinomial(weights, n, replacement=True, generator=g)
+
+    def __iter__(self) -> Iterator[int]:
+        idx = self.indices()
+        self._iterations += 1
+        return iter(idx.tolist())
+
+
+class ImageSplitsDataModule(BenchmarkDataModule):
+    """Loading, stratified splitting and loaders; subclasses implement :meth:`_load` and
+    :meth:`_build` (the variant of the training split)."""
+
+    _name = "ImageSplitsDataModule"
+
+    def __init__(
+        self,
+        *,
+        image_size: int,
+        batch_size: int,
+        eval_batch_size: Optional[int],
+        val_fraction: float,
+        test_fraction: float,
+        shuffle: bool,
+        num_workers: int,
+        seed: int,
+    ) -> None:
+        super().__init__()
+        cls = self._name
+        _check(isinstance(image_size, int) and image_size >= 8, cls, "image_size must be an integer >= 8",
+               image_size, "timm backbones need >= 32 pixels for 5 stride-2 stages; 32 is the default")
+        _check(isinstance(batch_size, int) and batch_size >= 1, cls, "batch_size must be a positive integer",
+               batch_size, "pass e.g. 64")
+        _check(eval_batch_size is None or (isinstance(eval_batch_size, int) and eval_batch_size >= 1), cls,
+               "eval_batch_size must be a positive integer or None", eval_batch_size, "None uses batch_size")
+        for name, frac in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+            _check(0.0 < frac < 1.0, cls, f"{name} must be in (0, 1)", frac, "pass e.g. 0.15")
+        _check(val_fraction + test_fraction < 1.0, cls, "val_fraction + test_fraction must be below 1",
+               val_fraction + test_fraction, "leave room for the training split")
+        self.image_size = image_size
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.val_fraction = float(val_fraction)
+        self.test_fraction = float(test_fraction)
+        self.shuffle = bool(shuffle)
+        self.num_workers = int(num_workers)
+        self.seed = int(seed)
+        self.in_chans = 1
+        self._splits: Optional[Dict[str, TensorDataset]] = None
+        self._train_sampler: Optional[SeededEpochSampler] = None
+        self._class_balanced = False
+
+    # -- subclasses ---------------------------------------------------------------------------
+    def _load(self) -> Tuple[Tensor, Tensor]:
+        """``(images (N, H, W) float32 in [0, 1], labels (N,) int64)``, fresh copies."""
+        raise NotImplementedError
+
+    def _build(self, images: Tensor, labels: Tensor, split: Dict[str, Tensor], g: torch.Generator) -> Dict[str, TensorDataset]:
+        raise NotImplementedError
+
+    # -- Lightning hooks ----------------------------------------------------------------------
+    def prepare_data(self) -> None:
+        self._load()  # fails early, naming the package, when the data's package is missing
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        if self._splits is not None:
+            return
+        images, labels = self._load()
+        g = torch.Generator().manual_seed(self.seed)
+        test, val, train = stratified_split(labels, (self.test_fraction, self.val_fraction), g)
+        # pre-shuffle the training split once (seeded), so that ``shuffle=False`` still gives
+        # mixed batches and a DDP run with ``shuffle=False`` sees the single-process batches
+        train = train[torch.randperm(train.numel(), generator=g)]
+        self._splits = self._build(images, labels, {"train": train, "val": val, "test": test}, g)
+
+    # -- class-balanced sampling (stage 2 of the two-stage long-tail protocol) -----------------
+    @property
+    def class_balanced_sampling(self) -> bool:
+        """Whether training batches are drawn class-balanced (with replacement)."""
+        return self._class_balanced
+
+    def set_class_balanced_sampling(self, enabled: bool = True) -> None:
+        """Switch the training order to class-balanced sampling (or back), from the next epoch.
+
+        Needs ``shuffle=True`` and a single process (the seeded sampler; under DDP the loaders
+        shard with a ``DistributedSampler``, which has no class-balanced mode)."""
+        if enabled and not self.shuffle:
+            raise ValueError(f"{self._name}: class-balanced sampling needs shuffle=True (got shuffle=False); "
+                             "it draws a fresh class-balanced sample each epoch")
+        if enabled and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            raise RuntimeError(f"{self._name}: class-balanced sampling is single-process only (got world size "
+                               f"{dist.get_world_size()}); run the second stage on one device")
+        self._class_balanced = bool(enabled)
+        if self._train_sampler is not None:
+            self._train_sampler.class_balanced = self._class_balanced
+
+    def _train_labels(self) -> Tensor:
+        assert self._splits is not None
+        y = self._splits["train"].tensors[1]
+        return y.argmax(1) if y.is_floating_point() and y.dim() == 2 else y
+
+    def _loader(self, split: str, train: bool) -> DataLoader:
+        if self._splits is None:
+            self.setup()
+        assert self._splits is not None
+        data = self._splits[split]
+        shuffle = train and self.shuffle
+        sampler: Optional[Sampler] = None
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            # shard explicitly (Lightning keeps a DistributedSampler it is given): its own sampler
+            # would always shuffle the training split, ignoring ``shuffle``
+            sampler = DistributedSampler(data, shuffle=shuffle, seed=self.seed, drop_last=False)
+        elif shuffle:
+            # the order depends on (seed, epoch) only: arms of a paired comparison see the same batches
+            if self._train_sampler is None:
+                self._train_sampler = SeededEpochSampler(self._train_labels(), self.seed)
+            self._train_sampler.class_balanced = self._class_balanced
+            sampler = self._train_sampler
+        return DataLoader(
+            data,
+            batch_size=self.batch_size if train else self.eval_batch_size,
+            shuffle=False,
+            sampler=sampler,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", False)
+
+    def split_sizes(self) -> Dict[str, int]:
+        """Number of examples per split (after ``setup``)."""
+        if self._splits is None:
+            self.setup()
+        assert self._splits is not None
+        return {k: len(v) for k, v in self._splits.items()}
+
+
+class ClassificationVariantsDataModule(ImageSplitsDataModule):
+    """Classification with the full, low-data, long-tailed, label-noise and soft-target variants
+    (argument meanings: :class:`~lightning_modules.data.DigitsDataModule`)."""
+
+    _name = "ClassificationVariantsDataModule"
+    _num_classes = 10
+
+    def __init__(
+        self,
+        *,
+        image_size: int,
+        batch_size: int,
+        eval_batch_size: Optional[int],
+        val_fraction: float,
+        test_fraction: float,
+        train_fraction: float,
+        imbalance_factor: float,
+        noise_rate: float,
+        noise_type: str,
+        soft_targets: bool,
+        soft_neighbours: int,
+        shuffle: bool,
+        num_workers: int,
+        seed: int,
+    ) -> None:
+        super().__init__(image_size=image_size, batch_size=batch_size, eval_batch_size=eval_batch_size,
+                         val_fraction=val_fraction, test_fraction=test_fraction, shuffle=shuffle,
+                         num_workers=num_workers, seed=seed)
+        cls = self._name
+        _check(0.0 < train_fraction <= 1.0, cls, "train_fraction must be in (0, 1]", train_fraction,
+               "the low-data benchmark uses 0.1")
+        _check(math.isfinite(imbalance_factor) and imbalance_factor >= 1.0, cls,
+               "imbalance_factor must be a finite number >= 1", imbalance_factor,
+               "1 is balanced; the long-tailed benchmarks use up to ~50")
+        _check(0.0 <= noise_rate < 1.0, cls, "noise_rate must be in [0, 1)", noise_rate, "pass e.g. 0.4")
+        _check(noise_type in ("symmetric", "asymmetric"), cls, "noise_type must be 'symmetric' or 'asymmetric'",
+               noise_type, "choose one of the two")
+        _check(isinstance(soft_neighbours, int) and soft_neighbours >= 1, cls,
+               "soft_neighbours must be a positive integer", soft_neighbours, "pass e.g. 10")
+        n_cls = self._num_classes
+        self.train_fraction = float(train_fraction)
+        self.imbalance_factor = float(imbalance_factor)
+        self.noise_rate = float(noise_rate)
+        self.noise_type = noise_type
+        self.soft_targets = bool(soft_targets)
+        self.soft_neighbours = soft_neighbours
+        self.num_classes = n_cls
+        # LT: n_c decreases with c, so the tail is the upper half of the class ids
+        self.tail_classes: List[int] = list(range(n_cls - n_cls // 2, n_cls)) if self.imbalance_factor > 1.0 else []
+        self.class_counts: Optional[Tensor] = None
+        self.noise_mask: Optional[Tensor] = None  # True where a training label was changed
+
+    def _build(self, images, labels, split, g):
+        n_cls = self.num_classes
+        train = split["train"]
+        y = labels[train]
+        keep: List[Tensor] = []
+        if self.imbalance_factor > 1.0:
+            n_max = min(int((y == c).sum()) for c in range(n_cls))
+            counts = long_tailed_counts(n_max, n_cls, self.imbalance_factor)
+        else:
+            counts = [int((y == c).sum()) for c in range(n_cls)]
+        for c in range(n_cls):
+            pos = torch.nonzero(y == c).flatten()  # already in shuffled order
+            n = counts[c]
+            if self.train_fraction < 1.0:
+                n = max(1, int(round(self.train_fraction * n)))
+            keep.append(pos[:n])
+        kept = torch.sort(torch.cat(keep)).values  # keep the pre-shuffled order
+        train = train[kept]
+        clean = labels[train].clone()
+        noisy = self._add_noise(clean, g)
+        self.noise_mask = noisy != clean
+        self.class_counts = torch.bincount(noisy, minlength=n_cls)
+
+        x = {k: _upsample(images[v], self.image_size) for k, v in (("train", train), ("val", split["val"]),
+                                                                    ("test", split["test"]))}
+        if self.soft_targets:
+            y_train: Tensor = self._soft(images[train].flatten(1), noisy)
+        else:
+            y_train = noisy
+        return {
+            "train": TensorDataset(x["train"], y_train),
+            "val": TensorDataset(x["val"], labels[split["val"]]),
+            "test": TensorDataset(x["test"], labels[split["test"]]),
+        }
+
+    def _add_noise(self, y: Tensor, g: torch.Generator) -> Tensor:
+        n_cls = self.num_classes
+        y = y.clone()
+        if self.noise_rate == 0.0:
+            return y
+        if self.noise_type == "symmetric":
+            n = int(round(self.noise_rate * y.numel()))
+            idx = torch.randperm(y.numel(), generator=g)[:n]
+            shift = torch.randint(1, n_cls, (n,), generator=g)  # a different class, uniformly
+            y[idx] = (y[idx] + shift) % n_cls
+            return y
+        clean = y.clone()  # select on the clean labels: a flipped 2 -> 7 is not flipped again to 1
+        for src, dst in ASYMMETRIC_FLIPS.items():
+            pos = torch.nonzero(clean == src).flatten()
+            n = int(round(self.noise_rate * pos.numel()))
+            idx = pos[torch.randperm(pos.numel(), generator=g)[:n]]
+            y[idx] = dst
+        return y
+
+    def _soft(self, pixels: Tensor, y: Tensor) -> Tensor:
+        k = min(self.soft_neighbours, pixels.shape[0] - 1)
+        d = torch.cdist(pixels.double(), pixels.double())
+        d.fill_diagonal_(-1.0)  # the image itself comes first
+        nn_idx = d.topk(k + 1, dim=1, largest=False).indices
+        votes = F.one_hot(y[nn_idx], self.num_classes).sum(1).float()
+        return votes / votes.sum(1, keepdim=True)
+
+
+class SegmentationVariantsDataModule(ImageSplitsDataModule):
+    """Each image as a ``C + 1``-class segmentation map from its ink (argument meanings:
+    :class:`~lightning_modules.data.DigitsSegmentationDataModule`)."""
+
+    _name = "SegmentationVariantsDataModule"
+    _num_classes = 10  # image classes; the maps have one more (background)
+
+    def __init__(
+        self,
+        *,
+        image_size: int,
+        label_type: str,
+        threshold: float,
+        batch_size: int,
+        eval_batch_size: Optional[int],
+        val_fraction: float,
+        test_fraction: float,
+        shuffle: bool,
+        num_workers: int,
+        seed: int,
+    ) -> None:
+        super().__init__(image_size=image_size, batch_size=batch_size, eval_batch_size=eval_batch_size,
+                         val_fraction=val_fraction, test_fraction=test_fraction, shuffle=shuffle,
+                         num_workers=num_workers, seed=seed)
+        cls = self._name
+        _check(label_type in ("soft", "hard"), cls, "label_type must be 'soft' or 'hard'", label_type,
+               "soft labels come from the ink intensity, hard labels from its threshold")
+        _check(0.0 < threshold < 1.0, cls, "threshold must be in (0, 1)", threshold, "pass e.g. 0.5")
+        self.label_type = label_type
+        self.threshold = float(threshold)
+        self.num_classes = self._num_classes + 1
+
+    def _train_labels(self) -> Tensor:  # maps have no single class: shuffle by position only
+        assert self._splits is not None
+        return torch.zeros(len(self._splits["train"]), dtype=torch.int64)
+
+    @classmethod
+    def segmentation_targets(cls, x: Tensor, digits: Tensor, threshold: float, label_type: str) -> Tensor:
+        """Targets for images ``x (N, 1, S, S)`` of classes ``digits (N,)``: ``(N, S, S)`` ids or
+        ``(N, C + 1, S, S)`` soft labels."""
+        v = x[:, 0]
+        if label_type == "hard":
+            return torch.where(v > threshold, (digits + 1).view(-1, 1, 1), torch.zeros_like(digits).view(-1, 1, 1))
+        soft = torch.zeros(x.shape[0], cls._num_classes + 1, *v.shape[1:], dtype=x.dtype)
+        soft[:, 0] = 1.0 - v
+        soft.scatter_(1, (digits + 1).view(-1, 1, 1, 1).expand(-1, 1, *v.shape[1:]), v.unsqueeze(1))
+        return soft
+
+    def _build(self, images, labels, split, g):
+        out = {}
+        for name, idx in split.items():
+            x = _upsample(images[idx], self.image_size)
+            out[name] = TensorDataset(x, self.segmentation_targets(x, labels[idx], self.threshold, self.label_type))
+        return out
