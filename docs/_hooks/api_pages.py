@@ -11,6 +11,7 @@ checks it).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import re
 import warnings
@@ -91,11 +92,13 @@ def losses_page() -> str:
         parts.extend(_directive(p) for p in groups[mod])
     for pkg in OPTIONAL_LOSS_PACKAGES:
         try:
-            _import(pkg)
+            present = importlib.util.find_spec(pkg) is not None  # found, not imported
         except ImportError:
+            present = False
+        if not present:
             continue
         parts.append(f"## `{pkg}`\n")
-        parts.append(_directive(pkg, 3, "      members: true\n"))
+        parts.append(_directive(pkg, 3, "      filters: public\n"))
     return "\n".join(parts)
 
 
@@ -112,18 +115,19 @@ def functional_page() -> str:
 def registry_page() -> str:
     parts = [_directive(f"losses._registry.{n}") for n in REGISTRY_NAMES]
     losses = _import("losses")
-    rows = ["| registry name | function | module | inputs | unit | family page |", "|---|---|---|---|---|---|"]
+    rows = ["| registry name | function and module | inputs | unit | family |", "|---|---|---|---|---|"]
     for spec in losses.list_losses():
         fmod = _defining_module(spec.function, "losses")
         mmod = _defining_module(spec.module, "losses")
-        page = FAMILY_PAGES.get(mmod, (None, None))[1]
-        link = f"[{page}](../{page})" if page else "—"
+        title, page = FAMILY_PAGES.get(mmod, (None, None))
+        link = f"[{title}](../{page})" if page else "—"
         rows.append(
-            f"| `{spec.name}` | [`{spec.function.__name__}`][{fmod}.{spec.function.__name__}] | "
-            f"[`{spec.module.__name__}`][{mmod}.{spec.module.__name__}] | `{', '.join(spec.inputs)}` | "
+            f"| `{spec.name}` | [`{spec.function.__name__}`][{fmod}.{spec.function.__name__}], "
+            f"[`{spec.module.__name__}`][{mmod}.{spec.module.__name__}] | {spec.kind} | "
             f"{spec.unit} | {link} |"
         )
-    return "## Registered losses\n\n" + "\n".join(rows) + "\n\n" + "\n".join(parts)
+    kinds = ", ".join(f"{k} = `({', '.join(v)})`" for k, v in losses.INPUT_KINDS.items())
+    return "## Registered losses\n\nInput kinds: " + kinds + ".\n\n" + "\n".join(rows) + "\n\n" + "\n".join(parts)
 
 
 def lightning_objects() -> List[str]:
@@ -138,7 +142,8 @@ def lightning_objects() -> List[str]:
 
 def lightning_page() -> str:
     parts = ["## Entry point and shared base classes\n"]
-    parts += [_directive(m, 3, "      members: true\n      show_root_full_path: true\n") for m in LIGHTNING_MODULES]
+    parts += [_directive(m, 3, "      filters: public\n      show_root_full_path: true\n")
+              for m in LIGHTNING_MODULES]
     parts.append("## LightningModules and DataModules\n")
     seen = set()
     for path in lightning_objects():
