@@ -49,7 +49,7 @@ def site_dir(tmp_path_factory):
     return str(out)
 
 
-def test_strict_build_has_every_page(site_dir):
+def _check_build(site_dir):
     for page in ("index.html", "conventions.html", "api/losses.html", "api/registry.html",
                  "assets/mathjax/tex-chtml.js"):
         assert os.path.isfile(os.path.join(site_dir, page)), page
@@ -109,8 +109,14 @@ def _status(url: str) -> int:
         return e.code
 
 
-@pytest.mark.parametrize("page", PAGES)
-def test_page_renders_in_chromium(browser, server, page):
+def test_docs_site_builds_strict_and_renders_in_chromium(site_dir, browser, server):
+    """One test (not one per page) so that pytest-xdist builds the site once."""
+    _check_build(site_dir)
+    for page in PAGES:
+        _check_page(browser, server, page)
+
+
+def _check_page(browser, server, page):
     from selenium.webdriver.support.ui import WebDriverWait
 
     browser.get(server + page)
