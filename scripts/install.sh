@@ -8,8 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver >/dev/null
+  { $SUDO apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver >/dev/null; } ||
+    echo "install.sh: could not install chromium / chromium-driver with apt; tests/test_docs_site.py will fail" >&2
 fi
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
