@@ -31,6 +31,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 PAGES = ("index.html", "losses/z_loss.html")
+#: TeX errors and undefined macros (MathJax shows those in red instead of failing)
+TEX_ERRORS = "return document.querySelectorAll('mjx-merror, [data-mjx-error], mjx-container [style*=red]').length"
 
 pytestmark = pytest.mark.slow
 
@@ -114,6 +116,29 @@ def test_docs_site_builds_strict_and_renders_in_chromium(site_dir, browser, serv
     _check_build(site_dir)
     for page in PAGES:
         _check_page(browser, server, page)
+    _check_every_formula(browser, server, site_dir)
+
+
+def _check_every_formula(browser, server, site_dir):
+    """Every other page with formulas typesets all of them without TeX errors."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    for dirpath, _, names in os.walk(site_dir):
+        for name in sorted(names):
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, site_dir).replace(os.sep, "/")
+            if not name.endswith(".html") or rel in PAGES:
+                continue
+            with open(path, encoding="utf-8") as f:
+                if 'class="arithmatex"' not in f.read():
+                    continue
+            browser.get(server + rel)
+            WebDriverWait(browser, 30).until(
+                lambda d: d.execute_script("return document.querySelectorAll('mjx-container').length >= "
+                                           "document.querySelectorAll('.arithmatex').length"),
+                message=f"{rel}: MathJax did not typeset every formula",
+            )
+            assert browser.execute_script(TEX_ERRORS) == 0, f"{rel}: a formula failed to typeset"
 
 
 def _check_page(browser, server, page):
@@ -125,7 +150,7 @@ def _check_page(browser, server, page):
         message=f"{page}: MathJax typeset nothing",
     )
     # MathJax reports TeX errors inside the output rather than on the console
-    errors = browser.execute_script("return document.querySelectorAll('mjx-merror, [data-mjx-error]').length")
+    errors = browser.execute_script(TEX_ERRORS)
     assert errors == 0, f"{page}: {errors} formula(s) failed to typeset"
     assert browser.execute_script("return document.querySelectorAll('.arithmatex').length") > 0
 
