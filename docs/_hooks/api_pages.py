@@ -89,6 +89,8 @@ def losses_page() -> str:
         parts.append(f"## {title}\n")
         if page:
             parts.append(f"Maths, defaults and results: [{page}](../{page}). Defined in `{mod}`.\n")
+        if not mod.rsplit(".", 1)[-1].startswith("_"):  # the public module's own docstring
+            parts.append(_directive(mod, 3, "      members: false\n      show_root_heading: false\n"))
         parts.extend(_directive(p) for p in groups[mod])
     for pkg in OPTIONAL_LOSS_PACKAGES:
         try:
