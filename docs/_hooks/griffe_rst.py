@@ -1,0 +1,52 @@
+"""Griffe extension: render the reST-flavoured bits of this project's docstrings as Markdown.
+
+The docstrings are Google style (``Args:``) but use a few reST idioms that Markdown would mangle:
+
+* doctest lines (``>>> ...`` / ``... ...`` and their output) become a fenced ``pycon`` block
+  (Markdown would read ``>>>`` as nested block quotes);
+* roles such as ``:func:`name``` / ``:class:`~pkg.Name``` become inline code;
+* a paragraph ending in ``::`` (a reST literal block follows) ends in ``:`` instead.
+
+Only the rendered text changes; the docstrings in the source stay as they are.
+"""
+
+from __future__ import annotations
+
+import re
+
+import griffe
+
+_ROLE = re.compile(r":(?:func|class|meth|mod|data|attr|obj|exc|py:\w+):`~?([^`]+)`")
+_PROMPT = re.compile(r"^(\s*)(>>>|\.\.\.)( |$)")
+
+
+def _fence_doctests(text: str) -> str:
+    out, lines, i = [], text.split("\n"), 0
+    while i < len(lines):
+        m = _PROMPT.match(lines[i])
+        if not (m and m.group(2) == ">>>"):
+            out.append(lines[i])
+            i += 1
+            continue
+        indent = m.group(1)
+        block = []
+        while i < len(lines) and lines[i].strip() and lines[i].startswith(indent):
+            block.append(lines[i][len(indent):])
+            i += 1
+        out += [f"{indent}```pycon", *[indent + b for b in block], f"{indent}```"]
+    return "\n".join(out)
+
+
+def rewrite(text: str) -> str:
+    text = _ROLE.sub(lambda m: f"`{m.group(1)}`", text)
+    text = re.sub(r"(?<=\S)::\n", ":\n", text)
+    return _fence_doctests(text)
+
+
+class ReSTToMarkdown(griffe.Extension):
+    """Rewrite each docstring once, when griffe has loaded the object."""
+
+    def on_object(self, *, obj, **kwargs) -> None:  # griffe >= 1.x
+        if obj.docstring is not None and not getattr(obj.docstring, "_rst_rewritten", False):
+            obj.docstring.value = rewrite(obj.docstring.value)
+            obj.docstring._rst_rewritten = True

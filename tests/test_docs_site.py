@@ -1,0 +1,175 @@
+"""The documentation site builds in strict mode and renders in a real headless browser.
+
+1. ``mkdocs build --strict`` into a temporary directory: a broken link, a missing page or anchor, an
+   unresolved cross-reference or a docstring that fails to render is an error.
+2. The built site is served on localhost and opened with Debian's ``chromium`` through
+   ``chromedriver`` (selenium): on the home page and one family page the formulas are typeset by
+   MathJax (``mjx-container`` elements exist), every navigation link answers HTTP 200, the page
+   logs no console error and loads nothing from outside localhost (the site works offline).
+
+``scripts/install.sh`` installs ``chromium`` and ``chromium-driver`` with apt.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+PAGES = ("index.html", "losses/z_loss.html")
+#: TeX errors and undefined macros (MathJax shows those in red instead of failing)
+TEX_ERRORS = "return document.querySelectorAll('mjx-merror, [data-mjx-error], mjx-container [style*=red]').length"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def site_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("site")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t0 = time.time()
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"mkdocs build --strict failed ({time.time() - t0:.0f} s):\n{log[-6000:]}"
+    return str(out)
+
+
+def _check_build(site_dir):
+    for page in ("index.html", "conventions.html", "api/losses.html", "api/registry.html",
+                 "assets/mathjax/tex-chtml.js"):
+        assert os.path.isfile(os.path.join(site_dir, page)), page
+    import losses
+
+    api = open(os.path.join(site_dir, "api", "losses.html"), encoding="utf-8").read()
+    for spec in losses.list_losses():
+        for obj in (spec.function, spec.module):
+            assert f'id="{obj.__module__}.{obj.__name__}"' in api, f"{obj.__name__} missing from the API reference"
+
+
+@pytest.fixture(scope="module")
+def server(site_dir):
+    handler = functools.partial(_QuietHandler, directory=site_dir)
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+
+@pytest.fixture(scope="module")
+def browser():
+    for path, pkg in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
+        assert os.path.exists(path), f"{path} not found; install it with apt-get install {pkg} (scripts/install.sh does)"
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="docs-chromium-")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", f"--user-data-dir={profile}"):
+        opts.add_argument(flag)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_docs_site_builds_strict_and_renders_in_chromium(site_dir, browser, server):
+    """One test (not one per page) so that pytest-xdist builds the site once."""
+    _check_build(site_dir)
+    for page in PAGES:
+        _check_page(browser, server, page)
+    _check_every_formula(browser, server, site_dir)
+
+
+def _check_every_formula(browser, server, site_dir):
+    """Every other page with formulas typesets all of them without TeX errors."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    for dirpath, _, names in os.walk(site_dir):
+        for name in sorted(names):
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, site_dir).replace(os.sep, "/")
+            if not name.endswith(".html") or rel in PAGES:
+                continue
+            with open(path, encoding="utf-8") as f:
+                if 'class="arithmatex"' not in f.read():
+                    continue
+            browser.get(server + rel)
+            WebDriverWait(browser, 30).until(
+                lambda d: d.execute_script("return document.querySelectorAll('mjx-container').length >= "
+                                           "document.querySelectorAll('.arithmatex').length"),
+                message=f"{rel}: MathJax did not typeset every formula",
+            )
+            assert browser.execute_script(TEX_ERRORS) == 0, f"{rel}: a formula failed to typeset"
+
+
+def _check_page(browser, server, page):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(server + page)
+    WebDriverWait(browser, 30).until(
+        lambda d: d.execute_script("return document.querySelectorAll('mjx-container').length > 0"),
+        message=f"{page}: MathJax typeset nothing",
+    )
+    # MathJax reports TeX errors inside the output rather than on the console
+    errors = browser.execute_script(TEX_ERRORS)
+    assert errors == 0, f"{page}: {errors} formula(s) failed to typeset"
+    assert browser.execute_script("return document.querySelectorAll('.arithmatex').length") > 0
+
+    hrefs = browser.execute_script(
+        "return Array.from(document.querySelectorAll('nav.md-nav a.md-nav__link[href]')).map(a => a.href)")
+    assert len(hrefs) >= 20, f"{page}: only {len(hrefs)} navigation links"
+    bad = {}
+    for href in sorted({h.split("#")[0] for h in hrefs}):
+        assert href.startswith(server), f"{page}: navigation leaves the site: {href}"
+        code = _status(href)
+        if code != 200:
+            bad[href] = code
+    assert not bad, f"{page}: navigation links that do not answer 200: {bad}"
+
+    resources = browser.execute_script(
+        "return performance.getEntriesByType('resource').map(e => e.name)")
+    outside = [u for u in resources if not u.startswith(server) and not u.startswith("data:")]
+    assert not outside, f"{page}: loaded from outside localhost: {outside}"
+
+    logs = browser.get_log("browser")
+    severe = [entry for entry in logs if entry.get("level") == "SEVERE"]
+    assert not severe, f"{page}: console errors: {severe}"
