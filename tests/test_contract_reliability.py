@@ -569,3 +569,41 @@ def test_compile_with_validation_on_warns_once_per_process():
     assert counts["OFF"] == "0", "no warning with validation off"
     assert counts["ON"] == "1", f"expected one UserWarning naming losses.validation(False), got {counts['ON']}"
     assert counts["AGAIN"] == "0", "once per process"
+
+
+# --------------------------------------------------------------------------------------
+# "sum" / "mean" follow the unit weights in float32 too, at large logits (x10)
+# --------------------------------------------------------------------------------------
+
+
+LARGE_CASES = [(n, "x10") for n in NAMES if BY_NAME[n].unit != "batch"
+               and BY_NAME[n].inputs[0] in ("input", "embeddings", "scores")]
+LARGE_CASES += [(n, "confident") for n in NAMES if BY_NAME[n].unit != "batch" and BY_NAME[n].inputs[0] == "input"]
+
+
+@pytest.mark.parametrize("name,case", LARGE_CASES, ids=[f"{n}-{c}" for n, c in LARGE_CASES])
+def test_float32_reductions_follow_unit_weights_at_large_logits(name, case):
+    """fp32 tolerance (1e-5 relative to the summed magnitudes): a reduction that sums a large
+    background and subtracts it again loses the small per-unit values. ``confident``: logits
+    +-8..12 with the target's class high, every other class low (a well-trained model)."""
+    spec = BY_NAME[name]
+    args, kwargs = example(spec, requires_grad=False)
+    x = args[0]
+    if case == "x10":
+        x = x * 10
+    else:
+        t = args[1]
+        onehot = torch.zeros_like(x, dtype=torch.bool)
+        valid = t != -100
+        onehot.scatter_(1, t.clamp_min(0).unsqueeze(1), valid.unsqueeze(1))
+        mag = 8 + 4 * torch.rand(x.shape, generator=torch.Generator().manual_seed(9))
+        x = torch.where(onehot, mag, -mag)
+    args = (x,) + args[1:]
+    none = call(build(spec, reduction="none"), args, kwargs).double()
+    total = call(build(spec, reduction="sum"), args, kwargs).double()
+    mean = call(build(spec, reduction="mean"), args, kwargs).double()
+    w = spec.unit_weights(*args, **{**spec.example_kwargs, **kwargs}).double()
+    scale = float((w * none.abs()).sum()) + 1e-30
+    ref = float((w * none).sum())
+    assert abs(float(total) - ref) <= 1e-5 * scale, (float(total), ref)
+    assert abs(float(mean) - ref / float(w.sum())) <= 1e-5 * scale / float(w.sum()), (float(mean), ref / float(w.sum()))

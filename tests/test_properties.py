@@ -26,12 +26,11 @@ import os
 import pytest
 import torch
 
-hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, event, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
-import losses  # noqa: E402
-from tests.reliability_utils import (  # noqa: E402
+import losses  # noqa: F401
+from tests.reliability_utils import (
     BY_NAME,
     LOGIT_SOFTMAX,
     NAMES,
