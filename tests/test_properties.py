@@ -207,6 +207,11 @@ def _check_finite(spec, case, out, grads, leaves, fp32_grads):
         assert not (out == -math.inf).any(), f"-inf value {out}"
     else:
         assert torch.isfinite(out).all(), f"non-finite value {out}"
+    if case.may_be_inf and spec.inputs[0] == "model":
+        # tau < 1: the logits' gradient reaches +-inf or near the float32 maximum (never NaN; the
+        # comp_sum entry checks that). Back through the user's model, +inf and -inf (or two
+        # overflowing products) meet in the parameters' and inputs' gradients: NaN by arithmetic
+        return
     ref = None
     for i, (leaf, gr) in enumerate(zip(leaves, grads)):
         if gr is None:
