@@ -69,6 +69,12 @@ class Case:
         self.may_be_inf = may_be_inf
 
 
+def _sizes(high):
+    """Batch sizes 0..high, drawn uniformly (plain integers favour the 0 boundary), shrinking
+    towards 3."""
+    return st.sampled_from([3, 1, 2] + list(range(4, high + 1)) + [0])
+
+
 def _values(g, shape, magnitude, dtype):
     x = torch.rand(shape, generator=g, dtype=torch.float64).mul_(2).sub_(1).mul_(magnitude)
     return x.to(dtype)
@@ -86,7 +92,7 @@ def _ids(g, shape, c, p_ignore):
 
 def _draw_logits(data, spec, g, dtype, magnitude):
     name = spec.name
-    n = data.draw(st.integers(0, 6), label="N")
+    n = data.draw(_sizes(6), label="N")
     c = data.draw(st.integers(1, 6), label="C")
     spatial = data.draw(st.sampled_from([(), (2,)]), label="spatial") if name not in DICE else ()
     ctor = {}
@@ -120,7 +126,7 @@ def _draw_logits(data, spec, g, dtype, magnitude):
 
 def _draw_model(data, spec, g, dtype, magnitude):
     dtype = data.draw(st.sampled_from([torch.float32, torch.float64]), label="model_dtype")
-    n = data.draw(st.integers(0, 5), label="N")
+    n = data.draw(_sizes(5), label="N")
     c = data.draw(st.integers(1, 5), label="C")
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(6, c)).to(dtype)
     with torch.no_grad():
@@ -133,7 +139,7 @@ def _draw_model(data, spec, g, dtype, magnitude):
 
 
 def _draw_embeddings(data, spec, g, dtype, magnitude):
-    n = data.draw(st.integers(0, 8), label="N")
+    n = data.draw(_sizes(8), label="N")
     d = data.draw(st.integers(1, 6), label="D")
     c = data.draw(st.integers(1, 6), label="C")
     x = _values(g, (n, d), magnitude, dtype)
@@ -147,7 +153,7 @@ def _draw_embeddings(data, spec, g, dtype, magnitude):
 
 
 def _draw_scores(data, spec, g, dtype, magnitude):
-    b = data.draw(st.integers(0, 5), label="B")
+    b = data.draw(_sizes(5), label="B")
     l_ = data.draw(st.integers(1, 8), label="L")
     s = _values(g, (b, l_), magnitude, dtype)
     kind = data.draw(st.sampled_from(["bool", "ids"]), label="target_kind")
@@ -171,7 +177,7 @@ def _draw_scores(data, spec, g, dtype, magnitude):
 
 
 def _draw_pairs(data, spec, g, dtype, magnitude):
-    b = data.draw(st.integers(0, 5), label="B")
+    b = data.draw(_sizes(5), label="B")
     l_ = data.draw(st.integers(1, 6), label="L")
     mag = data.draw(st.sampled_from([1.0, magnitude]), label="pair_magnitude")
     pos = _values(g, (b,), mag, dtype)
@@ -248,6 +254,11 @@ def test_registry_property(name, data):
     magnitude = data.draw(st.sampled_from(MAGNITUDES), label="magnitude")
     g = torch.Generator().manual_seed(seed)
     case = DRAW[spec.inputs[0]](data, spec, g, dtype, magnitude)
+    event(f"dtype {str(dtype).replace('torch.', '')}")
+    if any(isinstance(a, torch.Tensor) and a.dim() > 0 and a.shape[0] == 0 for a in case.args):
+        event("empty batch")
+    if any(isinstance(a, torch.Tensor) and a.is_floating_point() and (a == -math.inf).any() for a in case.args):
+        event("-inf entries")
     compute_dtype = torch.float64 if dtype == torch.float64 else torch.float32
 
     # 1. the "mean" call: a documented error, or a finite value and gradient
