@@ -30,6 +30,10 @@ RECIPES = {
     ],
     "configs/retrieval/chatterbot_decoupled_softmax.yaml": [],
 }
+#: Losses that draw random numbers (Partial FC sampling, decoupled softmax "reference" positives).
+STOCHASTIC = {"configs/recommendation/partial_fc.yaml", "configs/retrieval/chatterbot_decoupled_softmax.yaml"}
+#: Logged metrics that are fractions.
+_PROBABILITIES = ("top1", "top5", "acc", "ece", "recall@", "ndcg@", "hr@", "r@", "mrr@")
 PRECISION = ["--trainer.precision=bf16-mixed", "--trainer.num_sanity_val_steps=0"]
 
 pytestmark = pytest.mark.slow
@@ -42,14 +46,17 @@ def test_recipe_runs_in_bf16_mixed_precision(recipe, tmp_path):
     val = {k: v for k, v in out["validate"].items() if k.startswith("val/")}
     test = {k: v for k, v in out["test"].items() if k.startswith("test/")}
     assert val and test
-    for k, v in {**val, **test}.items():
-        if k.split("/", 1)[1] != "loss":
-            assert 0.0 <= v <= 1.0, (k, v)
+    for k, v in {**out["fit"], **val, **test}.items():
         assert math.isfinite(v), (k, v)
-    # validate restores the checkpoint written after fit's validation: the same numbers
+        if any(s in k for s in _PROBABILITIES):
+            assert 0.0 <= v <= 1.0, (k, v)
+    # validate restores the checkpoint written after fit's validation: the same numbers (a loss
+    # that draws random numbers may draw differently, as in the fp32 recipe tests)
     for k, v in val.items():
-        if k in out["fit"]:
-            assert v == pytest.approx(out["fit"][k], abs=1e-6), k
+        if k.endswith("loss") and recipe in STOCHASTIC:
+            continue
+        assert k in out["fit"], k
+        assert v == pytest.approx(out["fit"][k], rel=1e-5, abs=1e-6), k
     # mixed precision keeps float32 master weights: the checkpoint holds no half tensors
     state = torch.load(out["ckpt"], map_location="cpu", weights_only=False)["state_dict"]
     halves = [k for k, v in state.items() if torch.is_tensor(v) and v.dtype in (torch.float16, torch.bfloat16)]
