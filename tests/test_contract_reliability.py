@@ -408,6 +408,8 @@ def test_float_labels_are_a_type_error(name):
     with pytest.raises(TypeError) as info:
         call(build(spec), bad, kwargs)
     assert_documented_error(spec, info.value, (TypeError,))
+    # float labels may be soft targets: casting them with .long() would silently corrupt them
+    assert ".long()" not in str(info.value), str(info.value)
 
 
 FLAGS = [
