@@ -287,6 +287,45 @@ def test_target_on_a_masked_class_is_inf_or_names_the_row(name):
     assert not torch.isnan(grad).any()
 
 
+@pytest.mark.parametrize("value", [math.inf, math.nan], ids=["pos_inf", "nan"])
+@pytest.mark.parametrize("name", LOGIT_SOFTMAX + CANDIDATE_SOFTMAX)
+def test_pos_inf_and_nan_are_still_rejected(name, value):
+    """-inf is a mask in these families; +inf and NaN stay non-finite input (data check)."""
+    spec = BY_NAME[name]
+    if name in CANDIDATE_SOFTMAX:
+        s, target, _ = _candidate_case()
+        s = s.clone()
+        s[1, 0] = value
+        args = (s, target)
+    else:
+        x, t, _ = _logit_case()
+        x = x.clone()
+        x[1, 1] = value
+        args = (x, t)
+    with pytest.raises(ValueError) as info:
+        call(build(spec), args)
+    assert_documented_error(spec, info.value, (ValueError,))
+
+
+@pytest.mark.parametrize("name", ["z_loss", "gol"])
+def test_neg_inf_where_a_class_cannot_be_excluded(name):
+    """Z-loss standardises over all classes, GOL is a per-class sigmoid: either a documented
+    ValueError, or a defined value (no NaN in value or gradient)."""
+    spec = BY_NAME[name]
+    x, t, _ = _logit_case()
+    x = x.clone()
+    x[1, 1] = -math.inf  # not a target (t[1] == 3)
+    x = x.requires_grad_(True)
+    try:
+        out = call(build(spec), (x, t))
+    except ValueError as exc:
+        assert_documented_error(spec, exc, (ValueError,))
+        return
+    assert not torch.isnan(out).any(), out
+    (grad,) = torch.autograd.grad(out, x)
+    assert not torch.isnan(grad).any()
+
+
 # --------------------------------------------------------------------------------------
 # all-ignored batches containing +-inf, validation off: exact 0, zero gradients, never NaN
 # --------------------------------------------------------------------------------------
