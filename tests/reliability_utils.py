@@ -1,0 +1,155 @@
+"""Helpers shared by the registry-wide reliability tests (``tests/test_contract_reliability.py``,
+``tests/test_properties.py``, ``tests/test_cuda.py``): build a registered module, make its
+example inputs, call it, and call its functional form with the module's own tensors.
+
+The rules these tests hold are written up in ``docs/conventions.md`` (masks, mixed precision,
+degenerate inputs, exception types, resumable randomness).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import warnings
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import torch
+
+import losses
+
+SPECS = losses.list_losses()
+NAMES = [s.name for s in SPECS]
+BY_NAME = {s.name: s for s in SPECS}
+
+#: Losses whose maths is a softmax / log-sum-exp over the classes of a logits input.
+LOGIT_SOFTMAX = ("cross_entropy", "logz_penalty", "comp_sum", "sparsemax", "entmax15", "entmax_bisect")
+#: Candidate (scores) losses with a softmax over candidates; they take ``mask=``.
+CANDIDATE_SOFTMAX = ("decoupled_softmax", "infonce", "soft_topk")
+#: Modules that own a generator (``seed=``); their state_dict must carry it.
+SEEDED = ("partial_fc", "adversarial_comp_sum", "decoupled_softmax", "soft_topk")
+
+
+def build(spec, **overrides) -> torch.nn.Module:
+    """The registered module with its example keywords (and ``overrides``), built reproducibly."""
+    kwargs = {**spec.example_kwargs, **overrides}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", losses.ExperimentalWarning)
+        torch.manual_seed(0)
+        return spec.create(**kwargs)
+
+
+def example(spec, case: str = "random", dtype=torch.float32, seed: int = 0, requires_grad: bool = True):
+    """The registry's example ``forward`` inputs, floating ones as fresh leaves."""
+    g = torch.Generator().manual_seed(seed)
+    args, kwargs = spec.example_inputs(generator=g, dtype=dtype, case=case)
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.is_floating_point() and requires_grad:
+            a = a.detach().clone().requires_grad_(True)
+        out.append(a)
+    return tuple(out), dict(kwargs)
+
+
+def call(module, args, kwargs=None):
+    """``module(*args, **kwargs)`` with the global RNG reset (losses with ``seed=None``) and the
+    experimental warning silenced."""
+    torch.manual_seed(1234)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", losses.ExperimentalWarning)
+        return module(*args, **(kwargs or {}))
+
+
+def float_leaves(module, args) -> list:
+    """Differentiable leaves: floating tensor inputs, a model argument's parameters, and the
+    loss's own parameters."""
+    leaves = []
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            leaves.append(a)
+        elif isinstance(a, torch.nn.Module):
+            leaves += [p for p in a.parameters() if p.requires_grad]
+    leaves += [p for p in module.parameters() if p.requires_grad]
+    return leaves
+
+
+def grads_of(out, leaves):
+    return torch.autograd.grad(out, leaves, allow_unused=True)
+
+
+def reductions_for(spec) -> Tuple[str, ...]:
+    return ("mean",) if spec.unit == "batch" else ("none", "mean", "sum")
+
+
+def prefixes(spec) -> Tuple[str, ...]:
+    """Names an error of this loss may start with: the function's, or the module's when the
+    constructor rejects a keyword."""
+    return (spec.function.__name__ + ":", spec.module.__name__ + ":")
+
+
+def assert_documented_error(spec, exc: BaseException, kinds=(ValueError, TypeError)) -> None:
+    """``exc`` is one of ``kinds`` and reads ``"<function>: <problem> ..."``."""
+    assert isinstance(exc, kinds), f"{type(exc).__name__} is not one of {[k.__name__ for k in kinds]}: {exc}"
+    msg = str(exc)
+    assert msg.startswith(prefixes(spec)), f"message does not start with {prefixes(spec)}: {msg!r}"
+
+
+def function_of_module(spec, module, args: Sequence[Any], kwargs: Dict[str, Any]):
+    """The functional form called with the module's own hyperparameters and tensors; equal to
+    ``module(*args, **kwargs)``. ``None`` where the module does more than call its function
+    (the adversarial loss runs PGD first). Call it after the module (Partial FC reuses the
+    module's ``last_index``)."""
+    name = spec.name
+    fn = spec.function
+    red = {"ignore_index": getattr(module, "ignore_index", -100), "reduction": module.reduction}
+    if spec.inputs[0] == "model":
+        return None
+    if name in ("margin_softmax", "cosine_softmax"):
+        emb, t = args
+        return fn(emb, t, module.weight, scale=module.scale, margin=tuple(module.margin), variant=module.variant,
+                  interclass_filtering_threshold=module.interclass_filtering_threshold, **red)
+    if name == "partial_fc":
+        emb, t = args
+        return fn(emb, t, module.weight, sample_rate=module.sample_rate, scale=module.scale,
+                  margin=tuple(module.margin), variant=module.variant,
+                  interclass_filtering_threshold=module.interclass_filtering_threshold,
+                  index=module.last_index, **red)
+    if name == "wcdas":
+        emb, t = args
+        return fn(emb, t, module.weight, module.concentration_logit, module.effective_scale(),
+                  variant=module.variant, **red)
+    if name == "nbc_softmax":
+        emb, t = args
+        return fn(emb, t, module.classifier.weight, scale=module.scale, nbc_weight=module.nbc_weight,
+                  variant=module.variant, bias=module.classifier.bias, **red)
+    if name == "linear_cross_entropy":
+        emb, t = args
+        return fn(emb, t, module.weight, bias=module.bias, chunk_size=module.chunk_size,
+                  label_smoothing=module.label_smoothing, logz_coef=module.logz_coef, **red)
+    params = inspect.signature(fn).parameters
+    fkw = {k: getattr(module, k) for k in params
+           if params[k].kind is params[k].KEYWORD_ONLY and hasattr(module, k) and k not in ("generator",)}
+    fkw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in fkw.items()}
+    fkw.update(spec.function_kwargs)
+    fkw.update(kwargs)
+    return fn(*args, **fkw)
+
+
+def detach_clone(args, dtype: Optional[torch.dtype] = None, requires_grad: bool = True):
+    """Fresh leaves with the same values (optionally cast); non-tensors pass through."""
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            b = a.detach().clone()
+            if dtype is not None:
+                b = b.to(dtype)
+            out.append(b.requires_grad_(requires_grad))
+        else:
+            out.append(a)
+    return tuple(out)
+
+
+_PREFIX = re.compile(r"^[A-Za-z_][A-Za-z_0-9]*: ")
+
+
+def has_prefix(msg: str) -> bool:
+    return bool(_PREFIX.match(msg))

@@ -1,0 +1,164 @@
+"""The registry on a CUDA device (docs/conventions.md: device and dtype, mixed precision).
+
+Every test carries the ``cuda`` marker and is skipped without a CUDA device (the only permitted
+skips). ``scripts/run_cuda_tests.sh`` runs exactly these on a GPU machine (``pytest -m cuda``).
+
+* autocast fp16 and bf16: forward and backward for every entry; the loss in float32, finite
+  gradients in the leaves' own dtypes, the value close to the fp32 computation on the same inputs;
+* CPU and CUDA agree to 1e-5 in fp32 (value and gradients);
+* ``torch.compile`` (inductor) per entry with validation off equals eager on the device.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+
+import losses
+from tests.reliability_utils import BY_NAME, NAMES, build, call, example, float_leaves, grads_of
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+#: Inside autocast the loss's maths, a head's logits included, runs in fp32 (or wider), as
+#: F.cross_entropy does: the value equals the fp32 run on the same inputs up to summation order.
+#: The adversarial loss calls the user's model, which autocast runs in half precision.
+AUTOCAST_TOL = {"rtol": 1e-5, "atol": 1e-6}
+MODEL_AUTOCAST_TOL = {"rtol": 3e-2, "atol": 3e-2}
+
+#: Keywords that take randomness out of the comparison across devices (a CPU and a CUDA
+#: generator draw different numbers): the adversarial loss starts PGD at the input itself.
+DETERMINISTIC = {"adversarial_comp_sum": {"random_init_std": 0.0, "steps": 1}}
+
+
+def _to(args, kwargs, device):
+    out = []
+    for a in args:
+        if isinstance(a, torch.nn.Module):
+            out.append(copy.deepcopy(a).to(device))
+        elif isinstance(a, torch.Tensor):
+            b = a.detach().to(device)
+            out.append(b.requires_grad_(a.requires_grad))
+        else:
+            out.append(a)
+    kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+    return tuple(out), kw
+
+
+def _module(spec, device, **overrides):
+    kw = {**DETERMINISTIC.get(spec.name, {}), **overrides}
+    if "weight" in kw and isinstance(kw["weight"], torch.Tensor):
+        kw["weight"] = kw["weight"].to(device)
+    return build(spec, **kw).to(device)
+
+
+def _check_leaf_grads(leaves, grads):
+    assert grads[0] is not None, "no gradient reaches the first input"
+    for leaf, g in zip(leaves, grads):
+        if g is not None:
+            assert g.dtype == leaf.dtype and g.device == leaf.device
+            assert torch.isfinite(g).all()
+
+
+def check_autocast(name, device, dtype):
+    """Forward under autocast and backward after it: the fp32 value (and gradients); then
+    forward and backward both inside the region: finite, in the leaves' dtypes."""
+    spec = BY_NAME[name]
+    args, kwargs = example(spec)
+    args, kwargs = _to(args, kwargs, device)
+    ref_args, _ = _to(args, kwargs, device)
+    ref_module = _module(spec, device)
+    ref = call(ref_module, ref_args, kwargs)
+    module = _module(spec, device)
+    with torch.autocast(device, dtype=dtype):
+        out = call(module, args, kwargs)
+    leaves = float_leaves(module, args)
+    grads = grads_of(out, leaves)
+    assert out.dtype == torch.float32, f"loss in {out.dtype} under {dtype} autocast"
+    assert torch.isfinite(out).all()
+    _check_leaf_grads(leaves, grads)
+    tol = MODEL_AUTOCAST_TOL if spec.inputs[0] == "model" else AUTOCAST_TOL
+    torch.testing.assert_close(out, ref.to(out.dtype), **tol)
+    if spec.inputs[0] != "model":
+        for g, g0 in zip(grads, grads_of(ref, float_leaves(ref_module, ref_args))):
+            if g is not None and g0 is not None:
+                torch.testing.assert_close(g, g0, **AUTOCAST_TOL)
+
+    args2, kwargs2 = _to(*example(spec), device)
+    module2 = _module(spec, device)
+    with torch.autocast(device, dtype=dtype):
+        out2 = call(module2, args2, kwargs2)
+        leaves2 = float_leaves(module2, args2)
+        grads2 = grads_of(out2, leaves2)
+    assert out2.dtype == torch.float32 and torch.isfinite(out2).all()
+    _check_leaf_grads(leaves2, grads2)
+
+
+def check_cpu_device_agree(name, device):
+    spec = BY_NAME[name]
+    args, kwargs = example(spec)
+    cpu_module = _module(spec, "cpu")
+    out_cpu = call(cpu_module, args, kwargs)
+    g_cpu = grads_of(out_cpu, float_leaves(cpu_module, args))
+    dev_args, dev_kwargs = _to(args, kwargs, device)
+    dev_module = _module(spec, device)
+    if spec.name == "partial_fc":  # the same sampled classes on both devices
+        dev_kwargs["index"] = cpu_module.last_index.to(device)
+    out_dev = call(dev_module, dev_args, dev_kwargs)
+    assert out_dev.device.type == torch.device(device).type
+    g_dev = grads_of(out_dev, float_leaves(dev_module, dev_args))
+    torch.testing.assert_close(out_dev.cpu(), out_cpu, rtol=1e-5, atol=1e-5)
+    for a, b in zip(g_dev, g_cpu):
+        if b is None:
+            assert a is None
+        else:
+            torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-5)
+
+
+def check_compile(name, device):
+    spec = BY_NAME[name]
+    torch._dynamo.reset()
+    args, kwargs = example(spec)
+    args, kwargs = _to(args, kwargs, device)
+    module = _module(spec, device)
+    with losses.validation(False), warnings.catch_warnings():
+        warnings.simplefilter("ignore", losses.ExperimentalWarning)
+        eager = call(module, args, kwargs)
+        eager_grads = grads_of(eager, float_leaves(module, args))
+        compiled = torch.compile(module, backend="inductor")
+        args2, kwargs2 = _to(args, kwargs, device)
+        out = call(compiled, args2, kwargs2)
+        grads = grads_of(out, float_leaves(module, args2))
+    torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
+    for g, g0 in zip(grads, eager_grads):
+        if g0 is not None:
+            torch.testing.assert_close(g, g0, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("name", NAMES)
+def test_cuda_autocast_forward_backward(name, dtype):
+    check_autocast(name, "cuda", dtype)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_cpu_and_cuda_agree_in_float32(name):
+    check_cpu_device_agree(name, "cuda")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_module_to_cuda_moves_every_tensor(name):
+    module = _module(BY_NAME[name], "cuda")
+    for t in list(module.parameters()) + list(module.buffers()):
+        assert t.device.type == "cuda"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_torch_compile_on_cuda_matches_eager(name):
+    check_compile(name, "cuda")
