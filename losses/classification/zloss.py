@@ -41,6 +41,7 @@ from .._core import (
     value_error,
 )
 from .._registry import register
+from .._softcap import apply_softcap, check_softcap
 from .baselines import position_unit_weights
 
 __all__ = [
@@ -364,6 +365,7 @@ def cross_entropy_with_logz_penalty(
     ignore_index: int = -100,
     reduction: str = "mean",
     return_penalty: bool = False,
+    softcap: Optional[float] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     r"""Softmax cross-entropy plus the PaLM log-Z penalty: ``(log Z - o_y) + coef * (log Z)^2``.
 
@@ -382,6 +384,9 @@ def cross_entropy_with_logz_penalty(
         reduction: ``"none"``, ``"mean"`` or ``"sum"`` (T5X sums over tokens: use ``"sum"``).
         return_penalty: also return the penalty part ``coef * (log Z)^2`` alone, reduced the
             same way (for logging; it is already included in the loss).
+        softcap: ``None`` (off) or a positive float ``c``: the logits become
+            ``c * tanh(o / c)`` before the softmax and the penalty (final-logit soft-capping,
+            Gemma 2, arXiv:2408.00118).
 
     Returns:
         the loss, or ``(loss, penalty)`` when ``return_penalty``.
@@ -407,10 +412,11 @@ def cross_entropy_with_logz_penalty(
     coef = check_number(fn, "coef", coef, low=0.0)
     if not isinstance(return_penalty, bool):
         raise type_error(fn, "return_penalty must be a bool", type(return_penalty).__name__, "pass True or False")
+    cap = check_softcap(fn, softcap)
     x2d, y, valid, out_shape = _class_ids(fn, input, target, ignore_index)
     check_finite(fn, "input", input)
     dtype = compute_dtype(input)
-    ce, lse = _CrossEntropyLogZFunction.apply(upcast(x2d, dtype), y)
+    ce, lse = _CrossEntropyLogZFunction.apply(apply_softcap(upcast(x2d, dtype), cap), y)
     penalty = coef * lse.square()
     weights = valid.reshape(out_shape).to(dtype)
     loss = reduce_loss((ce + penalty).reshape(out_shape), weights, reduction)
@@ -436,9 +442,11 @@ class CrossEntropyWithLogZPenalty(nn.Module):
         ignore_index: int = -100,
         reduction: str = "mean",
         return_penalty: bool = False,
+        softcap: Optional[float] = None,
     ) -> None:
         super().__init__()
         fn = "CrossEntropyWithLogZPenalty"
+        self.softcap = check_softcap(fn, softcap)
         check_reduction(fn, reduction)
         self.coef = check_number(fn, "coef", coef, low=0.0)
         if not isinstance(return_penalty, bool):
@@ -450,11 +458,13 @@ class CrossEntropyWithLogZPenalty(nn.Module):
 
     def forward(self, input: Tensor, target: Tensor) -> Union[Tensor, Tuple[Tensor, Tensor]]:
         return cross_entropy_with_logz_penalty(input, target, coef=self.coef, ignore_index=self.ignore_index,
-                                               reduction=self.reduction, return_penalty=self.return_penalty)
+                                               reduction=self.reduction, return_penalty=self.return_penalty,
+                                               softcap=self.softcap)
 
     def extra_repr(self) -> str:
         return (f"coef={self.coef}, ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
-                f"return_penalty={self.return_penalty}")
+                f"return_penalty={self.return_penalty}"
+                + ("" if self.softcap is None else f", softcap={self.softcap}"))
 
 
 register(
