@@ -181,7 +181,7 @@ def test_trainer_gradient_accumulation_equals_unaccumulated_step(tmp_path, make_
     moved = 0.0
     for (name, a), b, c in zip(full_model.named_parameters(), acc_model.parameters(), model0.parameters()):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), name
-        moved = max(moved, float((a - c).abs().max()))
+        moved = max(moved, float((a - c).detach().abs().max()))
     assert moved > 1e-4
     # per-micro-batch means (the accumulation bug the count fixes) would differ: the two halves
     # have different numbers of target tokens
