@@ -206,3 +206,38 @@ def test_own_data_recipe_fit_then_test_through_the_cli(recipe, tmp_path):
     for k, v in out["validate"].items():
         if k in out["fit"]:
             assert v == pytest.approx(out["fit"][k], abs=1e-6), k
+
+
+HEAD_LOSSES = {  # a loss that owns a head: num_classes (and embedding_dim) must be linked into it
+    "configs/own_data/image_folder.yaml": ({"class_path": "losses.WCDASLoss"}, {}),
+    "configs/own_data/interactions.yaml": ({"class_path": "losses.LinearCrossEntropyLoss",
+                                            "init_args": {"chunk_size": 16}},
+                                           {"train_view": "pairs", "num_negatives": 0}),
+    "configs/own_data/pairs.yaml": ({"class_path": "losses.NBCSoftmaxLoss"}, {}),
+}
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_own_data_size_links_into_a_head_owning_loss(recipe, tmp_path):
+    import yaml
+
+    from tests.lightning.recipe_utils import run_cli
+
+    with open(os.path.join(ROOT, recipe)) as fh:
+        cfg = yaml.safe_load(fh)
+    loss, data = HEAD_LOSSES[recipe]
+    cfg["model"]["init_args"]["loss"] = loss
+    cfg["data"]["init_args"].update(data)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    cli = run_cli("fit", str(path), tmp_path / "run", ["--trainer.num_sanity_val_steps=0",
+                                                        "--trainer.limit_val_batches=1", *_data_for(recipe, tmp_path)])
+    model, dm = cli.model, cli.datamodule
+    assert model.loss.num_classes == dm.num_classes > 1
+    assert model.loss.embedding_dim == model.hparams["embedding_dim"]
+    for name in ("num_users", "num_items", "input_dim", "in_chans"):
+        if name in model.hparams and getattr(dm, name):
+            assert model.hparams[name] == getattr(dm, name), name
+    assert math.isfinite(float(cli.trainer.callback_metrics["train/loss_epoch"]
+                               if "train/loss_epoch" in cli.trainer.callback_metrics
+                               else cli.trainer.callback_metrics["train/loss"]))
