@@ -20,6 +20,7 @@ import torch.nn.functional as F
 import losses
 from losses.integrations._require import require
 from tests.dist_utils import run_gloo
+from tests.integrations._gather_worker import gather_worker
 
 st = pytest.importorskip("sentence_transformers")
 pytest.importorskip("datasets")
@@ -176,38 +177,12 @@ def test_trainer_run_logs_the_adapter_loss(model, tmp_path):
     assert any(not torch.equal(b, t) for b, t in zip(before, model.parameters()))
 
 
-def _gather_worker(rank, world_size, payload):
-    torch.manual_seed(0)
-    emb = payload["emb"]  # (W * B, 3, D): anchor, positive, negative per row, all ranks
-
-    class Fixed(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.table = torch.nn.Parameter(emb.clone())
-
-        def forward(self, features):
-            return {"sentence_embedding": self.table[features["rows"], features["col"]]}
-
-    model = Fixed()
-    b = emb.shape[0] // world_size
-    rows = torch.arange(rank * b, (rank + 1) * b)
-    feats = [{"rows": rows, "col": torch.full_like(rows, c)} for c in range(3)]
-    labels = payload["labels"][rows]
-    out = {}
-    for name, kw in (("plain", {}), ("labels", {"false_negatives": "labels"})):
-        model.zero_grad()
-        loss = InfoNCERankingLoss(model, gather_distributed=True, **kw)(feats, labels)
-        loss.backward()
-        out[name] = (loss.detach(), model.table.grad.clone())
-    return out
-
-
 def test_gather_distributed_matches_single_process():
     torch.manual_seed(1)
     w, b = 2, 3
     emb = torch.randn(w * b, 3, 8, dtype=torch.float64)
     labels = torch.tensor([0, 1, 2, 3, 0, 5])  # rows 0 and 4 (on different ranks) form a group
-    results = run_gloo(_gather_worker, world_size=w, payload={"emb": emb, "labels": labels})
+    results = run_gloo(gather_worker, world_size=w, payload={"emb": emb, "labels": labels})
     # single process: the whole global batch, rank order (candidates: rank 0's columns, then rank 1's)
     q = F.normalize(emb[:, 0], dim=-1)
     cand = torch.cat([torch.cat([emb[r * b:(r + 1) * b, 1], emb[r * b:(r + 1) * b, 2]]) for r in range(w)])
