@@ -231,3 +231,16 @@ def test_importing_the_adapters_imports_neither_library():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert out.stdout.strip() == "[]"
+
+
+def test_model_fit_legacy_api_trains_with_the_adapter():
+    from sentence_transformers import InputExample
+    from torch.utils.data import DataLoader
+
+    model = st.SentenceTransformer(str(gt.get_model_path()), device="cpu")
+    model.max_seq_length = 32
+    examples = [InputExample(texts=[a, p1, p2]) for a, p1, p2 in zip(ANCHORS, POS1, POS2)] * 2  # two steps
+    loss = DecoupledSoftmaxRankingLoss(model, num_positives=2)
+    before = [t.detach().clone() for t in model.parameters()]
+    model.fit(train_objectives=[(DataLoader(examples, batch_size=4), loss)], epochs=1, show_progress_bar=False)
+    assert any(not torch.equal(b, t) for b, t in zip(before, model.parameters()))
