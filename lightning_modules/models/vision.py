@@ -44,7 +44,7 @@ def _timm():
     return timm
 
 
-def load_pretrained_file(backbone: nn.Module, path: str) -> None:
+def load_pretrained_file(backbone: nn.Module, path: str, *, allow_unexpected: bool = False) -> None:
     """Load a local weights file into a timm backbone built with ``num_classes=0``; never downloads.
 
     ``path``: a ``.safetensors`` file or a ``torch.save`` file (read with ``weights_only=True``)
@@ -53,7 +53,9 @@ def load_pretrained_file(backbone: nn.Module, path: str) -> None:
     checkpoint. The timm classifier's keys (``pretrained_cfg["classifier"]``) are dropped; when
     the first convolution's input channels differ from the backbone's (ImageNet RGB weights for
     1-channel images) it is adapted with timm's ``adapt_input_conv``. Every other key must match
-    exactly, else ``ValueError`` names the missing and unexpected keys.
+    exactly, else ``ValueError`` names the missing and unexpected keys. ``allow_unexpected``: keys
+    the backbone lacks are skipped (a ``features_only`` backbone truncated after its last feature
+    level); every key the backbone has must still be in the file.
     """
     import os
 
@@ -90,9 +92,9 @@ def load_pretrained_file(backbone: nn.Module, path: str) -> None:
             state[key] = adapt_input_conv(own[key].shape[1], state[key])
     shapes = [k for k in state if k in own and state[k].shape != own[k].shape]
     missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
+    unexpected = [] if allow_unexpected else [k for k in state if k not in own]
     if not (missing or unexpected or shapes):
-        backbone.load_state_dict(state, strict=True)
+        backbone.load_state_dict({k: v for k, v in state.items() if k in own}, strict=True)
     else:
         raise ValueError(f"{fn}: {path!r} does not fit the backbone (got missing {sorted(missing)[:5]}, unexpected "
                          f"{sorted(unexpected)[:5]}, mismatched shapes {shapes[:5]}); save the weights of the same "
@@ -384,6 +386,8 @@ class VisionSegmenter(BenchmarkModule):
         feature_index: which feature level feeds the head (timm ``out_indices``; 1 = stride 4,
             i.e. 8x8 maps for 32x32 inputs: the resolution of the original digits).
         num_classes / in_chans: linked from the DataModule (11 / 1).
+        pretrained_file: initialise the backbone's feature levels from a local weights file of the
+            same timm architecture (never downloads; :func:`load_pretrained_file`).
 
     Metrics: ``loss``; ``dice`` (torchmetrics ``DiceScore``: per-class Dice over the whole set,
     macro mean, background included) in every stage; in val/test also ``dice_fg`` (without
@@ -402,6 +406,7 @@ class VisionSegmenter(BenchmarkModule):
         weight_decay: float = 0.0,
         ece_bins: int = 15,
         backbone_kwargs: Optional[Dict[str, Any]] = None,
+        pretrained_file: Optional[str] = None,
     ) -> None:
         super().__init__(lr=lr, weight_decay=weight_decay)
         self.save_hyperparameters()
@@ -421,6 +426,8 @@ class VisionSegmenter(BenchmarkModule):
         self.head = nn.Conv2d(self.backbone.feature_info.channels()[-1], num_classes, kernel_size=1)
         self.loss = loss
         self.num_classes = num_classes
+        if pretrained_file is not None:  # the feature levels the head uses, from a full backbone's weights
+            load_pretrained_file(self.backbone, pretrained_file, allow_unexpected=True)
 
         def dice(include_background: bool) -> DiceScore:
             return DiceScore(num_classes=num_classes, include_background=include_background, average="macro",

@@ -60,3 +60,18 @@ def test_wrong_file_errors(tmp_path):
         load_pretrained_file(backbone, str(tmp_path / "r18.pt"))
     with pytest.raises(ValueError, match=r"^load_pretrained_file: no weights file"):
         load_pretrained_file(backbone, str(tmp_path / "missing.pt"))
+
+
+def test_segmenter_feature_levels_from_a_full_backbone_file(tmp_path):
+    from lightning_modules.models import VisionSegmenter
+
+    src = _source(in_chans=1, seed=3)
+    torch.save(src.state_dict(), tmp_path / "full.pt")
+    seg = VisionSegmenter(losses.SoftDiceLoss(), num_classes=11, in_chans=1, pretrained_file=str(tmp_path / "full.pt"))
+    own = seg.backbone.state_dict()
+    assert own and all(torch.equal(v, src.state_dict()[k]) for k, v in own.items())
+    # a truncated backbone still needs every key it has
+    other = timm.create_model("resnet18", pretrained=False, in_chans=1, num_classes=0)
+    torch.save(other.state_dict(), tmp_path / "r18.pt")
+    with pytest.raises(ValueError, match=r"^load_pretrained_file: .* does not fit the backbone"):
+        VisionSegmenter(losses.SoftDiceLoss(), num_classes=11, in_chans=1, pretrained_file=str(tmp_path / "r18.pt"))
