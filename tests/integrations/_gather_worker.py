@@ -24,10 +24,13 @@ def gather_worker(rank, world_size, payload):
     model = Fixed()
     b = emb.shape[0] // world_size
     rows = torch.arange(rank * b, (rank + 1) * b)
-    feats = [{"rows": rows, "col": torch.full_like(rows, c)} for c in range(3)]
+    tokens = payload["tokens"]  # (W * B, 3, T) token ids, for false_negatives="duplicates"
+    feats = [{"rows": rows, "col": torch.full_like(rows, c), "input_ids": tokens[rows, c],
+              "attention_mask": torch.ones_like(tokens[rows, c])} for c in range(3)]
     labels = payload["labels"][rows]
     out = {}
-    for name, kw in (("plain", {}), ("labels", {"false_negatives": "labels"})):
+    for name, kw in (("plain", {}), ("labels", {"false_negatives": "labels"}),
+                     ("duplicates", {"false_negatives": "duplicates"})):
         model.zero_grad()
         loss = InfoNCERankingLoss(model, gather_distributed=True, **kw)(feats, labels)
         loss.backward()

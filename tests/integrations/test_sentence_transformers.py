@@ -182,7 +182,9 @@ def test_gather_distributed_matches_single_process():
     w, b = 2, 3
     emb = torch.randn(w * b, 3, 8, dtype=torch.float64)
     labels = torch.tensor([0, 1, 2, 3, 0, 5])  # rows 0 and 4 (on different ranks) form a group
-    results = run_gloo(gather_worker, world_size=w, payload={"emb": emb, "labels": labels})
+    tokens = torch.arange(w * b * 3 * 4).reshape(w * b, 3, 4)  # every text distinct ...
+    tokens[4, 1] = tokens[0, 1]  # ... except the positives of rows 0 and 4 (on different ranks)
+    results = run_gloo(gather_worker, world_size=w, payload={"emb": emb, "labels": labels, "tokens": tokens})
     # single process: the whole global batch, rank order (candidates: rank 0's columns, then rank 1's)
     q = F.normalize(emb[:, 0], dim=-1)
     cand = torch.cat([torch.cat([emb[r * b:(r + 1) * b, 1], emb[r * b:(r + 1) * b, 2]]) for r in range(w)])
@@ -190,7 +192,7 @@ def test_gather_distributed_matches_single_process():
     pos_cols = [[(i // b) * 2 * b + i % b] for i in range(w * b)]
     ref_plain = _oracle_excluded(q, keys, pos_cols, set(), 0.05)
     ref_labels = _oracle_excluded(q, keys, pos_cols, {(0, pos_cols[4][0]), (4, pos_cols[0][0])}, 0.05)
-    for name, ref in (("plain", ref_plain), ("labels", ref_labels)):
+    for name, ref in (("plain", ref_plain), ("labels", ref_labels), ("duplicates", ref_labels)):
         for r in range(w):
             assert abs(float(results[r][name][0]) - ref) < 1e-10, (name, r)
     # gradient: rank r's own table rows get world_size x the single-process gradient of the global loss
