@@ -246,3 +246,33 @@ def test_model_fit_legacy_api_trains_with_the_adapter():
     before = [t.detach().clone() for t in model.parameters()]
     model.fit(train_objectives=[(DataLoader(examples, batch_size=4), loss)], epochs=1, show_progress_bar=False)
     assert any(not torch.equal(b, t) for b, t in zip(before, model.parameters()))
+
+
+@pytest.mark.parametrize("cls,fn,kw", [
+    (DecoupledSoftmaxRankingLoss, losses.decoupled_softmax_loss, {}),
+    (SoftTopKRankingLoss, losses.soft_topk_loss, {"k": 2}),
+])
+def test_false_negative_exclusion_equals_the_loss_without_those_candidates(model, cls, fn, kw):
+    pos1 = list(POS1)
+    pos1[3] = POS2[1]  # row 3's first positive repeats row 1's second positive
+    feats = _features(model, ANCHORS, pos1, POS2, NEG)
+    loss = cls(model, num_positives=2, false_negatives="duplicates", **kw)
+    with torch.no_grad():
+        embs = _embed(model, feats)
+        assert torch.equal(loss([dict(f) for f in feats], None), loss.loss_from_embeddings(embs, None, feats))
+        # float64 from here: soft top-k's float32 threshold differs by ~1e-5 between candidate counts
+        embs = [e.double() for e in embs]
+        got = loss.loss_from_embeddings(embs, None, feats)
+        a, p1, p2, n = embs
+        q, keys = F.normalize(a, dim=-1), F.normalize(torch.cat([p1, p2, n]), dim=-1)
+        scores = q @ keys.T
+        excluded = {(3, 5), (1, 3)}  # (row, candidate column) pairs removed
+        rows = []
+        for i in range(4):
+            kept = [j for j in range(12) if (i, j) not in excluded]
+            target = torch.tensor([[kept.index(i), kept.index(4 + i)]])
+            rows.append(fn(scores[i:i + 1, kept], target, reduction="none", **kw))
+        ref = torch.cat(rows).mean()
+        plain = cls(model, num_positives=2, **kw).loss_from_embeddings(embs, None, feats)
+    assert float(got) == pytest.approx(float(ref), rel=1e-8)
+    assert abs(float(plain) - float(ref)) > 1e-3 * float(ref)  # the exclusion changes the value
