@@ -11,7 +11,7 @@ import losses
 timm = pytest.importorskip("timm")
 
 from lightning_modules.models import VisionClassifier  # noqa: E402
-from lightning_modules.models.vision import load_pretrained_file  # noqa: E402
+from lightning_modules.models.pretrained import load_pretrained_file  # noqa: E402
 
 
 def _source(in_chans=3, seed=0):
