@@ -8,7 +8,8 @@ model and into a loss that owns a head, so recipes never hard-code them:
 * ``model.init_args.embedding_dim`` -> ``model.init_args.loss.init_args.embedding_dim`` (a head's input width)
 
 A link whose target the chosen class does not take is skipped, so one CLI serves every
-benchmark. CPU is the default accelerator.
+benchmark. CPU is the default accelerator. Every run ends with a short table of the logged
+metrics and the output folder (:class:`~lightning_modules.summary.MetricsSummary`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from pytorch_lightning.cli import LightningCLI  # noqa: E402
 
 from .base import BenchmarkDataModule, BenchmarkModule  # noqa: E402
+from .summary import MetricsSummary  # noqa: E402
 
 SIZE_LINKS = ("num_users", "num_items", "input_dim", "in_chans")
 
@@ -40,6 +42,12 @@ class LossCLI(LightningCLI):
         parser.link_arguments(
             "model.init_args.embedding_dim", "model.init_args.loss.init_args.embedding_dim", apply_on="parse"
         )
+
+    def instantiate_trainer(self, **kwargs):  # noqa: D102
+        trainer = super().instantiate_trainer(**kwargs)
+        if not any(isinstance(cb, MetricsSummary) for cb in trainer.callbacks):
+            trainer.callbacks.append(MetricsSummary())  # the end-of-run table
+        return trainer
 
 
 def main(args: Optional[List[str]] = None, *, run: bool = True) -> LossCLI:

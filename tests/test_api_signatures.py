@@ -66,13 +66,14 @@ DICE_HYPER = kw(activation="softmax", smooth=1.0, aggregate="dataset", active_cl
 # ----------------------------------------------------------------------------------------------
 FUNCTIONS = {
     # docs/conventions.md Baselines
-    "cross_entropy_loss": pos("input", "target") + kw(label_smoothing=0.0, weight=None) + IR,
+    "cross_entropy_loss": pos("input", "target") + kw(label_smoothing=0.0, weight=None) + IR + kw(softcap=None),
     "bce_with_logits_loss": pos("input", "target") + kw(label_smoothing=0.0, weight=None) + IR,
     # docs/losses/z_loss.md
     "z_loss": pos("input", "target") + kw(a=1.0, b=0.0, eps=1e-6) + IR,
     # docs/losses/z_loss.md
     "logz_penalty": pos("input") + kw(coef=1e-4, mask=None, reduction="mean"),
-    "cross_entropy_with_logz_penalty": pos("input", "target") + kw(coef=1e-4) + IR + kw(return_penalty=False),
+    "cross_entropy_with_logz_penalty": pos("input", "target") + kw(coef=1e-4) + IR + kw(return_penalty=False,
+                                                                                         softcap=None),
     # docs/losses/sparsemax.md
     "sparsemax": pos("input") + kw(dim=-1, k=None),
     "entmax15": pos("input") + kw(dim=-1, k=None),
@@ -128,7 +129,8 @@ FUNCTIONS = {
     "jaccard_metric_loss": pos("input", "target") + DICE_HYPER + kw(mask=None) + IR,
     "soft_dice_loss": pos("input", "target") + DICE_HYPER + kw(mask=None) + IR,
     # docs/losses/linear_cross_entropy.md
-    "linear_cross_entropy": pos("embeddings", "target", "weight") + kw(bias=None, chunk_size=None) + IR,
+    "linear_cross_entropy": pos("embeddings", "target", "weight") + kw(bias=None, chunk_size=None) + IR
+    + kw(label_smoothing=0.0, logz_coef=0.0, softcap=None),
 }
 
 # ----------------------------------------------------------------------------------------------
@@ -139,10 +141,10 @@ DICE_MODULE = kw(activation="softmax", smooth=1.0, aggregate="dataset", active_c
                  weight=None) + IR + kw(gather_distributed=False)
 
 MODULES = {
-    "CrossEntropyLoss": kw(label_smoothing=0.0, weight=None) + IR,
+    "CrossEntropyLoss": kw(label_smoothing=0.0, weight=None) + IR + kw(softcap=None),
     "BCEWithLogitsLoss": kw(label_smoothing=0.0, weight=None) + IR,
     "ZLoss": kw(a=1.0, b=0.0, eps=1e-6) + IR,
-    "CrossEntropyWithLogZPenalty": kw(coef=1e-4) + IR + kw(return_penalty=False),
+    "CrossEntropyWithLogZPenalty": kw(coef=1e-4) + IR + kw(return_penalty=False, softcap=None),
     "SparsemaxLoss": kw(k=None) + IR,
     "Entmax15Loss": kw(k=None) + IR,
     "EntmaxBisectLoss": kw(alpha=1.5, n_iter=50) + IR,
@@ -172,7 +174,8 @@ MODULES = {
     "DiceSemimetricLoss": DICE_MODULE,
     "JaccardMetricLoss": DICE_MODULE,
     "SoftDiceLoss": DICE_MODULE,
-    "LinearCrossEntropyLoss": HEAD + kw(bias=True, chunk_size=None) + IR,
+    "LinearCrossEntropyLoss": HEAD + kw(bias=True, chunk_size=None) + IR
+    + kw(label_smoothing=0.0, logz_coef=0.0, softcap=None),
 }
 
 # Per-call tensors of a function that its module's constructor drops: forward must accept them.

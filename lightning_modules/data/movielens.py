@@ -241,10 +241,14 @@ class MovieLensDataModule(BenchmarkDataModule):
         self.seed = int(seed)
         self.num_workers = int(num_workers)
         self.save_hyperparameters()
-        self.split = leave_last_out(load_ml100k())
+        self.split = self._load_split()
         self.num_users = self.split.num_users
         self.num_items = self.split.num_items
         self.num_classes = self.split.num_items
+
+    def _load_split(self) -> MovieLensSplit:
+        """The interactions, split leave-last-out (subclasses read other files)."""
+        return leave_last_out(load_ml100k())
 
     @property
     def meta(self) -> Dict[str, Any]:

@@ -347,6 +347,11 @@ class RetrievalDataModule(BenchmarkDataModule):
         self.save_hyperparameters()
 
         self.corpus = stdlib_code_search_pairs() if dataset == "stdlib" else chatterbot_pairs()
+        self._init_splits()
+
+    def _init_splits(self) -> None:
+        """Split ``self.corpus`` by query and set the linked sizes (shared with subclasses that
+        bring their own corpus and encoder)."""
         self._split_queries = split_queries(len(self.corpus.queries), self.val_size, self.test_size, self.seed)
         self._corpora: Dict[str, torch.Tensor] = {}
         self._eval_positives: Dict[str, Dict[int, List[int]]] = {}
@@ -363,7 +368,7 @@ class RetrievalDataModule(BenchmarkDataModule):
         self._train_positives = self._eval_positives["train"]
         self.num_classes = int(len(self._train_corpus))
         self.num_items = int(len(self.corpus.documents))
-        self.input_dim = MINILM_DIM
+        self.input_dim = self._embedding_dim()
         self._query_emb: Optional[torch.Tensor] = None
         self._doc_emb: Optional[torch.Tensor] = None
         self.embedding_info: Dict[str, Any] = {}
@@ -376,10 +381,17 @@ class RetrievalDataModule(BenchmarkDataModule):
                 "val_queries": len(self._split_queries["val"]), "test_queries": len(self._split_queries["test"]),
                 "corpus_scope": self.corpus_scope}
 
+    def _embedding_dim(self) -> int:
+        """Width of the encoder's sentence embeddings (known before encoding: it is linked)."""
+        return MINILM_DIM
+
+    def _encoder(self):
+        """The text encoder (a callable with a ``version`` string, see :func:`~.embedding_cache.cached_encode`)."""
+        return MiniLMEncoder(max_seq_length=self.max_seq_length)
+
     def _encode(self) -> None:
         texts = list(self.corpus.queries) + list(self.corpus.documents)
-        emb, info = cached_encode(texts, name=f"{self.dataset}-minilm",
-                                  encoder=MiniLMEncoder(max_seq_length=self.max_seq_length),
+        emb, info = cached_encode(texts, name=f"{self.dataset}-minilm", encoder=self._encoder(),
                                   cache_dir=self.cache_dir, meta=dict(self.corpus.meta))
         if emb.shape[1] != self.input_dim:
             raise ValueError(f"RetrievalDataModule: cached embeddings have width {emb.shape[1]}, expected "

@@ -26,6 +26,7 @@ from ..metrics import (
     sparsemax_support_size,
 )
 from ..routing import LossRoute, loss_route
+from .pretrained import load_pretrained_file
 
 __all__ = ["VisionClassifier", "VisionSegmenter", "ClassifierNet", "clean_linked_hparams"]
 
@@ -116,6 +117,9 @@ class VisionClassifier(BenchmarkModule):
             class-balanced sampling (``set_class_balanced_sampling``); the remaining epochs
             retrain the head (for cross-entropy: cRT). ``None``: one stage.
         stage2_lr: learning rate of stage 2 (``None``: ``lr``).
+        pretrained_file: initialise the backbone from a local weights file (never downloads); see
+            :func:`~lightning_modules.models.pretrained.load_pretrained_file`. Rebuilding the model from a checkpoint reads the file
+            again (then overwritten by the checkpoint's weights), so it must still exist.
 
     Embedding losses (kind ``"E"``, main or auxiliary) receive class ids; soft targets are
     reduced to their argmax for them, and for every metric. Logits losses get the target as given.
@@ -153,6 +157,7 @@ class VisionClassifier(BenchmarkModule):
         param_lrs: Optional[Dict[str, float]] = None,
         two_stage_epoch: Optional[int] = None,
         stage2_lr: Optional[float] = None,
+        pretrained_file: Optional[str] = None,
     ) -> None:
         super().__init__(lr=lr, weight_decay=weight_decay)
         self.save_hyperparameters()
@@ -209,6 +214,8 @@ class VisionClassifier(BenchmarkModule):
         self.net = ClassifierNet(body, projection, head)
         self.loss = loss
         self.aux_loss = aux_loss
+        if pretrained_file is not None:
+            load_pretrained_file(self.net.backbone, pretrained_file)
 
         self.train_metrics = classification_metrics(num_classes, full=False).clone(prefix="train/")
         self.val_metrics = classification_metrics(num_classes, full=True, ece_bins=ece_bins).clone(prefix="val/")
@@ -450,6 +457,8 @@ class VisionSegmenter(BenchmarkModule):
         num_classes / in_chans: linked from the DataModule (11 / 1).
         init_seed / lr_schedule: as :class:`VisionClassifier` (the same initial weights for every
             loss; ``"cosine"`` anneals the learning rate to 0 over the fit's steps).
+        pretrained_file: initialise the backbone's feature levels from a local weights file of the
+            same timm architecture (never downloads; :func:`~lightning_modules.models.pretrained.load_pretrained_file`).
 
     Metrics: ``loss``; ``dice`` (torchmetrics ``DiceScore``: per-class Dice over the whole set,
     macro mean, background included) in every stage; in val/test also ``dice_fg`` (without
@@ -470,6 +479,7 @@ class VisionSegmenter(BenchmarkModule):
         backbone_kwargs: Optional[Dict[str, Any]] = None,
         init_seed: Optional[int] = None,
         lr_schedule: str = "constant",
+        pretrained_file: Optional[str] = None,
     ) -> None:
         super().__init__(lr=lr, weight_decay=weight_decay)
         self.save_hyperparameters()
@@ -496,6 +506,8 @@ class VisionSegmenter(BenchmarkModule):
             self.head = nn.Conv2d(self.backbone.feature_info.channels()[-1], num_classes, kernel_size=1)
         self.loss = loss
         self.num_classes = num_classes
+        if pretrained_file is not None:  # the feature levels the head uses, from a full backbone's weights
+            load_pretrained_file(self.backbone, pretrained_file, allow_unexpected=True)
 
         def dice(include_background: bool) -> DiceScore:
             return DiceScore(num_classes=num_classes, include_background=include_background, average="macro",

@@ -35,6 +35,7 @@ from .._core import (
     value_error,
 )
 from .._registry import register
+from .._softcap import apply_softcap, check_softcap
 from ._targets import broadcast_class_weight, elementwise_targets
 
 __all__ = ["cross_entropy_loss", "bce_with_logits_loss", "CrossEntropyLoss", "BCEWithLogitsLoss"]
@@ -53,6 +54,7 @@ def cross_entropy_loss(
     weight: Optional[Tensor] = None,
     ignore_index: int = -100,
     reduction: str = "mean",
+    softcap: Optional[float] = None,
 ) -> Tensor:
     r"""Softmax cross-entropy, the baseline of every classification family.
 
@@ -85,6 +87,10 @@ def cross_entropy_loss(
     Half inputs are computed in float32; float64 stays float64; under ``torch.autocast`` the
     forward and backward run in float32 (as :func:`F.cross_entropy` does).
 
+    ``softcap``: ``None`` (off) or a positive float ``c``; the logits become
+    ``c * tanh(input / c)`` (computed in float32 or wider) before the softmax, i.e. final-logit
+    soft-capping as in Gemma 2 (arXiv:2408.00118); ``-inf`` entries stay masks.
+
     >>> import torch, losses
     >>> x = torch.tensor([[2.0, 0.0, -1.0]])
     >>> bool(torch.isclose(losses.cross_entropy_loss(x, torch.tensor([0])),
@@ -102,10 +108,11 @@ def cross_entropy_loss(
     c = input.shape[1]
     check_softmax_classes(fn, c)
     check_class_weight(fn, weight, c)
+    cap = check_softcap(fn, softcap)
     soft = check_class_target(fn, input, target, soft=True, soft_name="probabilities")
     dtype = compute_dtype(input, weight)
     with no_autocast(input.device.type):
-        x = upcast(input, dtype)
+        x = apply_softcap(upcast(input, dtype), cap)
         w = None if weight is None else upcast(weight, dtype).to(x.device)
         zero = torch.zeros((), dtype=dtype, device=x.device)
         if soft:
@@ -225,10 +232,12 @@ class CrossEntropyLoss(nn.Module):
         weight: Optional[Tensor] = None,
         ignore_index: int = -100,
         reduction: str = "mean",
+        softcap: Optional[float] = None,
     ) -> None:
         super().__init__()
         check_reduction("CrossEntropyLoss", reduction)
         check_number("CrossEntropyLoss", "label_smoothing", label_smoothing, low=0.0, high=1.0)
+        self.softcap = check_softcap("CrossEntropyLoss", softcap)
         self.label_smoothing = float(label_smoothing)
         self.ignore_index = int(ignore_index)
         self.reduction = reduction
@@ -236,11 +245,11 @@ class CrossEntropyLoss(nn.Module):
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return cross_entropy_loss(input, target, label_smoothing=self.label_smoothing, weight=self.weight,
-                                  ignore_index=self.ignore_index, reduction=self.reduction)
+                                  ignore_index=self.ignore_index, reduction=self.reduction, softcap=self.softcap)
 
     def extra_repr(self) -> str:
         return (f"label_smoothing={self.label_smoothing}, ignore_index={self.ignore_index}, "
-                f"reduction={self.reduction!r}")
+                f"reduction={self.reduction!r}" + ("" if self.softcap is None else f", softcap={self.softcap}"))
 
 
 class BCEWithLogitsLoss(nn.Module):

@@ -46,6 +46,7 @@ from .._core import (
     zero_rows,
 )
 from .._registry import register
+from .._softcap import apply_softcap, check_softcap
 from .baselines import position_unit_weights
 
 __all__ = [
@@ -391,6 +392,7 @@ def cross_entropy_with_logz_penalty(
     ignore_index: int = -100,
     reduction: str = "mean",
     return_penalty: bool = False,
+    softcap: Optional[float] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     r"""Softmax cross-entropy plus the PaLM log-Z penalty: ``(log Z - o_y) + coef * (log Z)^2``.
 
@@ -414,6 +416,9 @@ def cross_entropy_with_logz_penalty(
         reduction: ``"none"``, ``"mean"`` or ``"sum"`` (T5X sums over tokens: use ``"sum"``).
         return_penalty: also return the penalty part ``coef * (log Z)^2`` alone, reduced the
             same way (for logging; it is already included in the loss).
+        softcap: ``None`` (off) or a positive float ``c``: the logits become
+            ``c * tanh(o / c)`` before the softmax and the penalty (final-logit soft-capping,
+            Gemma 2, arXiv:2408.00118).
 
     Returns:
         the loss, or ``(loss, penalty)`` when ``return_penalty``.
@@ -440,11 +445,13 @@ def cross_entropy_with_logz_penalty(
     check_reduction(fn, reduction)
     coef = check_number(fn, "coef", coef, low=0.0)
     check_bool(fn, "return_penalty", return_penalty)
+    cap = check_softcap(fn, softcap)
     x2d, y, valid, out_shape = _class_ids(fn, input, target, ignore_index)
     finite = check_masked_logits(fn, "input", x2d, active=valid)
     dtype = compute_dtype(input)
     with no_autocast(input.device.type):
-        ce, lse = _CrossEntropyLogZFunction.apply(zero_rows(upcast(x2d, dtype), valid, verified_finite=finite), y)
+        ce, lse = _CrossEntropyLogZFunction.apply(
+            apply_softcap(zero_rows(upcast(x2d, dtype), valid, verified_finite=finite), cap), y)
         penalty = coef * lse.square()
         weights = valid.reshape(out_shape).to(dtype)
         loss = reduce_loss((ce + penalty).reshape(out_shape), weights, reduction)
@@ -470,9 +477,11 @@ class CrossEntropyWithLogZPenalty(nn.Module):
         ignore_index: int = -100,
         reduction: str = "mean",
         return_penalty: bool = False,
+        softcap: Optional[float] = None,
     ) -> None:
         super().__init__()
         fn = "CrossEntropyWithLogZPenalty"
+        self.softcap = check_softcap(fn, softcap)
         check_reduction(fn, reduction)
         self.coef = check_number(fn, "coef", coef, low=0.0)
         check_bool(fn, "return_penalty", return_penalty)
@@ -482,11 +491,13 @@ class CrossEntropyWithLogZPenalty(nn.Module):
 
     def forward(self, input: Tensor, target: Tensor) -> Union[Tensor, Tuple[Tensor, Tensor]]:
         return cross_entropy_with_logz_penalty(input, target, coef=self.coef, ignore_index=self.ignore_index,
-                                               reduction=self.reduction, return_penalty=self.return_penalty)
+                                               reduction=self.reduction, return_penalty=self.return_penalty,
+                                               softcap=self.softcap)
 
     def extra_repr(self) -> str:
         return (f"coef={self.coef}, ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
-                f"return_penalty={self.return_penalty}")
+                f"return_penalty={self.return_penalty}"
+                + ("" if self.softcap is None else f", softcap={self.softcap}"))
 
 
 register(

@@ -24,6 +24,7 @@ from .._core import (
 from .._heads import check_head_embeddings, check_softmax_classes, drop_rows
 from .._precision import matmul, no_autocast
 from .._registry import id_unit_weights, register
+from .._softcap import apply_softcap, check_softcap
 
 __all__ = ["linear_cross_entropy", "LinearCrossEntropyLoss"]
 
@@ -52,13 +53,18 @@ class _LinearCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, target, valid, chunk, eps, coef, dtype):  # noqa: D102
+    def forward(ctx, x, weight, bias, target, valid, chunk, eps, coef, dtype, cap=None):  # noqa: D102
         n, c = x.shape[0], weight.shape[0]
         xc = x.to(dtype)
         m = torch.full((n,), -math.inf, dtype=dtype, device=x.device)
         s = torch.zeros((n,), dtype=dtype, device=x.device)
+        z_sum = torch.zeros((n,), dtype=dtype, device=x.device)  # sum of capped logits (label smoothing)
         for start in range(0, c, chunk):
             z = _chunk_logits(xc, weight, bias, start, chunk, dtype)
+            if cap is not None:  # soft-capping: z -> cap * tanh(z / cap)
+                z = z.div_(cap).tanh_().mul_(cap)
+                if eps > 0:
+                    z_sum += z.sum(dim=1)
             m_new = torch.maximum(m, z.max(dim=1).values)
             s = s * torch.exp(m - m_new) + z.sub_(m_new.unsqueeze(1)).exp_().sum(dim=1)
             m = m_new
@@ -68,8 +74,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
         z_y = (xc * w_y).sum(dim=1)
         if bias is not None:
             z_y = z_y + bias.index_select(0, safe).to(dtype)
+        dcap_y = torch.ones_like(z_y)  # d capped z_y / d z_y
+        if cap is not None:
+            t_y = torch.tanh(z_y / cap)
+            z_y, dcap_y = cap * t_y, 1.0 - t_y * t_y
         loss = (1.0 - eps) * (lse - z_y)
-        if eps > 0:
+        if eps > 0 and cap is not None:
+            loss = loss + eps * (lse - z_sum / c)
+        elif eps > 0:
             w_mean = weight.to(dtype).mean(dim=0)
             z_mean = xc @ w_mean
             if bias is not None:
@@ -78,8 +90,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         if coef > 0:
             loss = loss + coef * lse * lse
         loss = torch.where(valid, loss, torch.zeros_like(loss))
-        ctx.save_for_backward(x, weight, bias, safe, valid, lse)
-        ctx.chunk, ctx.eps, ctx.coef, ctx.dtype = chunk, eps, coef, dtype
+        ctx.save_for_backward(x, weight, bias, safe, valid, lse, dcap_y)
+        ctx.chunk, ctx.eps, ctx.coef, ctx.dtype, ctx.cap = chunk, eps, coef, dtype, cap
         return loss
 
     @staticmethod
@@ -92,8 +104,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, grad_loss):
-        x, weight, bias, safe, valid, lse = ctx.saved_tensors
-        chunk, eps, coef, dtype = ctx.chunk, ctx.eps, ctx.coef, ctx.dtype
+        x, weight, bias, safe, valid, lse, dcap_y = ctx.saved_tensors
+        chunk, eps, coef, dtype, cap = ctx.chunk, ctx.eps, ctx.coef, ctx.dtype, ctx.cap
         c = weight.shape[0]
         g = torch.where(valid, grad_loss.to(dtype), torch.zeros((), dtype=dtype, device=x.device))
         # d loss / d z_k = (1 + 2 coef lse) p_k - (1-eps) [k=y] - eps/C
@@ -107,9 +119,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
             w = weight[start:start + chunk].to(dtype)
             # dz = p * g_soft - eps/C * g, written in place over the recomputed logits
             dz = _chunk_logits(xc, weight, bias, start, chunk, dtype)
+            t = None
+            if cap is not None:  # capped logits, and the chain rule factor 1 - tanh^2 below
+                t = dz.div_(cap).tanh_()
+                dcap = 1.0 - t * t
+                dz = t.mul_(cap)
             dz.sub_(lse.unsqueeze(1)).exp_().mul_(g_soft.unsqueeze(1))
             if eps > 0:
                 dz.sub_((eps / c) * g.unsqueeze(1))
+            if t is not None:
+                dz.mul_(dcap)
             if need_x:
                 gx.addmm_(dz, w)
             if need_w:
@@ -117,7 +136,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if need_b:
                 gb[start:start + chunk] = dz.sum(dim=0)
         # the target term -(1-eps) z_y
-        gy = (1.0 - eps) * g
+        gy = (1.0 - eps) * g * dcap_y
         if need_x:
             gx.sub_(gy.unsqueeze(1) * weight.index_select(0, safe).to(dtype))
         if need_w:
@@ -128,7 +147,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             None if gx is None else gx.to(x.dtype),
             None if gw is None else gw.to(weight.dtype),
             None if gb is None else gb.to(bias.dtype),
-            None, None, None, None, None, None,
+            None, None, None, None, None, None, None,
         )
 
 
@@ -143,6 +162,7 @@ def linear_cross_entropy(
     reduction: str = "mean",
     label_smoothing: float = 0.0,
     logz_coef: float = 0.0,
+    softcap: Optional[float] = None,
 ) -> Tensor:
     r"""Cross-entropy of a linear classifier without materialising the ``N x C`` logits.
 
@@ -167,6 +187,10 @@ def linear_cross_entropy(
     are still computed in float32 (autocast is switched off in the forward and the backward).
     ``C >= 2`` (one class: ``ValueError``). No double backward.
 
+    ``softcap``: ``None`` (off) or a positive float ``c``; every logit becomes
+    ``c * tanh(z_ik / c)`` before the softmax, the label-smoothing mean and the log-Z penalty
+    (final-logit soft-capping, Gemma 2, arXiv:2408.00118), chunk by chunk as well.
+
     The chunked online softmax follows the memory-efficient cross-entropy used for large
     vocabularies (e.g. M. Wijmans et al., *Cut Your Losses in Large-Vocabulary Language Models*,
     ICLR 2025, arXiv:2411.09009); the maths is plain softmax cross-entropy.
@@ -185,6 +209,7 @@ def linear_cross_entropy(
     check_reduction(fn, reduction)
     check_number(fn, "label_smoothing", label_smoothing, low=0.0, high=1.0)
     check_number(fn, "logz_coef", logz_coef, low=0.0)
+    cap = check_softcap(fn, softcap)
     if embeddings.dim() != 2:
         raise value_error(fn, "embeddings must have shape (N, D)", f"shape {tuple(embeddings.shape)}",
                           "flatten leading dimensions with embeddings.reshape(-1, D)")
@@ -214,7 +239,7 @@ def linear_cross_entropy(
     valid = target != ignore_index
     with no_autocast(embeddings, weight):  # logits in float32 (or float64) under autocast too
         values = _LinearCrossEntropy.apply(drop_rows(embeddings, valid), weight, bias, target.long(), valid, chunk,
-                                           float(label_smoothing), float(logz_coef), dtype)
+                                           float(label_smoothing), float(logz_coef), dtype, cap)
         # no anchors needed: the autograd Function returns (zero) gradients for every input even
         # when all rows are ignored
         return reduce_loss(values, valid.to(dtype), reduction)
@@ -236,9 +261,11 @@ class LinearCrossEntropyLoss(nn.Module):
         reduction: str = "mean",
         label_smoothing: float = 0.0,
         logz_coef: float = 0.0,
+        softcap: Optional[float] = None,
     ) -> None:
         super().__init__()
         fn = "LinearCrossEntropyLoss"
+        self.softcap = check_softcap(fn, softcap)
         for name, v in (("embedding_dim", embedding_dim), ("num_classes", num_classes)):
             check_int(fn, name, v, low=1, hint=f"pass the {name.replace('_', ' ')}")
         check_softmax_classes(fn, num_classes, arg="num_classes")
@@ -258,22 +285,25 @@ class LinearCrossEntropyLoss(nn.Module):
         check_head_embeddings("linear_cross_entropy", type(self).__name__, embeddings, self.embedding_dim)
         return linear_cross_entropy(embeddings, target, self.weight, bias=self.bias, chunk_size=self.chunk_size,
                                     label_smoothing=self.label_smoothing, logz_coef=self.logz_coef,
-                                    ignore_index=self.ignore_index, reduction=self.reduction)
+                                    ignore_index=self.ignore_index, reduction=self.reduction, softcap=self.softcap)
 
     def logits(self, embeddings: Tensor) -> Tensor:
-        """``embeddings @ weight.T + bias`` over all classes (materialised; for evaluation)."""
+        """``embeddings @ weight.T + bias`` over all classes (materialised; for evaluation),
+        soft-capped as in the loss when ``softcap`` is set."""
         name = type(self).__name__
         check_head_embeddings(name + ".logits", name, embeddings, self.embedding_dim)
         dtype = compute_dtype(embeddings, self.weight)
         with no_autocast(embeddings, self.weight):
             z = matmul(embeddings.to(dtype), self.weight.to(dtype).T)
-            return z if self.bias is None else z + self.bias.to(dtype)
+            z = z if self.bias is None else z + self.bias.to(dtype)
+            return apply_softcap(z, self.softcap)
 
     def extra_repr(self) -> str:
         return (f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, "
                 f"bias={self.bias is not None}, chunk_size={self.chunk_size}, "
                 f"label_smoothing={self.label_smoothing}, logz_coef={self.logz_coef}, "
-                f"ignore_index={self.ignore_index}, reduction={self.reduction!r}")
+                f"ignore_index={self.ignore_index}, reduction={self.reduction!r}"
+                + ("" if self.softcap is None else f", softcap={self.softcap}"))
 
 
 register(

@@ -75,7 +75,7 @@ def test_every_loss_family_of_these_benchmarks_has_a_recipe():
     losses_used = {_config(r)["model"]["init_args"]["loss"]["class_path"] for r in RECIPES}
     assert {"losses.PSLLoss", "losses.SampledSoftmaxLoss", "losses.BPRLoss", "losses.CrossEntropyLoss",
             "losses.PartialFCLoss", "losses.DecoupledSoftmaxLoss", "losses.InfoNCELoss", "losses.SoftTopKLoss",
-            "losses.NBCSoftmaxLoss"} <= losses_used
+            "losses.NBCSoftmaxLoss", "losses.LinearCrossEntropyLoss"} <= losses_used
     activations = {_config(r)["model"]["init_args"]["loss"].get("init_args", {}).get("activation") for r in RECIPES}
     assert {"tanh", "atan", "relu"} <= activations
 

@@ -1,0 +1,91 @@
+"""A short table of the logged metrics at the end of ``fit``, ``validate`` and ``test``.
+
+:class:`MetricsSummary` is a Lightning callback; the CLI (:mod:`lightning_modules.cli`) adds it
+to every run, so a recipe ends with, e.g.::
+
+    fit done: 12 metrics (last validation and training epoch)
+      train/loss_epoch   1.0234
+      val/loss           0.9876
+      val/top1           0.7310
+    output folder: lightning_logs/version_3 (checkpoint: lightning_logs/version_3/checkpoints/epoch=9-step=230.ckpt)
+
+Values are the trainer's ``callback_metrics`` (the epoch-level values the model logged); only
+rank 0 prints.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Dict, List, Optional
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.trainer.states import TrainerFn
+
+__all__ = ["MetricsSummary", "format_summary"]
+
+_STAGE_PREFIXES = {"fit": ("train/", "val/"), "validate": ("val/",), "test": ("test/",)}
+
+
+def _scalars(trainer: "pl.Trainer") -> Dict[str, float]:
+    out = {}
+    for k, v in trainer.callback_metrics.items():
+        if torch.is_tensor(v) and v.numel() == 1:
+            out[k] = float(v)
+        elif isinstance(v, (int, float)):
+            out[k] = float(v)
+    return out
+
+
+def _fmt(v: float) -> str:
+    if math.isnan(v) or math.isinf(v):
+        return str(v)
+    return f"{v:.4f}" if abs(v) >= 1e-3 or v == 0 else f"{v:.3e}"
+
+
+def format_summary(stage: str, metrics: Dict[str, float], folder: Optional[str], checkpoint: Optional[str]) -> str:
+    """The table printed by :class:`MetricsSummary` for ``stage`` (``"fit"``, ``"validate"``, ``"test"``)."""
+    prefixes = _STAGE_PREFIXES.get(stage, ())
+    names = sorted(k for k in metrics if k.startswith(prefixes)) or sorted(metrics)
+    what = {"fit": "last validation and training epoch", "validate": "validation", "test": "test"}.get(stage, stage)
+    lines: List[str] = [f"{stage} done: {len(names)} metrics ({what})"]
+    width = max((len(n) for n in names), default=0)
+    lines += [f"  {n.ljust(width)}  {_fmt(metrics[n])}" for n in names]
+    where = f"output folder: {folder}" if folder else "output folder: none (no logger)"
+    if checkpoint:
+        where += f" (checkpoint: {checkpoint})"
+    lines.append(where)
+    return "\n".join(lines)
+
+
+class MetricsSummary(pl.Callback):
+    """Print :func:`format_summary` at the end of ``fit``, ``validate`` and ``test`` (rank 0)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last: Optional[str] = None  #: the last printed summary
+
+    def _report(self, trainer: "pl.Trainer", stage: str) -> None:
+        if not trainer.is_global_zero or trainer.sanity_checking:
+            return
+        folder = trainer.log_dir if trainer.logger is not None else None
+        ckpt = None
+        cb = trainer.checkpoint_callback
+        if stage == "fit" and cb is not None:
+            ckpt = getattr(cb, "best_model_path", "") or getattr(cb, "last_model_path", "") or None
+        elif stage != "fit":
+            ckpt = trainer.ckpt_path
+        rel = (lambda p: os.path.relpath(p) if p and not os.path.relpath(p).startswith("..") else p)
+        self.last = format_summary(stage, _scalars(trainer), rel(folder), rel(ckpt))
+        print(self.last, flush=True)
+
+    def on_fit_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:  # noqa: D102
+        self._report(trainer, "fit")
+
+    def on_validation_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:  # noqa: D102
+        if trainer.state.fn == TrainerFn.VALIDATING:
+            self._report(trainer, "validate")
+
+    def on_test_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:  # noqa: D102
+        self._report(trainer, "test")
