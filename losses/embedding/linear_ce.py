@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from .._core import (
+    check_bool,
     check_int,
     check_finite,
     check_floating,
@@ -273,6 +274,7 @@ class LinearCrossEntropyLoss(nn.Module):
         check_number(fn, "label_smoothing", label_smoothing, low=0.0, high=1.0)
         check_number(fn, "logz_coef", logz_coef, low=0.0)
         check_int(fn, "chunk_size", chunk_size, low=1, allow_none=True, hint="use None to choose it from N and C")
+        check_bool(fn, "bias", bias)
         self.embedding_dim, self.num_classes = embedding_dim, num_classes
         self.chunk_size = chunk_size
         self.label_smoothing, self.logz_coef = float(label_smoothing), float(logz_coef)

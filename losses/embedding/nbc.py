@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    check_bool,
     check_int,
     _checking,
     attached_zero,
@@ -287,8 +288,8 @@ class NBCSoftmaxLoss(nn.Module):
         self.variant = variant
         self.ignore_index = int(ignore_index)
         self.reduction = reduction
-        self.gather_distributed = bool(gather_distributed)
-        self.classifier = nn.Linear(embedding_dim, num_classes, bias=bool(bias))
+        self.gather_distributed = check_bool(name, "gather_distributed", gather_distributed)
+        self.classifier = nn.Linear(embedding_dim, num_classes, bias=check_bool(name, "bias", bias))
 
     def logits(self, embeddings: Tensor) -> Tensor:
         """Class scores ``embeddings @ W^T + b`` (in the compute dtype), shape ``(N, num_classes)``."""

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    check_bool,
     attached_zero,
     check_choice,
     check_finite,
@@ -120,6 +121,7 @@ def opl_loss(
     fn = "opl_loss"
     _check_embeddings_and_target(fn, embeddings, target)
     check_reduction(fn, reduction, allowed=("mean",))
+    check_bool(fn, "return_stats", return_stats)
     gamma = check_number(fn, "gamma", gamma, low=0.0)
     check_choice(fn, "variant", variant, VARIANTS)
     if neg_term is not None:
@@ -201,8 +203,8 @@ class OrthogonalProjectionLoss(nn.Module):
         self.neg_term = neg_term
         self.ignore_index = int(ignore_index)
         self.reduction = reduction
-        self.return_stats = bool(return_stats)
-        self.gather_distributed = bool(gather_distributed)
+        self.return_stats = check_bool("OrthogonalProjectionLoss", "return_stats", return_stats)
+        self.gather_distributed = check_bool("OrthogonalProjectionLoss", "gather_distributed", gather_distributed)
 
     def forward(self, embeddings: Tensor, target: Tensor):
         if self.gather_distributed:
