@@ -272,16 +272,16 @@ def _paper_forward(x: Tensor, y: Optional[Tensor], ids: Optional[Tensor], valid:
         if w is not None:
             values = values.mul_(w)
         return values.mul_(vb).scatter_(1, idx, val_t.mul_(vb)), grad
-    # background sum over the valid rows, then replace each id's background entry by its value
-    back_t = values.gather(1, idx)
+    # background sum over the valid rows with each id's own entry set to 0 first, then the ids'
+    # values added: subtracting the background entry afterwards would cancel (at a confident
+    # positive the background entry is ~x_t while the id's value is ~e^-x_t)
     class_w = w is not None and w.shape[0] == 1 and all(d == 1 for d in w.shape[2:])
-    if w is not None:
-        back_t = back_t.mul_(w_t)
-        if not class_w:
-            values = values.mul_(w)
+    if w is not None and not class_w:
+        values = values.mul_(w)
+    values = values.scatter_(1, idx, 0.0)
     rows = torch.einsum("nc...,c->n...", values, w.reshape(-1)) if class_w else values.sum(1)
     del values
-    rows = rows + (val_t - back_t).squeeze(1)
+    rows = rows + val_t.squeeze(1)
     total = torch.dot(rows.reshape(-1), vmask.reshape(-1))
     if inv is not None:
         total = total * inv
