@@ -67,9 +67,12 @@ class MetricsSummary(pl.Callback):
         self.last: Optional[str] = None  #: the last printed summary
 
     def _report(self, trainer: "pl.Trainer", stage: str) -> None:
-        if not trainer.is_global_zero or trainer.sanity_checking:
+        if trainer.sanity_checking:
             return
+        # trainer.log_dir broadcasts from rank 0 under DDP: every rank must call it
         folder = trainer.log_dir if trainer.logger is not None else None
+        if not trainer.is_global_zero:
+            return
         ckpt = None
         cb = trainer.checkpoint_callback
         if stage == "fit" and cb is not None:
