@@ -45,7 +45,8 @@ OPTIONAL_LOSS_PACKAGES = ("losses.integrations", "losses.testing")
 
 LIGHTNING_PACKAGES = ("lightning_modules.models", "lightning_modules.data")
 LIGHTNING_MODULES = ("lightning_modules.cli", "lightning_modules.base", "lightning_modules.routing",
-                     "lightning_modules.metrics", "lightning_modules.retrieval_metrics")
+                     "lightning_modules.metrics", "lightning_modules.retrieval_metrics",
+                     "lightning_modules.summary", "lightning_modules.models.pretrained")
 
 
 def _import(name: str):
@@ -100,8 +101,23 @@ def losses_page() -> str:
         if not present:
             continue
         parts.append(f"## `{pkg}`\n")
-        parts.append(_directive(pkg, 3, "      filters: public\n"))
+        parts.append(_directive(pkg, 3, "      members: false\n"))
+        for sub in _submodules(pkg):  # one section per public sub-module (its classes and functions)
+            parts.append(_directive(sub, 3, "      filters: public\n      show_root_full_path: true\n"))
     return "\n".join(parts)
+
+
+def _submodules(pkg: str) -> List[str]:
+    """The sub-modules a package names in its ``__all__`` (found, not imported beyond the package)."""
+    names = getattr(_import(pkg), "__all__", ())
+    out = []
+    for name in names:
+        try:
+            if importlib.util.find_spec(f"{pkg}.{name}") is not None:
+                out.append(f"{pkg}.{name}")
+        except ImportError:
+            continue
+    return out
 
 
 def functional_page() -> str:
