@@ -179,16 +179,38 @@ def _check_reductions(spec: LossSpec, **_: Any) -> None:
             else:
                 raise AssertionError(f"batch-level loss accepts reduction={bad!r}; expected a ValueError")
         return
+    for what, case_args in _reduction_cases(spec, args):
+        _check_unit_weights(spec, case_args, kwargs, what)
+
+
+def _reduction_cases(spec: LossSpec, args: tuple) -> List[Tuple[str, tuple]]:
+    """The example inputs, and (for losses with ``ignore_index`` and integer ids as the last
+    argument) the same inputs with the first id ignored, so that a ``"mean"`` that counts
+    ignored units, or a ``"none"`` that does not zero them, is caught."""
+    cases = [("example inputs", args)]
+    ignore_index = getattr(build(spec), "ignore_index", None)
+    ids = args[-1]
+    if (isinstance(ignore_index, int) and spec.inputs[-1] == "target" and isinstance(ids, Tensor)
+            and not ids.is_floating_point() and ids.dtype != torch.bool and ids.numel() > 1):
+        ids = ids.clone()
+        ids.view(-1)[0] = ignore_index
+        cases.append(("example inputs with the first id ignored", args[:-1] + (ids,)))
+    return cases
+
+
+def _check_unit_weights(spec: LossSpec, args: tuple, kwargs: dict, what: str) -> None:
     none = call(build(spec, reduction="none"), args, kwargs)
     total = call(build(spec, reduction="sum"), args, kwargs)
     mean = call(build(spec, reduction="mean"), args, kwargs)
     w = spec.unit_weights(*args, **{**spec.example_kwargs, **kwargs}).to(none.dtype)
-    assert none.shape == w.shape, f"'none' output shape {tuple(none.shape)} != unit weights shape {tuple(w.shape)}"
+    assert none.shape == w.shape, (
+        f"{what}: 'none' output shape {tuple(none.shape)} != unit weights shape {tuple(w.shape)}")
     assert total.shape == () and mean.shape == (), (
-        f"'sum' / 'mean' not scalars: {tuple(total.shape)}, {tuple(mean.shape)}")
-    assert bool(torch.all(none[w == 0] == 0)), f"'none' is not 0 where the unit weight is 0: {none[w == 0].tolist()}"
-    _close(total, (w * none).sum(), "'sum' != sum(w * none)", rtol=1e-10, atol=1e-12)
-    _close(mean, (w * none).sum() / w.sum(), "'mean' != sum(w * none) / sum(w)", rtol=1e-10, atol=1e-12)
+        f"{what}: 'sum' / 'mean' not scalars: {tuple(total.shape)}, {tuple(mean.shape)}")
+    assert bool(torch.all(none[w == 0] == 0)), (
+        f"{what}: 'none' is not 0 where the unit weight is 0: {none[w == 0].tolist()}")
+    _close(total, (w * none).sum(), f"{what}: 'sum' != sum(w * none)", rtol=1e-10, atol=1e-12)
+    _close(mean, (w * none).sum() / w.sum(), f"{what}: 'mean' != sum(w * none) / sum(w)", rtol=1e-10, atol=1e-12)
 
 
 def _with_infs(t: Tensor) -> Tensor:
