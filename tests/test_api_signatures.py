@@ -471,3 +471,17 @@ def test_top_level_api():
     for n in ("create_loss", "list_losses", "set_validation", "validation", "ExperimentalWarning", "functional",
               "register", "unregister", "InputKind", "spec_for_module", "testing"):
         assert n in losses.__all__, n
+
+
+def test_register_signature():
+    """``losses.register(name, *, ...)``: the name positional, every field keyword-only (docs/contributing.md)."""
+    p = _params(losses.register)
+    assert [(q.name, q.kind) for q in p[:1]] == [("name", POS)]
+    assert all(q.kind is inspect.Parameter.KEYWORD_ONLY for q in p[1:])
+    assert [q.name for q in p[1:]] == [
+        "function", "module", "inputs", "unit", "unit_weights", "arxiv", "paper", "owns_head", "auxiliary",
+        "experimental", "example_kwargs", "example_inputs", "function_kwargs", "query_keys", "replace"]
+    assert {q.name for q in p if q.default is inspect.Parameter.empty} == {"name", "inputs", "unit", "unit_weights"}
+    sig = inspect.signature(losses.testing.check_loss).parameters
+    assert list(sig) == ["name_or_spec", "properties", "compile_backend", "documented_inf"]
+    assert sig["compile_backend"].default == "aot_eager" and sig["properties"].default is None
