@@ -262,17 +262,18 @@ def _bad_register_cases():
     ], ok
 
 
-@pytest.mark.parametrize("case", range(11))
-def test_register_checks_its_arguments(case):
-    cases, ok = _bad_register_cases()
-    _, bad, err, match = cases[case]
+BAD_REGISTER_CASES, OK_REGISTER = _bad_register_cases()
+
+
+@pytest.mark.parametrize("what,bad,err,match", BAD_REGISTER_CASES, ids=[c[0] for c in BAD_REGISTER_CASES])
+def test_register_checks_its_arguments(what, bad, err, match):
     with pytest.raises(err, match=match):
-        losses.register("kit_bad", **{**ok, **bad})
+        losses.register("kit_bad", **{**OK_REGISTER, **bad})
     assert "kit_bad" not in {s.name for s in losses.list_losses()}
 
 
 def test_register_checks_the_name():
-    _, ok = _bad_register_cases()
+    ok = OK_REGISTER
     with pytest.raises(ValueError, match=r"^register: name must be a lower-case identifier \(got 'My Loss'\)"):
         losses.register("My Loss", **ok)
     with pytest.raises(TypeError, match=r"^register: name must be a lower-case identifier \(got 3\)"):
