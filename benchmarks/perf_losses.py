@@ -82,23 +82,23 @@ def _build(case: Dict) -> tuple:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         module = spec.create(**kwargs)
-    if spec.kind == "I":
+    if spec.kind == "logits":
         x = torch.randn(b, c, generator=g).requires_grad_(True)
         y = torch.randint(0, c, (b,), generator=g)
         args = (x, y)
-    elif spec.kind == "E":
+    elif spec.kind == "embeddings":
         x = torch.randn(b, d, generator=g).requires_grad_(True)
         y = torch.randint(0, c, (b,), generator=g)
         args = (x, y)
-    elif spec.kind == "S":
+    elif spec.kind == "scores":
         x = torch.randn(b, c, generator=g).requires_grad_(True)
         y = torch.randint(0, c, (b,), generator=g)
         args = (x, y)
-    elif spec.kind == "P":
+    elif spec.kind == "pairs":
         pos = torch.rand(b, generator=g).mul(2).sub(1).requires_grad_(True)
         neg = torch.rand(b, c, generator=g).mul(2).sub(1).requires_grad_(True)
         args = (pos, neg)
-    elif spec.kind == "M":
+    elif spec.kind == "model":
         model = torch.nn.Linear(d, c)
         x = torch.rand(b, d, generator=g)
         y = torch.randint(0, c, (b,), generator=g)
@@ -196,39 +196,41 @@ def suite_cases(suite: str, classes: List[int]) -> List[Dict]:
     elif suite == "sparsemax":
         for c in classes:
             cases.append({"name": "F.cross_entropy", "B": 256, "C": c, "kind": "ref"})
-            cases.append({"name": "sparsemax", "label": "sparsemax (sort)", "B": 256, "C": c, "kind": "I", "kwargs": {}})
-            cases.append({"name": "sparsemax", "label": "sparsemax (top-k 100)", "B": 256, "C": c, "kind": "I",
+            cases.append({"name": "sparsemax", "label": "sparsemax (sort)", "B": 256, "C": c, "kind": "logits",
+                          "kwargs": {}})
+            cases.append({"name": "sparsemax", "label": "sparsemax (top-k 100)", "B": 256, "C": c, "kind": "logits",
                           "kwargs": {"k": min(100, c)}})
-            cases.append({"name": "entmax15", "label": "entmax15 (sort)", "B": 256, "C": c, "kind": "I", "kwargs": {}})
+            cases.append({"name": "entmax15", "label": "entmax15 (sort)", "B": 256, "C": c, "kind": "logits",
+                          "kwargs": {}})
             cases.append({"name": "entmax_bisect", "label": "entmax_bisect (alpha=2)", "B": 256, "C": c,
-                          "kind": "I", "kwargs": {"alpha": 2.0}})
+                          "kind": "logits", "kwargs": {"alpha": 2.0}})
     elif suite == "partial_fc":
         for c in classes:
             cases.append({"name": "linear+F.cross_entropy", "B": 256, "C": c, "D": 128, "kind": "ref"})
-            cases.append({"name": "margin_softmax", "B": 256, "C": c, "D": 128, "kind": "E", "kwargs": {}})
+            cases.append({"name": "margin_softmax", "B": 256, "C": c, "D": 128, "kind": "embeddings", "kwargs": {}})
             for rate in (0.1, 1.0):
                 cases.append({"name": "partial_fc", "label": f"partial_fc (rate {rate})", "B": 256, "C": c,
-                              "D": 128, "kind": "E", "kwargs": {"sample_rate": rate, "seed": 0}})
+                              "D": 128, "kind": "embeddings", "kwargs": {"sample_rate": rate, "seed": 0}})
     elif suite == "targets":
         # the first performance targets, each next to its reference in the same run
         for c in (1000, 100000):
             cases.append({"name": "F.cross_entropy", "B": 256, "C": c, "kind": "ref"})
             cases.append({"name": "linear+F.cross_entropy", "B": 256, "C": c, "D": 128, "kind": "ref"})
             for name in SINGLE_PASS + ("sparsemax", "margin_softmax"):
-                cases.append({"name": name, "B": 256, "C": c, "D": 128, "kind": "I", "kwargs": {}})
-        cases.append({"name": "sparsemax", "label": "sparsemax (top-k 100)", "B": 256, "C": 100000, "kind": "I",
+                cases.append({"name": name, "B": 256, "C": c, "D": 128, "kind": "logits", "kwargs": {}})
+        cases.append({"name": "sparsemax", "label": "sparsemax (top-k 100)", "B": 256, "C": 100000, "kind": "logits",
                       "kwargs": {"k": 100}})
         cases.append({"name": "linear+F.cross_entropy", "B": 256, "C": 1000000, "D": 128, "kind": "ref"})
-        cases.append({"name": "margin_softmax", "B": 256, "C": 1000000, "D": 128, "kind": "E", "kwargs": {}})
+        cases.append({"name": "margin_softmax", "B": 256, "C": 1000000, "D": 128, "kind": "embeddings", "kwargs": {}})
         cases.append({"name": "partial_fc", "label": "partial_fc (rate 0.1)", "B": 256, "C": 1000000, "D": 128,
-                      "kind": "E", "kwargs": {"sample_rate": 0.1, "seed": 0}})
+                      "kind": "embeddings", "kwargs": {"sample_rate": 0.1, "seed": 0}})
         cases.append({"name": "linear+F.cross_entropy", "B": 1024, "C": 100000, "D": 256, "kind": "ref"})
-        cases.append({"name": "linear_cross_entropy", "B": 1024, "C": 100000, "D": 256, "kind": "E",
+        cases.append({"name": "linear_cross_entropy", "B": 1024, "C": 100000, "D": 256, "kind": "embeddings",
                       "kwargs": {"bias": False}})
     elif suite == "linear_ce":
         for c in classes:
             cases.append({"name": "linear+F.cross_entropy", "B": 1024, "C": c, "D": 256, "kind": "ref"})
-            cases.append({"name": "linear_cross_entropy", "B": 1024, "C": c, "D": 256, "kind": "E",
+            cases.append({"name": "linear_cross_entropy", "B": 1024, "C": c, "D": 256, "kind": "embeddings",
                           "kwargs": {"bias": False}})
     else:
         raise SystemExit(f"unknown suite {suite!r}")

@@ -79,7 +79,7 @@ def run(name: str, seed: int, epochs: int) -> dict:
         for i in range(0, len(perm), 64):
             b = perm[i:i + 64]
             feats = body(xtr[b])
-            loss = loss_fn(feats, ytr[b]) if spec.kind == "E" else loss_fn(head(feats), ytr[b])
+            loss = loss_fn(feats, ytr[b]) if spec.kind == "embeddings" else loss_fn(head(feats), ytr[b])
             opt.zero_grad()
             loss.backward()
             opt.step()

@@ -1,51 +1,95 @@
 """Route a loss by its registry declaration (``docs/conventions.md``, Registry), never by its name.
 
 A LightningModule asks :func:`loss_route` what a loss takes and calls it accordingly; it holds
-no loss-specific ``if`` branches. Losses outside the registry (e.g. ``torch.nn.CrossEntropyLoss``)
-are treated as logits losses.
+no loss-specific ``if`` branches. The entry is found along the loss's class hierarchy
+(:func:`losses.spec_for_module`): a subclass of a registered loss (``class MyArcFace(
+losses.MarginSoftmaxLoss)``) routes as its parent, and a loss class registered with
+:func:`losses.register` routes by its own entry. ``torch.nn`` losses (subclasses of
+``torch.nn.modules.loss._Loss``, e.g. ``torch.nn.CrossEntropyLoss``) take ``(input, target)``
+and are routed as logits losses; any other unregistered module is an error that says how to
+register it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 from torch import nn
 
 import losses
+from losses import InputKind
 
 
 @dataclasses.dataclass(frozen=True)
 class LossRoute:
-    """What a loss module's ``forward`` takes.
+    """What a loss module's ``forward`` takes, and whether it can train a model on its own.
 
-    kind: ``"I"`` logits + target, ``"E"`` embeddings + target, ``"S"`` scores + target,
-    ``"P"`` positive / negative scores, ``"M"`` model + inputs + target.
+    kind: a :class:`losses.InputKind`: ``"logits"`` (logits + target), ``"embeddings"``
+    (embeddings + target), ``"scores"`` (scores + target), ``"pairs"`` (positive / negative
+    scores) or ``"model"`` (model + inputs + target).
     owns_head: the loss owns class weights and gives evaluation logits via ``.logits``.
     auxiliary: the loss is added (with a weight) to a main loss.
-    name: registry name (``None`` for losses outside the registry).
+    name: registry name (``None`` for ``torch.nn`` losses outside the registry).
+    query_keys: (``"scores"``) ``forward`` also takes ``(query, keys, target)`` and scores the
+    pairs itself (``losses.in_batch_scores``); otherwise it gets the score matrix.
+    loss_name: the loss's class name, for messages.
     """
 
     kind: str
     owns_head: bool
     auxiliary: bool
     name: Optional[str]
+    query_keys: bool = False
+    loss_name: str = "loss"
 
+    @property
+    def arguments(self) -> Tuple[str, ...]:
+        """``forward``'s positional arguments (``losses.INPUT_KINDS[kind]``)."""
+        return losses.INPUT_KINDS[self.kind]
 
-def _spec_for(loss: nn.Module) -> Optional["losses.LossSpec"]:
-    matches = [s for s in losses.list_losses() if type(loss) is s.module]
-    if not matches:
-        return None
-    # several registry names can share one module (margin_softmax / cosine_softmax): any of
-    # them describes the inputs equally well
-    return matches[0]
+    @property
+    def trains_alone(self) -> bool:
+        """The loss is a training signal on its own: not auxiliary, and an embeddings loss only
+        if it owns the head that turns embeddings into predictions."""
+        return not self.auxiliary and (self.kind != InputKind.EMBEDDINGS or self.owns_head)
+
+    @property
+    def needs_main_loss(self) -> bool:
+        """The loss is only added to a main loss (auxiliary, or an embeddings loss without a head)."""
+        return not self.trains_alone
+
+    def require_main(self, owner: str, kinds: Sequence[str], *, task: str, hint: str) -> None:
+        """Raise ``ValueError("<owner>: ...")`` unless the loss takes one of ``kinds`` and
+        :attr:`trains_alone` (``task``: what it would train, e.g. ``"a recommender"``)."""
+        if self.kind not in kinds:
+            reason = f"takes inputs of kind {self.kind!r}, not one of {list(kinds)}"
+        elif self.auxiliary:
+            reason = "is an auxiliary loss (added to a main loss)"
+        elif not self.trains_alone:
+            reason = "is an embedding loss that owns no head"
+        else:
+            return
+        raise ValueError(f"{owner}: {self.loss_name} {reason} (got kind {self.kind!r}, auxiliary={self.auxiliary}, "
+                         f"owns_head={self.owns_head}), so it cannot train {task} on its own; {hint}")
 
 
 def loss_route(loss: nn.Module) -> LossRoute:
-    spec = _spec_for(loss)
-    if spec is None:
-        return LossRoute(kind="I", owns_head=hasattr(loss, "logits"), auxiliary=False, name=None)
-    return LossRoute(kind=spec.kind, owns_head=spec.owns_head, auxiliary=spec.auxiliary, name=spec.name)
+    """The :class:`LossRoute` of ``loss``: its registry entry along its class hierarchy, or the
+    logits route for ``torch.nn`` losses; ``ValueError`` for any other unregistered module."""
+    cls = type(loss)
+    spec = losses.spec_for_module(cls)
+    if spec is not None:
+        return LossRoute(kind=spec.kind, owns_head=spec.owns_head, auxiliary=spec.auxiliary, name=spec.name,
+                         query_keys=spec.query_keys, loss_name=cls.__name__)
+    if isinstance(loss, nn.modules.loss._Loss):  # torch's own losses take (input, target)
+        return LossRoute(kind=InputKind.LOGITS, owns_head=hasattr(loss, "logits"), auxiliary=False, name=None,
+                         loss_name=cls.__name__)
+    raise ValueError(
+        f"loss_route: {cls.__name__} is not a registered loss (got {cls.__module__}.{cls.__qualname__}); register "
+        "it with losses.register(name, function=..., module=..., inputs=..., ...) or subclass a registered loss "
+        "(docs/contributing.md, Adding a loss)"
+    )
 
 
 def ddp_ignored_parameter_names(module: nn.Module) -> Tuple[str, ...]:

@@ -3,11 +3,23 @@ alternatives. Depends only on torch.
 
 Every loss is a pure function (``losses.<name>_loss`` / ``losses.functional``) plus a thin
 ``nn.Module``; ``losses.create_loss(name, **kwargs)`` builds one by its registry name and
-``losses.list_losses()`` lists them with their metadata.
+``losses.list_losses()`` lists them with their metadata. ``losses.register(...)`` adds a loss of
+your own to the registry and ``losses.testing.check_loss(name)`` runs the library's contract checks
+on it (``docs/contributing.md``, Adding a loss).
 """
 
 from ._core import ExperimentalWarning, is_validation_enabled, set_validation, validation
-from ._registry import INPUT_KINDS, LossSpec, create_loss, get_loss_spec, list_losses
+from ._registry import (
+    INPUT_KINDS,
+    InputKind,
+    LossSpec,
+    create_loss,
+    get_loss_spec,
+    list_losses,
+    register,
+    spec_for_module,
+    unregister,
+)
 from . import functional
 from .classification import *  # noqa: F401,F403
 from .classification import __all__ as _classification_all
@@ -15,6 +27,7 @@ from .embedding import *  # noqa: F401,F403
 from .embedding import __all__ as _embedding_all
 from .ranking import *  # noqa: F401,F403
 from .ranking import __all__ as _ranking_all
+from . import testing  # noqa: E402  (after the families: it reads the registry)
 
 __version__ = "0.1.0"
 
@@ -25,10 +38,15 @@ __all__ = [
     "validation",
     "LossSpec",
     "INPUT_KINDS",
+    "InputKind",
+    "register",
+    "unregister",
+    "spec_for_module",
     "create_loss",
     "get_loss_spec",
     "list_losses",
     "functional",
+    "testing",
     *_classification_all,
     *_embedding_all,
     *_ranking_all,

@@ -1,42 +1,68 @@
 """The loss registry: stable names -> function, module and the metadata the Lightning layer and
 the contract tests route by (``docs/conventions.md``, Registry).
 
-Each family module registers its entries at import time with :func:`register`. Users call
-:func:`create_loss` and :func:`list_losses`::
+Each family module registers its entries at import time with :func:`register`; user code
+registers its own losses the same way (``docs/contributing.md``, Adding a loss) and checks them
+with :func:`losses.testing.check_loss`. Users call :func:`create_loss` and :func:`list_losses`::
 
     >>> import losses
     >>> loss = losses.create_loss("cross_entropy", label_smoothing=0.1)
     >>> spec = losses.get_loss_spec("cross_entropy")
-    >>> spec.inputs
-    ('input', 'target')
+    >>> spec.kind, spec.inputs
+    ('logits', ('input', 'target'))
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["LossSpec", "register", "create_loss", "list_losses", "get_loss_spec", "INPUT_KINDS"]
+__all__ = [
+    "LossSpec", "InputKind", "INPUT_KINDS", "UNITS", "register", "unregister", "create_loss", "list_losses",
+    "get_loss_spec", "spec_for_module",
+]
 
-#: What ``forward`` takes, by kind (the Lightning layer routes by it).
+
+class InputKind:
+    """What a loss's ``forward`` takes, by kind (the ``inputs`` of :func:`register`; the Lightning
+    layer routes by it). Each constant is the plain string it names:
+
+    >>> import losses
+    >>> losses.InputKind.LOGITS, losses.INPUT_KINDS[losses.InputKind.PAIRS]
+    ('logits', ('pos_scores', 'neg_scores'))
+    """
+
+    LOGITS = "logits"  #: ``(input, target)``: class logits ``(N, C, ...)`` and ids / soft targets
+    EMBEDDINGS = "embeddings"  #: ``(embeddings, target)``: features ``(N, D)`` and class ids
+    SCORES = "scores"  #: ``(scores, target)``: candidate scores ``(B, L)`` and a positive mask
+    PAIRS = "pairs"  #: ``(pos_scores, neg_scores)``: a positive's score and its negatives' scores
+    MODEL = "model"  #: ``(model, inputs, target)``: the loss calls the model itself
+
+
+#: ``forward``'s positional arguments, by kind.
 INPUT_KINDS: Dict[str, Tuple[str, ...]] = {
-    "I": ("input", "target"),
-    "E": ("embeddings", "target"),
-    "S": ("scores", "target"),
-    "P": ("pos_scores", "neg_scores"),
-    "M": ("model", "inputs", "target"),
+    InputKind.LOGITS: ("input", "target"),
+    InputKind.EMBEDDINGS: ("embeddings", "target"),
+    InputKind.SCORES: ("scores", "target"),
+    InputKind.PAIRS: ("pos_scores", "neg_scores"),
+    InputKind.MODEL: ("model", "inputs", "target"),
 }
 
+#: What one ``reduction="none"`` value is computed for.
 UNITS = ("position", "element", "row", "pair", "class", "batch")
 
 #: ``example_inputs(generator=..., dtype=..., case=...) -> (args, kwargs)`` builds inputs for
-#: ``module(*args)``; ``case`` is ``"random"``, ``"extreme"`` (x1e4 logits, -inf masks where the
-#: loss allows them) or ``"ignored"`` (every unit ignored / inactive).
+#: ``module(*args, **kwargs)``; ``case`` is ``"random"``, ``"extreme"`` (x1e4 logits, -inf masks
+#: where the loss allows them) or ``"ignored"`` (every unit ignored / inactive).
 ExampleInputs = Callable[..., Tuple[tuple, dict]]
+
+_NAME = re.compile(r"[a-z][a-z0-9_]*")
+_ARXIV = re.compile(r"\d{4}\.\d{4,5}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,9 +73,7 @@ class LossSpec:
         name: stable registry identifier used by configs.
         function: the pure functional form.
         module: the ``nn.Module`` class (``create_loss`` instantiates it).
-        inputs: names of ``forward``'s positional arguments (see :data:`INPUT_KINDS`).
-        owns_head: the module owns class weights and exposes ``.logits(embeddings)``.
-        auxiliary: meant to be added (with a weight) to a main loss, e.g. OPL.
+        inputs: names of ``forward``'s positional arguments (``INPUT_KINDS[kind]``).
         unit: what one loss value is computed for (``position``, ``element``, ``row``, ``pair``,
             ``class`` or ``batch``).
         unit_weights: ``unit_weights(*args, **kwargs)`` with the *module's* forward arguments
@@ -58,10 +82,14 @@ class LossSpec:
             ``mean == sum / w.sum()``. ``None`` for batch-level losses.
         arxiv: arXiv id of the paper (``""`` for classical baselines without one).
         paper: short citation.
+        owns_head: the module owns class weights and exposes ``.logits(embeddings)``.
+        auxiliary: meant to be added (with a weight) to a main loss, e.g. OPL.
         experimental: emits :class:`losses.ExperimentalWarning`.
         example_kwargs: constructor keywords enough to build the module.
         example_inputs: builds example ``forward`` inputs (see :data:`ExampleInputs`).
-        baseline_of: registry names this loss is the baseline for (documentation only).
+        function_kwargs: extra keywords that make ``function`` compute what the module computes.
+        query_keys: (``"scores"`` kind) ``forward`` also takes ``(query, keys, target)`` and
+            scores the pairs itself (``losses.in_batch_scores``).
     """
 
     name: str
@@ -78,9 +106,11 @@ class LossSpec:
     example_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     example_inputs: Optional[ExampleInputs] = None
     function_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    query_keys: bool = False
 
     @property
     def kind(self) -> str:
+        """The input kind (a key of :data:`INPUT_KINDS`, e.g. ``"logits"``)."""
         for k, v in INPUT_KINDS.items():
             if v == self.inputs:
                 return k
@@ -97,34 +127,136 @@ class LossSpec:
 _REGISTRY: Dict[str, LossSpec] = {}
 
 
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"register: {name} must be a bool (got {value!r}); pass True or False")
+
+
+def _check_mapping(name: str, value: Any) -> None:
+    if value is not None and not isinstance(value, Mapping):
+        raise TypeError(f"register: {name} must be a dict or None (got {type(value).__name__}); "
+                        "pass keyword arguments as a dict")
+
+
 def register(
     name: str,
     *,
-    function: Callable[..., Any],
-    module: type,
+    function: Optional[Callable[..., Any]] = None,
+    module: Optional[type] = None,
     inputs: str,
     unit: str,
     unit_weights: Optional[Callable[..., Tensor]],
-    arxiv: str,
-    paper: str,
+    arxiv: str = "",
+    paper: str = "",
     owns_head: bool = False,
     auxiliary: bool = False,
     experimental: bool = False,
     example_kwargs: Optional[Mapping[str, Any]] = None,
     example_inputs: Optional[ExampleInputs] = None,
     function_kwargs: Optional[Mapping[str, Any]] = None,
-) -> LossSpec:
-    """Register a loss under a stable ``name`` (``inputs`` is a key of :data:`INPUT_KINDS`).
+    query_keys: bool = False,
+    replace: bool = False,
+) -> Any:
+    """Register a loss under a stable ``name``, so that ``create_loss(name)``, the LightningCLI
+    recipes, the Lightning routing and :func:`losses.testing.check_loss` know it.
 
-    ``function_kwargs`` are extra keywords that make ``function`` compute what the registered
-    module computes (e.g. the ``cosine_softmax`` preset's margin).
+    Args:
+        name: registry name (lower case, digits and ``_``, starting with a letter).
+        function: the functional form ``function(*forward_args, **hyperparameters)``.
+        module: the ``nn.Module`` class; its ``forward`` takes ``INPUT_KINDS[inputs]``.
+        inputs: what ``forward`` takes, a key of :data:`INPUT_KINDS` (:class:`InputKind`):
+            ``"logits"``, ``"embeddings"``, ``"scores"``, ``"pairs"`` or ``"model"``.
+        unit: what one ``reduction="none"`` value is computed for, one of :data:`UNITS`.
+        unit_weights: ``unit_weights(*forward_args, **constructor_and_forward_kwargs)`` -> the
+            weights ``w`` (shaped like the ``"none"`` output) with ``sum == Σ w·none`` and
+            ``mean == sum / Σ w``; ``None`` only for ``unit="batch"``.
+        arxiv: arXiv id (``"2401.01234"``) or ``""``.
+        paper: short citation.
+        owns_head: the module owns class weights and has ``.logits(embeddings)``.
+        auxiliary: the loss is added (with a weight) to a main loss and cannot train alone.
+        experimental: the module emits :class:`losses.ExperimentalWarning`.
+        example_kwargs: constructor keywords enough to build the module (for the checks).
+        example_inputs: ``example_inputs(generator=, dtype=, case=) -> (args, kwargs)``; default:
+            the registry's inputs of that kind (``N=6``, ``C=5``, ``D=8``, ``L=7``).
+        function_kwargs: extra keywords that make ``function`` compute what the module computes.
+        query_keys: (``"scores"``) ``forward`` also takes ``(query, keys, target)``.
+        replace: overwrite an entry of the same name (else registering it twice is an error).
+
+    Returns:
+        The :class:`LossSpec`. Without ``module`` (or without ``function``) ``register(...)``
+        returns a decorator for the class (or the function) that registers it and returns it
+        unchanged::
+
+            @losses.register("my_loss", function=my_loss, inputs="logits", unit="position",
+                             unit_weights=my_unit_weights)
+            class MyLoss(nn.Module): ...
     """
-    if name in _REGISTRY:
-        raise ValueError(f"register: loss name already registered (got {name!r}); pick a new name")
+    if function is None or module is None:
+        if function is None and module is None:
+            raise TypeError(f"register: needs function=, module= or both (got neither for {name!r}); "
+                            "decorate the module class or pass function= and module=")
+
+        def decorator(obj: Any) -> Any:
+            if isinstance(obj, type):
+                if module is not None:
+                    raise TypeError(f"register: module= is given, so decorate the function (got class "
+                                    f"{obj.__name__}); or drop module=")
+                register(name, function=function, module=obj, **rest)
+            else:
+                if function is not None:
+                    raise TypeError(f"register: function= is given, so decorate the module class (got "
+                                    f"{obj!r}); or drop function=")
+                register(name, function=obj, module=module, **rest)
+            return obj
+
+        rest = dict(inputs=inputs, unit=unit, unit_weights=unit_weights, arxiv=arxiv, paper=paper,
+                    owns_head=owns_head, auxiliary=auxiliary, experimental=experimental,
+                    example_kwargs=example_kwargs, example_inputs=example_inputs,
+                    function_kwargs=function_kwargs, query_keys=query_keys, replace=replace)
+        return decorator
+
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        err = ValueError if isinstance(name, str) else TypeError
+        raise err(f"register: name must be a lower-case identifier (got {name!r}); e.g. 'my_loss'")
+    _check_bool("replace", replace)
+    if name in _REGISTRY and not replace:
+        raise ValueError(f"register: loss name already registered (got {name!r}); pick a new name or pass "
+                         "replace=True")
+    if not callable(function) or isinstance(function, type):
+        raise TypeError(f"register: function must be a function (got {function!r}); pass the functional form")
+    if not (isinstance(module, type) and issubclass(module, nn.Module)):
+        raise TypeError(f"register: module must be an nn.Module subclass (got {module!r}); pass the class, "
+                        "not an instance")
     if inputs not in INPUT_KINDS:
-        raise ValueError(f"register: inputs must be one of {sorted(INPUT_KINDS)} (got {inputs!r}); see INPUT_KINDS")
+        raise ValueError(f"register: inputs must be one of {list(INPUT_KINDS)} (got {inputs!r}); see "
+                         "losses.InputKind")
     if unit not in UNITS:
         raise ValueError(f"register: unit must be one of {UNITS} (got {unit!r}); see docs/conventions.md")
+    if unit_weights is None and unit != "batch":
+        raise ValueError(f"register: unit_weights is required for unit {unit!r} (got None); only batch-level "
+                         "losses (unit='batch') have none")
+    if unit_weights is not None and not callable(unit_weights):
+        raise TypeError(f"register: unit_weights must be callable or None (got {unit_weights!r}); "
+                        "unit_weights(*forward_args, **kwargs) -> Tensor")
+    if not isinstance(arxiv, str) or not (arxiv == "" or _ARXIV.fullmatch(arxiv)):
+        raise ValueError(f"register: arxiv must be an arXiv id like '2401.01234' or '' (got {arxiv!r}); "
+                         "leave it '' for a loss without a paper")
+    if not isinstance(paper, str):
+        raise TypeError(f"register: paper must be a str (got {type(paper).__name__}); e.g. 'A. Author, Title, 2024'")
+    for flag, value in (("owns_head", owns_head), ("auxiliary", auxiliary), ("experimental", experimental),
+                        ("query_keys", query_keys)):
+        _check_bool(flag, value)
+    if owns_head and not callable(getattr(module, "logits", None)):
+        raise ValueError(f"register: owns_head=True but {module.__name__} has no .logits(embeddings) (got "
+                         f"owns_head={owns_head}); add the method or leave owns_head=False")
+    if query_keys and inputs != InputKind.SCORES:
+        raise ValueError(f"register: query_keys applies to inputs='scores' only (got inputs={inputs!r}); "
+                         "leave query_keys=False")
+    _check_mapping("example_kwargs", example_kwargs)
+    _check_mapping("function_kwargs", function_kwargs)
+    if example_inputs is not None and not callable(example_inputs):
+        raise TypeError(f"register: example_inputs must be callable or None (got {example_inputs!r}); "
+                        "example_inputs(generator=, dtype=, case=) -> (args, kwargs)")
     spec = LossSpec(
         name=name,
         function=function,
@@ -140,9 +272,41 @@ def register(
         example_kwargs=dict(example_kwargs or {}),
         example_inputs=example_inputs or default_example_inputs(inputs),
         function_kwargs=dict(function_kwargs or {}),
+        query_keys=query_keys,
     )
     _REGISTRY[name] = spec
     return spec
+
+
+def unregister(name: str) -> LossSpec:
+    """Remove the entry ``name`` (e.g. one a test registered) and return it."""
+    try:
+        return _REGISTRY.pop(name)
+    except KeyError:
+        raise ValueError(
+            f"unregister: unknown loss name (got {name!r}); choose one of {sorted(_REGISTRY)}"
+        ) from None
+
+
+def spec_for_module(cls: type) -> Optional[LossSpec]:
+    """The entry of the nearest class in ``cls``'s method resolution order that is registered as a
+    module (so a subclass of a registered loss finds its parent's entry unless it is registered
+    itself); ``None`` if none is. Several names sharing one module (``margin_softmax`` /
+    ``cosine_softmax``) describe the same inputs; the first registered is returned.
+
+    >>> import losses
+    >>> class MyArcFace(losses.MarginSoftmaxLoss):
+    ...     pass
+    >>> losses.spec_for_module(MyArcFace).name
+    'margin_softmax'
+    """
+    if not isinstance(cls, type):
+        raise TypeError(f"spec_for_module: expected a class (got {cls!r}); pass type(loss)")
+    for klass in cls.__mro__:
+        for spec in _REGISTRY.values():
+            if spec.module is klass:
+                return spec
+    return None
 
 
 def get_loss_spec(name: str) -> LossSpec:
@@ -247,13 +411,17 @@ def _example_model(*, generator: Optional[torch.Generator] = None, dtype=torch.f
 
 
 _DEFAULT_EXAMPLES = {
-    "I": _example_logits,
-    "E": _example_embeddings,
-    "S": _example_scores,
-    "P": _example_pairs,
-    "M": _example_model,
+    InputKind.LOGITS: _example_logits,
+    InputKind.EMBEDDINGS: _example_embeddings,
+    InputKind.SCORES: _example_scores,
+    InputKind.PAIRS: _example_pairs,
+    InputKind.MODEL: _example_model,
 }
 
 
 def default_example_inputs(kind: str) -> ExampleInputs:
+    """The registry's example inputs for an input kind (see :data:`ExampleInputs`)."""
+    if kind not in _DEFAULT_EXAMPLES:
+        raise ValueError(f"default_example_inputs: kind must be one of {list(_DEFAULT_EXAMPLES)} (got {kind!r}); "
+                         "see losses.InputKind")
     return _DEFAULT_EXAMPLES[kind]

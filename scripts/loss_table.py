@@ -9,7 +9,8 @@ import warnings
 
 import losses
 
-KIND = {"I": "logits", "E": "embeddings", "S": "scores", "P": "pos/neg scores", "M": "model + inputs"}
+KIND = {"logits": "logits", "embeddings": "embeddings", "scores": "scores", "pairs": "pos/neg scores",
+        "model": "model + inputs"}
 
 
 def table() -> str:

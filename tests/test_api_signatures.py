@@ -204,44 +204,46 @@ DIFFERENT_MEANING = {
 # registry table of docs/conventions.md: name -> (function, module, inputs, owns_head, auxiliary, unit, example_kwargs)
 # ----------------------------------------------------------------------------------------------
 HEAD_KWARGS = {"embedding_dim": 8, "num_classes": 5}
-I, E, S, P, M = ("input", "target"), ("embeddings", "target"), ("scores", "target"), \
+LOGITS, EMBEDDINGS, SCORES, PAIRS, MODEL = ("input", "target"), ("embeddings", "target"), ("scores", "target"), \
     ("pos_scores", "neg_scores"), ("model", "inputs", "target")
+#: The input kind names (``losses.InputKind``) of those argument tuples, as registry entries report them.
+KIND_NAMES = {LOGITS: "logits", EMBEDDINGS: "embeddings", SCORES: "scores", PAIRS: "pairs", MODEL: "model"}
 
 REGISTRY = {
-    "z_loss": ("z_loss", "ZLoss", I, False, False, "position", {}),
-    "logz_penalty": ("cross_entropy_with_logz_penalty", "CrossEntropyWithLogZPenalty", I, False, False,
+    "z_loss": ("z_loss", "ZLoss", LOGITS, False, False, "position", {}),
+    "logz_penalty": ("cross_entropy_with_logz_penalty", "CrossEntropyWithLogZPenalty", LOGITS, False, False,
                      "position", {}),
-    "sparsemax": ("sparsemax_loss", "SparsemaxLoss", I, False, False, "position", {}),
-    "entmax15": ("entmax15_loss", "Entmax15Loss", I, False, False, "position", {}),
-    "entmax_bisect": ("entmax_bisect_loss", "EntmaxBisectLoss", I, False, False, "position", {}),
-    "comp_sum": ("comp_sum_loss", "CompSumLoss", I, False, False, "position", {"tau": 0.5}),
-    "cross_entropy": ("cross_entropy_loss", "CrossEntropyLoss", I, False, False, "position", {}),
-    "gol": ("gumbel_bce_loss", "GumbelBCELoss", I, False, False, "element", {}),
-    "bce_with_logits": ("bce_with_logits_loss", "BCEWithLogitsLoss", I, False, False, "element", {}),
+    "sparsemax": ("sparsemax_loss", "SparsemaxLoss", LOGITS, False, False, "position", {}),
+    "entmax15": ("entmax15_loss", "Entmax15Loss", LOGITS, False, False, "position", {}),
+    "entmax_bisect": ("entmax_bisect_loss", "EntmaxBisectLoss", LOGITS, False, False, "position", {}),
+    "comp_sum": ("comp_sum_loss", "CompSumLoss", LOGITS, False, False, "position", {"tau": 0.5}),
+    "cross_entropy": ("cross_entropy_loss", "CrossEntropyLoss", LOGITS, False, False, "position", {}),
+    "gol": ("gumbel_bce_loss", "GumbelBCELoss", LOGITS, False, False, "element", {}),
+    "bce_with_logits": ("bce_with_logits_loss", "BCEWithLogitsLoss", LOGITS, False, False, "element", {}),
     # unit "class; (image, class)": the registry's unit is "class", the (image, class) shape is the
     # "image"/"class" aggregation's "none" shape (the unit-weight rule, docs/conventions.md)
-    "dice_semimetric": ("dice_semimetric_loss", "DiceSemimetricLoss", I, False, False, "class", {}),
-    "jaccard_metric": ("jaccard_metric_loss", "JaccardMetricLoss", I, False, False, "class", {}),
-    "soft_dice": ("soft_dice_loss", "SoftDiceLoss", I, False, False, "class", {}),
-    "adversarial_comp_sum": ("adversarial_comp_sum_loss", "AdversarialCompSumLoss", M, False, False, "row",
+    "dice_semimetric": ("dice_semimetric_loss", "DiceSemimetricLoss", LOGITS, False, False, "class", {}),
+    "jaccard_metric": ("jaccard_metric_loss", "JaccardMetricLoss", LOGITS, False, False, "class", {}),
+    "soft_dice": ("soft_dice_loss", "SoftDiceLoss", LOGITS, False, False, "class", {}),
+    "adversarial_comp_sum": ("adversarial_comp_sum_loss", "AdversarialCompSumLoss", MODEL, False, False, "row",
                              {"nu": 1.0}),
-    "wcdas": ("wcdas_loss", "WCDASLoss", E, True, False, "row", HEAD_KWARGS),
-    "nbc_softmax": ("nbc_softmax_loss", "NBCSoftmaxLoss", E, True, False, "batch", HEAD_KWARGS),
-    "margin_softmax": ("margin_softmax_loss", "MarginSoftmaxLoss", E, True, False, "row", HEAD_KWARGS),
+    "wcdas": ("wcdas_loss", "WCDASLoss", EMBEDDINGS, True, False, "row", HEAD_KWARGS),
+    "nbc_softmax": ("nbc_softmax_loss", "NBCSoftmaxLoss", EMBEDDINGS, True, False, "batch", HEAD_KWARGS),
+    "margin_softmax": ("margin_softmax_loss", "MarginSoftmaxLoss", EMBEDDINGS, True, False, "row", HEAD_KWARGS),
     # "the same, margin=(1.0, 0.0, 0.0) preset": the preset is part of what builds it
-    "cosine_softmax": ("margin_softmax_loss", "MarginSoftmaxLoss", E, True, False, "row",
+    "cosine_softmax": ("margin_softmax_loss", "MarginSoftmaxLoss", EMBEDDINGS, True, False, "row",
                        {**HEAD_KWARGS, "margin": (1.0, 0.0, 0.0)}),
-    "partial_fc": ("partial_fc_loss", "PartialFCLoss", E, True, False, "row",
+    "partial_fc": ("partial_fc_loss", "PartialFCLoss", EMBEDDINGS, True, False, "row",
                    {**HEAD_KWARGS, "sample_rate": 0.5, "seed": 0}),
-    "linear_cross_entropy": ("linear_cross_entropy", "LinearCrossEntropyLoss", E, True, False, "row",
+    "linear_cross_entropy": ("linear_cross_entropy", "LinearCrossEntropyLoss", EMBEDDINGS, True, False, "row",
                              HEAD_KWARGS),
-    "opl": ("opl_loss", "OrthogonalProjectionLoss", E, False, True, "batch", {}),
-    "psl": ("psl_loss", "PSLLoss", P, False, False, "row", {}),
-    "sampled_softmax": ("sampled_softmax_loss", "SampledSoftmaxLoss", P, False, False, "row", {}),
-    "bpr": ("bpr_loss", "BPRLoss", P, False, False, "pair", {}),
-    "decoupled_softmax": ("decoupled_softmax_loss", "DecoupledSoftmaxLoss", S, False, False, "row", {}),
-    "infonce": ("infonce_loss", "InfoNCELoss", S, False, False, "row", {}),
-    "soft_topk": ("soft_topk_loss", "SoftTopKLoss", S, False, False, "row", {"k": 2}),
+    "opl": ("opl_loss", "OrthogonalProjectionLoss", EMBEDDINGS, False, True, "batch", {}),
+    "psl": ("psl_loss", "PSLLoss", PAIRS, False, False, "row", {}),
+    "sampled_softmax": ("sampled_softmax_loss", "SampledSoftmaxLoss", PAIRS, False, False, "row", {}),
+    "bpr": ("bpr_loss", "BPRLoss", PAIRS, False, False, "pair", {}),
+    "decoupled_softmax": ("decoupled_softmax_loss", "DecoupledSoftmaxLoss", SCORES, False, False, "row", {}),
+    "infonce": ("infonce_loss", "InfoNCELoss", SCORES, False, False, "row", {}),
+    "soft_topk": ("soft_topk_loss", "SoftTopKLoss", SCORES, False, False, "row", {"k": 2}),
 }
 EXPERIMENTAL = {"adversarial_comp_sum"}  # docs/losses/adversarial_comp_sum.md is the only section marked experimental
 
@@ -397,7 +399,7 @@ def test_forward_signature(name):
     sig = inspect.signature(cls.forward)
     placeholders = [object()] * len(inputs)
     sig.bind(object(), *placeholders)  # self + inputs, raises TypeError if not accepted
-    if inputs == S:  # docs/losses/decoupled_softmax.md: .forward(scores, target) or .forward(query, keys, target)
+    if inputs == SCORES:  # docs/losses/decoupled_softmax.md: .forward(scores, target) or .forward(query, keys, target)
         sig.bind(object(), object(), object(), object())
     for extra in FORWARD_KEYWORDS.get(name, ()):
         p = sig.parameters.get(extra)
@@ -425,6 +427,8 @@ def test_registry_entry(name):
     assert s.function is _get(function), f"{name}: function {s.function.__name__}, expected {function}"
     assert s.module is _get(module), f"{name}: module {s.module.__name__}, expected {module}"
     assert tuple(s.inputs) == inputs, f"{name}: inputs {s.inputs}, expected {inputs}"
+    assert s.kind == KIND_NAMES[inputs], f"{name}: kind {s.kind!r}, expected {KIND_NAMES[inputs]!r}"
+    assert s.query_keys is (inputs == SCORES), f"{name}: query_keys {s.query_keys}"
     assert s.owns_head is owns_head, f"{name}: owns_head {s.owns_head}, expected {owns_head}"
     assert s.auxiliary is auxiliary, f"{name}: auxiliary {s.auxiliary}, expected {auxiliary}"
     assert s.unit == unit, f"{name}: unit {s.unit!r}, expected {unit!r}"
@@ -442,6 +446,13 @@ def test_registry_entry(name):
         assert tuple(built.margin) == (1.0, 0.0, 0.0)
 
 
+def test_input_kinds_are_named():
+    """Five descriptive kinds (no one-letter codes), each a constant of ``losses.InputKind``."""
+    assert losses.INPUT_KINDS == {v: k for k, v in KIND_NAMES.items()}
+    assert (losses.InputKind.LOGITS, losses.InputKind.EMBEDDINGS, losses.InputKind.SCORES, losses.InputKind.PAIRS,
+            losses.InputKind.MODEL) == ("logits", "embeddings", "scores", "pairs", "model")
+
+
 def test_registry_has_exactly_the_spec_names():
     assert {s.name for s in losses.list_losses()} == set(REGISTRY)
 
@@ -457,5 +468,20 @@ def test_top_level_api():
     with losses.validation(False):
         assert not losses.is_validation_enabled()
     assert issubclass(losses.ExperimentalWarning, UserWarning)
-    for n in ("create_loss", "list_losses", "set_validation", "validation", "ExperimentalWarning", "functional"):
+    for n in ("create_loss", "list_losses", "set_validation", "validation", "ExperimentalWarning", "functional",
+              "register", "unregister", "InputKind", "spec_for_module", "testing"):
         assert n in losses.__all__, n
+
+
+def test_register_signature():
+    """``losses.register(name, *, ...)``: the name positional, every field keyword-only (docs/contributing.md)."""
+    p = _params(losses.register)
+    assert [(q.name, q.kind) for q in p[:1]] == [("name", POS)]
+    assert all(q.kind is inspect.Parameter.KEYWORD_ONLY for q in p[1:])
+    assert [q.name for q in p[1:]] == [
+        "function", "module", "inputs", "unit", "unit_weights", "arxiv", "paper", "owns_head", "auxiliary",
+        "experimental", "example_kwargs", "example_inputs", "function_kwargs", "query_keys", "replace"]
+    assert {q.name for q in p if q.default is inspect.Parameter.empty} == {"name", "inputs", "unit", "unit_weights"}
+    sig = inspect.signature(losses.testing.check_loss).parameters
+    assert list(sig) == ["name_or_spec", "properties", "compile_backend", "documented_inf"]
+    assert sig["compile_backend"].default == "aot_eager" and sig["properties"].default is None

@@ -3,19 +3,16 @@ tested"). A family joins them by registering; per-family maths lives in its own 
 
 from __future__ import annotations
 
-import copy
 import inspect
-import io
 import math
-import pickle
 import re
-import warnings
 
 import pytest
 import torch
 
 import losses
-from losses._registry import INPUT_KINDS
+from losses import INPUT_KINDS
+from losses.testing import build, call, check_loss, example
 
 SPECS = losses.list_losses()
 NAMES = [s.name for s in SPECS]
@@ -38,48 +35,6 @@ EXPECTED_NAMES = {
 }
 
 
-def build(spec, **overrides):
-    kwargs = {**spec.example_kwargs, **overrides}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", losses.ExperimentalWarning)
-        torch.manual_seed(0)
-        return spec.create(**kwargs)
-
-
-def example(spec, case="random", dtype=torch.float32, seed=0, requires_grad=True):
-    g = torch.Generator().manual_seed(seed)
-    args, kwargs = spec.example_inputs(generator=g, dtype=dtype, case=case)
-    out = []
-    for a in args:
-        if isinstance(a, torch.Tensor) and a.is_floating_point() and requires_grad:
-            a = a.detach().clone().requires_grad_(True)
-        out.append(a)
-    return tuple(out), dict(kwargs)
-
-
-def call(module, args, kwargs):
-    # losses that draw from the global RNG (seed=None) are reproducible call to call
-    torch.manual_seed(1234)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", losses.ExperimentalWarning)
-        return module(*args, **kwargs)
-
-
-def float_leaves(module, args):
-    """Differentiable leaves: floating inputs and the loss's own parameters."""
-    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-    leaves += [p for p in module.parameters() if p.requires_grad]
-    return leaves
-
-
-def grads_of(out, leaves):
-    return torch.autograd.grad(out, leaves, allow_unused=True)
-
-
-def reductions_for(spec):
-    return ("mean",) if spec.unit == "batch" else ("none", "mean", "sum")
-
-
 # --------------------------------------------------------------------------------------
 # registry metadata
 # --------------------------------------------------------------------------------------
@@ -94,6 +49,7 @@ def test_expected_names_registered():
 def test_registry_metadata(name):
     spec = BY_NAME[name]
     assert spec.inputs in INPUT_KINDS.values()
+    assert INPUT_KINDS[spec.kind] == spec.inputs and spec.kind in vars(losses.InputKind).values()
     assert spec.arxiv == "" or re.fullmatch(r"\d{4}\.\d{4,5}", spec.arxiv), spec.arxiv
     assert callable(spec.function) and isinstance(spec.module, type)
     assert issubclass(spec.module, torch.nn.Module)
@@ -128,30 +84,16 @@ def test_unknown_name_is_a_clear_error():
 
 
 # --------------------------------------------------------------------------------------
-# reductions and unit weights (the unit-weight rule, docs/conventions.md)
+# the contract properties, checked by the library's own kit (losses.testing.check_loss), the one
+# users run on the losses they register (docs/contributing.md, Adding a loss)
 # --------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_reductions_follow_unit_weights(name):
-    spec = BY_NAME[name]
-    args, kwargs = example(spec, dtype=torch.float64)
-    if spec.unit == "batch":
-        out = call(build(spec, reduction="mean"), args, kwargs)
-        assert out.shape == () and torch.isfinite(out)
-        for bad in ("none", "sum"):
-            with pytest.raises(ValueError, match="batch-level loss; only reduction='mean' is supported"):
-                call(build(spec, reduction=bad), args, kwargs)
-        return
-    none = call(build(spec, reduction="none"), args, kwargs)
-    total = call(build(spec, reduction="sum"), args, kwargs)
-    mean = call(build(spec, reduction="mean"), args, kwargs)
-    w = spec.unit_weights(*args, **{**spec.example_kwargs, **kwargs}).to(none.dtype)
-    assert none.shape == w.shape, (none.shape, w.shape)
-    assert total.shape == () and mean.shape == ()
-    assert torch.all(none[w == 0] == 0)
-    torch.testing.assert_close(total, (w * none).sum(), rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(mean, (w * none).sum() / w.sum(), rtol=1e-10, atol=1e-12)
+    """``"none"`` is 0 where w = 0, ``"sum" == Σ w·none``, ``"mean" == Σ w·none / Σ w`` (float64,
+    rtol 1e-10); batch-level losses accept only ``"mean"`` (the unit-weight rule, docs/conventions.md)."""
+    check_loss(name, properties=["reductions"])
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -164,161 +106,34 @@ def test_bad_reduction_is_a_clear_error(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_all_ignored_batch_is_attached_zero(name):
-    spec = BY_NAME[name]
-    module = build(spec)
-    args, kwargs = example(spec, case="ignored")
-    for reduction in reductions_for(spec):
-        if reduction == "none":
-            continue
-        module = build(spec, reduction=reduction)
-        out = call(module, args, kwargs)
-        assert out.shape == ()
-        assert out.item() == 0.0
-        assert out.grad_fn is not None
-        leaves = float_leaves(module, args)
-        grads = grads_of(out, leaves)
-        for leaf, g in zip(leaves, grads):
-            assert g is not None, "zero (not None) gradients"
-            assert torch.all(g == 0)
-
-
-# --------------------------------------------------------------------------------------
-# numerics (finite extremes, docs/conventions.md, half precision, docs/conventions.md)
-# --------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("case", ["random", "extreme"])
-@pytest.mark.parametrize("name", NAMES)
-def test_finite_values_and_gradients(name, case):
-    spec = BY_NAME[name]
-    module = build(spec)
-    args, kwargs = example(spec, case=case)
-    out = call(module, args, kwargs)
-    leaves = float_leaves(module, args)
-    grads = grads_of(out, leaves)
-    if case == "extreme" and name in DOCUMENTED_INF:
-        assert not torch.isnan(out).any()
-        assert all(g is None or not torch.isnan(g).any() for g in grads)
-        return
-    assert torch.isfinite(out).all(), out
-    for g in grads:
-        if g is not None:
-            assert torch.isfinite(g).all()
+    """Exact, graph-attached 0 with zero (not None) gradients, also with +-inf inputs under
+    validation(False)."""
+    check_loss(name, properties=["all_ignored"])
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_constant_inputs_are_finite(name):
-    """All-equal logits / zero features / equal scores (a zero-initialised head)."""
-    spec = BY_NAME[name]
-    module = build(spec)
-    args, kwargs = example(spec)
-    if spec.inputs[0] == "model":
-        with torch.no_grad():
-            for p in args[0].parameters():
-                p.zero_()
-    else:
-        args = (torch.zeros_like(args[0]).requires_grad_(True),) + args[1:]
-    out = call(module, args, kwargs)
-    assert torch.isfinite(out).all()
-    for g in grads_of(out, float_leaves(module, args)):
-        if g is not None:
-            assert torch.isfinite(g).all()
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("name", NAMES)
-def test_half_precision_matches_upcast_fp32(name, dtype):
-    spec = BY_NAME[name]
-    args, kwargs = example(spec, dtype=dtype)
-    module = build(spec)
-    if spec.inputs[0] == "model":
-        # the model itself runs in half precision; the loss must still come back in float32
-        out = call(module, args, kwargs)
-        assert out.dtype == torch.float32 and torch.isfinite(out)
-        return
-    out = call(module, args, kwargs)
-    assert out.dtype == torch.float32
-    up = tuple(a.detach().float().requires_grad_(True) if isinstance(a, torch.Tensor) and a.is_floating_point()
-               else a for a in args)
-    up_kwargs = {k: (v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
-                 for k, v in kwargs.items()}
-    ref = call(build(spec), up, up_kwargs)
-    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
-    g_half = grads_of(out, [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad])
-    for a, g in zip([a for a in args if isinstance(a, torch.Tensor) and a.requires_grad], g_half):
-        if g is not None:
-            assert g.dtype == a.dtype
+def test_finite_values_and_gradients(name):
+    """Random, extreme (x1e4) and constant inputs (all-equal logits / zero features / equal scores, a
+    zero-initialised head): finite values and gradients; the documented exact infinities
+    (``DOCUMENTED_INF``, docs/conventions.md) never NaN."""
+    check_loss(name, properties=["finite"], documented_inf=name in DOCUMENTED_INF)
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_float64_inputs_compute_in_float64(name):
-    spec = BY_NAME[name]
-    module = build(spec).to(torch.float64)
-    for t in list(module.parameters()) + [b for b in module.buffers() if b.is_floating_point()]:
-        assert t.dtype == torch.float64
-    args, kwargs = example(spec, dtype=torch.float64)
-    out = call(module, args, kwargs)
-    assert out.dtype == torch.float64
-
-
-# --------------------------------------------------------------------------------------
-# modules (modules, docs/conventions.md)
-# --------------------------------------------------------------------------------------
+def test_half_precision_and_float64(name):
+    """fp16 / bf16 inputs: an fp32 loss equal to the fp32 result on the upcast inputs (1e-6),
+    gradients in the input dtype; float64 modules and inputs compute in float64."""
+    check_loss(name, properties=["dtypes"])
 
 
 @pytest.mark.parametrize("name", [s.name for s in SPECS if not s.owns_head and s.inputs[0] != "model"])
 def test_module_equals_function(name):
-    spec = BY_NAME[name]
-    args, kwargs = example(spec, dtype=torch.float64)
-    fn_params = inspect.signature(spec.function).parameters
-    fkw = {k: v for k, v in spec.example_kwargs.items() if k in fn_params}
-    fkw.update(spec.function_kwargs)
-    expected = spec.function(*args, **fkw, **kwargs)
-    got = call(build(spec), args, kwargs)
-    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    check_loss(name, properties=["module_function"])
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_repr_deepcopy_pickle(name):
-    spec = BY_NAME[name]
-    module = build(spec)
-    assert spec.module.__name__ in repr(module)
-    copies = [copy.deepcopy(module), pickle.loads(pickle.dumps(module))]
-    args, kwargs = example(spec)
-    ref = call(module, args, kwargs)
-    for other in copies:
-        args2, kwargs2 = example(spec)
-        torch.testing.assert_close(call(other, args2, kwargs2), ref, rtol=0, atol=0)
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_state_dict_round_trip(name):
-    spec = BY_NAME[name]
-    source = build(spec)
-    with torch.no_grad():  # make the source differ from a fresh default init
-        for p in source.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(5), dtype=p.dtype))
-    fresh = build(spec)
-    torch.manual_seed(123)
-    fresh.load_state_dict(copy.deepcopy(source.state_dict()))
-    buf = io.BytesIO()
-    torch.save(source.state_dict(), buf)
-    buf.seek(0)
-    from_disk = build(spec)
-    from_disk.load_state_dict(torch.load(buf, weights_only=True))
-    results = []
-    for m in (source, fresh, from_disk):
-        args, kwargs = example(spec)
-        out = call(m, args, kwargs)
-        leaves = float_leaves(m, args)
-        results.append((out, grads_of(out, leaves)))
-    for out, grads in results[1:]:
-        torch.testing.assert_close(out, results[0][0], rtol=0, atol=0)
-        for g, g0 in zip(grads, results[0][1]):
-            if g0 is None:
-                assert g is None
-            else:
-                torch.testing.assert_close(g, g0, rtol=0, atol=0)
+def test_repr_deepcopy_pickle_and_state_dict_round_trip(name):
+    check_loss(name, properties=["serialization"])
 
 
 # --------------------------------------------------------------------------------------
@@ -329,21 +144,7 @@ def test_state_dict_round_trip(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_torch_compile_inductor_matches_eager(name):
-    spec = BY_NAME[name]
-    torch._dynamo.reset()
-    args, kwargs = example(spec)
-    module = build(spec)
-    with losses.validation(False):
-        eager = call(module, args, kwargs)
-        eager_grads = grads_of(eager, float_leaves(module, args))
-        compiled = torch.compile(module, backend="inductor")
-        args2, kwargs2 = example(spec)
-        out = call(compiled, args2, kwargs2)
-        grads = grads_of(out, float_leaves(module, args2))
-    torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-5)
-    for g, g0 in zip(grads, eager_grads):
-        if g0 is not None:
-            torch.testing.assert_close(g, g0, rtol=1e-4, atol=1e-5)
+    check_loss(name, properties=["compile"], compile_backend="inductor")
 
 
 # --------------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ the resume test.
 
 from __future__ import annotations
 
-import copy
 import io
 import math
 import os
@@ -20,6 +19,7 @@ import pytest
 import torch
 
 import losses
+from losses.testing import AUTOCAST_TOL, MODEL_AUTOCAST_TOL, check_loss
 from tests.reliability_utils import (
     BY_NAME,
     CANDIDATE_SOFTMAX,
@@ -29,9 +29,7 @@ from tests.reliability_utils import (
     assert_documented_error,
     build,
     call,
-    detach_clone,
     example,
-    float_leaves,
     grads_of,
     reductions_for,
 )
@@ -42,58 +40,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # mixed precision: CPU bf16 autocast, forward and backward, every entry
 # --------------------------------------------------------------------------------------
 
-#: Inside autocast the loss's maths, a head's logits included, runs in fp32 (or wider), as
-#: F.cross_entropy does: the value equals the fp32 run on the same inputs up to summation order.
-AUTOCAST_TOL = {"rtol": 1e-5, "atol": 1e-6}
-#: The adversarial loss calls the user's model, which autocast runs in half precision.
-MODEL_AUTOCAST_TOL = {"rtol": 3e-2, "atol": 3e-2}
-
-
-def _check_leaf_grads(leaves, grads):
-    assert grads[0] is not None, "no gradient reaches the first input"
-    for leaf, g in zip(leaves, grads):
-        if g is None:
-            continue
-        assert g.dtype == leaf.dtype, f"gradient in {g.dtype} for a {leaf.dtype} leaf"
-        assert torch.isfinite(g).all()
+def test_autocast_tolerances():
+    """Inside autocast the loss's maths, a head's logits included, runs in fp32 (or wider), as
+    F.cross_entropy does: the value equals the fp32 run on the same inputs up to summation order.
+    The adversarial loss calls the user's model, which autocast runs in half precision: wider."""
+    assert AUTOCAST_TOL == {"rtol": 1e-5, "atol": 1e-6}
+    assert MODEL_AUTOCAST_TOL == {"rtol": 3e-2, "atol": 3e-2}
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_cpu_bf16_autocast_forward_backward(name):
-    """Forward under autocast, backward after it (the AMP recipe): the fp32 value and gradients.
-    Then forward and backward both inside the autocast region: finite, in the leaves' dtypes."""
-    spec = BY_NAME[name]
-    args, kwargs = example(spec)
-    ref_module = build(spec)
-    ref_args = detach_clone(args)
-    if spec.inputs[0] == "model":
-        ref_args = (copy.deepcopy(args[0]),) + ref_args[1:]
-    ref = call(ref_module, ref_args, kwargs)
-
-    module = build(spec)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = call(module, args, kwargs)
-    leaves = float_leaves(module, args)
-    grads = grads_of(out, leaves)
-    assert out.dtype == torch.float32, f"loss computed in {out.dtype}, not float32, under autocast"
-    assert torch.isfinite(out).all(), out
-    _check_leaf_grads(leaves, grads)
-    tol = MODEL_AUTOCAST_TOL if spec.inputs[0] == "model" else AUTOCAST_TOL
-    torch.testing.assert_close(out, ref.to(out.dtype), **tol)
-    if spec.inputs[0] != "model":  # and the gradients are the fp32 gradients
-        ref_grads = grads_of(ref, float_leaves(ref_module, ref_args))
-        for g, g0 in zip(grads, ref_grads):
-            if g0 is not None and g is not None:
-                torch.testing.assert_close(g, g0, **AUTOCAST_TOL)
-
-    args2, kwargs2 = example(spec)
-    module2 = build(spec)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out2 = call(module2, args2, kwargs2)
-        leaves2 = float_leaves(module2, args2)
-        grads2 = grads_of(out2, leaves2)
-    assert out2.dtype == torch.float32 and torch.isfinite(out2).all()
-    _check_leaf_grads(leaves2, grads2)
+    """Forward under autocast, backward after it (the AMP recipe): the fp32 value and gradients
+    (``AUTOCAST_TOL``; ``MODEL_AUTOCAST_TOL`` where the loss runs the user's model). Then forward and
+    backward both inside the autocast region: finite, in the leaves' dtypes. The checks are the
+    library's kit (``losses.testing``, property ``"autocast"``)."""
+    check_loss(name, properties=["autocast"])
 
 
 @pytest.mark.parametrize("fn_name", ["sparsemax", "entmax15", "entmax_bisect"])
@@ -343,25 +304,19 @@ def _with_infs(t: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("name", NAMES)
 def test_all_ignored_batch_with_infs_is_exact_zero(name):
     spec = BY_NAME[name]
-    args, kwargs = example(spec, case="ignored")
+    if spec.inputs[0] != "model":  # the kit's "all_ignored" property: plain and with +-inf inputs
+        check_loss(name, properties=["all_ignored"])
+        return
     for reduction in reductions_for(spec):
         if reduction == "none":
             continue
-        if spec.inputs[0] == "model":
-            # the functional form: the model's outputs would carry the infinities
-            x = _with_infs(torch.randn(6, 5, dtype=torch.float64))
-            xa = _with_infs(torch.randn(6, 5, dtype=torch.float64))
-            t = torch.full((6,), -100)
-            with losses.validation(False):
-                out = spec.function(x, xa, t, nu=1.0, reduction=reduction)
-            leaves = [x, xa]
-        else:
-            inf_args = tuple(_with_infs(a) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-                             for a in args)
-            module = build(spec, reduction=reduction)
-            with losses.validation(False):
-                out = call(module, inf_args, kwargs)
-            leaves = float_leaves(module, inf_args)
+        # the functional form: the model's outputs would carry the infinities
+        x = _with_infs(torch.randn(6, 5, dtype=torch.float64))
+        xa = _with_infs(torch.randn(6, 5, dtype=torch.float64))
+        t = torch.full((6,), -100)
+        with losses.validation(False):
+            out = spec.function(x, xa, t, nu=1.0, reduction=reduction)
+        leaves = [x, xa]
         assert out.shape == ()
         assert out.item() == 0.0, f"{reduction}: {out.item()}"
         assert out.grad_fn is not None, "graph-attached"

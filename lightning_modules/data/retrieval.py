@@ -248,7 +248,7 @@ class _TrainCollate:
         dm = self.dm
         rows = dm._split_queries["train"][torch.as_tensor(list(items), dtype=torch.long)]
         pos_lists = [dm._train_positives[int(q)] for q in rows]
-        # one labelled positive per query (the class id for "E" losses, the positive for "P")
+        # one labelled positive per query (the class id for "embeddings" losses, the positive for "pairs")
         label = torch.tensor([p[int(torch.randint(len(p), (1,), generator=self.generator))] for p in pos_lists],
                              dtype=torch.long)
         keys = sorted({d for p in pos_lists for d in p})
@@ -299,7 +299,7 @@ class RetrievalDataModule(BenchmarkDataModule):
         corpus_scope: ``"split"``: a split's corpus is the documents of its queries (stdlib
             default: held-out code is searched among held-out code); ``"all"``: every split
             searches all documents (chatterbot default). The training corpus (the classes of
-            "E" losses, ``num_classes``) follows the same rule.
+            "embeddings" losses, ``num_classes``) follows the same rule.
         batch_size: training queries per batch; the keys are the union of their positives
             (in-batch negatives) plus ``num_negatives`` documents drawn from the training corpus.
         seed: split and sampling seed.

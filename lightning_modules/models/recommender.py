@@ -3,16 +3,16 @@
 The loss is routed by its registry declaration (:func:`~lightning_modules.routing.loss_route`),
 never by its name:
 
-* ``"P"`` (PSL, sampled softmax, BPR): ``pos_scores (B,)`` = s(u, i⁺) and ``neg_scores (B, N)``
+* ``"pairs"`` (PSL, sampled softmax, BPR): ``pos_scores (B,)`` = s(u, i⁺) and ``neg_scores (B, N)``
   = s(u, i⁻) against the batch's sampled negatives (the ``"pairs"`` view with
   ``num_negatives > 0``; a pool shared by the batch comes with ``neg_mask``, handed to the
   loss). ``score="cosine"`` scores with cosines, as the PSL paper does.
-* ``"I"`` (full softmax = ``cross_entropy`` over items, or any logits loss): logits
+* ``"logits"`` (full softmax = ``cross_entropy`` over items, or any logits loss): logits
   ``logit_scale · s(u, every item)`` and the positive item as the class id.
-* ``"E"`` with a head (Partial FC, margin softmax, ...): the loss owns the item centres; it gets
+* ``"embeddings"`` with a head (Partial FC, margin softmax, ...): the loss owns the item centres; it gets
   the user embeddings and the positive item ids as class ids, and evaluation ranks items by the
   loss's ``.logits(user_embeddings)``. The model then has no item table of its own.
-* ``"S"`` (decoupled softmax, InfoNCE, soft top-k): with the ``"users"`` view (a user and all its
+* ``"scores"`` (decoupled softmax, InfoNCE, soft top-k): with the ``"users"`` view (a user and all its
   training items as positives) the scores are s(u, every item) with the multi-hot target; with
   the ``"pairs"`` view they are ``[s(u, i⁺), s(u, i⁻_1..N)]`` with the positive in column 0.
 
@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from losses import InputKind
+
 from ..base import BenchmarkModule
 from ..retrieval_metrics import candidates_from_scores, log_data_meta, recommendation_metrics
 from ..routing import loss_route
@@ -37,18 +39,22 @@ from ..base import clean_linked_hparams
 __all__ = ["Recommender"]
 
 SCORES = ("cosine", "dot")
+#: The input kinds a recommender routes (the loss must also train alone).
+_KINDS = (InputKind.PAIRS, InputKind.LOGITS, InputKind.SCORES, InputKind.EMBEDDINGS)
 
 
 class Recommender(BenchmarkModule):
     """Matrix factorisation ``s(u, i) = <p_u, q_i>`` (or their cosine) with a pluggable loss.
 
     Args:
-        loss: any loss module of kind ``P``, ``I``, ``S``, or ``E`` with a head (see the module
-            docstring); ``M`` and auxiliary losses are rejected.
+        loss: any loss module of kind ``"pairs"``, ``"logits"``, ``"scores"``, or
+            ``"embeddings"`` with a head (see the module docstring); ``"model"``, auxiliary and
+            head-less embedding losses are rejected
+            (:meth:`~lightning_modules.routing.LossRoute.require_main`).
         num_users, num_items: table sizes (linked from the DataModule by the CLI).
         embedding_dim: factor dimension (linked into a head-owning loss's ``embedding_dim``).
         score: ``"cosine"`` or ``"dot"``.
-        logit_scale: multiplies the scores handed to ``"I"`` losses (cosines need a scale for a
+        logit_scale: multiplies the scores handed to ``"logits"`` losses (cosines need a scale for a
             softmax, e.g. 10-20; leave 1 for dot scores).
         init_std: standard deviation of the normal initialisation of the tables.
         lr, weight_decay: AdamW.
@@ -75,11 +81,8 @@ class Recommender(BenchmarkModule):
             raise ValueError(f"Recommender: score must be one of {SCORES} (got {score!r})")
         self.loss = loss
         self.route = loss_route(loss)
-        if self.route.kind in ("M",) or self.route.auxiliary or (self.route.kind == "E" and not self.route.owns_head):
-            raise ValueError(
-                f"Recommender: loss {type(loss).__name__} (kind {self.route.kind!r}, auxiliary={self.route.auxiliary}) "
-                "cannot train a recommender on its own; use a P, I or S loss, or an E loss that owns a head"
-            )
+        self.route.require_main("Recommender", _KINDS, task="a recommender",
+                                hint="use a pairs, logits or scores loss, or an embeddings loss that owns a head")
         self.score = score
         self.logit_scale = float(logit_scale)
         self.user_embedding = nn.Embedding(num_users, embedding_dim)
@@ -91,8 +94,8 @@ class Recommender(BenchmarkModule):
         self.num_items = num_items
         self.val_metrics = recommendation_metrics().clone(prefix="val/")
         self.test_metrics = recommendation_metrics().clone(prefix="test/")
-        self._train_loss = {"P": self._pair_loss, "I": self._logits_loss, "S": self._scores_loss,
-                            "E": self._head_loss}[self.route.kind]
+        self._train_loss = {InputKind.PAIRS: self._pair_loss, InputKind.LOGITS: self._logits_loss,
+                            InputKind.SCORES: self._scores_loss, InputKind.EMBEDDINGS: self._head_loss}[self.route.kind]
         clean_linked_hparams(self)  # re-instantiable hparams after the CLI's size links
 
     # -- scoring ------------------------------------------------------------------------------

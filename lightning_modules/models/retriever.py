@@ -6,13 +6,13 @@ frozen encoder (zero-shot). Training batches come from
 their positives, i.e. in-batch negatives, plus any sampled negatives) and a ``(B, K)`` positive
 mask. The loss is routed by its registry declaration (never by name):
 
-* ``"S"`` (decoupled softmax, InfoNCE, soft top-k): ``loss(query, keys, target)`` when the
-  module's ``forward`` takes three tensors (the docs/losses/decoupled_softmax.md modules, which score with
-  ``losses.in_batch_scores`` and can all-gather keys), else ``loss(query @ keys.T, target)``.
-* ``"P"`` (PSL, sampled softmax, BPR): the labelled positive's score against every other key
+* ``"scores"`` (decoupled softmax, InfoNCE, soft top-k): ``loss(query, keys, target)`` when the
+  registry entry declares ``query_keys`` (the docs/losses/decoupled_softmax.md modules, which score
+  with ``losses.in_batch_scores`` and can all-gather keys), else ``loss(query @ keys.T, target)``.
+* ``"pairs"`` (PSL, sampled softmax, BPR): the labelled positive's score against every other key
   of the row that is not a positive (``neg_mask``).
-* ``"I"``: ``logit_scale · query @ keys.T`` with the labelled positive's column as the class.
-* ``"E"`` with a head (NBC-softmax, ...): queries and keys are embedded together and labelled
+* ``"logits"``: ``logit_scale · query @ keys.T`` with the labelled positive's column as the class.
+* ``"embeddings"`` with a head (NBC-softmax, ...): queries and keys are embedded together and labelled
   with their training-corpus document id (a query with its labelled positive), so each
   training document is a class of the head.
 
@@ -24,12 +24,13 @@ R@10, MRR@10 and nDCG@10 (every positive counts; :mod:`lightning_modules.retriev
 
 from __future__ import annotations
 
-import inspect
 from typing import Dict, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from losses import InputKind
 
 from ..base import BenchmarkModule
 from ..retrieval_metrics import FaissIndex, candidates_from_search, log_data_meta, retrieval_metrics
@@ -38,14 +39,8 @@ from ..base import clean_linked_hparams
 
 __all__ = ["DualEncoderRetriever"]
 
-
-def _takes_three_tensors(loss: nn.Module) -> bool:
-    try:
-        params = list(inspect.signature(loss.forward).parameters.values())
-    except (TypeError, ValueError):  # pragma: no cover - builtins
-        return False
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 3 or any(p.kind == p.VAR_POSITIONAL for p in params)
+#: The input kinds the retriever routes (the loss must also train alone).
+_KINDS = (InputKind.SCORES, InputKind.PAIRS, InputKind.LOGITS, InputKind.EMBEDDINGS)
 
 
 def _identity_linear(input_dim: int, output_dim: int) -> nn.Linear:
@@ -60,7 +55,8 @@ class DualEncoderRetriever(BenchmarkModule):
     """Query and document towers over precomputed text embeddings.
 
     Args:
-        loss: a loss of kind ``S``, ``P``, ``I``, or ``E`` with a head (see the module docstring).
+        loss: a loss of kind ``"scores"``, ``"pairs"``, ``"logits"``, or ``"embeddings"`` with a
+            head (see the module docstring).
         input_dim: width of the cached embeddings (linked from the DataModule: 384).
         embedding_dim: output width of the towers (linked into a head-owning loss's
             ``embedding_dim``); equal to ``input_dim`` gives an exact identity initialisation,
@@ -68,7 +64,7 @@ class DualEncoderRetriever(BenchmarkModule):
         shared_towers: one tower for queries and documents.
         normalize: L2-normalise the tower outputs before the loss (cosine scores); evaluation
             always searches with cosines.
-        logit_scale: multiplies the scores handed to ``"I"`` losses.
+        logit_scale: multiplies the scores handed to ``"logits"`` losses.
         lr, weight_decay: AdamW.
     """
 
@@ -90,19 +86,15 @@ class DualEncoderRetriever(BenchmarkModule):
                              f"{embedding_dim}); input_dim is linked from the DataModule by the CLI")
         self.loss = loss
         self.route = loss_route(loss)
-        if self.route.kind == "M" or self.route.auxiliary or (self.route.kind == "E" and not self.route.owns_head):
-            raise ValueError(
-                f"DualEncoderRetriever: loss {type(loss).__name__} (kind {self.route.kind!r}, auxiliary="
-                f"{self.route.auxiliary}) cannot train the towers on its own; use an S, P or I loss, or an E loss "
-                "that owns a head"
-            )
+        self.route.require_main("DualEncoderRetriever", _KINDS, task="the towers",
+                                hint="use a scores, pairs or logits loss, or an embeddings loss that owns a head")
         self.normalize = bool(normalize)
         self.logit_scale = float(logit_scale)
         self.query_tower = _identity_linear(input_dim, embedding_dim)
         self.doc_tower = self.query_tower if shared_towers else _identity_linear(input_dim, embedding_dim)
-        self._three_tensor_loss = _takes_three_tensors(loss)
-        self._train_loss = {"S": self._scores_loss, "P": self._pair_loss, "I": self._logits_loss,
-                            "E": self._head_loss}[self.route.kind]
+        self._three_tensor_loss = self.route.query_keys  # the route says what forward takes
+        self._train_loss = {InputKind.SCORES: self._scores_loss, InputKind.PAIRS: self._pair_loss,
+                            InputKind.LOGITS: self._logits_loss, InputKind.EMBEDDINGS: self._head_loss}[self.route.kind]
         self.val_metrics = retrieval_metrics().clone(prefix="val/")
         self.test_metrics = retrieval_metrics().clone(prefix="test/")
         self.eval_k = 10

@@ -16,6 +16,8 @@ from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassCalibrationError
 from torchmetrics.segmentation import DiceScore
 
+from losses import InputKind
+
 from ..base import BenchmarkModule, clean_linked_hparams
 from ..metrics import (
     FeatureCosine,
@@ -82,19 +84,20 @@ class VisionClassifier(BenchmarkModule):
 
     Args:
         loss: the loss module (``class_path`` / ``init_args`` in YAML). Routed by its registry
-            kind: ``"I"`` gets the head's logits and the target; ``"E"`` with a head
-            (``owns_head``: WCDAS, NBC-softmax, margin / cosine softmax, Partial FC) gets the
+            kind: ``"logits"`` gets the head's logits and the target; ``"embeddings"`` with a
+            head (``owns_head``: WCDAS, NBC-softmax, margin / cosine softmax, Partial FC) gets the
             features, and its ``.logits(features)`` are the evaluation logits (the model then has
-            no head of its own); ``"M"`` (adversarial comp-sum) gets ``(model, images, target)``
-            with ``model`` mapping images to logits. ``"S"`` / ``"P"`` kinds and auxiliary losses
-            as the main loss raise ``ValueError``.
+            no head of its own); ``"model"`` (adversarial comp-sum) gets ``(model, images, target)``
+            with ``model`` mapping images to logits. ``"scores"`` / ``"pairs"`` kinds, auxiliary
+            losses and head-less embedding losses as the main loss raise ``ValueError``
+            (:meth:`~lightning_modules.routing.LossRoute.require_main`).
         backbone: any timm model name, built with ``pretrained=False`` (no download),
             ``in_chans`` and ``num_classes=0`` (pooled features), plus ``backbone_kwargs``.
         num_classes / in_chans: linked from the DataModule by the CLI.
         embedding_dim: width of the linear feature projection after the backbone (the
             embeddings; linked into a head-owning loss's ``embedding_dim``).
         aux_loss / aux_weight: an auxiliary loss (OPL) added as ``loss + aux_weight * aux_loss``;
-            routed by its own kind (``"E"``: features, ``"I"``: logits).
+            routed by its own kind (``"embeddings"``: features, ``"logits"``: logits).
         lr / weight_decay: AdamW.
         robust_eval: compute robust accuracy under PGD in validation and test (``pgd_steps``
             steps of ``pgd_step_size`` within the l-inf ball ``pgd_epsilon``, random start from
@@ -121,7 +124,7 @@ class VisionClassifier(BenchmarkModule):
             :func:`~lightning_modules.models.pretrained.load_pretrained_file`. Rebuilding the model from a checkpoint reads the file
             again (then overwritten by the checkpoint's weights), so it must still exist.
 
-    Embedding losses (kind ``"E"``, main or auxiliary) receive class ids; soft targets are
+    Embedding losses (kind ``"embeddings"``, main or auxiliary) receive class ids; soft targets are
     reduced to their argmax for them, and for every metric. Logits losses get the target as given.
 
     Metrics (``<stage>/<name>``): ``loss`` (total; also ``main_loss``/``aux_loss`` with an
@@ -180,21 +183,15 @@ class VisionClassifier(BenchmarkModule):
         if not isinstance(loss, nn.Module):
             raise TypeError(f"{cls}: loss must be an nn.Module (got {type(loss).__name__}); pass e.g. losses.CrossEntropyLoss()")
         self.route: LossRoute = loss_route(loss)
-        if self.route.kind not in ("I", "E", "M"):
-            raise ValueError(f"{cls}: loss takes inputs of kind {self.route.kind!r} "
-                             f"(got {type(loss).__name__}); a classifier routes logits (I), embeddings (E) or "
-                             "the model (M) losses only")
-        if self.route.auxiliary:
-            raise ValueError(f"{cls}: {type(loss).__name__} is an auxiliary loss (got it as loss); pass it as "
-                             "aux_loss with a main loss such as losses.CrossEntropyLoss()")
-        if self.route.kind == "E" and not self.route.owns_head:
-            raise ValueError(f"{cls}: embedding loss {type(loss).__name__} owns no head (got it as loss); "
-                             "a classifier needs logits: pass it as aux_loss")
+        self.route.require_main(cls, (InputKind.LOGITS, InputKind.EMBEDDINGS, InputKind.MODEL), task="a classifier",
+                                hint="a classifier routes logits, embeddings (with a head) or model losses; pass "
+                                     "an auxiliary or head-less embedding loss as aux_loss next to a main loss "
+                                     "such as losses.CrossEntropyLoss()")
         self.aux_route: Optional[LossRoute] = None
         if aux_loss is not None:
             self.aux_route = loss_route(aux_loss)
-            if self.aux_route.kind not in ("I", "E"):
-                raise ValueError(f"{cls}: aux_loss must take logits (I) or embeddings (E) "
+            if self.aux_route.kind not in (InputKind.LOGITS, InputKind.EMBEDDINGS):
+                raise ValueError(f"{cls}: aux_loss must take logits or embeddings "
                                  f"(got kind {self.aux_route.kind!r} for {type(aux_loss).__name__}); "
                                  "use an auxiliary feature loss such as losses.OrthogonalProjectionLoss()")
         self.num_classes = num_classes
@@ -325,7 +322,7 @@ class VisionClassifier(BenchmarkModule):
     def _losses(self, x: Tensor, target: Tensor):
         """``(main, aux or None, features, logits)`` for a batch, by the losses' routes."""
         ids = _hard_target(target)
-        if self.route.kind == "M":
+        if self.route.kind == InputKind.MODEL:
             main = self.loss(self.net, x, target)
             if self.aux_loss is not None:  # the auxiliary loss needs features with a graph
                 features = self.net.features(x)
@@ -345,7 +342,10 @@ class VisionClassifier(BenchmarkModule):
                 main = self.loss(logits, target)
         aux = None
         if self.aux_loss is not None:
-            aux = self.aux_loss(features, ids) if self.aux_route.kind == "E" else self.aux_loss(logits, target)
+            if self.aux_route.kind == InputKind.EMBEDDINGS:
+                aux = self.aux_loss(features, ids)
+            else:
+                aux = self.aux_loss(logits, target)
         return main, aux, features, logits
 
     def _log_losses(self, stage: str, main: Tensor, aux: Optional[Tensor], n: int) -> Tensor:
@@ -369,7 +369,7 @@ class VisionClassifier(BenchmarkModule):
     def _eval_step(self, stage: str, batch, batch_idx: int) -> None:
         x, target = batch
         ids = _hard_target(target)
-        if self.route.kind == "M":  # the loss runs its own attack: needs autograd
+        if self.route.kind == InputKind.MODEL:  # the loss runs its own attack: needs autograd
             with torch.inference_mode(False), torch.enable_grad():
                 main, aux, features, logits = self._losses(x.clone(), target.clone())
                 main, features, logits = main.detach(), features.detach(), logits.detach()
@@ -449,7 +449,7 @@ class VisionSegmenter(BenchmarkModule):
     convolution head and bilinear upsampling to ``(N, num_classes, H, W)`` logits.
 
     Args:
-        loss: a logits loss (kind ``"I"``; Dice semimetric, soft Dice, cross-entropy, ...) taking
+        loss: a logits loss (kind ``"logits"``; Dice semimetric, soft Dice, cross-entropy, ...) taking
             ``(N, C, H, W)`` logits and ``(N, H, W)`` ids or ``(N, C, H, W)`` soft labels.
         backbone: timm model name (``pretrained=False``, ``features_only=True``).
         feature_index: which feature level feeds the head (timm ``out_indices``; 1 = stride 4,
@@ -493,8 +493,8 @@ class VisionSegmenter(BenchmarkModule):
         if not isinstance(loss, nn.Module):
             raise TypeError(f"{cls}: loss must be an nn.Module (got {type(loss).__name__}); pass e.g. losses.SoftDiceLoss()")
         self.route = loss_route(loss)
-        if self.route.kind != "I" or self.route.auxiliary or self.route.owns_head:
-            raise ValueError(f"{cls}: the segmenter routes dense logits losses (kind 'I') only "
+        if self.route.kind != InputKind.LOGITS or self.route.auxiliary or self.route.owns_head:
+            raise ValueError(f"{cls}: the segmenter routes dense logits losses (kind 'logits') only "
                              f"(got kind {self.route.kind!r} for {type(loss).__name__}); use a Dice / Jaccard / "
                              "cross-entropy loss")
         timm = _timm()

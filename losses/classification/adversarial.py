@@ -347,7 +347,7 @@ register(
     "adversarial_comp_sum",
     function=adversarial_comp_sum_loss,
     module=AdversarialCompSumLoss,
-    inputs="M",
+    inputs="model",
     unit="row",
     unit_weights=id_unit_weights,
     arxiv="2304.07288",

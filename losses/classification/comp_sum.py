@@ -177,7 +177,7 @@ register(
     "comp_sum",
     function=comp_sum_loss,
     module=CompSumLoss,
-    inputs="I",
+    inputs="logits",
     unit="position",
     unit_weights=position_unit_weights,
     arxiv="2304.07288",

@@ -559,7 +559,7 @@ for _name, _fn, _module, _kind, _arxiv, _paper in (
         _name,
         function=_fn,
         module=_module,
-        inputs="I",
+        inputs="logits",
         unit="class",
         unit_weights=_unit_weights_for(_fn.__name__, _kind),
         arxiv=_arxiv,

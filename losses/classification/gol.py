@@ -544,7 +544,7 @@ register(
     "gol",
     function=gumbel_bce_loss,
     module=GumbelBCELoss,
-    inputs="I",
+    inputs="logits",
     unit="element",
     unit_weights=_element_unit_weights,
     arxiv="2207.10936",

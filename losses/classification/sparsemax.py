@@ -629,12 +629,12 @@ _SPARSEMAX_PAPER = ("A. F. T. Martins, R. F. Astudillo, From Softmax to Sparsema
                     "and Multi-Label Classification, ICML 2016")
 _ENTMAX_PAPER = "B. Peters, V. Niculae, A. F. T. Martins, Sparse Sequence-to-Sequence Models, ACL 2019"
 
-register("sparsemax", function=sparsemax_loss, module=SparsemaxLoss, inputs="I", unit="position",
+register("sparsemax", function=sparsemax_loss, module=SparsemaxLoss, inputs="logits", unit="position",
          unit_weights=position_unit_weights, arxiv="1602.02068", paper=_SPARSEMAX_PAPER,
          example_inputs=_example_inputs)
-register("entmax15", function=entmax15_loss, module=Entmax15Loss, inputs="I", unit="position",
+register("entmax15", function=entmax15_loss, module=Entmax15Loss, inputs="logits", unit="position",
          unit_weights=position_unit_weights, arxiv="1905.05702", paper=_ENTMAX_PAPER,
          example_inputs=_example_inputs)
-register("entmax_bisect", function=entmax_bisect_loss, module=EntmaxBisectLoss, inputs="I", unit="position",
+register("entmax_bisect", function=entmax_bisect_loss, module=EntmaxBisectLoss, inputs="logits", unit="position",
          unit_weights=position_unit_weights, arxiv="1905.05702", paper=_ENTMAX_PAPER,
          example_inputs=_example_inputs)

@@ -312,7 +312,7 @@ register(
     "linear_cross_entropy",
     function=linear_cross_entropy,
     module=LinearCrossEntropyLoss,
-    inputs="E",
+    inputs="embeddings",
     unit="row",
     unit_weights=id_unit_weights,
     arxiv="2411.09009",

@@ -322,7 +322,7 @@ register(
     "nbc_softmax",
     function=nbc_softmax_loss,
     module=NBCSoftmaxLoss,
-    inputs="E",
+    inputs="embeddings",
     unit="batch",
     unit_weights=None,
     arxiv="2212.08184",

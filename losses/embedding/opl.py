@@ -224,7 +224,7 @@ register(
     "opl",
     function=opl_loss,
     module=OrthogonalProjectionLoss,
-    inputs="E",
+    inputs="embeddings",
     unit="batch",
     unit_weights=None,
     arxiv="2103.14021",

@@ -500,7 +500,7 @@ register(
     "partial_fc",
     function=partial_fc_loss,
     module=PartialFCLoss,
-    inputs="E",
+    inputs="embeddings",
     unit="row",
     unit_weights=id_unit_weights,
     arxiv="2010.05222",

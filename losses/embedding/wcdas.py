@@ -271,7 +271,7 @@ register(
     "wcdas",
     function=wcdas_loss,
     module=WCDASLoss,
-    inputs="E",
+    inputs="embeddings",
     unit="row",
     unit_weights=id_unit_weights,
     arxiv="2305.18732",

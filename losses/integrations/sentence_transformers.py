@@ -109,7 +109,7 @@ def in_batch_candidates(embeddings: Sequence[Tensor], num_positives: int = 1):
 
 
 class InBatchRankingLoss(nn.Module):
-    """A library ranking loss (kind ``"S"``: InfoNCE, decoupled softmax, soft top-k) over in-batch
+    """A library ranking loss (kind ``"scores"``: InfoNCE, decoupled softmax, soft top-k) over in-batch
     candidates, as a sentence-transformers loss. See the module docstring for columns, scores,
     false negatives and distribution.
 

@@ -955,7 +955,8 @@ register(
     "decoupled_softmax",
     function=decoupled_softmax_loss,
     module=DecoupledSoftmaxLoss,
-    inputs="S",
+    inputs="scores",
+    query_keys=True,  # forward(query, keys, target) scores in-batch too
     unit="row",
     unit_weights=_row_unit_weights,
     arxiv="2310.10636",
@@ -966,7 +967,8 @@ register(
     "infonce",
     function=infonce_loss,
     module=InfoNCELoss,
-    inputs="S",
+    inputs="scores",
+    query_keys=True,  # forward(query, keys, target) scores in-batch too
     unit="row",
     unit_weights=_row_unit_weights,
     arxiv="1807.03748",
@@ -977,7 +979,8 @@ register(
     "soft_topk",
     function=soft_topk_loss,
     module=SoftTopKLoss,
-    inputs="S",
+    inputs="scores",
+    query_keys=True,  # forward(query, keys, target) scores in-batch too
     unit="row",
     unit_weights=_row_unit_weights,
     arxiv="2310.10636",

@@ -150,19 +150,12 @@ def test_scores_route_in_batch(loss):
     torch.testing.assert_close(m._train_loss(b, q, k), expected)
 
 
-def test_three_tensor_detection():
-    from lightning_modules.models.retriever import _takes_three_tensors
+def test_query_keys_form_comes_from_the_route():
+    """The registry entry, not forward's signature, says whether a scores loss takes (query, keys, target)."""
+    from lightning_modules.routing import loss_route
 
-    class Two(torch.nn.Module):
-        def forward(self, scores, target):
-            return scores
-
-    class Var(torch.nn.Module):
-        def forward(self, *args):
-            return args[0]
-
-    assert not _takes_three_tensors(Two()) and _takes_three_tensors(Var())
-    assert _takes_three_tensors(losses.InfoNCELoss()) and not _takes_three_tensors(losses.BPRLoss())
+    assert loss_route(losses.InfoNCELoss()).query_keys and _model(losses.InfoNCELoss())._three_tensor_loss
+    assert not loss_route(losses.BPRLoss()).query_keys and not _model(losses.BPRLoss())._three_tensor_loss
 
 
 def test_pair_route_masks_other_positives():

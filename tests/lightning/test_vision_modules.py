@@ -115,8 +115,8 @@ def test_auxiliary_feature_loss_is_added_with_its_weight():
     "make, err, match",
     [
         (lambda: losses.OrthogonalProjectionLoss(), ValueError, "auxiliary loss"),
-        (lambda: losses.InfoNCELoss(), ValueError, "kind 'S'"),
-        (lambda: losses.BPRLoss(), ValueError, "kind 'P'"),
+        (lambda: losses.InfoNCELoss(), ValueError, "kind 'scores'"),
+        (lambda: losses.BPRLoss(), ValueError, "kind 'pairs'"),
         (lambda: "cross_entropy", TypeError, "must be an nn.Module"),
     ],
 )
