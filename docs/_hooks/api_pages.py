@@ -101,8 +101,12 @@ def losses_page() -> str:
         if not present:
             continue
         parts.append(f"## `{pkg}`\n")
+        subs = _submodules(pkg)
+        if not subs:  # a plain module (losses.testing): its public members right here
+            parts.append(_directive(pkg, 3, "      filters: public\n"))
+            continue
         parts.append(_directive(pkg, 3, "      members: false\n"))
-        for sub in _submodules(pkg):  # one section per public sub-module (its classes and functions)
+        for sub in subs:  # one section per public sub-module (its classes and functions)
             parts.append(_directive(sub, 3, "      filters: public\n      show_root_full_path: true\n"))
     return "\n".join(parts)
 
