@@ -91,6 +91,9 @@ class Recommender(BenchmarkModule):
         item_bias_init: its initial value (GOL's configs start at -2).
         extra_metrics: further evaluation metrics (module docstring), e.g.
             ``["recall@1", "recall@5", "recall@10", "rare_recall@20"]``.
+        init_seed: when set, the user and item tables (and the item bias) are initialised from
+            ``torch.manual_seed(init_seed)`` (the global RNG is restored afterwards), so arms of a
+            paired comparison start from the same tables whatever the loss.
         lr, weight_decay: AdamW.
     """
 
@@ -108,6 +111,7 @@ class Recommender(BenchmarkModule):
         item_bias: bool = False,
         item_bias_init: float = 0.0,
         extra_metrics: Optional[List[str]] = None,
+        init_seed: Optional[int] = None,
     ) -> None:
         super().__init__(lr=lr, weight_decay=weight_decay)
         self.save_hyperparameters()
@@ -125,12 +129,15 @@ class Recommender(BenchmarkModule):
             )
         self.score = score
         self.logit_scale = float(logit_scale)
-        self.user_embedding = nn.Embedding(num_users, embedding_dim)
-        nn.init.normal_(self.user_embedding.weight, std=init_std)
-        # a head-owning loss holds the item centres itself
-        self.item_embedding = None if self.route.owns_head else nn.Embedding(num_items, embedding_dim)
-        if self.item_embedding is not None:
-            nn.init.normal_(self.item_embedding.weight, std=init_std)
+        with torch.random.fork_rng(devices=[], enabled=init_seed is not None):
+            if init_seed is not None:  # the same start for every loss (paired comparisons)
+                torch.manual_seed(int(init_seed))
+            self.user_embedding = nn.Embedding(num_users, embedding_dim)
+            nn.init.normal_(self.user_embedding.weight, std=init_std)
+            # a head-owning loss holds the item centres itself
+            self.item_embedding = None if self.route.owns_head else nn.Embedding(num_items, embedding_dim)
+            if self.item_embedding is not None:
+                nn.init.normal_(self.item_embedding.weight, std=init_std)
         self.num_items = num_items
         if item_bias and self.route.owns_head:
             raise ValueError("Recommender: item_bias needs the model's own item table (this loss owns the head)")
