@@ -292,10 +292,12 @@ class _PairCollate:
         elif self.num_negatives > 0:
             n = min(self.num_negatives, self.split.num_items)
             neg = torch.randperm(self.split.num_items, generator=self.generator)[:n]
-            if self.false_negatives > 0:  # the shared pool becomes one row per pair
-                neg = self._inject_false_negatives(users, neg[None, :].expand(users.numel(), n))
+            if self.false_negatives > 0:  # the pool stays shared; replaced slots are listed per pair
+                pool = neg[None, :].expand(users.numel(), n)
+                effective = self._inject_false_negatives(users, pool)
                 batch["neg_items"] = neg
-                batch["neg_mask"] = ~self.split.train_mask[users[:, None], neg]
+                batch["neg_replace"] = torch.where(effective != pool, effective, torch.full_like(pool, -1))
+                batch["neg_mask"] = ~self.split.train_mask[users[:, None], effective]
             else:
                 batch["neg_items"] = neg
                 batch["neg_mask"] = ~self.split.train_mask[users[:, None], neg[None, :]]
@@ -361,7 +363,9 @@ class MovieLensDataModule(BenchmarkDataModule):
             (``neg_items (B, N)``); ``"batch"``: one pool of ``num_negatives`` distinct items is
             drawn per batch and shared by all its pairs (``neg_items (N,)``), with
             ``neg_mask (B, N)`` False where a pool item is one of the user's training items
-            (the cheap choice for hundreds of negatives).
+            (the cheap choice for hundreds of negatives). With ``false_negatives`` the batch also
+            holds ``neg_replace (B, N)``: the item that replaces pool slot ``j`` for pair ``b``
+            (-1 = the pool item itself).
         batch_size, eval_batch_size: training / evaluation batch sizes.
         seed: shuffling and negative-sampling seed.
 

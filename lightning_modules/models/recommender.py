@@ -6,7 +6,8 @@ never by its name:
 * ``"P"`` (PSL, sampled softmax, BPR): ``pos_scores (B,)`` = s(u, i⁺) and ``neg_scores (B, N)``
   = s(u, i⁻) against the batch's sampled negatives (the ``"pairs"`` view with
   ``num_negatives > 0``; a pool shared by the batch comes with ``neg_mask``, handed to the
-  loss). ``score="cosine"`` scores with cosines, as the PSL paper does.
+  loss, and optionally ``neg_replace (B, N)``: per-pair items that replace pool slots, scored
+  for those slots only). ``score="cosine"`` scores with cosines, as the PSL paper does.
 * ``"I"`` (full softmax = ``cross_entropy`` over items, or any logits loss): logits
   ``logit_scale · s(u, every item)`` and the positive item as the class id.
 * ``"E"`` with a head (Partial FC, margin softmax, ...): the loss owns the item centres; it gets
@@ -189,6 +190,11 @@ class Recommender(BenchmarkModule):
         pos = (u * self._prep(self.item_embedding(items))).sum(-1)
         if neg.dim() == 1:  # one pool shared by the batch (negative_sharing="batch")
             negs = u @ self._prep(self.item_embedding(neg)).T
+            replace = batch.get("neg_replace")
+            if replace is not None:  # per-pair replacements of pool slots (false negatives)
+                r, c = torch.nonzero(replace >= 0, as_tuple=True)
+                vals = (u[r] * self._prep(self.item_embedding(replace[r, c]))).sum(-1)
+                negs = negs.index_put((r, c), vals)
         else:
             negs = torch.einsum("bd,bnd->bn", u, self._prep(self.item_embedding(neg)))
         return pos, negs

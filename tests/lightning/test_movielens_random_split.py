@@ -179,17 +179,26 @@ def test_false_negatives_are_the_users_test_items_at_the_declared_share(split, s
     clean = _PairCollate(split, 64, seed=3, negative_sharing=sharing)(rows)
     noisy = _PairCollate(split, 64, seed=3, negative_sharing=sharing, false_negatives=0.2)(rows)
     users = noisy["user"]
+    if sharing == "batch":  # the pool stays shared; the replaced slots come per pair
+        assert noisy["neg_items"].shape == (64,) and torch.equal(noisy["neg_items"], clean["neg_items"])
+        pool = noisy["neg_items"][None, :].expand(len(rows), -1)
+        effective = torch.where(noisy["neg_replace"] >= 0, noisy["neg_replace"], pool)
+    else:
+        effective = noisy["neg_items"]
     base = _test_item_share(split, users, clean["neg_items"].expand(len(rows), -1))
-    share = _test_item_share(split, users, noisy["neg_items"])
+    share = _test_item_share(split, users, effective)
     assert base < 0.02  # uniform draws rarely hit a test item
     # each negative is a test item with probability 0.2 + 0.8 * base (about 128,000 draws: sd 0.0011)
     assert len(rows) == 1_999
     assert share == pytest.approx(0.2 + 0.8 * base, abs=0.006)
-    assert noisy["neg_items"].shape == (len(rows), 64)
+    assert effective.shape == (len(rows), 64)
+    replaced = effective != clean["neg_items"].expand(len(rows), -1) if sharing == "batch" else None
     # per-pair draws never hit a training item of the user; the shared pool's mask follows the replaced items
     if sharing == "row":
-        assert not split.train_mask[users[:, None], noisy["neg_items"]].any()
+        assert not split.train_mask[users[:, None], effective].any()
     else:
-        assert torch.equal(noisy["neg_mask"], ~split.train_mask[users[:, None], noisy["neg_items"]])
+        assert torch.equal(noisy["neg_mask"], ~split.train_mask[users[:, None], effective])
+        # every replacement is one of the pair's user's test items
+        assert bool(split.test_mask[users[:, None].expand_as(effective)[replaced], effective[replaced]].all())
     again = _PairCollate(split, 64, seed=3, negative_sharing=sharing, false_negatives=0.2)(rows)
     assert torch.equal(again["neg_items"], noisy["neg_items"])

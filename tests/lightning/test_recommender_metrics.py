@@ -145,3 +145,21 @@ def test_partial_fc_logs_the_classes_each_step_saw_through_the_cli(tmp_path):
     assert metrics["train/positive_classes"] == pytest.approx(np.mean(positives))
     assert metrics["train/softmax_classes"] == pytest.approx(np.mean([max(p, 168) for p in positives]))
     assert metrics["train/softmax_classes"] > metrics["train/positive_classes"]  # 128 pairs < 168: sampling
+
+
+def test_replaced_pool_slots_are_scored_with_the_replacing_item():
+    torch.manual_seed(0)
+    m = Recommender(losses.PSLLoss(), num_users=U, num_items=I, embedding_dim=8, score="cosine")
+    users, items = torch.tensor([0, 1, 2]), torch.tensor([3, 4, 5])
+    pool = torch.tensor([7, 8, 9, 10])
+    replace = torch.full((3, 4), -1)
+    replace[0, 1], replace[2, 3] = 20, 21
+    pos, neg = m._pos_neg({"user": users, "item": items, "neg_items": pool, "neg_replace": replace})
+    u = torch.nn.functional.normalize(m.user_embedding.weight, dim=1)
+    q = torch.nn.functional.normalize(m.item_embedding.weight, dim=1)
+    effective = torch.where(replace >= 0, replace, pool[None, :].expand(3, 4))
+    hand = torch.stack([torch.stack([u[b] @ q[effective[b, j]] for j in range(4)]) for b in range(3)])
+    assert torch.allclose(neg, hand, atol=1e-6)
+    assert torch.allclose(pos, (u[users] * q[items]).sum(1), atol=1e-6)
+    neg.sum().backward()
+    assert m.item_embedding.weight.grad[20].abs().sum() > 0 and m.item_embedding.weight.grad[8].abs().sum() > 0
