@@ -3,7 +3,9 @@ evaluation, statistics, reports) and its markdown agrees with its CSV; the model
 report's statistics are checked on hand-made runs against independent computations.
 
 The quick run trains the OPL claim (CE + OPL vs CE on MNIST-5k low-data) for 2 batches per arm through
-the real CLI in fresh processes: one tuning run and one evaluation run per arm. Its numbers are
+the real CLI in fresh processes: one tuning run and one evaluation run per arm; a second quick run does
+the same for one recommendation claim (Partial FC on ML-100k, with the classes-seen columns) and one
+retrieval claim (decoupled softmax vs InfoNCE on chatterbot). Its numbers are
 meaningless; what is checked is the wiring and that every number in the markdown is computed from
 the CSV.
 """
@@ -235,6 +237,7 @@ def quick_rec_ret(tmp_path_factory):
     return out, code
 
 
+@pytest.mark.slow
 def test_quick_recommendation_and_retrieval_claims_end_to_end(quick_rec_ret):
     out, code = quick_rec_ret
     assert code == 0, (out / "recommendation_runs.csv").read_text()
