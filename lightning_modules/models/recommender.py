@@ -6,8 +6,7 @@ never by its name:
 * ``"P"`` (PSL, sampled softmax, BPR): ``pos_scores (B,)`` = s(u, i⁺) and ``neg_scores (B, N)``
   = s(u, i⁻) against the batch's sampled negatives (the ``"pairs"`` view with
   ``num_negatives > 0``; a pool shared by the batch comes with ``neg_mask``, handed to the
-  loss, and optionally ``neg_replace (B, N)``: per-pair items that replace pool slots, scored
-  for those slots only). ``score="cosine"`` scores with cosines, as the PSL paper does.
+  loss). ``score="cosine"`` scores with cosines, as the PSL paper does.
 * ``"I"`` (full softmax = ``cross_entropy`` over items, or any logits loss): logits
   ``logit_scale · s(u, every item)`` and the positive item as the class id.
 * ``"E"`` with a head (Partial FC, margin softmax, ...): the loss owns the item centres; it gets
@@ -29,6 +28,9 @@ the rarest half of the items by training popularity) or ``debiased_recall@20`` (
 popularity-debiased test set). A view's metrics average over the users with at least one of its
 positives and are logged only for the splits whose batches carry the view.
 
+A shared pool may come with ``neg_replace (B, N)``: per-pair items that replace pool slots (the
+false-negative stress setting), scored for those slots only.
+
 A loss that records its sampled classes (``.last_index``, Partial FC) gets two training metrics
 per epoch: ``train/softmax_classes`` (classes in the step's softmax, mean over steps) and
 ``train/positive_classes`` (distinct positive items of the step's batch): the rest were sampled.
@@ -42,37 +44,17 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchmetrics import MetricCollection
-from torchmetrics.retrieval import RetrievalHitRate, RetrievalNormalizedDCG, RetrievalRecall
 
 from ..base import BenchmarkModule
 from ..retrieval_metrics import candidates_from_scores, log_data_meta, recommendation_metrics
 from ..routing import loss_route
 from ..base import clean_linked_hparams
+from torchmetrics import MetricCollection
+from torchmetrics.retrieval import RetrievalHitRate, RetrievalNormalizedDCG, RetrievalRecall
 
 __all__ = ["Recommender"]
 
 SCORES = ("cosine", "dot")
-VIEWS = ("rare", "debiased")
-_METRIC = re.compile(r"^(?:(?P<view>[a-z]+)_)?(?P<name>recall|ndcg|hr)@(?P<k>[0-9]+)$")
-_KINDS = {"recall": RetrievalRecall, "ndcg": RetrievalNormalizedDCG, "hr": RetrievalHitRate}
-
-
-def parse_extra_metrics(names: Sequence[str]) -> Dict[str, List[Tuple[str, str, int]]]:
-    """``{view ("" = the plain split): [(logged name, kind, k), ...]}`` for ``extra_metrics``."""
-    out: Dict[str, List[Tuple[str, str, int]]] = {}
-    for n in names:
-        m = _METRIC.match(str(n))
-        if m is None or not 1 <= int(m["k"]) <= 100 or (m["view"] or "") not in ("",) + VIEWS:
-            raise ValueError(f"Recommender: extra metric {n!r} is not <view>_<recall|ndcg|hr>@<k> with k in "
-                             f"[1, 100] and view one of {VIEWS} (or none), e.g. 'recall@5', 'rare_recall@20'")
-        out.setdefault(m["view"] or "", []).append((str(n), m["name"], int(m["k"])))
-    return out
-
-
-def _collection(items: Sequence[Tuple[str, str, int]], skip_empty: bool) -> MetricCollection:
-    kw = {"empty_target_action": "skip"} if skip_empty else {}
-    return MetricCollection({name: _KINDS[kind](top_k=k, **kw) for name, kind, k in items})
 
 
 class Recommender(BenchmarkModule):
@@ -143,8 +125,6 @@ class Recommender(BenchmarkModule):
         if item_bias and self.route.owns_head:
             raise ValueError("Recommender: item_bias needs the model's own item table (this loss owns the head)")
         self.item_bias = nn.Parameter(torch.full((num_items,), float(item_bias_init))) if item_bias else None
-        self.val_metrics = recommendation_metrics().clone(prefix="val/")
-        self.test_metrics = recommendation_metrics().clone(prefix="test/")
         extra = parse_extra_metrics(list(extra_metrics or []))
         self._extra_k = max([20] + [k for items in extra.values() for _, _, k in items])
         # view "" = the plain split; a view's users without positives are skipped
@@ -152,6 +132,8 @@ class Recommender(BenchmarkModule):
                                         for v, items in extra.items()})
         self.test_extra = nn.ModuleDict({v or "all": _collection(items, bool(v)).clone(prefix="test/")
                                          for v, items in extra.items()})
+        self.val_metrics = recommendation_metrics().clone(prefix="val/")
+        self.test_metrics = recommendation_metrics().clone(prefix="test/")
         self._train_loss = {"P": self._pair_loss, "I": self._logits_loss, "S": self._scores_loss,
                             "E": self._head_loss}[self.route.kind]
         clean_linked_hparams(self)  # re-instantiable hparams after the CLI's size links
@@ -265,3 +247,26 @@ class Recommender(BenchmarkModule):
 
     def test_step(self, batch: Dict[str, Tensor], batch_idx: int) -> None:
         self._eval_step(batch, self.test_metrics, self.test_extra)
+
+
+# -- extra evaluation metrics --------------------------------------------------------------
+VIEWS = ("rare", "debiased")
+_METRIC = re.compile(r"^(?:(?P<view>[a-z]+)_)?(?P<name>recall|ndcg|hr)@(?P<k>[0-9]+)$")
+_METRIC_CLASSES = {"recall": RetrievalRecall, "ndcg": RetrievalNormalizedDCG, "hr": RetrievalHitRate}
+
+
+def parse_extra_metrics(names: Sequence[str]) -> Dict[str, List[Tuple[str, str, int]]]:
+    """``{view ("" = the plain split): [(logged name, kind, k), ...]}`` for ``extra_metrics``."""
+    out: Dict[str, List[Tuple[str, str, int]]] = {}
+    for n in names:
+        m = _METRIC.match(str(n))
+        if m is None or not 1 <= int(m["k"]) <= 100 or (m["view"] or "") not in ("",) + VIEWS:
+            raise ValueError(f"Recommender: extra metric {n!r} is not <view>_<recall|ndcg|hr>@<k> with k in "
+                             f"[1, 100] and view one of {VIEWS} (or none), e.g. 'recall@5', 'rare_recall@20'")
+        out.setdefault(m["view"] or "", []).append((str(n), m["name"], int(m["k"])))
+    return out
+
+
+def _collection(items: Sequence[Tuple[str, str, int]], skip_empty: bool) -> MetricCollection:
+    kw = {"empty_target_action": "skip"} if skip_empty else {}
+    return MetricCollection({name: _METRIC_CLASSES[kind](top_k=k, **kw) for name, kind, k in items})
