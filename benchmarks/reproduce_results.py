@@ -28,6 +28,7 @@ Usage::
     python benchmarks/reproduce_results.py --jobs 2                        # every claim in the file
     python benchmarks/reproduce_results.py --claims wcdas,wcdas_2stage --out /tmp/res
     python benchmarks/reproduce_results.py --quick --out /tmp/res --claims opl   # CI smoke run
+    python benchmarks/reproduce_results.py --benchmarks recommendation,retrieval --jobs 2
 
 ``--quick`` (1 seed, the first grid point, 1 epoch of 2 batches; numbers meaningless) refuses
 to write into the repository's ``results/``. Each run is a fresh process
@@ -83,6 +84,7 @@ QUICK_GRID = 1  # grid points tuned in --quick (the selection itself is unit-tes
 DIRECTION_KINDS = ("higher", "lower")
 MARGIN_KINDS = ("equivalent", "not_worse")
 LEVEL_KINDS = ("below", "above")
+INIT_SEED_MODELS = ("VisionClassifier", "VisionSegmenter", "Recommender")  # models taking init_seed
 
 
 # ------------------------------------------------------------------------------------------
@@ -322,7 +324,7 @@ def run_args(arm: Arm, seed: int, params: Dict[str, Any], *, phase: str, quick: 
     cfg = arm.recipe_config()
     model_cls = ((cfg.get("model") or {}).get("class_path") or "")
     args = [f"--seed_everything={seed}", f"--data.init_args.seed={seed}"]
-    if model_cls.endswith(("VisionClassifier", "VisionSegmenter")):
+    if model_cls.endswith(INIT_SEED_MODELS):
         args.append(f"--model.init_args.init_seed={seed}")  # the same initial weights for every loss
     if arm.loss_has_seed():
         args.append(f"--model.init_args.loss.init_args.seed={seed}")
@@ -427,6 +429,9 @@ def _row(run: Run, args: Sequence[str], res: dict) -> dict:
         "data": json.dumps(res.get("data", {}), sort_keys=True), "cached": bool(res.get("cached", False)),
         "_versions": res.get("versions", {}),
     }
+    for k, v in sorted((res.get("fit_metrics") or {}).items()):  # training-side columns (e.g. the classes
+        if k.startswith("train/") and not k.startswith("train/loss"):  # a Partial FC step's softmax saw)
+            row[k] = v
     for k, v in sorted((res.get("val_metrics") or {}).items()):
         row[k] = v
     for k, v in sorted((res.get("test_metrics") or {}).items()):
@@ -570,7 +575,7 @@ CSV_FIXED = ["benchmark", "arm", "label", "phase", "recipe", "recipe_sha", "code
 
 
 def write_csv(rows: Sequence[dict], path: str) -> None:
-    metrics = sorted({k for r in rows for k in r if k.startswith(("val/", "test/"))})
+    metrics = sorted({k for r in rows for k in r if k.startswith(("val/", "test/", "train/"))})
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=CSV_FIXED + metrics, extrasaction="ignore")
         w.writeheader()

@@ -35,7 +35,26 @@ def test_every_vision_and_segmentation_family_is_claimed():
     families = {c.family for c in CF.claims}
     assert {"Z-loss", "sparsemax loss", "comp-sum (tau)", "smooth adversarial comp-sum", "OPL", "GOL", "WCDAS",
             "Dice semimetric"} <= families
-    assert {c.benchmark for c in CF.claims} == {"vision", "segmentation"}
+    assert {"vision", "segmentation"} <= {c.benchmark for c in CF.claims}
+
+
+def test_every_recommendation_and_retrieval_family_is_claimed():
+    claimed = {(c.family, c.benchmark) for c in CF.claims}
+    assert {("PSL", "recommendation"), ("GOL", "recommendation"), ("Z-loss", "recommendation"),
+            ("Partial FC", "recommendation"), ("decoupled softmax", "recommendation"),
+            ("decoupled softmax", "retrieval"), ("soft top-k", "retrieval"), ("NBC-softmax", "retrieval")} <= claimed
+    keys = {c.key: c for c in CF.claims}
+    # PSL: plain, popularity shift (the same runs, debiased test metrics) and false negatives
+    assert keys["psl_popularity_shift"].arms == keys["psl"].arms
+    for k in keys["psl_false_negatives"].arms:
+        assert dict(CF.arms[k].overrides)["data.init_args.false_negatives"] > 0
+    for k in keys["psl"].arms + keys["gol_items"].arms + keys["z_loss_topk"].arms:
+        assert dict(CF.arms[k].overrides)["data.init_args.split"] == "random"
+    for k in ("psl_tanh_rs", "ssm_rs", "psl_tanh_fn"):  # the temperature is tuned for every PSL / SSM arm
+        assert "model.init_args.loss.init_args.temperature" in dict(CF.arms[k].grid)
+    # one positive per query: an equivalence with a declared margin
+    assert {ch.kind for ch in keys["decoupled_softmax_stdlib"].checks} == {"equivalent"}
+    assert "train/softmax_classes" in keys["partial_fc_ml100k"].metrics
 
 
 def test_every_check_has_a_direction_margin_or_level_and_every_arm_a_grid():
@@ -133,7 +152,8 @@ def test_every_arm_parses_through_the_cli():
                 assert got == v, (a.key, k, got)
         if "model.init_args.two_stage_epoch" in dict(a.overrides):
             assert cli.model.two_stage_epoch == dict(a.overrides)["model.init_args.two_stage_epoch"]
-        assert cli.model.hparams.init_seed == 0
+        if a.recipe_config()["model"]["class_path"].endswith(rr.INIT_SEED_MODELS):
+            assert cli.model.hparams.init_seed == 0
     assert len(seen) >= 16
 
 

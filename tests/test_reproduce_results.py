@@ -3,7 +3,9 @@ evaluation, statistics, reports) and its markdown agrees with its CSV; the model
 report's statistics are checked on hand-made runs against independent computations.
 
 The quick run trains the OPL claim (CE + OPL vs CE on MNIST-5k low-data) for 2 batches per arm through
-the real CLI in fresh processes: one tuning run and one evaluation run per arm. Its numbers are
+the real CLI in fresh processes: one tuning run and one evaluation run per arm; a second quick run does
+the same for one recommendation claim (Partial FC on ML-100k, with the classes-seen columns) and one
+retrieval claim (decoupled softmax vs InfoNCE on chatterbot). Its numbers are
 meaningless; what is checked is the wiring and that every number in the markdown is computed from
 the CSV.
 """
@@ -218,3 +220,62 @@ def test_quick_csv_phases_and_markdown_agree(quick_out):
                 assert rr.parse_fmt(cell)[0] == pytest.approx(float(ev[f"test/{col}"]), abs=5.1e-5)
                 checked += 1
     assert checked == 6
+
+
+# ------------------------------------------------------------------------------------------
+# the reduced reproduction of one recommendation and one retrieval claim, end to end
+# ------------------------------------------------------------------------------------------
+REC_RET = ("partial_fc_ml100k", "decoupled_softmax_chatterbot")
+
+
+@pytest.fixture(scope="module")
+def quick_rec_ret(tmp_path_factory):
+    out = tmp_path_factory.mktemp("results_rec_ret")
+    work = tmp_path_factory.mktemp("work_rec_ret")
+    code = rr.main(["--quick", "--claims", ",".join(REC_RET), "--jobs", "2", "--out", str(out),
+                    "--workdir", str(work)])
+    return out, code
+
+
+@pytest.mark.slow
+def test_quick_recommendation_and_retrieval_claims_end_to_end(quick_rec_ret):
+    out, code = quick_rec_ret
+    assert code == 0, (out / "recommendation_runs.csv").read_text()
+    for b in ("recommendation", "retrieval"):
+        for name in (f"{b}.md", f"{b}_runs.csv", f"{b}.png", f"{b}_forest.png"):
+            assert (out / name).exists() and (out / name).stat().st_size > 0, name
+    assert not (out / "vision.md").exists()
+    summary = (out / "summary.md").read_text()
+    assert "Partial FC" in summary and "decoupled softmax" in summary
+    expected = {"recommendation": ["pfc_01", "pfc_10"], "retrieval": ["dsm_chat", "infonce_chat"]}
+    for b, arms in expected.items():
+        with open(out / f"{b}_runs.csv", newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        assert sorted((r["arm"], r["phase"]) for r in rows) == sorted(
+            (a, p) for a in arms for p in ("eval", "tune"))
+        md = (out / f"{b}.md").read_text()
+        for r in rows:
+            assert r["ok"] == "True", r["error"]
+            if r["phase"] == "tune":  # validation only
+                key = "val/recall@20" if b == "recommendation" else "val/ndcg@10"
+                assert r["seed"] == "1000" and r[key] != "" and r[key.replace("val/", "test/")] == ""
+            else:
+                assert r["seed"] == "0" and int(r["steps"]) == 2
+        ev = {r["arm"]: r for r in rows if r["phase"] == "eval"}
+        if b == "recommendation":
+            # the classes each step's softmax saw: rate 0.1 of 1,682 (k = 168) < the distinct positives of
+            # a batch of 1,024 pairs, so both rates softmax over exactly the batch's positives ... or all items
+            r01, r10 = ev["pfc_01"], ev["pfc_10"]
+            assert float(r01["train/softmax_classes"]) == pytest.approx(float(r01["train/positive_classes"]))
+            assert float(r01["train/positive_classes"]) > 168
+            assert float(r10["train/softmax_classes"]) == 1682.0
+            assert "softmax_classes" in md and "test_interactions=943" in md
+            for r in rows:
+                assert json.loads(r["data"])["dataset"] == "ml-100k"
+        else:
+            assert "r@1" in md and "dataset=chatterbot" in md
+        for a in arms:  # every arm's table row shows its computed test metric
+            label = CF.arms[a].label
+            line = next(line for line in md.splitlines() if line.startswith(f"| {label} |"))
+            metric = "recall@20" if b == "recommendation" else "r@1"
+            assert f"{float(ev[a][f'test/{metric}']):.4f}" in line

@@ -1,4 +1,4 @@
-"""MovieLens-100k from the RecBole 1.2.1 wheel's data files, split leave-last-out.
+"""MovieLens-100k from the RecBole 1.2.1 wheel's data files, split leave-last-out or at random.
 
 The files ``recbole/dataset_example/ml-100k/ml-100k.inter`` (tab-separated, typed headers such
 as ``user_id:token``) are located without importing RecBole (its ``__init__`` breaks on
@@ -12,6 +12,28 @@ rest are training interactions (a user with two interactions gets no validation 
 one interaction only a training item). Evaluation ranks *all* items for every user with a
 held-out item; the user's other known interactions are masked (validation: the training
 items; test: the training and validation items), so only the held-out item is a positive.
+
+``split="random"`` (:func:`random_split`): each user's interactions are shuffled with a seeded
+generator and ``round(0.1·n)`` go to test, the next ``round(0.1·n)`` to validation, the rest
+(about 80 %) to training. Evaluation then counts every held-out item of the user as a positive
+(multi-positive Recall@20 / NDCG@20). On ML-100k (every user has >= 20 ratings) this gives
+10,037 test interactions over all 943 users instead of 943, which brings the standard error of
+Recall@20 from ~0.013 down to ~0.006 over users (less for paired differences).
+
+Two stress settings (for the PSL claims):
+
+* ``false_negatives=r``: each sampled training negative is, with probability ``r`` (seeded),
+  replaced by one of the user's *test* items: an item that is in fact a positive of the user,
+  pushed down as a negative (users without test items keep their draws).
+* ``debiased_cap=c``: test batches also carry a *popularity-debiased* view of the test set:
+  each item keeps at most ``c`` of its test interactions (a seeded random choice), i.e. an item
+  with ``t`` test interactions keeps each with probability ``min(1, c/t)``, inversely to its
+  popularity above the cap; the dropped test interactions are masked from that view's ranking
+  (known positives, neither relevant nor negatives). Training and validation are unchanged.
+
+Evaluation batches also carry the ``"rare"`` view: the test (validation) positives among the
+rarest half of the items by training popularity (``floor(I/2)`` items with the fewest training
+interactions, ties by item id), ranked among all items.
 """
 
 from __future__ import annotations
@@ -27,8 +49,10 @@ from torch.utils.data import DataLoader
 from ..base import BenchmarkDataModule
 from .embedding_cache import package_file
 
-__all__ = ["RECBOLE_PIP", "movielens_file", "load_ml100k", "leave_last_out", "MovieLensSplit",
-           "sample_negatives", "MovieLensDataModule"]
+__all__ = ["RECBOLE_PIP", "movielens_file", "load_ml100k", "leave_last_out", "random_split", "MovieLensSplit",
+           "sample_negatives", "rarest_half", "debiased_subset", "MovieLensDataModule"]
+
+SPLITS = ("leave_last_out", "random")
 
 RECBOLE_PIP = "pip install --no-deps recbole==1.2.1"
 
@@ -56,7 +80,9 @@ def load_ml100k(path: Optional[Path] = None):
 
 @dataclass
 class MovieLensSplit:
-    """Leave-last-out split with remapped ids (see the module docstring)."""
+    """A split with remapped ids (see the module docstring). ``val_mask`` / ``test_mask`` mark
+    every held-out interaction (built from ``val_items`` / ``test_items`` for leave-last-out;
+    the random split has several per user and leaves ``val_items`` / ``test_items`` at -1)."""
 
     num_users: int
     num_items: int
@@ -67,36 +93,57 @@ class MovieLensSplit:
     train_mask: torch.Tensor  # (U, I) bool: the user's training items
     user_ids: np.ndarray  # raw id of each remapped user
     item_ids: np.ndarray  # raw id of each remapped item
+    val_mask: Optional[torch.Tensor] = None  # (U, I) bool: held-out validation interactions
+    test_mask: Optional[torch.Tensor] = None  # (U, I) bool: held-out test interactions
+    kind: str = "leave_last_out"
+
+    def __post_init__(self) -> None:
+        for name, items in (("val_mask", self.val_items), ("test_mask", self.test_items)):
+            if getattr(self, name) is None:
+                mask = torch.zeros(self.num_users, self.num_items, dtype=torch.bool)
+                rows = torch.nonzero(items >= 0).squeeze(1)
+                mask[rows, items[rows]] = True
+                setattr(self, name, mask)
+
+    def heldout_mask(self, split: str) -> torch.Tensor:
+        if split not in ("val", "test"):
+            raise ValueError(f"heldout_mask: split must be 'val' or 'test' (got {split!r})")
+        return self.val_mask if split == "val" else self.test_mask
+
+    def train_item_counts(self) -> torch.Tensor:
+        """Training interactions per item, ``(I,)`` long."""
+        return torch.bincount(self.train_items, minlength=self.num_items)
 
     def seen_mask(self, users: torch.Tensor, split: str) -> torch.Tensor:
         """Items excluded from ranking for ``users`` at ``split`` (``"val"``: training items;
         ``"test"``: training and validation items); shape ``(B, I)`` bool."""
         mask = self.train_mask[users].clone()
         if split == "test":
-            v = self.val_items[users]
-            rows = torch.nonzero(v >= 0).squeeze(1)
-            mask[rows, v[rows]] = True
+            mask |= self.val_mask[users]
         elif split != "val":
             raise ValueError(f"seen_mask: split must be 'val' or 'test' (got {split!r})")
         return mask
 
     def eval_users(self, split: str) -> torch.Tensor:
-        items = {"val": self.val_items, "test": self.test_items}[split]
-        return torch.nonzero(items >= 0).squeeze(1)
+        return torch.nonzero(self.heldout_mask(split).any(1)).squeeze(1)
 
     @property
     def meta(self) -> Dict[str, Any]:
-        return {"dataset": "ml-100k", "users": self.num_users, "items": self.num_items,
+        return {"dataset": "ml-100k", "split": self.kind, "users": self.num_users, "items": self.num_items,
                 "train_interactions": int(self.train_users.numel()),
-                "val_users": int((self.val_items >= 0).sum()), "test_users": int((self.test_items >= 0).sum())}
+                "val_users": int(self.val_mask.any(1).sum()), "test_users": int(self.test_mask.any(1).sum()),
+                "val_interactions": int(self.val_mask.sum()), "test_interactions": int(self.test_mask.sum())}
+
+
+def _remap(df):
+    user_ids, users = np.unique(df["user"].to_numpy(), return_inverse=True)
+    item_ids, items = np.unique(df["item"].to_numpy(), return_inverse=True)
+    return user_ids, users, item_ids, items
 
 
 def leave_last_out(df) -> MovieLensSplit:
     """Remap ids and split each user's history by timestamp (see the module docstring)."""
-    users_raw = df["user"].to_numpy()
-    items_raw = df["item"].to_numpy()
-    user_ids, users = np.unique(users_raw, return_inverse=True)
-    item_ids, items = np.unique(items_raw, return_inverse=True)
+    user_ids, users, item_ids, items = _remap(df)
     ts = df["timestamp"].to_numpy()
     # sort by (user, timestamp); ties keep the file order (stable sort)
     order = np.lexsort((np.arange(len(df)), ts, users))
@@ -118,6 +165,70 @@ def leave_last_out(df) -> MovieLensSplit:
     mask = torch.zeros(num_users, num_items, dtype=torch.bool)
     mask[tu, ti] = True
     return MovieLensSplit(num_users, num_items, tu, ti, val_items, test_items, mask, user_ids, item_ids)
+
+
+def random_split(df, seed: int = 0, *, val_fraction: float = 0.1, test_fraction: float = 0.1) -> MovieLensSplit:
+    """Remap ids as :func:`leave_last_out` and split each user's interactions at random.
+
+    A ``numpy.random.default_rng(seed)`` key per interaction (in file order) shuffles each user's
+    interactions; the first ``round(test_fraction·n)`` (half up) are test, the next
+    ``round(val_fraction·n)`` validation, the rest training (at least one training interaction
+    is kept: the held-out counts shrink for very short histories).
+    """
+    if not (0.0 <= val_fraction < 1.0 and 0.0 < test_fraction < 1.0 and val_fraction + test_fraction < 1.0):
+        raise ValueError(f"random_split: need 0 <= val_fraction, 0 < test_fraction and val_fraction + "
+                         f"test_fraction < 1 (got {val_fraction}, {test_fraction})")
+    user_ids, users, item_ids, items = _remap(df)
+    key = np.random.default_rng(int(seed)).random(len(users))
+    order = np.lexsort((key, users))
+    users, items = users[order], items[order]
+    num_users, num_items = len(user_ids), len(item_ids)
+    counts = np.bincount(users, minlength=num_users)
+    n_test = np.minimum(np.floor(test_fraction * counts + 0.5).astype(np.int64), counts - 1)
+    n_val = np.minimum(np.floor(val_fraction * counts + 0.5).astype(np.int64), counts - 1 - n_test)
+    ends = np.cumsum(counts)
+    pos = np.arange(len(users)) - np.repeat(ends - counts, counts)
+    test_row = pos < np.repeat(n_test, counts)
+    val_row = ~test_row & (pos < np.repeat(n_test + n_val, counts))
+    train_row = ~(test_row | val_row)
+
+    def _mask(rows):
+        m = torch.zeros(num_users, num_items, dtype=torch.bool)
+        m[torch.from_numpy(users[rows]).long(), torch.from_numpy(items[rows]).long()] = True
+        return m
+
+    tu = torch.from_numpy(users[train_row]).long()
+    ti = torch.from_numpy(items[train_row]).long()
+    none = torch.full((num_users,), -1, dtype=torch.long)
+    return MovieLensSplit(num_users, num_items, tu, ti, none, none.clone(), _mask(train_row), user_ids, item_ids,
+                          val_mask=_mask(val_row), test_mask=_mask(test_row), kind="random")
+
+
+def rarest_half(counts: torch.Tensor) -> torch.Tensor:
+    """``(I,)`` bool: the ``floor(I/2)`` items with the fewest training interactions ``counts``
+    (ties: the lower item id first)."""
+    n = counts.numel()
+    order = np.lexsort((np.arange(n), counts.cpu().numpy()))
+    rare = torch.zeros(n, dtype=torch.bool)
+    rare[torch.from_numpy(order[: n // 2]).long()] = True
+    return rare
+
+
+def debiased_subset(heldout: torch.Tensor, cap: int, seed: int) -> torch.Tensor:
+    """The popularity-debiased subset of a held-out mask ``(U, I)``: every item keeps at most
+    ``cap`` of its held-out interactions, chosen at random (``numpy.random.default_rng(seed)``)."""
+    if cap < 1:
+        raise ValueError(f"debiased_subset: cap must be >= 1 (got {cap})")
+    u, i = (t.numpy() for t in torch.nonzero(heldout, as_tuple=True))
+    key = np.random.default_rng(int(seed)).random(len(u))
+    order = np.lexsort((key, i))  # by item, then a random order within each item
+    i_sorted = i[order]
+    counts = np.bincount(i_sorted, minlength=heldout.shape[1])
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    keep = order[(np.arange(len(order)) - starts) < cap]
+    out = torch.zeros_like(heldout)
+    out[torch.from_numpy(u[keep]).long(), torch.from_numpy(i[keep]).long()] = True
+    return out
 
 
 def sample_negatives(users: torch.Tensor, num_negatives: int, exclude: torch.Tensor, generator: torch.Generator,
@@ -150,21 +261,46 @@ class _Range(torch.utils.data.Dataset):
 
 
 class _PairCollate:
-    def __init__(self, split: MovieLensSplit, num_negatives: int, seed: int, negative_sharing: str = "row") -> None:
+    def __init__(self, split: MovieLensSplit, num_negatives: int, seed: int, negative_sharing: str = "row",
+                 false_negatives: float = 0.0) -> None:
         self.split, self.num_negatives, self.negative_sharing = split, num_negatives, negative_sharing
         self.generator = torch.Generator().manual_seed(seed)
+        self.false_negatives = float(false_negatives)
+        if self.false_negatives > 0:  # each user's test items, CSR: the false negatives' source
+            users, items = torch.nonzero(split.test_mask, as_tuple=True)
+            self._fn_count = torch.bincount(users, minlength=split.num_users)
+            self._fn_start = torch.cumsum(self._fn_count, 0) - self._fn_count
+            self._fn_items = items
+
+    def _inject_false_negatives(self, users: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
+        """Replace each negative, with probability ``false_negatives``, by one of the user's test items."""
+        count = self._fn_count[users][:, None].expand_as(neg)
+        hit = (torch.rand(neg.shape, generator=self.generator) < self.false_negatives) & (count > 0)
+        pick = (torch.rand(neg.shape, generator=self.generator) * count).long()
+        src = self._fn_start[users][:, None].expand_as(neg) + pick.clamp(max=(count - 1).clamp(min=0))
+        return torch.where(hit, self._fn_items[src.clamp(max=max(self._fn_items.numel() - 1, 0))], neg)
 
     def __call__(self, rows: Sequence[int]) -> Dict[str, torch.Tensor]:
         rows = torch.as_tensor(list(rows), dtype=torch.long)
         users, items = self.split.train_users[rows], self.split.train_items[rows]
         batch = {"user": users, "item": items}
         if self.num_negatives > 0 and self.negative_sharing == "row":
-            batch["neg_items"] = sample_negatives(users, self.num_negatives, self.split.train_mask, self.generator)
+            neg = sample_negatives(users, self.num_negatives, self.split.train_mask, self.generator)
+            if self.false_negatives > 0:
+                neg = self._inject_false_negatives(users, neg)
+            batch["neg_items"] = neg
         elif self.num_negatives > 0:
             n = min(self.num_negatives, self.split.num_items)
             neg = torch.randperm(self.split.num_items, generator=self.generator)[:n]
-            batch["neg_items"] = neg
-            batch["neg_mask"] = ~self.split.train_mask[users[:, None], neg[None, :]]
+            if self.false_negatives > 0:  # the pool stays shared; replaced slots are listed per pair
+                pool = neg[None, :].expand(users.numel(), n)
+                effective = self._inject_false_negatives(users, pool)
+                batch["neg_items"] = neg
+                batch["neg_replace"] = torch.where(effective != pool, effective, torch.full_like(pool, -1))
+                batch["neg_mask"] = ~self.split.train_mask[users[:, None], effective]
+            else:
+                batch["neg_items"] = neg
+                batch["neg_mask"] = ~self.split.train_mask[users[:, None], neg[None, :]]
         return batch
 
 
@@ -178,22 +314,45 @@ class _UserCollate:
 
 
 class _EvalCollate:
-    def __init__(self, split: MovieLensSplit, which: str) -> None:
+    """Evaluation batches: ``target`` = every held-out item of the split, ``exclude`` = the user's
+    other known items, and ``views``: ``{"rare": ...}`` (positives among the rarest half of the
+    items) and, for test with ``debiased`` given, ``{"debiased": ...}`` (the popularity-debiased
+    test subset; the dropped test items are excluded from its ranking)."""
+
+    def __init__(self, split: MovieLensSplit, which: str, rare: Optional[torch.Tensor] = None,
+                 debiased: Optional[torch.Tensor] = None) -> None:
         self.split, self.which = split, which
         self.users = split.eval_users(which)
+        self.rare = rare
+        self.debiased = debiased if which == "test" else None
 
     def __call__(self, rows: Sequence[int]) -> Dict[str, torch.Tensor]:
         users = self.users[torch.as_tensor(list(rows), dtype=torch.long)]
-        items = {"val": self.split.val_items, "test": self.split.test_items}[self.which][users]
-        target = torch.zeros(users.numel(), self.split.num_items, dtype=torch.bool)
-        target[torch.arange(users.numel()), items] = True
-        return {"user": users, "target": target, "exclude": self.split.seen_mask(users, self.which)}
+        target = self.split.heldout_mask(self.which)[users].clone()
+        exclude = self.split.seen_mask(users, self.which)
+        batch = {"user": users, "target": target, "exclude": exclude}
+        views = {}
+        if self.rare is not None:
+            views["rare"] = {"target": target & self.rare[None, :], "exclude": exclude}
+        if self.debiased is not None:
+            kept = self.debiased[users]
+            views["debiased"] = {"target": kept, "exclude": exclude | (target & ~kept)}
+        if views:
+            batch["views"] = views
+        return batch
 
 
 class MovieLensDataModule(BenchmarkDataModule):
-    """MovieLens-100k, leave-last-out, for matrix-factorisation recommenders.
+    """MovieLens-100k, leave-last-out or random 80/10/10, for matrix-factorisation recommenders.
 
     Args:
+        split: ``"leave_last_out"`` (by timestamp; one held-out item per user) or ``"random"``
+            (a seeded 80/10/10 split of each user's interactions, drawn from ``seed``; every
+            held-out item of the user is a positive). See the module docstring.
+        false_negatives: share of sampled training negatives replaced by one of the user's test
+            items (seeded; the PSL false-negative stress setting; 0 = off).
+        debiased_cap: > 0 adds the popularity-debiased test view (each item keeps at most this
+            many test interactions; ``views["debiased"]`` of the test batches).
         train_view: ``"pairs"``: batches of training (user, item) interactions, with
             ``num_negatives`` sampled negatives per pair (``neg_items``; uniform over the items
             the user has not interacted with in training, seeded); ``"users"``: the
@@ -204,12 +363,16 @@ class MovieLensDataModule(BenchmarkDataModule):
             (``neg_items (B, N)``); ``"batch"``: one pool of ``num_negatives`` distinct items is
             drawn per batch and shared by all its pairs (``neg_items (N,)``), with
             ``neg_mask (B, N)`` False where a pool item is one of the user's training items
-            (the cheap choice for hundreds of negatives).
+            (the cheap choice for hundreds of negatives). With ``false_negatives`` the batch also
+            holds ``neg_replace (B, N)``: the item that replaces pool slot ``j`` for pair ``b``
+            (-1 = the pool item itself).
         batch_size, eval_batch_size: training / evaluation batch sizes.
         seed: shuffling and negative-sampling seed.
 
-    Evaluation batches: ``user (B,)``, ``target (B, I)`` bool (the held-out item) and
-    ``exclude (B, I)`` bool (the user's other known items, masked from the ranking).
+    Evaluation batches: ``user (B,)``, ``target (B, I)`` bool (the held-out items),
+    ``exclude (B, I)`` bool (the user's other known items, masked from the ranking) and
+    ``views`` (``"rare"``; test: ``"debiased"`` with ``debiased_cap``), each a ``target`` /
+    ``exclude`` pair.
     ``num_users``, ``num_items`` and ``num_classes`` (= ``num_items``: items as classes) are
     linked into the model by the CLI.
     """
@@ -224,8 +387,20 @@ class MovieLensDataModule(BenchmarkDataModule):
         eval_batch_size: int = 256,
         seed: int = 0,
         num_workers: int = 0,
+        split: str = "leave_last_out",
+        false_negatives: float = 0.0,
+        debiased_cap: int = 0,
     ) -> None:
         super().__init__()
+        if split not in SPLITS:
+            raise ValueError(f"MovieLensDataModule: split must be one of {SPLITS} (got {split!r})")
+        if not 0.0 <= float(false_negatives) < 1.0:
+            raise ValueError(f"MovieLensDataModule: false_negatives must be in [0, 1) (got {false_negatives})")
+        if int(debiased_cap) < 0:
+            raise ValueError(f"MovieLensDataModule: debiased_cap must be >= 0 (got {debiased_cap})")
+        self.split_kind = split
+        self.false_negatives = float(false_negatives)
+        self.debiased_cap = int(debiased_cap)
         if train_view not in ("pairs", "users"):
             raise ValueError(f"MovieLensDataModule: train_view must be 'pairs' or 'users' (got {train_view!r})")
         if num_negatives < 0:
@@ -245,14 +420,27 @@ class MovieLensDataModule(BenchmarkDataModule):
         self.num_users = self.split.num_users
         self.num_items = self.split.num_items
         self.num_classes = self.split.num_items
+        self.rare_items = rarest_half(self.split.train_item_counts())
+        self.debiased_test = (debiased_subset(self.split.test_mask, self.debiased_cap, self.seed + 2)
+                              if self.debiased_cap > 0 else None)
 
     def _load_split(self) -> MovieLensSplit:
-        """The interactions, split leave-last-out (subclasses read other files)."""
-        return leave_last_out(load_ml100k())
+        """The interactions, split leave-last-out or at random (subclasses read other files)."""
+        df = load_ml100k()
+        return random_split(df, self.seed) if self.split_kind == "random" else leave_last_out(df)
 
     @property
     def meta(self) -> Dict[str, Any]:
-        return self.split.meta
+        return {**self.split.meta, **self._stress_meta()}
+
+    def _stress_meta(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"test_rare_interactions": int((self.split.test_mask & self.rare_items[None, :]).sum())}
+        if self.false_negatives > 0:
+            out["false_negatives"] = self.false_negatives
+        if self.debiased_test is not None:
+            out["debiased_cap"] = self.debiased_cap
+            out["test_debiased_interactions"] = int(self.debiased_test.sum())
+        return out
 
     def _loader(self, dataset, collate, batch_size: int, shuffle: bool) -> DataLoader:
         gen = torch.Generator().manual_seed(self.seed) if shuffle else None
@@ -262,15 +450,16 @@ class MovieLensDataModule(BenchmarkDataModule):
     def train_dataloader(self) -> DataLoader:
         if self.train_view == "pairs":
             return self._loader(_Range(len(self.split.train_users)),
-                                _PairCollate(self.split, self.num_negatives, self.seed + 1, self.negative_sharing),
+                                _PairCollate(self.split, self.num_negatives, self.seed + 1, self.negative_sharing,
+                                             self.false_negatives),
                                 self.batch_size, True)
         users = torch.nonzero(self.split.train_mask.any(1)).squeeze(1)
         return self._loader(_Range(len(users)), _UserCollate(self.split, users), self.batch_size, True)
 
     def val_dataloader(self) -> DataLoader:
-        collate = _EvalCollate(self.split, "val")
+        collate = _EvalCollate(self.split, "val", self.rare_items)
         return self._loader(_Range(len(collate.users)), collate, self.eval_batch_size, False)
 
     def test_dataloader(self) -> DataLoader:
-        collate = _EvalCollate(self.split, "test")
+        collate = _EvalCollate(self.split, "test", self.rare_items, self.debiased_test)
         return self._loader(_Range(len(collate.users)), collate, self.eval_batch_size, False)

@@ -18,12 +18,28 @@ never by its name:
 
 Evaluation ranks every item for each user with the user's other known items masked and reports
 Recall@20, NDCG@20, HR@10 and NDCG@10 (:mod:`lightning_modules.retrieval_metrics`), with separate
-metric objects for validation and test.
+metric objects for validation and test; every held-out item of the user is a positive (recall =
+the share of the user's held-out items in the top k, averaged over users).
+
+``extra_metrics`` adds named metrics: ``recall@k`` / ``ndcg@k`` / ``hr@k`` for other cut-offs
+(``k <= 100``), and the same on an evaluation *view* the DataModule attaches to its batches
+(``batch["views"][name]``, a ``target`` / ``exclude`` pair): ``rare_recall@20`` (positives among
+the rarest half of the items by training popularity) or ``debiased_recall@20`` (the
+popularity-debiased test set). A view's metrics average over the users with at least one of its
+positives and are logged only for the splits whose batches carry the view.
+
+A shared pool may come with ``neg_replace (B, N)``: per-pair items that replace pool slots (the
+false-negative stress setting), scored for those slots only.
+
+A loss that records its sampled classes (``.last_index``, Partial FC) gets two training metrics
+per epoch: ``train/softmax_classes`` (classes in the step's softmax, mean over steps) and
+``train/positive_classes`` (distinct positive items of the step's batch): the rest were sampled.
 """
 
 from __future__ import annotations
 
-from typing import Dict
+import re
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +51,8 @@ from ..base import BenchmarkModule
 from ..retrieval_metrics import candidates_from_scores, log_data_meta, recommendation_metrics
 from ..routing import loss_route
 from ..base import clean_linked_hparams
+from torchmetrics import MetricCollection
+from torchmetrics.retrieval import RetrievalHitRate, RetrievalNormalizedDCG, RetrievalRecall
 
 __all__ = ["Recommender"]
 
@@ -57,6 +75,14 @@ class Recommender(BenchmarkModule):
         logit_scale: multiplies the scores handed to ``"logits"`` losses (cosines need a scale for a
             softmax, e.g. 10-20; leave 1 for dot scores).
         init_std: standard deviation of the normal initialisation of the tables.
+        item_bias: add a trainable per-item bias to the scores (a class head's bias; e.g. for
+            sigmoid losses such as BCE and GOL, whose negatives start far above their prior).
+        item_bias_init: its initial value (GOL's configs start at -2).
+        extra_metrics: further evaluation metrics (module docstring), e.g.
+            ``["recall@1", "recall@5", "recall@10", "rare_recall@20"]``.
+        init_seed: when set, the user and item tables (and the item bias) are initialised from
+            ``torch.manual_seed(init_seed)`` (the global RNG is restored afterwards), so arms of a
+            paired comparison start from the same tables whatever the loss.
         lr, weight_decay: AdamW.
     """
 
@@ -71,6 +97,10 @@ class Recommender(BenchmarkModule):
         init_std: float = 0.1,
         lr: float = 1e-3,
         weight_decay: float = 0.0,
+        item_bias: bool = False,
+        item_bias_init: float = 0.0,
+        extra_metrics: Optional[List[str]] = None,
+        init_seed: Optional[int] = None,
     ) -> None:
         super().__init__(lr=lr, weight_decay=weight_decay)
         self.save_hyperparameters()
@@ -85,13 +115,26 @@ class Recommender(BenchmarkModule):
                                 hint="use a pairs, logits or scores loss, or an embeddings loss that owns a head")
         self.score = score
         self.logit_scale = float(logit_scale)
-        self.user_embedding = nn.Embedding(num_users, embedding_dim)
-        nn.init.normal_(self.user_embedding.weight, std=init_std)
-        # a head-owning loss holds the item centres itself
-        self.item_embedding = None if self.route.owns_head else nn.Embedding(num_items, embedding_dim)
-        if self.item_embedding is not None:
-            nn.init.normal_(self.item_embedding.weight, std=init_std)
+        with torch.random.fork_rng(devices=[], enabled=init_seed is not None):
+            if init_seed is not None:  # the same start for every loss (paired comparisons)
+                torch.manual_seed(int(init_seed))
+            self.user_embedding = nn.Embedding(num_users, embedding_dim)
+            nn.init.normal_(self.user_embedding.weight, std=init_std)
+            # a head-owning loss holds the item centres itself
+            self.item_embedding = None if self.route.owns_head else nn.Embedding(num_items, embedding_dim)
+            if self.item_embedding is not None:
+                nn.init.normal_(self.item_embedding.weight, std=init_std)
         self.num_items = num_items
+        if item_bias and self.route.owns_head:
+            raise ValueError("Recommender: item_bias needs the model's own item table (this loss owns the head)")
+        self.item_bias = nn.Parameter(torch.full((num_items,), float(item_bias_init))) if item_bias else None
+        extra = parse_extra_metrics(list(extra_metrics or []))
+        self._extra_k = max([20] + [k for items in extra.values() for _, _, k in items])
+        # view "" = the plain split; a view's users without positives are skipped
+        self.val_extra = nn.ModuleDict({v or "all": _collection(items, bool(v)).clone(prefix="val/")
+                                        for v, items in extra.items()})
+        self.test_extra = nn.ModuleDict({v or "all": _collection(items, bool(v)).clone(prefix="test/")
+                                         for v, items in extra.items()})
         self.val_metrics = recommendation_metrics().clone(prefix="val/")
         self.test_metrics = recommendation_metrics().clone(prefix="test/")
         self._train_loss = {InputKind.PAIRS: self._pair_loss, InputKind.LOGITS: self._logits_loss,
@@ -110,7 +153,8 @@ class Recommender(BenchmarkModule):
         u = self.user_vectors(users)
         if self.route.owns_head:
             return self.loss.logits(u)
-        return self._prep(u) @ self._prep(self.item_embedding.weight).T
+        scores = self._prep(u) @ self._prep(self.item_embedding.weight).T
+        return scores if self.item_bias is None else scores + self.item_bias
 
     def forward(self, users: Tensor) -> Tensor:
         return self.all_item_scores(users)
@@ -131,6 +175,11 @@ class Recommender(BenchmarkModule):
         pos = (u * self._prep(self.item_embedding(items))).sum(-1)
         if neg.dim() == 1:  # one pool shared by the batch (negative_sharing="batch")
             negs = u @ self._prep(self.item_embedding(neg)).T
+            replace = batch.get("neg_replace")
+            if replace is not None:  # per-pair replacements of pool slots (false negatives)
+                r, c = torch.nonzero(replace >= 0, as_tuple=True)
+                vals = (u[r] * self._prep(self.item_embedding(replace[r, c]))).sum(-1)
+                negs = negs.index_put((r, c), vals)
         else:
             negs = torch.einsum("bd,bnd->bn", u, self._prep(self.item_embedding(neg)))
         return pos, negs
@@ -147,7 +196,14 @@ class Recommender(BenchmarkModule):
 
     def _head_loss(self, batch: Dict[str, Tensor]) -> Tensor:
         items = self._need(batch, "item", "use train_view='pairs'")
-        return self.loss(self.user_vectors(batch["user"]), items)
+        loss = self.loss(self.user_vectors(batch["user"]), items)
+        index = getattr(self.loss, "last_index", None)
+        if isinstance(index, Tensor):  # how many classes the step's softmax saw (positives vs sampled)
+            n = items.numel()
+            self.log("train/softmax_classes", float(index.numel()), on_step=False, on_epoch=True, batch_size=n)
+            self.log("train/positive_classes", float(torch.unique(items).numel()), on_step=False, on_epoch=True,
+                     batch_size=n)
+        return loss
 
     def _scores_loss(self, batch: Dict[str, Tensor]) -> Tensor:
         if "target" in batch:  # users view: every training item of the user is a positive
@@ -164,12 +220,24 @@ class Recommender(BenchmarkModule):
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=batch["user"].numel())
         return loss
 
-    def _eval_step(self, batch: Dict[str, Tensor], metrics) -> None:
+    def _eval_step(self, batch: Dict[str, Tensor], metrics, extra: Optional[nn.ModuleDict] = None) -> None:
+        extra = {} if extra is None else extra
         scores = self.all_item_scores(batch["user"])
-        preds, target, indexes = candidates_from_scores(scores, batch["target"], batch["user"], k=20,
+        users, n = batch["user"], batch["user"].numel()
+        preds, target, indexes = candidates_from_scores(scores, batch["target"], users, k=self._extra_k,
                                                         exclude=batch.get("exclude"))
         metrics.update(preds, target, indexes=indexes)
-        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=batch["user"].numel())
+        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=n)
+        if "all" in extra:
+            extra["all"].update(preds, target, indexes=indexes)
+            self.log_dict(extra["all"], on_step=False, on_epoch=True, batch_size=n)
+        views = batch.get("views") or {}
+        for name in VIEWS:
+            if name in extra and name in views:
+                v = views[name]
+                p, t, i = candidates_from_scores(scores, v["target"], users, k=self._extra_k, exclude=v["exclude"])
+                extra[name].update(p, t, indexes=i)
+                self.log_dict(extra[name], on_step=False, on_epoch=True, batch_size=n)
 
     def on_fit_start(self) -> None:
         log_data_meta(self)  # data set counts and sys.version go with every result
@@ -178,7 +246,30 @@ class Recommender(BenchmarkModule):
         log_data_meta(self)
 
     def validation_step(self, batch: Dict[str, Tensor], batch_idx: int) -> None:
-        self._eval_step(batch, self.val_metrics)
+        self._eval_step(batch, self.val_metrics, self.val_extra)
 
     def test_step(self, batch: Dict[str, Tensor], batch_idx: int) -> None:
-        self._eval_step(batch, self.test_metrics)
+        self._eval_step(batch, self.test_metrics, self.test_extra)
+
+
+# -- extra evaluation metrics --------------------------------------------------------------
+VIEWS = ("rare", "debiased")
+_METRIC = re.compile(r"^(?:(?P<view>[a-z]+)_)?(?P<name>recall|ndcg|hr)@(?P<k>[0-9]+)$")
+_METRIC_CLASSES = {"recall": RetrievalRecall, "ndcg": RetrievalNormalizedDCG, "hr": RetrievalHitRate}
+
+
+def parse_extra_metrics(names: Sequence[str]) -> Dict[str, List[Tuple[str, str, int]]]:
+    """``{view ("" = the plain split): [(logged name, kind, k), ...]}`` for ``extra_metrics``."""
+    out: Dict[str, List[Tuple[str, str, int]]] = {}
+    for n in names:
+        m = _METRIC.match(str(n))
+        if m is None or not 1 <= int(m["k"]) <= 100 or (m["view"] or "") not in ("",) + VIEWS:
+            raise ValueError(f"Recommender: extra metric {n!r} is not <view>_<recall|ndcg|hr>@<k> with k in "
+                             f"[1, 100] and view one of {VIEWS} (or none), e.g. 'recall@5', 'rare_recall@20'")
+        out.setdefault(m["view"] or "", []).append((str(n), m["name"], int(m["k"])))
+    return out
+
+
+def _collection(items: Sequence[Tuple[str, str, int]], skip_empty: bool) -> MetricCollection:
+    kw = {"empty_target_action": "skip"} if skip_empty else {}
+    return MetricCollection({name: _METRIC_CLASSES[kind](top_k=k, **kw) for name, kind, k in items})
