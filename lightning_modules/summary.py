@@ -67,9 +67,13 @@ class MetricsSummary(pl.Callback):
         self.last: Optional[str] = None  #: the last printed summary
 
     def _report(self, trainer: "pl.Trainer", stage: str) -> None:
-        if not trainer.is_global_zero or trainer.sanity_checking:
+        if trainer.sanity_checking:
             return
+        # every rank: log_dir broadcasts under DDP (a collective on rank 0 alone fails once the
+        # other ranks have left fit)
         folder = trainer.log_dir if trainer.logger is not None else None
+        if not trainer.is_global_zero:
+            return
         ckpt = None
         cb = trainer.checkpoint_callback
         if stage == "fit" and cb is not None:

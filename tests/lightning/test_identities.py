@@ -137,7 +137,7 @@ def test_the_recipes_cover_rates_margins_and_sizes():
     for kind in ("arcface", "cosface"):
         for rate in (0.1, 0.3, 1.0):
             assert (kind, rate, 10000, False) in seen, (kind, rate)
-    assert ("arcface", 0.1, 100000, False) in seen and ("arcface", 0.1, 10000, True) in seen
+    assert ("cosface", 0.1, 100000, False) in seen and ("arcface", 0.1, 10000, True) in seen
 
 
 def _open_rank1_by_hand(model, dm) -> float:
@@ -195,17 +195,19 @@ def test_ddp_recipe_with_two_gloo_processes_matches_one_process(tmp_path):
     """2 gloo processes, sharded centres, batch 16 per rank, unshuffled (rank r reads r, r + 2, ...),
     rate 1.0 (where the sharded loss equals the single-process one) against one process with batch
     32 and distributed: false: the same global batches, so the same losses, metrics and centres
-    after two AdamW steps (tolerance 1e-4 absolute; one flip allowed on the rates). Then the DDP
+    after two AdamW steps (tolerance 1e-4 absolute; on the full validation sets, two flips allowed
+    on the closed set and one on the open set: float reduction order differs). Then the DDP
     checkpoint (the full gathered centres) is tested in one process."""
     ddp_dir, single_dir = tmp_path / "ddp", tmp_path / "single"
     ddp_dir.mkdir()
     single_dir.mkdir()
     common = [*TINY[:-2], "--data.init_args.shuffle=false", "--model.init_args.loss.init_args.sample_rate=1.0",
               "--trainer.num_sanity_val_steps=0", "--data.init_args.eval_batch_size=64"]
+    full_val = ["--trainer.limit_val_batches=1.0"]  # a truncated pass would see different samples per rank
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "lightning_modules", "fit", "--config", DDP_RECIPE,
            "--config", _csv_logger(tmp_path / "ddp_logger.yaml", ddp_dir), f"--trainer.default_root_dir={ddp_dir}",
-           *SHORT, *common, "--data.init_args.batch_size=16"]
+           *SHORT, *common, *full_val, "--data.init_args.batch_size=16"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     log = proc.stdout + proc.stderr
@@ -213,7 +215,7 @@ def test_ddp_recipe_with_two_gloo_processes_matches_one_process(tmp_path):
 
     single = run_cli("fit", DDP_RECIPE, single_dir, [
         "--config", _csv_logger(tmp_path / "single_logger.yaml", single_dir), "--trainer.strategy=auto",
-        "--trainer.devices=1", *common, "--data.init_args.batch_size=32",
+        "--trainer.devices=1", *common, *full_val, "--data.init_args.batch_size=32",
         "--model.init_args.loss.init_args.distributed=false"])
     assert single.trainer.world_size == 1
     d, s = _last_metrics(ddp_dir), _last_metrics(single_dir)
@@ -221,7 +223,8 @@ def test_ddp_recipe_with_two_gloo_processes_matches_one_process(tmp_path):
     assert abs(d["train/loss_epoch"] - s["train/loss_epoch"]) <= 1e-4
     for k in ("val/top1", "val/top5", "val/open_rank1", "val/open_tar_far"):
         assert k in d and k in s, k
-        assert abs(d[k] - s[k]) <= 1.0 / 40 + 1e-6, (k, d[k], s[k])  # 40 probes, 128 closed samples
+        tol = 2.0 / 2000 if k in ("val/top1", "val/top5") else 1.0 / 40  # 2,000 closed samples, 40 probes
+        assert abs(d[k] - s[k]) <= tol + 1e-6, (k, d[k], s[k])
     ckpt = find_checkpoint(ddp_dir)
     w_ddp = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]["loss.weight"]
     w_single = torch.load(find_checkpoint(single_dir), map_location="cpu", weights_only=False)["state_dict"]["loss.weight"]
