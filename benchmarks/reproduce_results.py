@@ -322,7 +322,7 @@ def run_args(arm: Arm, seed: int, params: Dict[str, Any], *, phase: str, quick: 
     cfg = arm.recipe_config()
     model_cls = ((cfg.get("model") or {}).get("class_path") or "")
     args = [f"--seed_everything={seed}", f"--data.init_args.seed={seed}"]
-    if model_cls.endswith(("VisionClassifier", "VisionSegmenter")):
+    if model_cls.endswith(("VisionClassifier", "VisionSegmenter", "IdentityEmbedder")):
         args.append(f"--model.init_args.init_seed={seed}")  # the same initial weights for every loss
     if arm.loss_has_seed():
         args.append(f"--model.init_args.loss.init_args.seed={seed}")

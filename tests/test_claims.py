@@ -35,7 +35,7 @@ def test_every_vision_and_segmentation_family_is_claimed():
     families = {c.family for c in CF.claims}
     assert {"Z-loss", "sparsemax loss", "comp-sum (tau)", "smooth adversarial comp-sum", "OPL", "GOL", "WCDAS",
             "Dice semimetric"} <= families
-    assert {c.benchmark for c in CF.claims} == {"vision", "segmentation"}
+    assert {"vision", "segmentation"} <= {c.benchmark for c in CF.claims}  # and the many-class benchmark
 
 
 def test_every_check_has_a_direction_margin_or_level_and_every_arm_a_grid():

@@ -45,6 +45,7 @@ __all__ = ["IdentityEmbedder", "current_rss_mb", "peak_rss_mb"]
 
 LR_SCHEDULES = ("cosine", "constant")
 NORMS = ("layer", "none")
+OPTIMIZERS = ("adamw", "sgd")
 
 
 def current_rss_mb() -> float:
@@ -73,7 +74,9 @@ class IdentityEmbedder(BenchmarkModule):
         hidden_dim, depth: the MLP (``depth`` hidden layers).
         norm: ``"layer"`` (a LayerNorm before each ReLU: per sample, so a DDP run equals a single
             process run) or ``"none"``.
-        lr, weight_decay: AdamW; ``lr_schedule`` ``"cosine"`` (per step, to 0 at the end of the
+        lr, weight_decay: the optimiser's; ``optimizer`` ``"adamw"`` or ``"sgd"`` (with ``momentum``,
+            the Partial FC paper's choice: a centre that is not sampled gets a zero gradient,
+            which AdamW's moments and SGD's momentum treat differently); ``lr_schedule`` ``"cosine"`` (per step, to 0 at the end of the
             fit) or ``"constant"``.
         init_seed: when set, the MLP (and the model's own head) are initialised from
             ``torch.manual_seed(init_seed)`` with the global RNG restored afterwards, so the arms
@@ -93,6 +96,8 @@ class IdentityEmbedder(BenchmarkModule):
         lr: float = 1e-3,
         weight_decay: float = 0.0,
         lr_schedule: str = "cosine",
+        optimizer: str = "adamw",
+        momentum: float = 0.9,
         init_seed: Optional[int] = None,
         far: float = 1e-3,
     ) -> None:
@@ -106,6 +111,8 @@ class IdentityEmbedder(BenchmarkModule):
                                  "input_dim are linked from the DataModule by the CLI, or pass them")
         if norm not in NORMS:
             raise ValueError(f"{name}: norm must be one of {NORMS} (got {norm!r})")
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"{name}: optimizer must be one of {OPTIMIZERS} (got {optimizer!r})")
         if lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"{name}: lr_schedule must be one of {LR_SCHEDULES} (got {lr_schedule!r})")
         self.loss = loss
@@ -117,6 +124,8 @@ class IdentityEmbedder(BenchmarkModule):
         self.input_dim = input_dim
         self.embedding_dim = embedding_dim
         self.lr_schedule = lr_schedule
+        self.optimizer_name = optimizer
+        self.momentum = float(momentum)
         self.init_seed = init_seed
         self.far = float(far)
         with torch.random.fork_rng(devices=[], enabled=init_seed is not None):
@@ -149,7 +158,10 @@ class IdentityEmbedder(BenchmarkModule):
         return self.loss.logits(embeddings) if self.route.owns_head else self.head(embeddings)
 
     def configure_optimizers(self) -> Any:
-        opt = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        if self.optimizer_name == "sgd":
+            opt = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+        else:
+            opt = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
         if self.lr_schedule == "constant":
             return opt
         total = max(1, int(self.trainer.estimated_stepping_batches))
