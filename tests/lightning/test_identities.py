@@ -235,3 +235,43 @@ def test_ddp_recipe_with_two_gloo_processes_matches_one_process(tmp_path):
         "--model.init_args.loss.init_args.distributed=false", f"--ckpt_path={ckpt}"])
     t = {k: float(v) for k, v in test.trainer.callback_metrics.items()}
     assert {"test/top1", "test/open_rank1", "test/train_step_ms"} <= set(t)
+
+
+# -- claims ------------------------------------------------------------------------------------
+def _reproduce_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reproduce_results_identities",
+                                                  os.path.join(ROOT, "benchmarks", "reproduce_results.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _rate_and_data(arm):
+    cfg = arm.recipe_config()
+    rate = cfg["model"]["init_args"]["loss"]["init_args"]["sample_rate"]
+    rate = dict(arm.overrides).get("model.init_args.loss.init_args.sample_rate", rate)
+    return float(rate), cfg["data"]["init_args"]
+
+
+def test_many_class_claims_compare_sampled_rates_with_the_full_softmax():
+    rr = _reproduce_module()
+    cf = rr.load_claims()
+    assert rr.validate_claims(cf) == []
+    claims = {c.key: c for c in cf.claims if c.benchmark == "many_class"}
+    assert set(claims) == {"pfc_arcface", "pfc_cosface", "pfc_cosface_c1e5"}
+    for c in claims.values():
+        rates = {k: _rate_and_data(cf.arms[k])[0] for k in c.arms}
+        (base,) = [k for k, r in rates.items() if r == 1.0]
+        family = [k for k, r in rates.items() if r < 1.0]
+        assert family and {"test/train_step_ms", "test/train_peak_rss_mb", "test/open_rank1", "test/top1"} <= set(c.metrics)
+        for k in family:
+            data = _rate_and_data(cf.arms[k])[1]
+            assert data["batch_size"] < rates[k] * data["num_classes"]  # the sample is mostly uniform negatives
+            for metric in ("test/open_rank1", "test/top1"):
+                (ch,) = [ch for ch in c.checks if ch.family == k and ch.metric == metric]
+                assert ch.baseline == base and ch.kind == "not_worse" and 0 < ch.margin <= 0.02
+        args = rr.run_args(cf.arms[c.arms[0]], 3, {}, phase="eval", quick=False)
+        assert "--model.init_args.init_seed=3" in args and "--model.init_args.loss.init_args.seed=3" in args
