@@ -84,7 +84,7 @@ QUICK_GRID = 1  # grid points tuned in --quick (the selection itself is unit-tes
 DIRECTION_KINDS = ("higher", "lower")
 MARGIN_KINDS = ("equivalent", "not_worse")
 LEVEL_KINDS = ("below", "above")
-INIT_SEED_MODELS = ("VisionClassifier", "VisionSegmenter", "Recommender")  # models taking init_seed
+INIT_SEED_MODELS = ("VisionClassifier", "VisionSegmenter", "Recommender", "IdentityEmbedder")  # models taking init_seed
 
 
 # ------------------------------------------------------------------------------------------

@@ -16,3 +16,5 @@ from .interactions import InteractionsDataModule  # noqa: E402
 from .pairs import PairsDataModule  # noqa: E402
 
 __all__ += ["ImageFolderDataModule", "InteractionsDataModule", "PairsDataModule"]
+from .identities import IdentitiesDataModule  # noqa: E402  (synthetic many-class identities)
+__all__ += ["IdentitiesDataModule"]

@@ -4,5 +4,6 @@ from .vision import *  # noqa: F401,F403
 from .vision import __all__ as _vision_all
 from .recommender import Recommender
 from .retriever import DualEncoderRetriever
+from .identities import IdentityEmbedder
 
-__all__ = [*_vision_all, "Recommender", "DualEncoderRetriever"]
+__all__ = [*_vision_all, "Recommender", "DualEncoderRetriever", "IdentityEmbedder"]

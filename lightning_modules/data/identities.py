@@ -1,0 +1,300 @@
+"""Synthetic identities: many classes, a few samples each, and held-out identities for open-set search.
+
+The regime of Partial FC's paper (face recognition): the number of classes ``C`` dwarfs the batch,
+so a batch's positives cover a small part of ``k = sample_rate * C`` and most sampled centres are
+uniform negatives. Faces are replaced by feature vectors, the backbone by a small MLP
+(:class:`~lightning_modules.models.IdentityEmbedder`).
+
+Generator (:func:`make_identities`, everything drawn from one ``torch.Generator(seed)``):
+
+* identity centres ``mu_c`` uniform on the unit sphere of ``dim`` dimensions (normalised Gaussians);
+* a sample of identity ``c``: ``mu_c + noise * z / sqrt(dim)`` with ``z ~ N(0, I_dim)`` (so the
+  within-class deviation has norm about ``noise``), renormalised to the sphere when
+  ``normalize``, then followed by ``nuisance_dim`` coordinates of pure noise (std
+  ``nuisance_std``, the same distribution for every identity) that a model must learn to ignore;
+* identities ``0 .. num_classes-1`` are the closed set (training classes), each with
+  ``train_per_class + val_per_class + test_per_class`` samples; identities ``num_classes ..
+  num_classes + 2 * open_classes - 1`` are held out (never trained on): the first ``open_classes``
+  form the validation open set, the next ``open_classes`` the test open set, each identity with
+  ``gallery_per_class`` gallery samples and ``probes_per_class`` probes.
+
+Open-set evaluation (:func:`identification_metrics`): every probe is searched 1:N against the
+gallery by cosine similarity (``faiss.IndexFlatIP`` over L2-normalised vectors when faiss is
+installed, else a torch matmul; the two agree); rank-1 identification rate = the fraction of
+probes whose most similar gallery sample has the probe's identity. TAR@FAR: all probe-gallery
+pairs, genuine (same identity) and impostor; the threshold is the ``1 - far`` quantile of the
+impostor scores and TAR the fraction of genuine scores above it.
+
+Loaders: ``train`` yields ``(x, y)``; ``val`` and ``test`` are two loaders each: ``0`` the
+closed-set split ``(x, y)``, ``1`` the open set ``(x, identity, role, index)`` with role 0 =
+gallery, 1 = probe, ordered identity by identity (gallery first) so that a truncated pass
+(``limit_val_batches``) still holds whole identities.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.utils.data import DataLoader, DistributedSampler, Sampler, TensorDataset
+
+from ..base import BenchmarkDataModule
+from .image_variants import SeededEpochSampler
+
+__all__ = ["IdentitySplits", "make_identities", "identification_metrics", "IdentitiesDataModule"]
+
+
+@dataclass
+class IdentitySplits:
+    """Tensors of one generated data set (see the module docstring)."""
+
+    train_x: Tensor
+    train_y: Tensor
+    val_x: Tensor
+    val_y: Tensor
+    test_x: Tensor
+    test_y: Tensor
+    # open sets: identities renumbered from 0 within each set; role 0 gallery, 1 probe
+    val_open_x: Tensor
+    val_open_id: Tensor
+    val_open_role: Tensor
+    test_open_x: Tensor
+    test_open_id: Tensor
+    test_open_role: Tensor
+
+
+def _check_int(name: str, value: object, low: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"make_identities: {name} must be an integer >= {low} (got {value!r})")
+    return value
+
+
+def make_identities(
+    num_classes: int,
+    dim: int = 32,
+    *,
+    train_per_class: int = 4,
+    val_per_class: int = 1,
+    test_per_class: int = 1,
+    open_classes: int = 500,
+    gallery_per_class: int = 1,
+    probes_per_class: int = 2,
+    noise: float = 0.6,
+    normalize: bool = True,
+    nuisance_dim: int = 0,
+    nuisance_std: float = 1.0,
+    seed: int = 0,
+) -> IdentitySplits:
+    """Generate the closed-set splits and the two open sets (module docstring). Deterministic per
+    ``seed``; the draws happen in a fixed order (centres, then samples identity-major)."""
+    _check_int("num_classes", num_classes, 2)
+    _check_int("dim", dim, 2)
+    _check_int("train_per_class", train_per_class, 1)
+    _check_int("val_per_class", val_per_class, 0)
+    _check_int("test_per_class", test_per_class, 0)
+    _check_int("open_classes", open_classes, 0)
+    _check_int("gallery_per_class", gallery_per_class, 1)
+    _check_int("probes_per_class", probes_per_class, 1)
+    _check_int("nuisance_dim", nuisance_dim, 0)
+    if not (isinstance(noise, (int, float)) and noise >= 0):
+        raise ValueError(f"make_identities: noise must be >= 0 (got {noise!r})")
+    g = torch.Generator().manual_seed(int(seed))
+    total = num_classes + 2 * open_classes
+    centres = torch.nn.functional.normalize(torch.randn(total, dim, generator=g), dim=1)
+
+    def samples(ids: Tensor, n: int) -> Tensor:  # (len(ids) * n, dim + nuisance_dim), identity-major
+        mu = centres[ids].repeat_interleave(n, dim=0)
+        x = mu + float(noise) * torch.randn(mu.shape, generator=g) / math.sqrt(dim)
+        if normalize:
+            x = torch.nn.functional.normalize(x, dim=1)
+        if nuisance_dim:
+            x = torch.cat([x, float(nuisance_std) * torch.randn(x.shape[0], nuisance_dim, generator=g)], dim=1)
+        return x
+
+    closed = torch.arange(num_classes)
+    per = train_per_class + val_per_class + test_per_class
+    x = samples(closed, per).view(num_classes, per, -1)
+    y = closed[:, None].expand(num_classes, per)
+    cuts = (train_per_class, train_per_class + val_per_class)
+
+    def part(a: int, b: int):
+        return x[:, a:b].reshape(-1, x.shape[-1]).contiguous(), y[:, a:b].reshape(-1).contiguous()
+
+    train_x, train_y = part(0, cuts[0])
+    val_x, val_y = part(cuts[0], cuts[1])
+    test_x, test_y = part(cuts[1], per)
+
+    def open_set(first: int):
+        ids = torch.arange(first, first + open_classes)
+        n = gallery_per_class + probes_per_class
+        ox = samples(ids, n)
+        oid = torch.arange(open_classes).repeat_interleave(n)
+        role = torch.tensor([0] * gallery_per_class + [1] * probes_per_class).repeat(open_classes)
+        return ox, oid, role
+
+    vo = open_set(num_classes)
+    to = open_set(num_classes + open_classes)
+    return IdentitySplits(train_x, train_y, val_x, val_y, test_x, test_y, *vo, *to)
+
+
+def _rank1(gallery: Tensor, gallery_id: Tensor, probes: Tensor, probe_id: Tensor, use_faiss: Optional[bool]) -> Tensor:
+    """Per-probe hit (bool) of the nearest gallery sample by cosine."""
+    faiss = None
+    if use_faiss is not False:
+        try:
+            import faiss  # noqa: F811
+        except ImportError:
+            if use_faiss:
+                raise
+            faiss = None
+    if faiss is not None:
+        import numpy as np
+
+        g = torch.nn.functional.normalize(gallery.detach().float().cpu(), dim=1).numpy()
+        q = torch.nn.functional.normalize(probes.detach().float().cpu(), dim=1).numpy()
+        index = faiss.IndexFlatIP(g.shape[1])
+        index.add(np.ascontiguousarray(g))
+        _, nn_idx = index.search(np.ascontiguousarray(q), 1)
+        nearest = torch.from_numpy(nn_idx[:, 0]).long()
+    else:
+        sims = torch.nn.functional.normalize(probes.float(), dim=1) @ torch.nn.functional.normalize(
+            gallery.float(), dim=1).T
+        nearest = sims.argmax(dim=1).cpu()
+    return gallery_id.cpu()[nearest] == probe_id.cpu()
+
+
+def identification_metrics(gallery: Tensor, gallery_id: Tensor, probes: Tensor, probe_id: Tensor, *,
+                           far: float = 1e-3, use_faiss: Optional[bool] = None) -> Dict[str, float]:
+    """1:N search of ``probes`` against ``gallery`` by cosine (module docstring).
+
+    Probes whose identity has no gallery sample are dropped (a truncated pass). Returns
+    ``rank1`` (identification rate), ``tar_at_far`` (TAR at FAR ``far`` over all probe-gallery
+    pairs), ``probes`` and ``gallery`` (the counts used). ``use_faiss``: ``None`` = faiss when
+    installed, ``True`` = require it, ``False`` = torch only.
+    """
+    keep = torch.isin(probe_id.cpu(), gallery_id.cpu())
+    probes, probe_id = probes[keep.to(probes.device)], probe_id.cpu()[keep]
+    n = int(probe_id.numel())
+    if n == 0 or gallery.shape[0] < 2:
+        return {"rank1": float("nan"), "tar_at_far": float("nan"), "probes": float(n),
+                "gallery": float(gallery.shape[0])}
+    hit = _rank1(gallery, gallery_id, probes, probe_id, use_faiss)
+    sims = (torch.nn.functional.normalize(probes.float(), dim=1)
+            @ torch.nn.functional.normalize(gallery.float(), dim=1).T).cpu()
+    genuine = probe_id[:, None] == gallery_id.cpu()[None, :]
+    imp = sims[~genuine]
+    if imp.numel():
+        # the smallest threshold with at most `far` of the impostor scores strictly above it
+        allowed = int(math.floor(far * imp.numel()))
+        top = torch.topk(imp, min(allowed + 1, imp.numel())).values
+        thr = float(top[-1])
+        tar = float((sims[genuine] > thr).float().mean())
+    else:
+        tar = float("nan")
+    return {"rank1": float(hit.float().mean()), "tar_at_far": tar, "probes": float(n),
+            "gallery": float(gallery.shape[0])}
+
+
+class IdentitiesDataModule(BenchmarkDataModule):
+    """Synthetic identities (module docstring) as a DataModule.
+
+    Sizes linked by the CLI: ``num_classes`` (the closed-set identities, the loss's head size) and
+    ``input_dim = dim + nuisance_dim`` (the MLP's input width). The data are generated in
+    ``setup`` (``__init__`` is cheap). ``seed`` fixes the data and the training order (a
+    permutation drawn from ``(seed, epoch)``); ``eval_batch_size`` bounds the ``(B, C)`` logits of
+    the closed-set evaluation.
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 10000,
+        dim: int = 32,
+        train_per_class: int = 4,
+        val_per_class: int = 1,
+        test_per_class: int = 1,
+        open_classes: int = 500,
+        gallery_per_class: int = 1,
+        probes_per_class: int = 2,
+        noise: float = 0.6,
+        normalize: bool = True,
+        nuisance_dim: int = 0,
+        nuisance_std: float = 1.0,
+        batch_size: int = 256,
+        eval_batch_size: int = 512,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        _check_int("num_classes", num_classes, 2)
+        _check_int("dim", dim, 2)
+        _check_int("nuisance_dim", nuisance_dim, 0)
+        self.num_classes = int(num_classes)
+        self.input_dim = int(dim) + int(nuisance_dim)
+        self.batch_size = int(batch_size)
+        self.eval_batch_size = int(eval_batch_size)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.num_workers = int(num_workers)
+        self.splits: Optional[IdentitySplits] = None
+        self._train_sampler: Optional[SeededEpochSampler] = None
+        self.meta: Dict[str, object] = {}
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        if self.splits is not None:
+            return
+        h = self.hparams
+        self.splits = make_identities(
+            h.num_classes, h.dim, train_per_class=h.train_per_class, val_per_class=h.val_per_class,
+            test_per_class=h.test_per_class, open_classes=h.open_classes, gallery_per_class=h.gallery_per_class,
+            probes_per_class=h.probes_per_class, noise=h.noise, normalize=h.normalize, nuisance_dim=h.nuisance_dim,
+            nuisance_std=h.nuisance_std, seed=h.seed)
+        s = self.splits
+        self.meta = {"num_classes": self.num_classes, "input_dim": self.input_dim, "train": len(s.train_y),
+                     "val": len(s.val_y), "test": len(s.test_y), "open_classes": int(h.open_classes),
+                     "val_open": len(s.val_open_id), "test_open": len(s.test_open_id), "noise": float(h.noise),
+                     "nuisance_dim": int(h.nuisance_dim), "generator_seed": self.seed}
+
+    def split_sizes(self) -> Dict[str, int]:
+        self.setup()
+        s = self.splits
+        return {"train": len(s.train_y), "val": len(s.val_y), "test": len(s.test_y),
+                "val_open": len(s.val_open_id), "test_open": len(s.test_open_id)}
+
+    def _loader(self, data: TensorDataset, train: bool) -> DataLoader:
+        sampler: Optional[Sampler] = None
+        shuffle = train and self.shuffle
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            # shard explicitly (Lightning keeps a DistributedSampler it is given); evaluation
+            # shards are padded to equal length, the open-set metrics drop the repeats by index
+            sampler = DistributedSampler(data, shuffle=shuffle, seed=self.seed, drop_last=False)
+        elif shuffle:  # the order depends on (seed, epoch) only: the same batches for every arm
+            if self._train_sampler is None:
+                self._train_sampler = SeededEpochSampler(self.splits.train_y, self.seed)
+            sampler = self._train_sampler
+        return DataLoader(data, batch_size=self.batch_size if train else self.eval_batch_size, shuffle=False,
+                          sampler=sampler, num_workers=self.num_workers)
+
+    def train_dataloader(self) -> DataLoader:
+        self.setup()
+        s = self.splits
+        return self._loader(TensorDataset(s.train_x, s.train_y), True)
+
+    def _eval(self, x, y, ox, oid, role):
+        return [self._loader(TensorDataset(x, y), False),
+                self._loader(TensorDataset(ox, oid, role, torch.arange(len(oid))), False)]
+
+    def val_dataloader(self):
+        self.setup()
+        s = self.splits
+        return self._eval(s.val_x, s.val_y, s.val_open_x, s.val_open_id, s.val_open_role)
+
+    def test_dataloader(self):
+        self.setup()
+        s = self.splits
+        return self._eval(s.test_x, s.test_y, s.test_open_x, s.test_open_id, s.test_open_role)
