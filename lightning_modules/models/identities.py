@@ -1,9 +1,9 @@
 """An embedding model for many identities: an MLP over feature vectors and a head-owning loss.
 
 :class:`IdentityEmbedder` trains on :class:`~lightning_modules.data.IdentitiesDataModule`. The loss
-is routed by its registry declaration (:func:`~lightning_modules.routing.loss_route`): an ``"E"``
+is routed by its registry declaration (:func:`~lightning_modules.routing.loss_route`): an ``"embeddings"``
 loss that owns the class centres (Partial FC, margin softmax, ...) gets the embeddings and the
-identity ids, and closed-set logits come from its ``.logits``; an ``"I"`` loss (e.g.
+identity ids, and closed-set logits come from its ``.logits``; a ``"logits"`` loss (e.g.
 ``torch.nn.CrossEntropyLoss``) gets the logits of a linear head the model owns. Other routes are
 rejected.
 
@@ -37,6 +37,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
+from losses import InputKind
+
 from ..base import BenchmarkModule, clean_linked_hparams
 from ..data.identities import identification_metrics
 from ..routing import loss_route
@@ -67,8 +69,8 @@ class IdentityEmbedder(BenchmarkModule):
     """MLP ``input_dim -> hidden_dim (x depth, LayerNorm, ReLU) -> embedding_dim`` with a pluggable loss.
 
     Args:
-        loss: an ``"E"`` loss that owns a head (``num_classes`` and ``embedding_dim`` are linked
-            into it by the CLI), or an ``"I"`` loss (the model then owns a linear head).
+        loss: an ``"embeddings"`` loss that owns a head (``num_classes`` and ``embedding_dim`` are linked
+            into it by the CLI), or a ``"logits"`` loss (the model then owns a linear head).
         num_classes, input_dim: linked from the DataModule.
         embedding_dim: the embedding width.
         hidden_dim, depth: the MLP (``depth`` hidden layers).
@@ -117,9 +119,8 @@ class IdentityEmbedder(BenchmarkModule):
             raise ValueError(f"{name}: lr_schedule must be one of {LR_SCHEDULES} (got {lr_schedule!r})")
         self.loss = loss
         self.route = loss_route(loss)
-        if self.route.auxiliary or not ((self.route.kind == "E" and self.route.owns_head) or self.route.kind == "I"):
-            raise ValueError(f"{name}: loss {type(loss).__name__} (kind {self.route.kind!r}) cannot train an "
-                             "identity model; use an E loss that owns a head (e.g. PartialFCLoss) or a logits loss")
+        self.route.require_main(name, (InputKind.LOGITS, InputKind.EMBEDDINGS), task="an identity model",
+                                hint="use an embeddings loss that owns a head (e.g. PartialFCLoss) or a logits loss")
         self.num_classes = num_classes
         self.input_dim = input_dim
         self.embedding_dim = embedding_dim
