@@ -747,16 +747,33 @@ class _SeededModule(GeneratorStateMixin):
 
 
 class DecoupledSoftmaxLoss(_SeededModule):
-    """Module form of :func:`decoupled_softmax_loss` (DEXML, arXiv:2310.10636).
+    """Decoupled softmax loss (DEXML, arXiv:2310.10636) as a module; the maths is
+    :func:`losses.decoupled_softmax_loss`.
 
-    ``forward(scores, target, *, mask=None)`` or ``forward(query, keys, target, *, mask=None)``
-    (scores from :func:`in_batch_scores`, which takes the mask then). ``seed`` feeds a private
-    generator for ``sample_one_positive`` (``None``: the global RNG); its state is saved in
-    ``state_dict()``, so a run resumed from a checkpoint draws what the uninterrupted run would
-    have drawn (older state_dicts without it still load). With ``gather_distributed=True`` the loss is that of the global
-    batch on every rank (``"mean"`` divides by the global number of rows with positives;
-    ``"none"`` returns this rank's rows) and ``forward(query, keys, target)`` scores against every
-    rank's keys.
+    Args:
+        temperature: ``T > 0`` (default 0.05).
+        weighted: weight each positive's term by its relevance (default False).
+        variant: ``"paper"`` (default) or ``"reference"``.
+        sample_one_positive: score one sampled positive per row; overrides the variant (default None).
+        mask_value: scaled score written over the positives; overrides the variant (default None).
+        ignore_index: padding id of integer targets (default -100).
+        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+        seed: ``None`` (default: the global RNG) or the seed of a private generator for
+            ``sample_one_positive``.
+        gather_distributed: with keys, score against every rank's keys and return the loss of the
+            global batch on every rank (default False).
+
+    ``forward(scores, target, *, mask=None)`` with ``scores (B, L)`` and ``target`` bool / float
+    ``(B, L)`` or integer ids ``(B,)`` / ``(B, P)`` padded with ``ignore_index``; or
+    ``forward(query, keys, target, *, mask=None)`` with ``query (B, D)``, ``keys (K, D)``, scored
+    by :func:`losses.in_batch_scores` (which then takes the mask). Returns a scalar for
+    ``"mean"``/``"sum"``, ``(B,)`` for ``"none"``.
+
+    The private generator's state is saved in ``state_dict()``, so a run resumed from a checkpoint
+    draws what the uninterrupted run would have drawn (older state_dicts without it still load).
+    With ``gather_distributed=True`` the loss is that of the global batch on every rank (``"mean"``
+    divides by the global number of rows with positives; ``"none"`` returns this rank's rows) and
+    ``forward(query, keys, target)`` scores against every rank's keys. No parameters or buffers.
 
     >>> import torch, losses
     >>> losses.DecoupledSoftmaxLoss(variant="reference", seed=0)
@@ -799,6 +816,19 @@ class DecoupledSoftmaxLoss(_SeededModule):
 
     def forward(self, scores_or_query: Tensor, target_or_keys: Tensor, target: Optional[Tensor] = None, *,
                 mask: Optional[Tensor] = None) -> Tensor:
+        """The decoupled softmax loss of the scores (or of ``query`` against ``keys``).
+
+        Args:
+            scores_or_query: scores ``(B, L)``, or the queries ``(B, D)`` when ``keys`` follow.
+            target_or_keys: the target of ``scores`` (bool / float ``(B, L)``, ids ``(B,)`` / ``(B, P)``),
+                or the keys ``(K, D)``.
+            target: the target of ``(query, keys)`` (as :func:`losses.in_batch_scores` takes it), else
+                omitted.
+            mask: optional bool ``(B, L)`` (``(B, K)`` with ``keys``), True = exclude the candidate.
+
+        Returns:
+            A scalar (``"mean"``, ``"sum"``) or the per-row losses ``(B,)`` (``"none"``).
+        """
         sample, mask_fill = _decoupled_flags(self.variant, self.sample_one_positive, self.mask_value)
         gen = self._generator_or_none() if sample else None
 
@@ -817,10 +847,23 @@ class DecoupledSoftmaxLoss(_SeededModule):
 
 
 class InfoNCELoss(nn.Module):
-    """Module form of :func:`infonce_loss` (InfoNCE, arXiv:1807.03748).
+    """InfoNCE (multi-positive softmax cross-entropy, arXiv:1807.03748) as a module; the maths is
+    :func:`losses.infonce_loss`.
 
-    ``forward(scores, target, *, mask=None)`` or ``forward(query, keys, target, *, mask=None)``;
-    ``gather_distributed`` as in :class:`DecoupledSoftmaxLoss`.
+    Args:
+        temperature: ``T > 0`` (default 0.05).
+        positive_normalization: ``"sum"`` (default) or ``"mean"`` over a row's positives.
+        ignore_index: padding id of integer targets (default -100).
+        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+        gather_distributed: with keys, score against every rank's keys and return the loss of the
+            global batch on every rank (default False).
+
+    ``forward(scores, target, *, mask=None)`` with ``scores (B, L)`` and ``target`` bool / float
+    ``(B, L)`` or integer ids ``(B,)`` / ``(B, P)`` padded with ``ignore_index``; or
+    ``forward(query, keys, target, *, mask=None)`` with ``query (B, D)``, ``keys (K, D)``, scored
+    by :func:`losses.in_batch_scores` (which then takes the mask). Returns a scalar for
+    ``"mean"``/``"sum"``, ``(B,)`` for ``"none"``. ``gather_distributed`` as in :class:`DecoupledSoftmaxLoss`. No parameters or
+    buffers.
     """
 
     def __init__(
@@ -846,6 +889,19 @@ class InfoNCELoss(nn.Module):
 
     def forward(self, scores_or_query: Tensor, target_or_keys: Tensor, target: Optional[Tensor] = None, *,
                 mask: Optional[Tensor] = None) -> Tensor:
+        """The InfoNCE loss of the scores (or of ``query`` against ``keys``).
+
+        Args:
+            scores_or_query: scores ``(B, L)``, or the queries ``(B, D)`` when ``keys`` follow.
+            target_or_keys: the target of ``scores`` (bool / float ``(B, L)``, ids ``(B,)`` / ``(B, P)``),
+                or the keys ``(K, D)``.
+            target: the target of ``(query, keys)`` (as :func:`losses.in_batch_scores` takes it), else
+                omitted.
+            mask: optional bool ``(B, L)`` (``(B, K)`` with ``keys``), True = exclude the candidate.
+
+        Returns:
+            A scalar (``"mean"``, ``"sum"``) or the per-row losses ``(B,)`` (``"none"``).
+        """
         def rows(s, t, m):
             return _infonce_rows("infonce_loss", s, t, temperature=self.temperature,
                                  positive_normalization=self.positive_normalization, ignore_index=self.ignore_index,
@@ -860,11 +916,29 @@ class InfoNCELoss(nn.Module):
 
 
 class SoftTopKLoss(_SeededModule):
-    """Module form of :func:`soft_topk_loss` (DEXML soft top-k, arXiv:2310.10636).
+    """Soft top-k loss (DEXML soft top-k, arXiv:2310.10636) as a module; the maths is
+    :func:`losses.soft_topk_loss`.
 
-    ``forward(scores, target, *, mask=None)`` or ``forward(query, keys, target, *, mask=None)``;
-    ``seed`` feeds the reference variant's draws (generator state in ``state_dict()``, as
-    :class:`DecoupledSoftmaxLoss`); ``gather_distributed`` as in :class:`DecoupledSoftmaxLoss`.
+    Args:
+        k: an int ``0 < k < L`` or ``"num_positives"`` (default 5).
+        alpha: sigmoid sharpness ``> 0`` (default 2.0).
+        temperature: ``> 0`` (default 0.05).
+        n_iter: bisection steps of the threshold (default 32).
+        variant: ``"paper"`` (default) or ``"reference"``.
+        ignore_index: padding id of integer targets (default -100).
+        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+        seed: ``None`` (default: the global RNG) or the seed of a private generator for the
+            reference variant's draws (its state is in ``state_dict()``, as
+            :class:`DecoupledSoftmaxLoss`).
+        gather_distributed: with keys, score against every rank's keys and return the loss of the
+            global batch on every rank (default False).
+
+    ``forward(scores, target, *, mask=None)`` with ``scores (B, L)`` and ``target`` bool / float
+    ``(B, L)`` or integer ids ``(B,)`` / ``(B, P)`` padded with ``ignore_index``; or
+    ``forward(query, keys, target, *, mask=None)`` with ``query (B, D)``, ``keys (K, D)``, scored
+    by :func:`losses.in_batch_scores` (which then takes the mask). Returns a scalar for
+    ``"mean"``/``"sum"``, ``(B,)`` for ``"none"``. ``gather_distributed`` as in :class:`DecoupledSoftmaxLoss`. No parameters or
+    buffers.
     """
 
     def __init__(
@@ -903,6 +977,19 @@ class SoftTopKLoss(_SeededModule):
 
     def forward(self, scores_or_query: Tensor, target_or_keys: Tensor, target: Optional[Tensor] = None, *,
                 mask: Optional[Tensor] = None) -> Tensor:
+        """The soft top-k loss of the scores (or of ``query`` against ``keys``).
+
+        Args:
+            scores_or_query: scores ``(B, L)``, or the queries ``(B, D)`` when ``keys`` follow.
+            target_or_keys: the target of ``scores`` (bool / float ``(B, L)``, ids ``(B,)`` / ``(B, P)``),
+                or the keys ``(K, D)``.
+            target: the target of ``(query, keys)`` (as :func:`losses.in_batch_scores` takes it), else
+                omitted.
+            mask: optional bool ``(B, L)`` (``(B, K)`` with ``keys``), True = exclude the candidate.
+
+        Returns:
+            A scalar (``"mean"``, ``"sum"``) or the per-row losses ``(B,)`` (``"none"``).
+        """
         gen = self._generator_or_none() if self.variant == "reference" else None
 
         def rows(s, t, m):
