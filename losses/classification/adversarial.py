@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from .._core import (
+    auto_extra_repr,
     ExperimentalWarning,
     check_choice,
     check_finite,
@@ -365,11 +366,7 @@ class AdversarialCompSumLoss(GeneratorStateMixin):
                                      rho=self.rho, nu=self.nu, ignore_index=self.ignore_index,
                                      reduction=self.reduction)
 
-    def extra_repr(self) -> str:
-        return (f"tau={self.tau}, rho={self.rho}, nu={self.nu}, epsilon={self.epsilon}, steps={self.steps}, "
-                f"step_size={self.step_size}, norm={self.norm!r}, clip={self.clip}, "
-                f"random_init_std={self.random_init_std}, ignore_index={self.ignore_index}, "
-                f"reduction={self.reduction!r}, seed={self.seed}")
+    extra_repr = auto_extra_repr
 
 
 register(

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    auto_extra_repr,
     check_class_target,
     check_class_weight,
     check_distribution,
@@ -271,9 +272,9 @@ class CrossEntropyLoss(nn.Module):
         return cross_entropy_loss(input, target, label_smoothing=self.label_smoothing, weight=self.weight,
                                   ignore_index=self.ignore_index, reduction=self.reduction, softcap=self.softcap)
 
-    def extra_repr(self) -> str:
-        return (f"label_smoothing={self.label_smoothing}, ignore_index={self.ignore_index}, "
-                f"reduction={self.reduction!r}" + ("" if self.softcap is None else f", softcap={self.softcap}"))
+    extra_repr = auto_extra_repr
+
+    _repr_omit_none = ("softcap",)
 
 
 class BCEWithLogitsLoss(nn.Module):
@@ -324,9 +325,7 @@ class BCEWithLogitsLoss(nn.Module):
         return bce_with_logits_loss(input, target, label_smoothing=self.label_smoothing, weight=self.weight,
                                     ignore_index=self.ignore_index, reduction=self.reduction)
 
-    def extra_repr(self) -> str:
-        return (f"label_smoothing={self.label_smoothing}, ignore_index={self.ignore_index}, "
-                f"reduction={self.reduction!r}")
+    extra_repr = auto_extra_repr
 
 
 # --------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from .._core import (
+    auto_extra_repr,
     check_floating,
     check_integer_target,
     check_masked_logits,
@@ -188,8 +189,7 @@ class CompSumLoss(nn.Module):
         """
         return comp_sum_loss(input, target, tau=self.tau, ignore_index=self.ignore_index, reduction=self.reduction)
 
-    def extra_repr(self) -> str:
-        return f"tau={self.tau}, ignore_index={self.ignore_index}, reduction={self.reduction!r}"
+    extra_repr = auto_extra_repr
 
 
 register(

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from .. import _distributed as D
 from .._core import (
+    auto_extra_repr,
     check_bool,
     check_choice,
     check_class_target,
@@ -483,11 +484,7 @@ class _DiceBase(nn.Module):
                              log_loss=self.log_loss, weight=self.weight, mask=mask, ignore_index=self.ignore_index,
                              reduction=self.reduction, gather=self.gather_distributed)
 
-    def extra_repr(self) -> str:
-        return (f"activation={self.activation!r}, smooth={self.smooth}, aggregate={self.aggregate!r}, "
-                f"active_classes={self.active_classes!r}, log_loss={self.log_loss}, "
-                f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
-                f"gather_distributed={self.gather_distributed}")
+    extra_repr = auto_extra_repr
 
 
 class DiceSemimetricLoss(_DiceBase):

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from .._core import (
+    auto_extra_repr,
     check_choice,
     check_finite,
     check_floating,
@@ -548,9 +549,7 @@ class GumbelBCELoss(nn.Module):
                                clamp=self.clamp, weight=self.weight, ignore_index=self.ignore_index,
                                reduction=self.reduction)
 
-    def extra_repr(self) -> str:
-        return (f"label_smoothing={self.label_smoothing}, variant={self.variant!r}, clamp={self.clamp}, "
-                f"ignore_index={self.ignore_index}, reduction={self.reduction!r}")
+    extra_repr = auto_extra_repr
 
 
 GOLLoss = GumbelBCELoss

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from .._core import (
+    auto_extra_repr,
     _checking,
     check_class_target,
     check_distribution,
@@ -558,8 +559,7 @@ class SparsemaxLoss(nn.Module):
         (float64 for float64 logits) like the loss itself, also for half logits."""
         return sparsemax(_wide(input), dim=1, k=self.k)
 
-    def extra_repr(self) -> str:
-        return f"k={self.k}, ignore_index={self.ignore_index}, reduction={self.reduction!r}"
+    extra_repr = auto_extra_repr
 
 
 class Entmax15Loss(nn.Module):
@@ -606,8 +606,7 @@ class Entmax15Loss(nn.Module):
         (float64 for float64 logits) like the loss itself, also for half logits."""
         return entmax15(_wide(input), dim=1, k=self.k)
 
-    def extra_repr(self) -> str:
-        return f"k={self.k}, ignore_index={self.ignore_index}, reduction={self.reduction!r}"
+    extra_repr = auto_extra_repr
 
 
 class EntmaxBisectLoss(nn.Module):
@@ -661,9 +660,7 @@ class EntmaxBisectLoss(nn.Module):
         (float64 for float64 logits) like the loss itself, also for half logits."""
         return entmax_bisect(_wide(input), alpha=self.alpha, dim=1, n_iter=self.n_iter)
 
-    def extra_repr(self) -> str:
-        return (f"alpha={self.alpha}, n_iter={self.n_iter}, ignore_index={self.ignore_index}, "
-                f"reduction={self.reduction!r}")
+    extra_repr = auto_extra_repr
 
 
 # --------------------------------------------------------------------------------------

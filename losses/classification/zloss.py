@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from .._core import (
+    auto_extra_repr,
     check_bool,
     check_finite,
     check_floating,
@@ -280,9 +281,7 @@ class ZLoss(nn.Module):
         return z_loss(input, target, a=self.a, b=self.b, eps=self.eps, ignore_index=self.ignore_index,
                       reduction=self.reduction)
 
-    def extra_repr(self) -> str:
-        return (f"a={self.a}, b={self.b}, eps={self.eps}, ignore_index={self.ignore_index}, "
-                f"reduction={self.reduction!r}")
+    extra_repr = auto_extra_repr
 
 
 # --------------------------------------------------------------------------------------
@@ -537,10 +536,9 @@ class CrossEntropyWithLogZPenalty(nn.Module):
                                                reduction=self.reduction, return_penalty=self.return_penalty,
                                                softcap=self.softcap)
 
-    def extra_repr(self) -> str:
-        return (f"coef={self.coef}, ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
-                f"return_penalty={self.return_penalty}"
-                + ("" if self.softcap is None else f", softcap={self.softcap}"))
+    extra_repr = auto_extra_repr
+
+    _repr_omit_none = ("softcap",)
 
 
 register(

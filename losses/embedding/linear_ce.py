@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from .._core import (
+    auto_extra_repr,
     check_bool,
     check_int,
     check_finite,
@@ -326,12 +327,12 @@ class LinearCrossEntropyLoss(nn.Module):
             z = z if self.bias is None else z + self.bias.to(dtype)
             return apply_softcap(z, self.softcap)
 
-    def extra_repr(self) -> str:
-        return (f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, "
-                f"bias={self.bias is not None}, chunk_size={self.chunk_size}, "
-                f"label_smoothing={self.label_smoothing}, logz_coef={self.logz_coef}, "
-                f"ignore_index={self.ignore_index}, reduction={self.reduction!r}"
-                + ("" if self.softcap is None else f", softcap={self.softcap}"))
+    extra_repr = auto_extra_repr
+
+    _repr_omit_none = ("softcap",)
+
+    def _repr_values(self) -> dict:
+        return {"bias": self.bias is not None}
 
 
 register(

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    auto_extra_repr,
     check_int,
     check_choice,
     check_finite,
@@ -507,11 +508,7 @@ class MarginSoftmaxLoss(nn.Module):
         check_head_embeddings(name + ".logits", name, embeddings, self.embedding_dim)
         return cosine_logits(embeddings, self.weight, self.scale)
 
-    def extra_repr(self) -> str:
-        return (f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, scale={self.scale}, "
-                f"margin={self.margin}, variant={self.variant!r}, "
-                f"interclass_filtering_threshold={self.interclass_filtering_threshold}, "
-                f"ignore_index={self.ignore_index}, reduction={self.reduction!r}")
+    extra_repr = auto_extra_repr
 
 
 register(

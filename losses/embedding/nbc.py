@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    auto_extra_repr,
     check_bool,
     check_int,
     _checking,
@@ -336,11 +337,10 @@ class NBCSoftmaxLoss(nn.Module):
                                 nbc_weight=self.nbc_weight, variant=self.variant, bias=self.classifier.bias,
                                 ignore_index=self.ignore_index, reduction=self.reduction)
 
-    def extra_repr(self) -> str:
-        return (f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, scale={self.scale}, "
-                f"nbc_weight={self.nbc_weight}, bias={self.classifier.bias is not None}, "
-                f"variant={self.variant!r}, ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
-                f"gather_distributed={self.gather_distributed}")
+    extra_repr = auto_extra_repr
+
+    def _repr_values(self) -> dict:
+        return {"bias": self.classifier.bias is not None}
 
 
 register(

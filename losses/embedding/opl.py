@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    auto_extra_repr,
     check_bool,
     attached_zero,
     check_choice,
@@ -237,10 +238,7 @@ class OrthogonalProjectionLoss(nn.Module):
         return opl_loss(embeddings, target, gamma=self.gamma, variant=self.variant, neg_term=self.neg_term,
                         ignore_index=self.ignore_index, reduction=self.reduction, return_stats=self.return_stats)
 
-    def extra_repr(self) -> str:
-        return (f"gamma={self.gamma}, variant={self.variant!r}, neg_term={self.neg_term!r}, "
-                f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
-                f"return_stats={self.return_stats}, gather_distributed={self.gather_distributed}")
+    extra_repr = auto_extra_repr
 
 
 register(

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from .._core import (
+    auto_extra_repr,
     check_seed,
     check_bool,
     _checking,
@@ -523,12 +524,9 @@ class PartialFCLoss(GeneratorStateMixin):
                 return cosine_logits(embeddings, self._gather_weight(), self.scale)
         return cosine_logits(embeddings, self.weight, self.scale)
 
-    def extra_repr(self) -> str:
-        return (f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, "
-                f"sample_rate={self.sample_rate}, scale={self.scale}, margin={self.margin}, "
-                f"variant={self.variant!r}, interclass_filtering_threshold={self.interclass_filtering_threshold}, "
-                f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, seed={self.seed}, "
-                f"distributed={self.distributed}")
+    extra_repr = auto_extra_repr
+
+    _repr_skip = ("process_group",)
 
 
 register(

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    auto_extra_repr,
     check_int,
     check_choice,
     check_finite,
@@ -282,11 +283,10 @@ class WCDASLoss(nn.Module):
         return wcdas_loss(embeddings, target, self.weight, self.concentration_logit, self.effective_scale(),
                           variant=self.variant, ignore_index=self.ignore_index, reduction=self.reduction)
 
-    def extra_repr(self) -> str:
-        scale = None if self.scale is None else float(self.scale)
-        return (f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, "
-                f"concentration_init={self.concentration_init}, scale={scale}, variant={self.variant!r}, "
-                f"ignore_index={self.ignore_index}, reduction={self.reduction!r}")
+    extra_repr = auto_extra_repr
+
+    def _repr_values(self) -> dict:
+        return {"scale": None if self.scale is None else float(self.scale)}
 
 
 register(

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from .._core import (
+    auto_extra_repr,
     check_seed,
     check_int,
     check_bool,
@@ -777,7 +778,7 @@ class DecoupledSoftmaxLoss(_SeededModule):
 
     >>> import torch, losses
     >>> losses.DecoupledSoftmaxLoss(variant="reference", seed=0)
-    DecoupledSoftmaxLoss(temperature=0.05, weighted=False, variant='reference', sample_one_positive=None, mask_value=None, seed=0, gather_distributed=False, ignore_index=-100, reduction='mean')
+    DecoupledSoftmaxLoss(temperature=0.05, weighted=False, variant='reference', sample_one_positive=None, mask_value=None, ignore_index=-100, reduction='mean', seed=0, gather_distributed=False)
     """
 
     def __init__(
@@ -839,11 +840,7 @@ class DecoupledSoftmaxLoss(_SeededModule):
 
         return _module_forward(self, rows, scores_or_query, target_or_keys, target, mask)
 
-    def extra_repr(self) -> str:
-        return (f"temperature={self.temperature}, weighted={self.weighted}, variant={self.variant!r}, "
-                f"sample_one_positive={self.sample_one_positive}, mask_value={self.mask_value}, seed={self.seed}, "
-                f"gather_distributed={self.gather_distributed}, ignore_index={self.ignore_index}, "
-                f"reduction={self.reduction!r}")
+    extra_repr = auto_extra_repr
 
 
 class InfoNCELoss(nn.Module):
@@ -909,10 +906,7 @@ class InfoNCELoss(nn.Module):
 
         return _module_forward(self, rows, scores_or_query, target_or_keys, target, mask)
 
-    def extra_repr(self) -> str:
-        return (f"temperature={self.temperature}, positive_normalization={self.positive_normalization!r}, "
-                f"gather_distributed={self.gather_distributed}, ignore_index={self.ignore_index}, "
-                f"reduction={self.reduction!r}")
+    extra_repr = auto_extra_repr
 
 
 class SoftTopKLoss(_SeededModule):
@@ -999,10 +993,7 @@ class SoftTopKLoss(_SeededModule):
 
         return _module_forward(self, rows, scores_or_query, target_or_keys, target, mask)
 
-    def extra_repr(self) -> str:
-        return (f"k={self.k!r}, alpha={self.alpha}, temperature={self.temperature}, n_iter={self.n_iter}, "
-                f"variant={self.variant!r}, seed={self.seed}, gather_distributed={self.gather_distributed}, "
-                f"ignore_index={self.ignore_index}, reduction={self.reduction!r}")
+    extra_repr = auto_extra_repr
 
 
 # --------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from .._core import (
+    auto_extra_repr,
     check_bool,
     attached_zero,
     check_choice,
@@ -467,11 +468,7 @@ class PSLLoss(nn.Module):
                         normalization=self.normalization, bounded_scores=self.bounded_scores, neg_mask=neg_mask,
                         reduction=self.reduction)
 
-    def extra_repr(self) -> str:
-        return (f"temperature={self.temperature}, activation={self.activation!r}, score_scale={self.score_scale}, "
-                f"variant={self.variant!r}, include_positive={self.include_positive}, "
-                f"normalization={self.normalization!r}, bounded_scores={self.bounded_scores}, "
-                f"reduction={self.reduction!r}")
+    extra_repr = auto_extra_repr
 
 
 class SampledSoftmaxLoss(nn.Module):
@@ -529,9 +526,7 @@ class SampledSoftmaxLoss(nn.Module):
                                     include_positive=self.include_positive, neg_mask=neg_mask,
                                     reduction=self.reduction)
 
-    def extra_repr(self) -> str:
-        return (f"temperature={self.temperature}, score_scale={self.score_scale}, variant={self.variant!r}, "
-                f"include_positive={self.include_positive}, reduction={self.reduction!r}")
+    extra_repr = auto_extra_repr
 
 
 class BPRLoss(nn.Module):
@@ -564,8 +559,7 @@ class BPRLoss(nn.Module):
         """
         return bpr_loss(pos_scores, neg_scores, neg_mask=neg_mask, reduction=self.reduction)
 
-    def extra_repr(self) -> str:
-        return f"reduction={self.reduction!r}"
+    extra_repr = auto_extra_repr
 
 
 # --------------------------------------------------------------------------------------
