@@ -41,7 +41,7 @@ import contextlib
 import inspect
 import math
 import warnings
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -680,8 +680,6 @@ def reduce_loss(
             out = total / torch.where(denom > 0, denom, torch.ones_like(denom))
     return out if extra is None else out + extra
 
-
-Reducer = Callable[[Tensor, Optional[Tensor], str], Tensor]
 
 
 # --------------------------------------------------------------------------------------
