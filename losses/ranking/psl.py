@@ -413,9 +413,9 @@ class PSLLoss(nn.Module):
         bounded_scores: the scores lie in ``[-1, 1]`` (default True; checks the activation's domain).
         reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
 
-    ``forward(pos_scores, neg_scores, *, neg_mask=None)``: ``pos_scores (B,)``, ``neg_scores
-    (B, N)`` (``(B,)`` means N = 1), optional bool ``neg_mask (B, N)`` (True = valid negative). Returns a scalar for ``"mean"``/``"sum"``, ``(B,)`` for ``"none"``. No
-    parameters or buffers.
+    ``forward(pos_scores, neg_scores, *, neg_mask=None)``: ``pos_scores (B,)``, ``neg_scores``
+    ``(B, N)`` (``(B,)`` means N = 1), optional bool ``neg_mask (B, N)`` (True = valid negative).
+    Returns a scalar for ``"mean"``/``"sum"``, ``(B,)`` for ``"none"``. No parameters or buffers.
 
     >>> import torch, losses
     >>> loss = losses.PSLLoss(activation="relu")
@@ -483,9 +483,9 @@ class SampledSoftmaxLoss(nn.Module):
             (default None).
         reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
 
-    ``forward(pos_scores, neg_scores, *, neg_mask=None)``: ``pos_scores (B,)``, ``neg_scores
-    (B, N)`` (``(B,)`` means N = 1), optional bool ``neg_mask (B, N)`` (True = valid negative). Returns a scalar for ``"mean"``/``"sum"``, ``(B,)`` for ``"none"``. No
-    parameters or buffers.
+    ``forward(pos_scores, neg_scores, *, neg_mask=None)``: ``pos_scores (B,)``, ``neg_scores``
+    ``(B, N)`` (``(B,)`` means N = 1), optional bool ``neg_mask (B, N)`` (True = valid negative).
+    Returns a scalar for ``"mean"``/``"sum"``, ``(B,)`` for ``"none"``. No parameters or buffers.
     """
 
     def __init__(
@@ -536,9 +536,10 @@ class BPRLoss(nn.Module):
     Args:
         reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
 
-    ``forward(pos_scores, neg_scores, *, neg_mask=None)``: ``pos_scores (B,)``, ``neg_scores
-    (B, N)`` (``(B,)`` means N = 1), optional bool ``neg_mask (B, N)`` (True = valid negative). Returns a scalar for ``"mean"``/``"sum"``, the per-pair losses shaped like
-    ``neg_scores`` for ``"none"``. No parameters or buffers.
+    ``forward(pos_scores, neg_scores, *, neg_mask=None)``: ``pos_scores (B,)``, ``neg_scores``
+    ``(B, N)`` (``(B,)`` means N = 1), optional bool ``neg_mask (B, N)`` (True = valid negative).
+    Returns a scalar for ``"mean"``/``"sum"``, the per-pair losses shaped like ``neg_scores`` for
+    ``"none"``. No parameters or buffers.
     """
 
     def __init__(self, *, reduction: str = "mean") -> None:
