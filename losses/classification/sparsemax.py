@@ -44,12 +44,7 @@ from .._core import (
     zero_rows,
 )
 from .._registry import N_EXAMPLE, C_EXAMPLE, register
-from ._entmax_ops import (
-    Entmax15Function,
-    EntmaxBisectFunction,
-    FYLossFunction,
-    SparsemaxFunction,
-)
+from ._entmax_ops import EntmaxBisectFunction, ExactEntmaxFunction, FYLossFunction
 from .baselines import position_unit_weights
 
 __all__ = [
@@ -202,7 +197,7 @@ def sparsemax(input: Tensor, *, dim: int = -1, k: Optional[int] = None) -> Tenso
     """
     fn = "sparsemax"
     k = _check_k(fn, k)
-    return _activation(fn, SparsemaxFunction, input, dim, k)
+    return _activation(fn, ExactEntmaxFunction, input, dim, "sparsemax", k)
 
 
 def entmax15(input: Tensor, *, dim: int = -1, k: Optional[int] = None) -> Tensor:
@@ -230,7 +225,7 @@ def entmax15(input: Tensor, *, dim: int = -1, k: Optional[int] = None) -> Tensor
     """
     fn = "entmax15"
     k = _check_k(fn, k)
-    return _activation(fn, Entmax15Function, input, dim, k)
+    return _activation(fn, ExactEntmaxFunction, input, dim, "entmax15", k)
 
 
 def entmax_bisect(input: Tensor, *, alpha: AlphaLike = 1.5, dim: int = -1, n_iter: int = 50) -> Tensor:
