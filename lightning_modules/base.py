@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import importlib
 import inspect
-from typing import Any, Dict, MutableMapping, Optional
+from typing import Any, MutableMapping, Optional
 
 import pytorch_lightning as pl
 import torch
@@ -104,7 +104,3 @@ class BenchmarkModule(pl.LightningModule):
 
     def configure_optimizers(self) -> Any:
         return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
-
-    @staticmethod
-    def scalar_metrics(prefix: str, values: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-        return {f"{prefix}/{k}": v for k, v in values.items()}

@@ -38,9 +38,10 @@ Conventions implemented once here (``docs/conventions.md``):
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import warnings
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -680,4 +681,45 @@ def reduce_loss(
     return out if extra is None else out + extra
 
 
-Reducer = Callable[[Tensor, Optional[Tensor], str], Tensor]
+
+# --------------------------------------------------------------------------------------
+# module repr
+# --------------------------------------------------------------------------------------
+
+
+def auto_extra_repr(module: torch.nn.Module) -> str:
+    """``extra_repr`` of a loss module, derived from its constructor: ``name=value`` for each
+    keyword argument of ``type(module).__init__``, in signature order, read from the attribute of
+    the same name (``repr`` of the value).
+
+    Skipped: arguments without such an attribute, the module's own tensors (its parameters and
+    buffers, also when unset: ``weight``), the names in the class attribute ``_repr_skip``
+    (``process_group``), and those in ``_repr_omit_none`` while their value is ``None``
+    (``softcap``, shown only when set).
+    A class whose stored value is not the argument (``bias`` becomes a parameter) maps the name
+    to the shown value in a method ``_repr_values(self) -> dict``.
+
+    Use it as ``extra_repr = auto_extra_repr`` in the class body.
+
+    >>> import losses
+    >>> losses.CompSumLoss(tau=0.5)
+    CompSumLoss(tau=0.5, ignore_index=-100, reduction='mean')
+    """
+    values = getattr(module, "_repr_values", dict)()
+    omit_none = getattr(module, "_repr_omit_none", ())
+    skip = getattr(module, "_repr_skip", ())
+    owned = set(module._parameters) | set(module._buffers)
+    parts = []
+    for name, param in inspect.signature(type(module).__init__).parameters.items():
+        if name == "self" or name in skip or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        if name in values:
+            value = values[name]
+        elif name in owned or not hasattr(module, name):
+            continue
+        else:
+            value = getattr(module, name)
+        if isinstance(value, Tensor) or (value is None and name in omit_none):
+            continue
+        parts.append(f"{name}={value!r}")
+    return ", ".join(parts)

@@ -33,7 +33,9 @@ FAMILY_PAGES: Dict[str, Tuple[str, str]] = {
     "losses.embedding.wcdas": ("WCDAS", "losses/wcdas.md"),
     "losses.embedding.margin": ("Margin softmax (ArcFace, CosFace, cosine softmax)", "losses/partial_fc.md"),
     "losses.embedding.partial_fc": ("Partial FC", "losses/partial_fc.md"),
-    "losses.ranking.decoupled": ("Decoupled softmax, InfoNCE, soft top-k", "losses/decoupled_softmax.md"),
+    "losses.ranking.decoupled": ("Decoupled softmax, InfoNCE", "losses/decoupled_softmax.md"),
+    "losses.ranking.soft_topk": ("Soft top-k", "losses/decoupled_softmax.md"),
+    "losses.ranking.in_batch": ("In-batch scores", "losses/decoupled_softmax.md"),
     "losses.ranking.psl": ("PSL, sampled softmax and BPR", "losses/psl.md"),
 }
 

@@ -32,8 +32,6 @@ from .pretrained import load_pretrained_file
 
 __all__ = ["VisionClassifier", "VisionSegmenter", "ClassifierNet", "clean_linked_hparams"]
 
-STAGES = ("train", "val", "test")
-
 
 def _timm():
     try:

@@ -24,6 +24,11 @@ Conventions shared by every kernel:
     it is the default on CPU outside ``torch.compile``; the sort is used elsewhere and as the
     fallback after ``NEWTON_MAX_ITER`` steps.
 
+* What differs between the mappings (threshold, probabilities, Fenchel-Young value, backward)
+  lives in one small object each, :data:`MAPPINGS` ``"sparsemax"``, ``"entmax15"`` (exact
+  thresholds, one shared autograd Function) and ``"bisect"`` (any alpha); the search drivers
+  (:func:`threshold`, :func:`dense_probs`) and the Fenchel-Young Function look them up by name.
+
 * Top-k path (``k`` given): ``torch.topk`` with ``k`` columns; if some row's support reaches
   ``k`` (and ``k < C``) the whole batch is redone with ``2k`` (shapes never depend on the
   data; deciding to redo is one host sync per round).
@@ -103,19 +108,6 @@ def entmax15_tau_sorted(x: Tensor) -> Tuple[Tensor, Tensor]:
     tau = tau + (s2 - 1) / (2 * torch.where(s1 > 0, s1, torch.ones_like(s1)))
     tau = torch.where(kstar > 0, tau, torch.full_like(tau, -1.0))
     return tau, kstar
-
-
-def _tau_sorted(kind: str, s: Tensor) -> Tuple[Tensor, Tensor]:
-    if kind == "sparsemax":
-        return sparsemax_tau_sorted(s)
-    return entmax15_tau_sorted(s * 0.5)
-
-
-def _p_from(kind: str, s: Tensor, tau: Tensor) -> Tensor:
-    """Probabilities from shifted scores ``s`` (any layout) and threshold ``tau``."""
-    if kind == "sparsemax":
-        return (s - tau).clamp(min=0)
-    return (s * 0.5 - tau).clamp(min=0).square()
 
 
 # --------------------------------------------------------------------------------------
@@ -206,34 +198,15 @@ def _compact_candidates(zs: Tensor, lower: Union[float, Tensor]) -> Tensor:
     return out
 
 
-def _tau_candidates(kind: str, zs: Tensor, max_iter: int) -> Optional[Tuple[Tensor, Tensor]]:
-    """Sort-free exact threshold: pack the candidates, then Newton (see the functions above).
-    Returns ``(tau, packed)`` (``packed``: shifted scores holding the whole support) or ``None``."""
-    if kind == "sparsemax":
-        packed = _compact_candidates(zs, -1.0)
-        tau = sparsemax_tau_newton(packed, max_iter)
-        return None if tau is None else (tau, packed)
-    # entmax-1.5 (x = zs/2): one Newton step from tau_0 = -1 on the full rows gives a much
-    # tighter lower bound tau_1 <= tau (f is convex), so far fewer candidates are packed
-    d = (zs * 0.5 + 1).clamp_(min=0)
-    s1 = d.sum(dim=-1, keepdim=True)
-    s2 = torch.linalg.vector_norm(d, dim=-1, keepdim=True).square()
-    tau1 = torch.where(s1 > 0, -1 + (s2 - 1) / (2 * torch.where(s1 > 0, s1, torch.ones_like(s1))), -1.0)
-    tau1 = torch.minimum(tau1, torch.zeros_like(tau1))
-    packed = _compact_candidates(zs, 2 * tau1)
-    x = packed * 0.5
-    tau = entmax15_tau_newton(x, max_iter, tau1)
-    return None if tau is None else (_polish_entmax15(x, tau), packed)
-
-
 class Threshold:
     """Result of a threshold search on ``z (M, C)``.
 
     ``m`` (M, 1) row max; ``tau`` (M, 1) threshold in shifted coordinates; ``vals`` (M, K)
     shifted scores that hold the whole support (packed candidates, sorted rows or the top k;
-    ``-inf`` padding allowed), so the probabilities on the support are ``_p_from(kind, vals,
-    tau)``; ``zs`` the dense shifted scores ``z - m`` when the search built them; ``top_idx``
-    (M, k) the columns of ``vals`` for the top-k path (``None`` otherwise).
+    ``-inf`` padding allowed), so the probabilities on the support are
+    ``MAPPINGS[kind].probs(vals, tau)``; ``zs`` the dense shifted scores ``z - m`` when the
+    search built them; ``top_idx`` (M, k) the columns of ``vals`` for the top-k path (``None``
+    otherwise).
     """
 
     __slots__ = ("m", "tau", "vals", "zs", "top_idx")
@@ -275,14 +248,14 @@ def threshold(kind: str, z: Tensor, k: Optional[int], method: Optional[str] = No
     if method == "newton" and z.shape[0] > 0:
         m = row_max(z)
         zs = z - m
-        found = _tau_candidates(kind, zs, max_iter)
+        found = _exact(kind).tau_candidates(zs, max_iter)
         if found is not None:
             return Threshold(m, found[0], found[1], zs=zs)
     sorted_z = torch.sort(z, dim=-1, descending=True).values
     m = sorted_z[:, :1]
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     s = sorted_z - m
-    tau, _ = _tau_sorted(kind, s)
+    tau, _ = _exact(kind).tau_sorted(s)
     return Threshold(m, tau, s)
 
 
@@ -294,7 +267,7 @@ def _threshold_topk(kind: str, z: Tensor, k: int) -> Threshold:
         m = top_v[:, :1]
         m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
         s = top_v - m
-        tau, kstar = _tau_sorted(kind, s)
+        tau, kstar = _exact(kind).tau_sorted(s)
         if kk >= c or z.shape[0] == 0 or not bool((kstar >= kk).any()):
             return Threshold(m, tau, s, top_idx=top_i)
         kk = min(2 * kk, c)  # some row's support reached kk: redo the batch with 2kk
@@ -302,9 +275,10 @@ def _threshold_topk(kind: str, z: Tensor, k: int) -> Threshold:
 
 def dense_probs(kind: str, z: Tensor, th: Threshold) -> Tensor:
     """The ``(M, C)`` probabilities for a :class:`Threshold`."""
+    probs = _exact(kind).probs
     if th.top_idx is not None:
-        return torch.zeros_like(z).scatter_(-1, th.top_idx, _p_from(kind, th.vals, th.tau))
-    return _p_from(kind, th.shifted(z), th.tau)
+        return torch.zeros_like(z).scatter_(-1, th.top_idx, probs(th.vals, th.tau))
+    return probs(th.shifted(z), th.tau)
 
 
 # --------------------------------------------------------------------------------------
@@ -400,14 +374,140 @@ def alpha_vjp(p: Tensor, v: Tensor, alpha: Tensor, g: Tensor) -> Tensor:
 
 
 # --------------------------------------------------------------------------------------
+# the mappings: what differs between sparsemax, entmax-1.5 and bisection
+# --------------------------------------------------------------------------------------
+
+
+class _Sparsemax:
+    """Sparsemax (``alpha = 2``): threshold, probabilities ``[z' - tau]_+`` and backward.
+
+    Every method works on shifted scores ``s = z - m`` (``max s = 0``); ``tau`` is in the same
+    coordinates."""
+
+    name = "sparsemax"
+    alpha = 2.0  # the Tsallis exponent of the Fenchel-Young loss
+    exact = True  # a closed-form threshold (sort / Newton / top-k), not bisection
+
+    @staticmethod
+    def tau_sorted(s: Tensor) -> Tuple[Tensor, Tensor]:
+        """``(tau, kstar)`` from sorted (descending) shifted scores."""
+        return sparsemax_tau_sorted(s)
+
+    @staticmethod
+    def probs(s: Tensor, tau: Tensor) -> Tensor:
+        """Probabilities from shifted scores ``s`` (any layout) and ``tau`` (a fresh tensor)."""
+        return (s - tau).clamp_(min=0)
+
+    @staticmethod
+    def tau_candidates(zs: Tensor, max_iter: int) -> Optional[Tuple[Tensor, Tensor]]:
+        """Sort-free exact threshold: pack the candidates ``zs > -1``, then Newton. Returns
+        ``(tau, packed)`` (``packed``: shifted scores holding the whole support) or ``None``."""
+        packed = _compact_candidates(zs, -1.0)
+        tau = sparsemax_tau_newton(packed, max_iter)
+        return None if tau is None else (tau, packed)
+
+    @staticmethod
+    def omega(ps: Tensor, tau: Tensor) -> Tensor:
+        """``<p, z'> + H_2(p)`` per row from the support probabilities ``ps`` and ``tau``:
+        ``1/2 sum p^2 + tau sum p + 1/2``."""
+        sq = torch.linalg.vector_norm(ps, dim=-1, keepdim=True).square()
+        return (tau * ps.sum(-1, keepdim=True) + 1) + 0.5 * (sq - 1)
+
+    @staticmethod
+    def vjp(p: Tensor, v: Tensor) -> Tensor:
+        """Backward of the activation: ``v - mean_S(v)`` on the support ``S``."""
+        return sparsemax_vjp(p, v)
+
+
+class _Entmax15:
+    """Entmax-1.5: threshold in the scale ``x = z'/2``, probabilities ``[x - tau]_+^2``, backward."""
+
+    name = "entmax15"
+    alpha = 1.5
+    exact = True
+
+    @staticmethod
+    def tau_sorted(s: Tensor) -> Tuple[Tensor, Tensor]:
+        return entmax15_tau_sorted(s * 0.5)
+
+    @staticmethod
+    def probs(s: Tensor, tau: Tensor) -> Tensor:
+        return (s * 0.5 - tau).clamp_(min=0).square_()
+
+    @staticmethod
+    def tau_candidates(zs: Tensor, max_iter: int) -> Optional[Tuple[Tensor, Tensor]]:
+        # x = zs/2: one Newton step from tau_0 = -1 on the full rows gives a much tighter lower
+        # bound tau_1 <= tau (f is convex), so far fewer candidates are packed
+        d = (zs * 0.5 + 1).clamp_(min=0)
+        s1 = d.sum(dim=-1, keepdim=True)
+        s2 = torch.linalg.vector_norm(d, dim=-1, keepdim=True).square()
+        tau1 = torch.where(s1 > 0, -1 + (s2 - 1) / (2 * torch.where(s1 > 0, s1, torch.ones_like(s1))), -1.0)
+        tau1 = torch.minimum(tau1, torch.zeros_like(tau1))
+        packed = _compact_candidates(zs, 2 * tau1)
+        x = packed * 0.5
+        tau = entmax15_tau_newton(x, max_iter, tau1)
+        return None if tau is None else (_polish_entmax15(x, tau), packed)
+
+    @staticmethod
+    def omega(ps: Tensor, tau: Tensor) -> Tensor:
+        """``<p, z'> + H_1.5(p)`` per row (``x = z'/2 = sqrt(p) + tau`` on the support):
+        ``2/3 sum p^1.5 + 2 tau sum p + 4/3``, grouped to be exactly 0 on one-hot rows."""
+        return 2 * (tau * ps.sum(-1, keepdim=True) + 1) + (2.0 / 3.0) * ((ps * ps.sqrt()).sum(-1, keepdim=True) - 1)
+
+    @staticmethod
+    def vjp(p: Tensor, v: Tensor) -> Tensor:
+        """Backward of the activation: ``g*v - (<g, v>/sum g) g`` with ``g = sqrt(p)``."""
+        return entmax15_vjp(p, v)
+
+
+class _Bisect:
+    """Entmax-alpha for any ``alpha > 1`` by bisection (``alpha`` per call, possibly learnable)."""
+
+    name = "bisect"
+    alpha = None
+    exact = False
+
+    @staticmethod
+    def probs_and_max(z: Tensor, alpha: Tensor, n_iter: int, alpha_float: Optional[float]) -> Tuple[Tensor, Tensor]:
+        """``(p, m)``: the probabilities and the row max (see :func:`bisect_probs`)."""
+        return bisect_probs(z, alpha, n_iter, alpha_float)
+
+    @staticmethod
+    def vjp(p: Tensor, v: Tensor, alpha: Tensor, need_alpha: bool) -> Tuple[Tensor, Optional[Tensor]]:
+        """``(dz, dalpha)`` of ``<v, entmax_alpha(z)>`` (``dalpha`` only if ``need_alpha``)."""
+        g = bisect_g(p, alpha)
+        dz = entmax_vjp(p, v, g)
+        da = None
+        if need_alpha:
+            da = alpha_vjp(p, v, alpha, g)
+            if da.shape != alpha.shape:
+                da = da.sum(dim=0, keepdim=True)
+        return dz, da
+
+
+#: the mapping objects by name ("sparsemax", "entmax15", "bisect")
+MAPPINGS = {m.name: m for m in (_Sparsemax, _Entmax15, _Bisect)}
+
+
+def _exact(kind: str):
+    mapping = MAPPINGS[kind]
+    assert mapping.exact, kind
+    return mapping
+
+
+# --------------------------------------------------------------------------------------
 # autograd Functions of the activations (first order only)
 # --------------------------------------------------------------------------------------
 
 
-class SparsemaxFunction(torch.autograd.Function):
+class ExactEntmaxFunction(torch.autograd.Function):
+    """Sparsemax or entmax-1.5 of ``z (M, C)``: ``apply(z, kind, k)`` with ``kind`` a name of
+    :data:`MAPPINGS` ("sparsemax", "entmax15") and ``k`` the top-k size (``None``: exact)."""
+
     @staticmethod
-    def forward(ctx, z: Tensor, k: Optional[int]) -> Tensor:
-        p = dense_probs("sparsemax", z, threshold("sparsemax", z, k))
+    def forward(ctx, z: Tensor, kind: str, k: Optional[int]) -> Tensor:
+        p = dense_probs(kind, z, threshold(kind, z, k))
+        ctx.kind = kind
         ctx.save_for_backward(p)
         return p
 
@@ -415,27 +515,13 @@ class SparsemaxFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, v: Tensor):
         (p,) = ctx.saved_tensors
-        return sparsemax_vjp(p, v), None
-
-
-class Entmax15Function(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, z: Tensor, k: Optional[int]) -> Tensor:
-        p = dense_probs("entmax15", z, threshold("entmax15", z, k))
-        ctx.save_for_backward(p)
-        return p
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, v: Tensor):
-        (p,) = ctx.saved_tensors
-        return entmax15_vjp(p, v), None
+        return _exact(ctx.kind).vjp(p, v), None, None
 
 
 class EntmaxBisectFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z: Tensor, alpha: Tensor, n_iter: int, alpha_float: Optional[float]) -> Tensor:
-        p, _ = bisect_probs(z, alpha, n_iter, alpha_float)
+        p, _ = _Bisect.probs_and_max(z, alpha, n_iter, alpha_float)
         ctx.save_for_backward(p, alpha)
         return p
 
@@ -443,13 +529,7 @@ class EntmaxBisectFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, v: Tensor):
         p, alpha = ctx.saved_tensors
-        g = bisect_g(p, alpha)
-        dz = entmax_vjp(p, v, g)
-        da = None
-        if ctx.needs_input_grad[1]:
-            da = alpha_vjp(p, v, alpha, g)
-            if da.shape != alpha.shape:
-                da = da.sum(dim=0, keepdim=True)
+        dz, da = _Bisect.vjp(p, v, alpha, ctx.needs_input_grad[1])
         return dz, da, None, None
 
 
@@ -492,31 +572,26 @@ class FYLossFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, z, y, q, alpha, kind, k, n_iter, alpha_float):
+        mapping = MAPPINGS[kind]
         ctx.kind = kind
         ctx.has_y = y is not None
         zs = tau = top_i = p = None
-        if kind == "bisect":
-            p, m = bisect_probs(z, alpha, n_iter, alpha_float)
+        if not mapping.exact:
+            p, m = mapping.probs_and_max(z, alpha, n_iter, alpha_float)
             zs = z - m
             omega = _dot_masked(p, zs) + tsallis(p, alpha)
         else:
             # value from tau and the support only (th.vals holds it); no dense pass here
             th = threshold(kind, z, k)
             m, tau, zs = th.m, th.tau, th.zs
-            ps = _p_from(kind, th.vals, tau)
-            p_sum = ps.sum(-1, keepdim=True)
-            if kind == "sparsemax":  # <p, z'> + H_2(p) = 1/2 sum p^2 + tau sum p + 1/2
-                sq = torch.linalg.vector_norm(ps, dim=-1, keepdim=True).square()
-                omega = (tau * p_sum + 1) + 0.5 * (sq - 1)
-            else:  # x = z'/2 = sqrt(p) + tau on the support
-                # = 2/3 sum p^1.5 + 2 tau sum p + 4/3, grouped to be exactly 0 on one-hot rows
-                omega = 2 * (tau * p_sum + 1) + (2.0 / 3.0) * ((ps * ps.sqrt()).sum(-1, keepdim=True) - 1)
+            ps = mapping.probs(th.vals, tau)
+            omega = mapping.omega(ps, tau)
             if th.top_idx is not None:
                 p, top_i = ps, th.top_idx
         if y is not None:
             loss = omega - (z.gather(-1, y.unsqueeze(-1)) - m)
         else:
-            a = alpha if alpha is not None else torch.full_like(m, 2.0 if kind == "sparsemax" else 1.5)
+            a = alpha if alpha is not None else torch.full_like(m, mapping.alpha)
             if zs is None:
                 zs = z - m
             loss = omega - _dot_masked(q, zs) - tsallis(q, a)
@@ -529,7 +604,7 @@ class FYLossFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        kind = ctx.kind
+        mapping = MAPPINGS[ctx.kind]
         p, top_i, zs, tau, y, q, alpha, z, m = ctx.saved_tensors
         g = grad.unsqueeze(-1)
         if ctx.topk:
@@ -539,20 +614,16 @@ class FYLossFunction(torch.autograd.Function):
         else:
             if zs is None:
                 zs = z - m
-            if kind == "sparsemax":
-                dz = (zs - tau).clamp_(min=0)
-            else:
-                dz = (zs * 0.5 - tau).clamp_(min=0).square_()
-            dz.mul_(g)
+            dz = mapping.probs(zs, tau).mul_(g)
         if ctx.has_y:
             dz.scatter_add_(-1, y.unsqueeze(-1), -g)
         else:
             dz = dz - q * g
         dq = da = None
         if not ctx.has_y and ctx.needs_input_grad[2]:
-            a = alpha if alpha is not None else torch.full_like(m, 2.0 if kind == "sparsemax" else 1.5)
+            a = alpha if alpha is not None else torch.full_like(m, mapping.alpha)
             dq = (rpow(q, a - 1) / (a - 1) - (z - m)) * g
-        if kind == "bisect" and ctx.needs_input_grad[3]:
+        if not mapping.exact and ctx.needs_input_grad[3]:
             dH = tsallis_dalpha(p, alpha)
             if not ctx.has_y:
                 dH = dH - tsallis_dalpha(q, alpha)

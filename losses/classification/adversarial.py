@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from .._core import (
+    auto_extra_repr,
     ExperimentalWarning,
     check_choice,
     check_finite,
@@ -171,7 +172,28 @@ class AdversarialCompSumLoss(GeneratorStateMixin):
     *Experimental: formula reconstructed, not yet confirmed against arXiv:2304.07288; API and
     defaults may change.* Emits :class:`losses.ExperimentalWarning` when built.
 
-    ``forward(model, inputs, target)``:
+    Args:
+        tau: the comp-sum exponent, ``tau >= 0`` (default 1.0).
+        rho: ``rho > 0``, divides the margins (default 1.0).
+        nu: ``nu >= 0``, weight of the smooth (adversarial) term; required, no default.
+        epsilon: radius of the perturbation ball (default 8/255).
+        steps: PGD ascent steps, ``>= 0`` (default 10).
+        step_size: PGD step length (default 2/255).
+        norm: ``"linf"`` (default) or ``"l2"``.
+        clip: ``(low, high)`` input range the perturbation is clipped to, or ``None`` (default
+            ``(0.0, 1.0)``).
+        random_init_std: standard deviation of the random start (default 1e-3).
+        ignore_index: target id whose rows are skipped (default -100).
+        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+        seed: ``None`` (default: the global RNG) or the seed of a private generator for the random
+            start; its state is saved in ``state_dict()``.
+
+    The maths of the loss is :func:`losses.adversarial_comp_sum_loss`. No parameters or buffers
+    (the private generator travels in ``state_dict()`` as extra state).
+
+    ``forward(model, inputs, target)`` takes the network, its floating-point ``inputs (N, ...)`` and
+    class ids ``target (N,)``; it returns a scalar for ``"mean"``/``"sum"``, ``(N,)`` for ``"none"``.
+    It:
 
     1. saves the training mode of every submodule of ``model``, calls ``model.eval()`` and computes
        ``ref = model(inputs)`` without gradients;
@@ -315,6 +337,14 @@ class AdversarialCompSumLoss(GeneratorStateMixin):
     def forward(self, model: nn.Module, inputs: Tensor, target: Tensor) -> Tensor:
         """The loss of ``model`` on ``inputs`` and their PGD perturbation (see the class docs).
 
+        Args:
+            model: the network; ``model(inputs)`` must return logits ``(N, C)``.
+            inputs: floating-point inputs ``(N, ...)``.
+            target: integer class ids ``(N,)``.
+
+        Returns:
+            A scalar (``"mean"``, ``"sum"``) or the per-row losses ``(N,)`` (``"none"``).
+
         The random start is drawn from the module's private generator when it was built with a
         ``seed``, else from the global RNG (seed it with ``torch.manual_seed`` to reproduce a call).
         """
@@ -336,11 +366,7 @@ class AdversarialCompSumLoss(GeneratorStateMixin):
                                      rho=self.rho, nu=self.nu, ignore_index=self.ignore_index,
                                      reduction=self.reduction)
 
-    def extra_repr(self) -> str:
-        return (f"tau={self.tau}, rho={self.rho}, nu={self.nu}, epsilon={self.epsilon}, steps={self.steps}, "
-                f"step_size={self.step_size}, norm={self.norm!r}, clip={self.clip}, "
-                f"random_init_std={self.random_init_std}, ignore_index={self.ignore_index}, "
-                f"reduction={self.reduction!r}, seed={self.seed}")
+    extra_repr = auto_extra_repr
 
 
 register(

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    auto_extra_repr,
     check_class_target,
     check_class_weight,
     check_distribution,
@@ -223,7 +224,22 @@ def bce_with_logits_loss(
 
 
 class CrossEntropyLoss(nn.Module):
-    """Module form of :func:`cross_entropy_loss`; ``weight`` (if given) is stored as a buffer."""
+    """Softmax cross-entropy as a module; the maths is :func:`losses.cross_entropy_loss`.
+
+    Args:
+        label_smoothing: mixing weight ``eps`` in ``[0, 1]`` of the uniform distribution
+            (default 0.0).
+        weight: optional per-class weights ``(C,)``, stored as the buffer ``weight`` (default None).
+        ignore_index: target id whose positions are skipped (default -100).
+        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+        softcap: ``None`` (default, off) or ``c > 0``: logits become ``c * tanh(input / c)``.
+
+    ``forward(input, target)``: ``input (N, C)`` or ``(N, C, d1..dk)`` logits, ``target`` ids
+    ``(N,)`` / ``(N, d1..dk)`` or probabilities shaped like ``input``. Returns a scalar for
+    ``"mean"``/``"sum"``, ``(N, d1..dk)`` for ``"none"``.
+
+    Buffers: ``weight`` (``(C,)`` or None).
+    """
 
     def __init__(
         self,
@@ -244,16 +260,40 @@ class CrossEntropyLoss(nn.Module):
         self.register_buffer("weight", None if weight is None else torch.as_tensor(weight))
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        """The cross-entropy of ``input`` against ``target``.
+
+        Args:
+            input: logits ``(N, C)`` or ``(N, C, d1..dk)``.
+            target: class ids ``(N,)`` / ``(N, d1..dk)``, or probabilities shaped like ``input``.
+
+        Returns:
+            A scalar (``"mean"``, ``"sum"``) or the per-position losses ``(N, d1..dk)`` (``"none"``).
+        """
         return cross_entropy_loss(input, target, label_smoothing=self.label_smoothing, weight=self.weight,
                                   ignore_index=self.ignore_index, reduction=self.reduction, softcap=self.softcap)
 
-    def extra_repr(self) -> str:
-        return (f"label_smoothing={self.label_smoothing}, ignore_index={self.ignore_index}, "
-                f"reduction={self.reduction!r}" + ("" if self.softcap is None else f", softcap={self.softcap}"))
+    extra_repr = auto_extra_repr
+
+    _repr_omit_none = ("softcap",)
 
 
 class BCEWithLogitsLoss(nn.Module):
-    """Module form of :func:`bce_with_logits_loss`; ``weight`` (if given) is stored as a buffer."""
+    """Binary cross-entropy on logits as a module; the maths is :func:`losses.bce_with_logits_loss`.
+
+    Args:
+        label_smoothing: smoothing ``eps`` in ``[0, 1)``: ``y -> y (1 - eps) + eps / C``
+            (default 0.0).
+        weight: optional weights ``(C,)`` or shaped like ``input``, stored as the buffer ``weight``
+            (default None).
+        ignore_index: target id whose whole row of ``C`` elements is skipped (default -100).
+        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+
+    ``forward(input, target)``: ``input (N, C)`` or ``(N, C, d1..dk)`` logits, ``target`` ids
+    ``(N,)`` / ``(N, d1..dk)`` (one-hot encoded over dim 1) or float labels in ``[0, 1]`` shaped
+    like ``input``. Returns a scalar for ``"mean"``/``"sum"``, ``(N, C, d1..dk)`` for ``"none"``.
+
+    Buffers: ``weight`` (or None).
+    """
 
     def __init__(
         self,
@@ -273,12 +313,19 @@ class BCEWithLogitsLoss(nn.Module):
         self.register_buffer("weight", None if weight is None else torch.as_tensor(weight))
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        """The binary cross-entropy of ``input`` against ``target``.
+
+        Args:
+            input: logits ``(N, C)`` or ``(N, C, d1..dk)``.
+            target: class ids ``(N,)`` / ``(N, d1..dk)``, or float labels shaped like ``input``.
+
+        Returns:
+            A scalar (``"mean"``, ``"sum"``) or the per-element losses ``(N, C, d1..dk)`` (``"none"``).
+        """
         return bce_with_logits_loss(input, target, label_smoothing=self.label_smoothing, weight=self.weight,
                                     ignore_index=self.ignore_index, reduction=self.reduction)
 
-    def extra_repr(self) -> str:
-        return (f"label_smoothing={self.label_smoothing}, ignore_index={self.ignore_index}, "
-                f"reduction={self.reduction!r}")
+    extra_repr = auto_extra_repr
 
 
 # --------------------------------------------------------------------------------------

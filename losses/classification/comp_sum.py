@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from .._core import (
+    auto_extra_repr,
     check_floating,
     check_integer_target,
     check_masked_logits,
@@ -152,7 +153,17 @@ def comp_sum_loss(
 
 
 class CompSumLoss(nn.Module):
-    """Module form of :func:`comp_sum_loss` (Mao, Mohri & Zhong, ICML 2023, arXiv:2304.07288).
+    """Comp-sum loss as a module (Mao, Mohri & Zhong, ICML 2023, arXiv:2304.07288); the maths is
+    :func:`losses.comp_sum_loss`.
+
+    Args:
+        tau: the comp-sum exponent, ``tau >= 0`` (default 1.0: cross-entropy).
+        ignore_index: target id whose positions are skipped (default -100).
+        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+
+    ``forward(input, target)``: ``input (N, C)`` or ``(N, C, d1..dk)`` logits, ``target`` ids
+    ``(N,)`` / ``(N, d1..dk)``. Returns a scalar for ``"mean"``/``"sum"``, ``(N, d1..dk)`` for
+    ``"none"``. No parameters or buffers.
 
     >>> import losses
     >>> losses.CompSumLoss(tau=0.5)
@@ -167,10 +178,18 @@ class CompSumLoss(nn.Module):
         self.reduction = reduction
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        """The comp-sum loss of ``input`` against ``target``.
+
+        Args:
+            input: logits ``(N, C)`` or ``(N, C, d1..dk)``, classes on dim 1.
+            target: integer class ids ``(N,)`` or ``(N, d1..dk)``.
+
+        Returns:
+            A scalar (``"mean"``, ``"sum"``) or the per-position losses ``(N, d1..dk)`` (``"none"``).
+        """
         return comp_sum_loss(input, target, tau=self.tau, ignore_index=self.ignore_index, reduction=self.reduction)
 
-    def extra_repr(self) -> str:
-        return f"tau={self.tau}, ignore_index={self.ignore_index}, reduction={self.reduction!r}"
+    extra_repr = auto_extra_repr
 
 
 register(

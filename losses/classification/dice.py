@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from .. import _distributed as D
 from .._core import (
+    auto_extra_repr,
     check_bool,
     check_choice,
     check_class_target,
@@ -464,8 +465,17 @@ class _DiceBase(nn.Module):
         self.register_buffer("weight", None if weight is None else torch.as_tensor(weight))
 
     def forward(self, input: Tensor, target: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        """``input (B, C, *)``, ``target`` ids ``(B, *)`` or soft labels ``(B, C, *)``, optional
-        bool ``mask (B, *)``. With ``gather_distributed=True`` in an initialised process group the
+        """The loss of ``input`` against ``target``.
+
+        Args:
+            input: logits (probabilities with ``activation="none"``) ``(B, C)`` or ``(B, C, d1..dk)``.
+            target: integer ids ``(B, d1..dk)`` or soft labels shaped like ``input``.
+            mask: optional bool ``(B, d1..dk)``, True = keep.
+
+        Returns:
+            A scalar (``"mean"``, ``"sum"``); for ``"none"`` ``(C,)`` (``"dataset"``) or ``(B, C)``.
+
+        With ``gather_distributed=True`` in an initialised process group the
         loss is that of the concatenated global batch (``"dataset"``: the per-class sums are
         all-reduced; ``"image"``/``"class"``: the weighted sum, total unit weight and per-class
         counts are), identical on every rank; ``"none"`` returns this rank's units."""
@@ -474,18 +484,31 @@ class _DiceBase(nn.Module):
                              log_loss=self.log_loss, weight=self.weight, mask=mask, ignore_index=self.ignore_index,
                              reduction=self.reduction, gather=self.gather_distributed)
 
-    def extra_repr(self) -> str:
-        return (f"activation={self.activation!r}, smooth={self.smooth}, aggregate={self.aggregate!r}, "
-                f"active_classes={self.active_classes!r}, log_loss={self.log_loss}, "
-                f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
-                f"gather_distributed={self.gather_distributed}")
+    extra_repr = auto_extra_repr
 
 
 class DiceSemimetricLoss(_DiceBase):
-    """Module form of :func:`dice_semimetric_loss` (Wang et al., MICCAI 2023, arXiv:2303.16296).
+    """Dice semimetric loss as a module (Wang et al., MICCAI 2023, arXiv:2303.16296); the maths is :func:`losses.dice_semimetric_loss`.
 
-    ``weight`` is stored as a buffer; ``gather_distributed=True`` computes the loss of the global
-    batch under DDP (exact: only per-class sums are exchanged).
+    Args:
+        activation: ``"softmax"`` over dim 1 (default), ``"sigmoid"`` (multi-label) or ``"none"``
+            (``input`` holds probabilities).
+        smooth: ``s >= 0`` (default 1.0).
+        aggregate: ``"dataset"`` (default), ``"image"`` or ``"class"``.
+        active_classes: ``"present"``, ``"all"`` or ``None`` (default: by the target's kind).
+        log_loss: return ``-log T`` instead of ``1 - T`` (default False).
+        weight: optional class weights ``(C,)``, stored as the buffer ``weight`` (default None).
+        ignore_index: target id whose positions are dropped (default -100).
+        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+        gather_distributed: under DDP, compute the loss of the global batch, exactly (only per-class
+            sums are exchanged; default False).
+
+    ``forward(input, target, mask=None)``: ``input (B, C)`` or ``(B, C, d1..dk)``, ``target`` ids
+    ``(B, d1..dk)`` or soft labels shaped like ``input``, optional bool ``mask (B, d1..dk)``.
+    Returns a scalar for ``"mean"``/``"sum"``; for ``"none"`` ``(C,)`` (``"dataset"``) or
+    ``(B, C)`` (``"image"``, ``"class"``).
+
+    Buffers: ``weight`` (or None).
 
     >>> import torch, losses
     >>> losses.DiceSemimetricLoss(smooth=0.0)(torch.zeros(2, 3, 4), torch.zeros(2, 4, dtype=torch.long)).shape
@@ -497,16 +520,56 @@ class DiceSemimetricLoss(_DiceBase):
 
 
 class JaccardMetricLoss(_DiceBase):
-    """Module form of :func:`jaccard_metric_loss` (Wang, Ning, Blaschko, NeurIPS 2023,
-    arXiv:2302.05666); same keywords as :class:`DiceSemimetricLoss`."""
+    """Jaccard metric loss as a module (Wang, Ning, Blaschko, NeurIPS 2023, arXiv:2302.05666); the maths is :func:`losses.jaccard_metric_loss`.
+
+    Args:
+        activation: ``"softmax"`` over dim 1 (default), ``"sigmoid"`` (multi-label) or ``"none"``
+            (``input`` holds probabilities).
+        smooth: ``s >= 0`` (default 1.0).
+        aggregate: ``"dataset"`` (default), ``"image"`` or ``"class"``.
+        active_classes: ``"present"``, ``"all"`` or ``None`` (default: by the target's kind).
+        log_loss: return ``-log T`` instead of ``1 - T`` (default False).
+        weight: optional class weights ``(C,)``, stored as the buffer ``weight`` (default None).
+        ignore_index: target id whose positions are dropped (default -100).
+        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+        gather_distributed: under DDP, compute the loss of the global batch, exactly (only per-class
+            sums are exchanged; default False).
+
+    ``forward(input, target, mask=None)``: ``input (B, C)`` or ``(B, C, d1..dk)``, ``target`` ids
+    ``(B, d1..dk)`` or soft labels shaped like ``input``, optional bool ``mask (B, d1..dk)``.
+    Returns a scalar for ``"mean"``/``"sum"``; for ``"none"`` ``(C,)`` (``"dataset"``) or
+    ``(B, C)`` (``"image"``, ``"class"``).
+
+    Buffers: ``weight`` (or None).
+    """
 
     _fn_name = "jaccard_metric_loss"
     _kind = "jaccard"
 
 
 class SoftDiceLoss(_DiceBase):
-    """Module form of :func:`soft_dice_loss` (the soft Dice baseline); same keywords as
-    :class:`DiceSemimetricLoss`."""
+    """Soft Dice loss as a module (the soft Dice baseline); the maths is :func:`losses.soft_dice_loss`.
+
+    Args:
+        activation: ``"softmax"`` over dim 1 (default), ``"sigmoid"`` (multi-label) or ``"none"``
+            (``input`` holds probabilities).
+        smooth: ``s >= 0`` (default 1.0).
+        aggregate: ``"dataset"`` (default), ``"image"`` or ``"class"``.
+        active_classes: ``"present"``, ``"all"`` or ``None`` (default: by the target's kind).
+        log_loss: return ``-log T`` instead of ``1 - T`` (default False).
+        weight: optional class weights ``(C,)``, stored as the buffer ``weight`` (default None).
+        ignore_index: target id whose positions are dropped (default -100).
+        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+        gather_distributed: under DDP, compute the loss of the global batch, exactly (only per-class
+            sums are exchanged; default False).
+
+    ``forward(input, target, mask=None)``: ``input (B, C)`` or ``(B, C, d1..dk)``, ``target`` ids
+    ``(B, d1..dk)`` or soft labels shaped like ``input``, optional bool ``mask (B, d1..dk)``.
+    Returns a scalar for ``"mean"``/``"sum"``; for ``"none"`` ``(C,)`` (``"dataset"``) or
+    ``(B, C)`` (``"image"``, ``"class"``).
+
+    Buffers: ``weight`` (or None).
+    """
 
     _fn_name = "soft_dice_loss"
     _kind = "soft_dice"

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from .._core import (
+    auto_extra_repr,
     check_choice,
     check_finite,
     check_floating,
@@ -488,9 +489,23 @@ def gumbel_bce_loss(
 
 
 class GumbelBCELoss(nn.Module):
-    """Module form of :func:`gumbel_bce_loss` (GOL, arXiv:2207.10936); alias ``GOLLoss``.
+    """Gumbel (GOL) binary cross-entropy as a module (arXiv:2207.10936); the maths is
+    :func:`losses.gumbel_bce_loss`. Alias ``GOLLoss``; registry name ``"gol"``.
 
-    ``weight`` (if given) is stored as a buffer. Registry name ``"gol"``.
+    Args:
+        label_smoothing: ``eps`` in ``[0, 1)``: ``y <- y (1 - eps) + eps / C`` (default 0.0).
+        variant: ``"paper"`` (default, log-space, no clamp) or ``"reference"`` (the authors' code).
+        clamp: optional ``(lo, hi)`` logit clamp overriding the variant's (default None).
+        weight: optional ``(C,)`` class weights or weights shaped like ``input``, stored as the
+            buffer ``weight`` (default None).
+        ignore_index: target id whose whole row of ``C`` elements is skipped (default -100).
+        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+
+    ``forward(input, target)``: ``input (N, C)`` or ``(N, C, d1..dk)`` logits, ``target`` ids
+    ``(N,)`` / ``(N, d1..dk)`` (one-hot over dim 1) or float labels in ``[0, 1]`` shaped like
+    ``input``. Returns a scalar for ``"mean"``/``"sum"``, ``(N, C, d1..dk)`` for ``"none"``.
+
+    Buffers: ``weight`` (or None).
 
     >>> import torch, losses
     >>> loss = losses.GumbelBCELoss(label_smoothing=0.1)
@@ -521,13 +536,20 @@ class GumbelBCELoss(nn.Module):
         self.register_buffer("weight", None if weight is None else torch.as_tensor(weight))
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        """The GOL loss of ``input`` against ``target``.
+
+        Args:
+            input: logits ``(N, C)`` or ``(N, C, d1..dk)``.
+            target: class ids ``(N,)`` / ``(N, d1..dk)``, or float labels shaped like ``input``.
+
+        Returns:
+            A scalar (``"mean"``, ``"sum"``) or the per-element losses ``(N, C, d1..dk)`` (``"none"``).
+        """
         return gumbel_bce_loss(input, target, label_smoothing=self.label_smoothing, variant=self.variant,
                                clamp=self.clamp, weight=self.weight, ignore_index=self.ignore_index,
                                reduction=self.reduction)
 
-    def extra_repr(self) -> str:
-        return (f"label_smoothing={self.label_smoothing}, variant={self.variant!r}, clamp={self.clamp}, "
-                f"ignore_index={self.ignore_index}, reduction={self.reduction!r}")
+    extra_repr = auto_extra_repr
 
 
 GOLLoss = GumbelBCELoss

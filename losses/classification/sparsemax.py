@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from .._core import (
+    auto_extra_repr,
     _checking,
     check_class_target,
     check_distribution,
@@ -43,12 +44,7 @@ from .._core import (
     zero_rows,
 )
 from .._registry import N_EXAMPLE, C_EXAMPLE, register
-from ._entmax_ops import (
-    Entmax15Function,
-    EntmaxBisectFunction,
-    FYLossFunction,
-    SparsemaxFunction,
-)
+from ._entmax_ops import EntmaxBisectFunction, ExactEntmaxFunction, FYLossFunction
 from .baselines import position_unit_weights
 
 __all__ = [
@@ -201,7 +197,7 @@ def sparsemax(input: Tensor, *, dim: int = -1, k: Optional[int] = None) -> Tenso
     """
     fn = "sparsemax"
     k = _check_k(fn, k)
-    return _activation(fn, SparsemaxFunction, input, dim, k)
+    return _activation(fn, ExactEntmaxFunction, input, dim, "sparsemax", k)
 
 
 def entmax15(input: Tensor, *, dim: int = -1, k: Optional[int] = None) -> Tensor:
@@ -229,7 +225,7 @@ def entmax15(input: Tensor, *, dim: int = -1, k: Optional[int] = None) -> Tensor
     """
     fn = "entmax15"
     k = _check_k(fn, k)
-    return _activation(fn, Entmax15Function, input, dim, k)
+    return _activation(fn, ExactEntmaxFunction, input, dim, "entmax15", k)
 
 
 def entmax_bisect(input: Tensor, *, alpha: AlphaLike = 1.5, dim: int = -1, n_iter: int = 50) -> Tensor:
@@ -515,7 +511,19 @@ def _wide(x: Tensor) -> Tensor:
 
 
 class SparsemaxLoss(nn.Module):
-    """Module form of :func:`sparsemax_loss` (Martins & Astudillo, ICML 2016, arXiv:1602.02068).
+    """Sparsemax loss as a module (Martins & Astudillo, ICML 2016, arXiv:1602.02068);
+    the maths is :func:`losses.sparsemax_loss`.
+
+    Args:
+        k: ``None`` (default: exact threshold) or an int, the ``torch.topk`` size tried first
+            (a speed option only: the result is the same).
+        ignore_index: target id whose positions are skipped (default -100).
+        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+
+    ``forward(input, target)``: ``input (N, C)`` or ``(N, C, d1..dk)`` logits, ``target`` ids
+    ``(N,)`` / ``(N, d1..dk)``. Returns a scalar for ``"mean"``/``"sum"``, ``(N, d1..dk)`` for
+    ``"none"``. ``.predict_proba(input)`` gives the loss's own sparse distribution over dim 1.
+    No parameters or buffers.
 
     >>> import torch, losses
     >>> losses.SparsemaxLoss()(torch.tensor([[2.0, 0.0]]), torch.tensor([0]))
@@ -530,6 +538,15 @@ class SparsemaxLoss(nn.Module):
         self.reduction = reduction
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        """The sparsemax loss of ``input`` against ``target``.
+
+        Args:
+            input: logits ``(N, C)`` or ``(N, C, d1..dk)``, classes on dim 1.
+            target: integer class ids ``(N,)`` or ``(N, d1..dk)``.
+
+        Returns:
+            A scalar (``"mean"``, ``"sum"``) or the per-position losses ``(N, d1..dk)`` (``"none"``).
+        """
         return sparsemax_loss(input, target, k=self.k, ignore_index=self.ignore_index, reduction=self.reduction)
 
     def predict_proba(self, input: Tensor) -> Tensor:
@@ -537,12 +554,23 @@ class SparsemaxLoss(nn.Module):
         (float64 for float64 logits) like the loss itself, also for half logits."""
         return sparsemax(_wide(input), dim=1, k=self.k)
 
-    def extra_repr(self) -> str:
-        return f"k={self.k}, ignore_index={self.ignore_index}, reduction={self.reduction!r}"
+    extra_repr = auto_extra_repr
 
 
 class Entmax15Loss(nn.Module):
-    """Module form of :func:`entmax15_loss` (Peters et al., ACL 2019, arXiv:1905.05702).
+    """1.5-entmax loss as a module (Peters et al., ACL 2019, arXiv:1905.05702);
+    the maths is :func:`losses.entmax15_loss`.
+
+    Args:
+        k: ``None`` (default: exact threshold) or an int, the ``torch.topk`` size tried first
+            (a speed option only: the result is the same).
+        ignore_index: target id whose positions are skipped (default -100).
+        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+
+    ``forward(input, target)``: ``input (N, C)`` or ``(N, C, d1..dk)`` logits, ``target`` ids
+    ``(N,)`` / ``(N, d1..dk)``. Returns a scalar for ``"mean"``/``"sum"``, ``(N, d1..dk)`` for
+    ``"none"``. ``.predict_proba(input)`` gives the loss's own sparse distribution over dim 1.
+    No parameters or buffers.
 
     >>> import torch, losses
     >>> losses.Entmax15Loss(reduction="sum")(torch.tensor([[4.0, 0.0]]), torch.tensor([0]))
@@ -557,6 +585,15 @@ class Entmax15Loss(nn.Module):
         self.reduction = reduction
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        """The 1.5-entmax loss of ``input`` against ``target``.
+
+        Args:
+            input: logits ``(N, C)`` or ``(N, C, d1..dk)``, classes on dim 1.
+            target: integer class ids ``(N,)`` or ``(N, d1..dk)``.
+
+        Returns:
+            A scalar (``"mean"``, ``"sum"``) or the per-position losses ``(N, d1..dk)`` (``"none"``).
+        """
         return entmax15_loss(input, target, k=self.k, ignore_index=self.ignore_index, reduction=self.reduction)
 
     def predict_proba(self, input: Tensor) -> Tensor:
@@ -564,12 +601,23 @@ class Entmax15Loss(nn.Module):
         (float64 for float64 logits) like the loss itself, also for half logits."""
         return entmax15(_wide(input), dim=1, k=self.k)
 
-    def extra_repr(self) -> str:
-        return f"k={self.k}, ignore_index={self.ignore_index}, reduction={self.reduction!r}"
+    extra_repr = auto_extra_repr
 
 
 class EntmaxBisectLoss(nn.Module):
-    """Module form of :func:`entmax_bisect_loss` (Peters et al., ACL 2019, arXiv:1905.05702).
+    """alpha-entmax loss (bisection) as a module (Peters et al., ACL 2019, arXiv:1905.05702);
+    the maths is :func:`losses.entmax_bisect_loss`.
+
+    Args:
+        alpha: the entmax exponent, a float ``> 1`` (default 1.5).
+        n_iter: bisection steps (default 50).
+        ignore_index: target id whose positions are skipped (default -100).
+        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+
+    ``forward(input, target)``: ``input (N, C)`` or ``(N, C, d1..dk)`` logits, ``target`` ids
+    ``(N,)`` / ``(N, d1..dk)``. Returns a scalar for ``"mean"``/``"sum"``, ``(N, d1..dk)`` for
+    ``"none"``. ``.predict_proba(input)`` gives the loss's own sparse distribution over dim 1.
+    No parameters or buffers.
 
     ``alpha`` is a float hyperparameter here; for a learnable alpha call
     :func:`entmax_bisect_loss` with ``alpha = 1 + softplus(param)``.
@@ -590,6 +638,15 @@ class EntmaxBisectLoss(nn.Module):
         self.reduction = reduction
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        """The alpha-entmax loss of ``input`` against ``target``.
+
+        Args:
+            input: logits ``(N, C)`` or ``(N, C, d1..dk)``, classes on dim 1.
+            target: integer class ids ``(N,)`` or ``(N, d1..dk)``.
+
+        Returns:
+            A scalar (``"mean"``, ``"sum"``) or the per-position losses ``(N, d1..dk)`` (``"none"``).
+        """
         return entmax_bisect_loss(input, target, alpha=self.alpha, n_iter=self.n_iter,
                                   ignore_index=self.ignore_index, reduction=self.reduction)
 
@@ -598,9 +655,7 @@ class EntmaxBisectLoss(nn.Module):
         (float64 for float64 logits) like the loss itself, also for half logits."""
         return entmax_bisect(_wide(input), alpha=self.alpha, dim=1, n_iter=self.n_iter)
 
-    def extra_repr(self) -> str:
-        return (f"alpha={self.alpha}, n_iter={self.n_iter}, ignore_index={self.ignore_index}, "
-                f"reduction={self.reduction!r}")
+    extra_repr = auto_extra_repr
 
 
 # --------------------------------------------------------------------------------------

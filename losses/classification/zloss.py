@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from .._core import (
+    auto_extra_repr,
     check_bool,
     check_finite,
     check_floating,
@@ -228,9 +229,21 @@ _ZLOSS_NEG_INF_HINT = ("z_loss standardises the logits over all C classes, so -i
 
 
 class ZLoss(nn.Module):
-    """Module form of :func:`z_loss` (de Brébisson & Vincent, arXiv:1604.08859).
+    """Z-loss as a module (de Brébisson & Vincent, arXiv:1604.08859); the maths is
+    :func:`losses.z_loss`.
 
     Not the PaLM log-Z penalty; see :class:`CrossEntropyWithLogZPenalty` for that.
+
+    Args:
+        a: scale of the standardised logits, ``a > 0`` (default 1.0).
+        b: offset of the standardised logits (default 0.0).
+        eps: variance floor ``> 0`` in ``sigma = sqrt(v + eps)`` (default 1e-6).
+        ignore_index: target id whose positions are skipped (default -100).
+        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+
+    ``forward(input, target)``: ``input (N, C)`` or ``(N, C, d1..dk)`` logits (``C >= 3``),
+    ``target`` ids ``(N,)`` / ``(N, d1..dk)``. Returns a scalar for ``"mean"``/``"sum"``,
+    ``(N, d1..dk)`` for ``"none"``. No parameters or buffers.
 
     >>> import torch, losses
     >>> losses.ZLoss(a=2.0)
@@ -256,12 +269,19 @@ class ZLoss(nn.Module):
         self.reduction = reduction
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        """The Z-loss of ``input`` against ``target``.
+
+        Args:
+            input: logits ``(N, C)`` or ``(N, C, d1..dk)``, classes on dim 1.
+            target: integer class ids ``(N,)`` or ``(N, d1..dk)``.
+
+        Returns:
+            A scalar (``"mean"``, ``"sum"``) or the per-position losses ``(N, d1..dk)`` (``"none"``).
+        """
         return z_loss(input, target, a=self.a, b=self.b, eps=self.eps, ignore_index=self.ignore_index,
                       reduction=self.reduction)
 
-    def extra_repr(self) -> str:
-        return (f"a={self.a}, b={self.b}, eps={self.eps}, ignore_index={self.ignore_index}, "
-                f"reduction={self.reduction!r}")
+    extra_repr = auto_extra_repr
 
 
 # --------------------------------------------------------------------------------------
@@ -461,9 +481,21 @@ def cross_entropy_with_logz_penalty(
 
 
 class CrossEntropyWithLogZPenalty(nn.Module):
-    """Module form of :func:`cross_entropy_with_logz_penalty` (PaLM, arXiv:2204.02311).
+    """Cross-entropy plus the log-Z penalty ``coef * (log Z)^2`` (PaLM, arXiv:2204.02311) as a module;
+    the maths is :func:`losses.cross_entropy_with_logz_penalty`.
 
     Not the de Brébisson–Vincent Z-loss; see :class:`ZLoss` for that.
+
+    Args:
+        coef: weight ``>= 0`` of the penalty (default 1e-4).
+        ignore_index: target id whose positions are skipped (default -100).
+        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+        return_penalty: also return the penalty part alone, reduced the same way (default False).
+        softcap: ``None`` (default, off) or ``c > 0``: logits become ``c * tanh(input / c)``.
+
+    ``forward(input, target)``: ``input (N, C)`` or ``(N, C, d1..dk)`` logits, ``target`` ids
+    ``(N,)`` / ``(N, d1..dk)``. Returns a scalar for ``"mean"``/``"sum"``, ``(N, d1..dk)`` for
+    ``"none"``, or the pair ``(loss, penalty)`` when ``return_penalty``. No parameters or buffers.
 
     >>> import losses
     >>> losses.CrossEntropyWithLogZPenalty(coef=1e-3)
@@ -490,14 +522,23 @@ class CrossEntropyWithLogZPenalty(nn.Module):
         self.return_penalty = return_penalty
 
     def forward(self, input: Tensor, target: Tensor) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+        """The penalised cross-entropy of ``input`` against ``target``.
+
+        Args:
+            input: logits ``(N, C)`` or ``(N, C, d1..dk)``, classes on dim 1.
+            target: integer class ids ``(N,)`` or ``(N, d1..dk)``.
+
+        Returns:
+            A scalar (``"mean"``, ``"sum"``) or ``(N, d1..dk)`` (``"none"``); with ``return_penalty``
+            the pair ``(loss, penalty)``, both reduced that way.
+        """
         return cross_entropy_with_logz_penalty(input, target, coef=self.coef, ignore_index=self.ignore_index,
                                                reduction=self.reduction, return_penalty=self.return_penalty,
                                                softcap=self.softcap)
 
-    def extra_repr(self) -> str:
-        return (f"coef={self.coef}, ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
-                f"return_penalty={self.return_penalty}"
-                + ("" if self.softcap is None else f", softcap={self.softcap}"))
+    extra_repr = auto_extra_repr
+
+    _repr_omit_none = ("softcap",)
 
 
 register(

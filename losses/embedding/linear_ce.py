@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from .._core import (
+    auto_extra_repr,
     check_bool,
     check_int,
     check_finite,
@@ -247,8 +248,25 @@ def linear_cross_entropy(
 
 
 class LinearCrossEntropyLoss(nn.Module):
-    """Module form of :func:`linear_cross_entropy`: owns ``weight (C, D)`` and ``bias (C,)``
-    (``nn.Linear`` initialisation); ``.logits(embeddings)`` gives the full logits for evaluation.
+    """Chunked linear-classifier cross-entropy as a module, owning the classifier; the maths is
+    :func:`losses.linear_cross_entropy` (the ``N x C`` logits are never materialised).
+
+    Args:
+        embedding_dim: the feature size ``D``.
+        num_classes: the number of classes ``C >= 2``.
+        bias: own a bias ``(C,)`` (default True).
+        chunk_size: classes per chunk, or ``None`` (default) to choose it from ``N`` and ``C``.
+        ignore_index: target id whose rows are skipped (default -100).
+        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+        label_smoothing: ``eps`` in ``[0, 1]`` (default 0.0).
+        logz_coef: weight ``>= 0`` of the log-Z penalty ``lse^2`` (default 0.0).
+        softcap: ``None`` (default, off) or ``c > 0``: logits become ``c * tanh(z / c)``.
+
+    ``forward(embeddings, target)``: ``embeddings (N, D)``, ``target`` ids ``(N,)``. Returns a
+    scalar for ``"mean"``/``"sum"``, ``(N,)`` for ``"none"``. ``.logits(embeddings)`` gives the
+    full ``(N, C)`` logits for evaluation.
+
+    Parameters: ``weight (C, D)`` and ``bias (C,)`` (or None), with ``nn.Linear`` initialisation.
     """
 
     def __init__(
@@ -284,6 +302,15 @@ class LinearCrossEntropyLoss(nn.Module):
         self.register_parameter("bias", linear.bias if bias else None)
 
     def forward(self, embeddings: Tensor, target: Tensor) -> Tensor:
+        """The cross-entropy of the owned classifier's logits against ``target``.
+
+        Args:
+            embeddings: floating features ``(N, embedding_dim)``.
+            target: integer class ids ``(N,)``.
+
+        Returns:
+            A scalar (``"mean"``, ``"sum"``) or the per-row losses ``(N,)`` (``"none"``).
+        """
         check_head_embeddings("linear_cross_entropy", type(self).__name__, embeddings, self.embedding_dim)
         return linear_cross_entropy(embeddings, target, self.weight, bias=self.bias, chunk_size=self.chunk_size,
                                     label_smoothing=self.label_smoothing, logz_coef=self.logz_coef,
@@ -300,12 +327,12 @@ class LinearCrossEntropyLoss(nn.Module):
             z = z if self.bias is None else z + self.bias.to(dtype)
             return apply_softcap(z, self.softcap)
 
-    def extra_repr(self) -> str:
-        return (f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, "
-                f"bias={self.bias is not None}, chunk_size={self.chunk_size}, "
-                f"label_smoothing={self.label_smoothing}, logz_coef={self.logz_coef}, "
-                f"ignore_index={self.ignore_index}, reduction={self.reduction!r}"
-                + ("" if self.softcap is None else f", softcap={self.softcap}"))
+    extra_repr = auto_extra_repr
+
+    _repr_omit_none = ("softcap",)
+
+    def _repr_values(self) -> dict:
+        return {"bias": self.bias is not None}
 
 
 register(

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    auto_extra_repr,
     check_int,
     check_choice,
     check_finite,
@@ -422,16 +423,32 @@ def cosine_logits(embeddings: Tensor, weight: Tensor, scale: float) -> Tensor:
 
 
 class MarginSoftmaxLoss(nn.Module):
-    """Module form of :func:`margin_softmax_loss`; owns the class centres ``weight (C, D)``.
+    """Additive-angular-margin (ArcFace / CosFace) softmax as a module, owning the class centres; the
+    maths is :func:`losses.margin_softmax_loss`.
 
-    ``weight`` is initialised from ``N(0, 0.01^2)``. ``.logits(embeddings)`` returns
-    ``scale·cos`` over all classes without the margin (for evaluation); it may be masked with
-    ``-inf`` before a cross-entropy (see :func:`margin_logits`), the loss itself takes no mask.
-    ``num_classes >= 2``; embeddings must have ``embedding_dim`` columns (else ``ValueError``).
-    Forward and backward work inside ``torch.autocast`` (maths in float32). With
-    ``margin=(1.0, 0.0, 0.0)`` it is the ``cosine_softmax`` registry entry (NormFace: F. Wang et al.,
-    *NormFace: L2 Hypersphere Embedding for Face Verification*, ACM MM 2017, arXiv:1704.06369).
-    ArcFace: arXiv:1801.07698.
+    Args:
+        embedding_dim: the feature size ``D``.
+        num_classes: the number of classes ``C >= 2``.
+        scale: the logit scale ``s`` (default 64.0).
+        margin: ``(m1, m2, m3)`` of ``cos(m1 * theta + m2) - m3`` on the target cosine (default
+            ``(1.0, 0.5, 0.0)``, ArcFace).
+        variant: ``"paper"`` (default) or ``"reference"``.
+        interclass_filtering_threshold: non-target cosines above it become 0 when ``> 0``
+            (default 0.0, off).
+        ignore_index: target id whose rows are skipped (default -100).
+        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+
+    ``forward(embeddings, target)``: ``embeddings (N, D)`` (``D = embedding_dim``, else
+    ``ValueError``), ``target`` ids ``(N,)``. Returns a scalar for ``"mean"``/``"sum"``, ``(N,)``
+    for ``"none"``. Forward and backward work inside ``torch.autocast`` (maths in float32).
+
+    Parameters: ``weight (C, D)``, the class centres, initialised from ``N(0, 0.01^2)``.
+
+    ``.logits(embeddings)`` returns ``scale·cos`` over all classes without the margin (for
+    evaluation); it may be masked with ``-inf`` before a cross-entropy (see :func:`margin_logits`),
+    the loss itself takes no mask. With ``margin=(1.0, 0.0, 0.0)`` it is the ``cosine_softmax``
+    registry entry (NormFace: F. Wang et al., *NormFace: L2 Hypersphere Embedding for Face
+    Verification*, ACM MM 2017, arXiv:1704.06369). ArcFace: arXiv:1801.07698.
 
     >>> import torch, losses
     >>> head = losses.MarginSoftmaxLoss(8, 5)
@@ -469,6 +486,15 @@ class MarginSoftmaxLoss(nn.Module):
         self.weight = nn.Parameter(torch.empty(num_classes, embedding_dim).normal_(0.0, 0.01))
 
     def forward(self, embeddings: Tensor, target: Tensor) -> Tensor:
+        """The margin softmax loss of the embeddings against the owned centres.
+
+        Args:
+            embeddings: floating features ``(N, embedding_dim)``.
+            target: integer class ids ``(N,)``.
+
+        Returns:
+            A scalar (``"mean"``, ``"sum"``) or the per-row losses ``(N,)`` (``"none"``).
+        """
         check_head_embeddings("margin_softmax_loss", type(self).__name__, embeddings, self.embedding_dim)
         return margin_softmax_loss(
             embeddings, target, self.weight, scale=self.scale, margin=self.margin, variant=self.variant,
@@ -482,11 +508,7 @@ class MarginSoftmaxLoss(nn.Module):
         check_head_embeddings(name + ".logits", name, embeddings, self.embedding_dim)
         return cosine_logits(embeddings, self.weight, self.scale)
 
-    def extra_repr(self) -> str:
-        return (f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, scale={self.scale}, "
-                f"margin={self.margin}, variant={self.variant!r}, "
-                f"interclass_filtering_threshold={self.interclass_filtering_threshold}, "
-                f"ignore_index={self.ignore_index}, reduction={self.reduction!r}")
+    extra_repr = auto_extra_repr
 
 
 register(

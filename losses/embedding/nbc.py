@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    auto_extra_repr,
     check_bool,
     check_int,
     _checking,
@@ -251,14 +252,30 @@ def nbc_softmax_loss(
 
 
 class NBCSoftmaxLoss(nn.Module):
-    """Module form of :func:`nbc_softmax_loss` (NBC-Softmax, arXiv:2212.08184).
+    """NBC-Softmax (arXiv:2212.08184) as a module, owning the classifier; the maths is
+    :func:`losses.nbc_softmax_loss`.
 
-    Owns ``classifier = nn.Linear(embedding_dim, num_classes, bias=bias)``; ``.logits(embeddings)``
-    gives the class scores for prediction. ``gather_distributed=True`` all-gathers embeddings
-    (sum-backward) and labels over the default process group and computes the loss of the global
-    batch on every rank: the classifier gets its single-process gradient on every rank and each
-    rank's embeddings ``world_size`` x theirs (docs/conventions.md Distributed). Every rank must pass the
-    same batch size (else ``ValueError``).
+    Args:
+        embedding_dim: the feature size ``D``.
+        num_classes: the number of classes ``K >= 2``.
+        scale: ``kappa >= 0``, the scale of the centroid cosines (default 0.2).
+        nbc_weight: ``lambda`` in ``[0, 1]`` mixing CE and the NBC term (default 0.5).
+        bias: give the classifier a bias (default True).
+        variant: ``"paper"`` (default) or ``"reference"``.
+        ignore_index: target id whose rows are skipped (default -100).
+        reduction: only ``"mean"`` (a batch-level loss).
+        gather_distributed: compute the loss of the global batch under DDP (default False).
+
+    ``forward(embeddings, target)``: ``embeddings (N, D)``, ``target`` ids ``(N,)``; returns a
+    scalar. ``.logits(embeddings)`` gives the ``(N, K)`` class scores for prediction.
+
+    Parameters: ``classifier = nn.Linear(embedding_dim, num_classes, bias=bias)``.
+
+    ``gather_distributed=True`` all-gathers embeddings (sum-backward) and labels over the default
+    process group and computes the loss of the global batch on every rank: the classifier gets its
+    single-process gradient on every rank and each rank's embeddings ``world_size`` x theirs
+    (docs/conventions.md Distributed). Every rank must pass the same batch size (else
+    ``ValueError``).
     """
 
     def __init__(
@@ -302,6 +319,15 @@ class NBCSoftmaxLoss(nn.Module):
             return z if b is None else z + upcast(b, dtype)
 
     def forward(self, embeddings: Tensor, target: Tensor) -> Tensor:
+        """The NBC-Softmax loss of the embeddings (gathered over ranks with ``gather_distributed``).
+
+        Args:
+            embeddings: floating features ``(N, embedding_dim)``.
+            target: integer class ids ``(N,)``.
+
+        Returns:
+            The scalar loss.
+        """
         check_head_embeddings("nbc_softmax_loss", "NBCSoftmaxLoss", embeddings, self.embedding_dim)
         if self.gather_distributed:
             fn = "NBCSoftmaxLoss"
@@ -311,11 +337,10 @@ class NBCSoftmaxLoss(nn.Module):
                                 nbc_weight=self.nbc_weight, variant=self.variant, bias=self.classifier.bias,
                                 ignore_index=self.ignore_index, reduction=self.reduction)
 
-    def extra_repr(self) -> str:
-        return (f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, scale={self.scale}, "
-                f"nbc_weight={self.nbc_weight}, bias={self.classifier.bias is not None}, "
-                f"variant={self.variant!r}, ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
-                f"gather_distributed={self.gather_distributed}")
+    extra_repr = auto_extra_repr
+
+    def _repr_values(self) -> dict:
+        return {"bias": self.classifier.bias is not None}
 
 
 register(

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    auto_extra_repr,
     check_bool,
     attached_zero,
     check_choice,
@@ -168,10 +169,24 @@ def opl_loss(
 
 
 class OrthogonalProjectionLoss(nn.Module):
-    """Module form of :func:`opl_loss` (Orthogonal Projection Loss, arXiv:2103.14021).
+    """Orthogonal Projection Loss (arXiv:2103.14021) as a module; the maths is
+    :func:`losses.opl_loss`.
 
     An auxiliary loss: add ``lambda * OrthogonalProjectionLoss()(features, target)`` to the
-    classification loss. It owns no parameters (and has no ``.logits``).
+    classification loss. It owns no parameters or buffers (and has no ``.logits``).
+
+    Args:
+        gamma: weight ``>= 0`` of the negative term (default 0.5).
+        variant: ``"paper"`` (default) or ``"reference"``.
+        neg_term: ``None`` (default: as the variant says), ``"abs_of_mean"``, ``"mean_abs"`` or
+            ``"mean"``.
+        ignore_index: target id whose rows are dropped (default -100).
+        reduction: only ``"mean"`` (a batch-level loss).
+        return_stats: also return the positive and negative means ``(s, d)`` (default False).
+        gather_distributed: compute the loss of the global batch under DDP (default False).
+
+    ``forward(embeddings, target)``: ``embeddings (N, D)``, ``target`` ids ``(N,)``; returns a
+    scalar, or ``(loss, s, d)`` with ``return_stats``.
 
     ``gather_distributed=True`` all-gathers the embeddings (the backward sums over ranks) and the
     labels from every rank of the default process group and computes the loss of the global
@@ -207,6 +222,15 @@ class OrthogonalProjectionLoss(nn.Module):
         self.gather_distributed = check_bool("OrthogonalProjectionLoss", "gather_distributed", gather_distributed)
 
     def forward(self, embeddings: Tensor, target: Tensor):
+        """The OPL of ``embeddings`` (gathered over ranks with ``gather_distributed``).
+
+        Args:
+            embeddings: floating features ``(N, D)``.
+            target: integer class ids ``(N,)``.
+
+        Returns:
+            The scalar loss, or ``(loss, s, d)`` when ``return_stats``.
+        """
         if self.gather_distributed:
             fn = "OrthogonalProjectionLoss"
             embeddings = all_gather_with_grad(embeddings, fn=fn)
@@ -214,10 +238,7 @@ class OrthogonalProjectionLoss(nn.Module):
         return opl_loss(embeddings, target, gamma=self.gamma, variant=self.variant, neg_term=self.neg_term,
                         ignore_index=self.ignore_index, reduction=self.reduction, return_stats=self.return_stats)
 
-    def extra_repr(self) -> str:
-        return (f"gamma={self.gamma}, variant={self.variant!r}, neg_term={self.neg_term!r}, "
-                f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
-                f"return_stats={self.return_stats}, gather_distributed={self.gather_distributed}")
+    extra_repr = auto_extra_repr
 
 
 register(

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from .._core import (
+    auto_extra_repr,
     check_seed,
     check_bool,
     _checking,
@@ -243,7 +244,31 @@ def _sum_over_ranks(x: Tensor, group: object, coupled: bool) -> Tensor:
 
 
 class PartialFCLoss(GeneratorStateMixin):
-    """Module form of :func:`partial_fc_loss` (arXiv:2010.05222), optionally model-parallel.
+    """Partial FC (arXiv:2010.05222) as a module, optionally model-parallel; the maths is
+    :func:`losses.partial_fc_loss`.
+
+    Args:
+        embedding_dim: the feature size ``D``.
+        num_classes: the number of classes ``C >= 2``.
+        sample_rate: fraction in ``(0, 1]`` of the classes sampled per call, positives first
+            (default 0.1).
+        scale: the logit scale ``s`` (default 64.0).
+        margin: ``(m1, m2, m3)`` of ``cos(m1 * theta + m2) - m3`` on the target cosine (default
+            ``(1.0, 0.5, 0.0)``, ArcFace).
+        variant: ``"paper"`` (default) or ``"reference"``.
+        interclass_filtering_threshold: non-target cosines above it become 0 when ``> 0``
+            (default 0.0, off).
+        ignore_index: target id whose rows are skipped (default -100).
+        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+        seed: ``None`` (default: the global RNG) or the seed of a private sampling generator.
+        distributed: shard the centres over the ranks of ``process_group`` (default False).
+        process_group: the group to shard over (default None: the world group).
+
+    ``forward(embeddings, target, *, index=None)``: ``embeddings (N, D)``, ``target`` ids
+    ``(N,)``, optional class ids ``index`` to use instead of sampling. Returns a scalar for
+    ``"mean"``/``"sum"``, ``(N,)`` for ``"none"``.
+
+    Parameters: ``weight``, the class centres (this rank's shard when distributed).
 
     Owns the class centres ``weight`` (``N(0, 0.01^2)``) and, with ``seed``, a private
     ``torch.Generator`` (created on the weight's device at first use). Its state is part of
@@ -401,6 +426,17 @@ class PartialFCLoss(GeneratorStateMixin):
     # ---- forward ---------------------------------------------------------------------
 
     def forward(self, embeddings: Tensor, target: Tensor, *, index: Optional[Tensor] = None) -> Tensor:
+        """The Partial FC loss over the sampled (or given) classes; sets ``.last_index``.
+
+        Args:
+            embeddings: floating features ``(N, embedding_dim)``.
+            target: integer class ids ``(N,)``.
+            index: optional sorted, unique class ids ``(|I|,)`` to use instead of sampling (every
+                positive of the batch included).
+
+        Returns:
+            A scalar (``"mean"``, ``"sum"``) or the per-row losses ``(N,)`` (``"none"``).
+        """
         check_head_embeddings("partial_fc_loss", type(self).__name__, embeddings, self.embedding_dim)
         self._sync_shard()
         if self._world > 1:
@@ -488,12 +524,9 @@ class PartialFCLoss(GeneratorStateMixin):
                 return cosine_logits(embeddings, self._gather_weight(), self.scale)
         return cosine_logits(embeddings, self.weight, self.scale)
 
-    def extra_repr(self) -> str:
-        return (f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, "
-                f"sample_rate={self.sample_rate}, scale={self.scale}, margin={self.margin}, "
-                f"variant={self.variant!r}, interclass_filtering_threshold={self.interclass_filtering_threshold}, "
-                f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, seed={self.seed}, "
-                f"distributed={self.distributed}")
+    extra_repr = auto_extra_repr
+
+    _repr_skip = ("process_group",)
 
 
 register(

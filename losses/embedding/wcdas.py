@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    auto_extra_repr,
     check_int,
     check_choice,
     check_finite,
@@ -189,7 +190,20 @@ def wcdas_loss(
 
 
 class WCDASLoss(nn.Module):
-    """Module form of :func:`wcdas_loss` (WCDAS, arXiv:2305.18732), owning the angular head.
+    """WCDAS (arXiv:2305.18732) as a module, owning the angular head; the maths is
+    :func:`losses.wcdas_loss`.
+
+    Args:
+        embedding_dim: the feature size ``D``.
+        num_classes: the number of classes ``C >= 2``.
+        concentration_init: initial ``g_0`` of every class's concentration logit (default 0.0).
+        scale: ``None`` (default: a trainable scale) or a fixed ``s > 0``.
+        variant: ``"paper"`` (default) or ``"reference"``.
+        ignore_index: target id whose rows are skipped (default -100).
+        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+
+    ``forward(embeddings, target)``: ``embeddings (N, D)``, ``target`` ids ``(N,)``. Returns a
+    scalar for ``"mean"``/``"sum"``, ``(N,)`` for ``"none"``.
 
     Parameters: ``weight`` ``(num_classes, embedding_dim)`` (``nn.Linear`` initialisation),
     ``concentration_logit`` ``(num_classes,)`` filled with ``concentration_init`` (``g_0``, the value
@@ -256,15 +270,23 @@ class WCDASLoss(nn.Module):
                             variant=self.variant)
 
     def forward(self, embeddings: Tensor, target: Tensor) -> Tensor:
+        """The WCDAS loss of the embeddings against the owned head.
+
+        Args:
+            embeddings: floating features ``(N, embedding_dim)``.
+            target: integer class ids ``(N,)``.
+
+        Returns:
+            A scalar (``"mean"``, ``"sum"``) or the per-row losses ``(N,)`` (``"none"``).
+        """
         check_head_embeddings("wcdas_loss", "WCDASLoss", embeddings, self.embedding_dim)
         return wcdas_loss(embeddings, target, self.weight, self.concentration_logit, self.effective_scale(),
                           variant=self.variant, ignore_index=self.ignore_index, reduction=self.reduction)
 
-    def extra_repr(self) -> str:
-        scale = None if self.scale is None else float(self.scale)
-        return (f"embedding_dim={self.embedding_dim}, num_classes={self.num_classes}, "
-                f"concentration_init={self.concentration_init}, scale={scale}, variant={self.variant!r}, "
-                f"ignore_index={self.ignore_index}, reduction={self.reduction!r}")
+    extra_repr = auto_extra_repr
+
+    def _repr_values(self) -> dict:
+        return {"scale": None if self.scale is None else float(self.scale)}
 
 
 register(

@@ -251,6 +251,15 @@ class InBatchRankingLoss(nn.Module):
         return values.mean()
 
     def forward(self, sentence_features: Iterable[Dict[str, Tensor]], labels: Optional[Tensor] = None) -> Tensor:
+        """The mean loss over the batch's anchors.
+
+        Args:
+            sentence_features: one feature dict per column (anchor, then the positive columns).
+            labels: optional per-anchor labels, used by ``false_negatives="labels"``.
+
+        Returns:
+            A scalar: the mean over the (global, with ``gather_distributed``) batch's anchors.
+        """
         features = list(sentence_features)
         return self.loss_from_embeddings(self.embed(features), labels, features)
 
@@ -266,7 +275,20 @@ class InBatchRankingLoss(nn.Module):
 class InfoNCERankingLoss(InBatchRankingLoss):
     """InfoNCE over in-batch candidates (:func:`losses.infonce_loss`, van den Oord et al.,
     arXiv:1807.03748). With one positive and cosine scores it equals sentence-transformers'
-    ``MultipleNegativesRankingLoss(model, scale=1 / temperature)``."""
+    ``MultipleNegativesRankingLoss(model, scale=1 / temperature)``.
+
+    Args:
+        model: the ``SentenceTransformer``.
+        temperature: as :class:`losses.InfoNCELoss`.
+        positive_normalization: as :class:`losses.InfoNCELoss`.
+        num_positives: positive columns after the anchor (default 1).
+        similarity: ``"cosine"`` (default) or ``"dot"``.
+        false_negatives: ``None`` (default), ``"duplicates"`` or ``"labels"``.
+        gather_distributed: score against the candidates of every rank (default False).
+
+    ``forward(sentence_features, labels)`` as :class:`InBatchRankingLoss`: returns the mean loss
+    over the (global) batch's anchors.
+    """
 
     def __init__(
         self,
@@ -287,7 +309,24 @@ class InfoNCERankingLoss(InBatchRankingLoss):
 class DecoupledSoftmaxRankingLoss(InBatchRankingLoss):
     """Decoupled softmax over in-batch candidates, for several positives per anchor
     (:func:`losses.decoupled_softmax_loss`, Gupta et al., ICLR 2024, arXiv:2310.10636): each
-    positive is scored against the negatives only, the other positives are removed."""
+    positive is scored against the negatives only, the other positives are removed.
+
+    Args:
+        model: the ``SentenceTransformer``.
+        temperature: as :class:`losses.DecoupledSoftmaxLoss`.
+        weighted: as :class:`losses.DecoupledSoftmaxLoss`.
+        variant: as :class:`losses.DecoupledSoftmaxLoss`.
+        sample_one_positive: as :class:`losses.DecoupledSoftmaxLoss`.
+        mask_value: as :class:`losses.DecoupledSoftmaxLoss`.
+        seed: as :class:`losses.DecoupledSoftmaxLoss`.
+        num_positives: positive columns after the anchor (default 1).
+        similarity: ``"cosine"`` (default) or ``"dot"``.
+        false_negatives: ``None`` (default), ``"duplicates"`` or ``"labels"``.
+        gather_distributed: score against the candidates of every rank (default False).
+
+    ``forward(sentence_features, labels)`` as :class:`InBatchRankingLoss`: returns the mean loss
+    over the (global) batch's anchors.
+    """
 
     def __init__(
         self,
@@ -313,7 +352,24 @@ class DecoupledSoftmaxRankingLoss(InBatchRankingLoss):
 
 class SoftTopKRankingLoss(InBatchRankingLoss):
     """Soft top-k over in-batch candidates (:func:`losses.soft_topk_loss`, Gupta et al.,
-    arXiv:2310.10636). ``k`` must be below the number of candidates in a batch."""
+    arXiv:2310.10636). ``k`` must be below the number of candidates in a batch.
+
+    Args:
+        model: the ``SentenceTransformer``.
+        k: as :class:`losses.SoftTopKLoss`.
+        alpha: as :class:`losses.SoftTopKLoss`.
+        temperature: as :class:`losses.SoftTopKLoss`.
+        n_iter: as :class:`losses.SoftTopKLoss`.
+        variant: as :class:`losses.SoftTopKLoss`.
+        seed: as :class:`losses.SoftTopKLoss`.
+        num_positives: positive columns after the anchor (default 1).
+        similarity: ``"cosine"`` (default) or ``"dot"``.
+        false_negatives: ``None`` (default), ``"duplicates"`` or ``"labels"``.
+        gather_distributed: score against the candidates of every rank (default False).
+
+    ``forward(sentence_features, labels)`` as :class:`InBatchRankingLoss`: returns the mean loss
+    over the (global) batch's anchors.
+    """
 
     def __init__(
         self,

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from .._core import (
+    auto_extra_repr,
     check_bool,
     attached_zero,
     check_choice,
@@ -399,8 +400,22 @@ def bpr_loss(
 
 
 class PSLLoss(nn.Module):
-    """Module form of :func:`psl_loss` (PSL, arXiv:2411.00163); ``forward(pos_scores,
-    neg_scores, *, neg_mask=None)``.
+    """Pairwise softmax loss (PSL, arXiv:2411.00163) as a module; the maths is :func:`losses.psl_loss`.
+
+    Args:
+        temperature: ``tau > 0`` (default 0.05).
+        activation: ``"tanh"`` (default), ``"atan"``, ``"relu"`` or ``"exp"``.
+        score_scale: ``kappa > 0``, scores are multiplied by it (default 0.5: ``cos / 2``).
+        variant: ``"paper"`` (default) or ``"reference"``.
+        include_positive: overrides the variant's choice of the positive's own ``[1]`` term
+            (default None).
+        normalization: ``"row"`` (default) or ``"batch"`` (batch-level, only ``"mean"``).
+        bounded_scores: the scores lie in ``[-1, 1]`` (default True; checks the activation's domain).
+        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+
+    ``forward(pos_scores, neg_scores, *, neg_mask=None)``: ``pos_scores (B,)``, ``neg_scores``
+    ``(B, N)`` (``(B,)`` means N = 1), optional bool ``neg_mask (B, N)`` (True = valid negative).
+    Returns a scalar for ``"mean"``/``"sum"``, ``(B,)`` for ``"none"``. No parameters or buffers.
 
     >>> import torch, losses
     >>> loss = losses.PSLLoss(activation="relu")
@@ -438,21 +453,40 @@ class PSLLoss(nn.Module):
         self.reduction = reduction
 
     def forward(self, pos_scores: Tensor, neg_scores: Tensor, *, neg_mask: Optional[Tensor] = None) -> Tensor:
+        """The PSL of the positives against their negatives.
+
+        Args:
+            pos_scores: scores of the positives ``(B,)``.
+            neg_scores: scores of the sampled negatives ``(B, N)`` (``(B,)`` means N = 1).
+            neg_mask: optional bool ``(B, N)``, True = valid negative.
+
+        Returns:
+            A scalar (``"mean"``, ``"sum"``) or the per-row losses ``(B,)`` (``"none"``).
+        """
         return psl_loss(pos_scores, neg_scores, temperature=self.temperature, activation=self.activation,
                         score_scale=self.score_scale, variant=self.variant, include_positive=self.include_positive,
                         normalization=self.normalization, bounded_scores=self.bounded_scores, neg_mask=neg_mask,
                         reduction=self.reduction)
 
-    def extra_repr(self) -> str:
-        return (f"temperature={self.temperature}, activation={self.activation!r}, score_scale={self.score_scale}, "
-                f"variant={self.variant!r}, include_positive={self.include_positive}, "
-                f"normalization={self.normalization!r}, bounded_scores={self.bounded_scores}, "
-                f"reduction={self.reduction!r}")
+    extra_repr = auto_extra_repr
 
 
 class SampledSoftmaxLoss(nn.Module):
-    """Module form of :func:`sampled_softmax_loss` (SSM, the baseline of arXiv:2411.00163);
-    ``forward(pos_scores, neg_scores, *, neg_mask=None)``."""
+    """Sampled softmax loss (SSM, the baseline of arXiv:2411.00163) as a module; the maths is
+    :func:`losses.sampled_softmax_loss`.
+
+    Args:
+        temperature: ``tau > 0`` (default 0.05).
+        score_scale: ``kappa > 0``, scores are multiplied by it (default 0.5).
+        variant: ``"paper"`` (default) or ``"reference"``.
+        include_positive: overrides the variant's choice of the positive in the denominator
+            (default None).
+        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+
+    ``forward(pos_scores, neg_scores, *, neg_mask=None)``: ``pos_scores (B,)``, ``neg_scores``
+    ``(B, N)`` (``(B,)`` means N = 1), optional bool ``neg_mask (B, N)`` (True = valid negative).
+    Returns a scalar for ``"mean"``/``"sum"``, ``(B,)`` for ``"none"``. No parameters or buffers.
+    """
 
     def __init__(
         self,
@@ -477,19 +511,36 @@ class SampledSoftmaxLoss(nn.Module):
         self.reduction = reduction
 
     def forward(self, pos_scores: Tensor, neg_scores: Tensor, *, neg_mask: Optional[Tensor] = None) -> Tensor:
+        """The sampled softmax loss of the positives against their negatives.
+
+        Args:
+            pos_scores: scores of the positives ``(B,)``.
+            neg_scores: scores of the sampled negatives ``(B, N)`` (``(B,)`` means N = 1).
+            neg_mask: optional bool ``(B, N)``, True = valid negative.
+
+        Returns:
+            A scalar (``"mean"``, ``"sum"``) or the per-row losses ``(B,)`` (``"none"``).
+        """
         return sampled_softmax_loss(pos_scores, neg_scores, temperature=self.temperature,
                                     score_scale=self.score_scale, variant=self.variant,
                                     include_positive=self.include_positive, neg_mask=neg_mask,
                                     reduction=self.reduction)
 
-    def extra_repr(self) -> str:
-        return (f"temperature={self.temperature}, score_scale={self.score_scale}, variant={self.variant!r}, "
-                f"include_positive={self.include_positive}, reduction={self.reduction!r}")
+    extra_repr = auto_extra_repr
 
 
 class BPRLoss(nn.Module):
-    """Module form of :func:`bpr_loss` (BPR, arXiv:1205.2618); ``forward(pos_scores, neg_scores,
-    *, neg_mask=None)``."""
+    """Bayesian personalised ranking loss (BPR, arXiv:1205.2618) as a module; the maths is
+    :func:`losses.bpr_loss`.
+
+    Args:
+        reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
+
+    ``forward(pos_scores, neg_scores, *, neg_mask=None)``: ``pos_scores (B,)``, ``neg_scores``
+    ``(B, N)`` (``(B,)`` means N = 1), optional bool ``neg_mask (B, N)`` (True = valid negative).
+    Returns a scalar for ``"mean"``/``"sum"``, the per-pair losses shaped like ``neg_scores`` for
+    ``"none"``. No parameters or buffers.
+    """
 
     def __init__(self, *, reduction: str = "mean") -> None:
         super().__init__()
@@ -497,10 +548,19 @@ class BPRLoss(nn.Module):
         self.reduction = reduction
 
     def forward(self, pos_scores: Tensor, neg_scores: Tensor, *, neg_mask: Optional[Tensor] = None) -> Tensor:
+        """The BPR loss of every (positive, negative) pair.
+
+        Args:
+            pos_scores: scores of the positives ``(B,)``.
+            neg_scores: scores of the sampled negatives ``(B, N)`` (``(B,)`` means N = 1).
+            neg_mask: optional bool ``(B, N)``, True = valid negative.
+
+        Returns:
+            A scalar (``"mean"``, ``"sum"``) or the per-pair losses shaped like ``neg_scores`` (``"none"``).
+        """
         return bpr_loss(pos_scores, neg_scores, neg_mask=neg_mask, reduction=self.reduction)
 
-    def extra_repr(self) -> str:
-        return f"reduction={self.reduction!r}"
+    extra_repr = auto_extra_repr
 
 
 # --------------------------------------------------------------------------------------

@@ -1,0 +1,45 @@
+"""Loss modules' ``repr`` is derived from the constructor (``losses._core.auto_extra_repr``):
+every keyword hyperparameter appears as ``name=value``, in signature order."""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import pytest
+import torch
+
+import losses
+from losses._core import auto_extra_repr
+
+MODULES = sorted({s.module for s in losses.list_losses() if s.module is not None}, key=lambda m: m.__name__)
+
+
+def _build(module):
+    sig = inspect.signature(module.__init__).parameters
+    args = [8, 5] if "embedding_dim" in sig else []
+    kwargs = {"nu": 0.5} if "nu" in sig else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return module(*args, **kwargs)
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_repr_lists_the_constructor_hyperparameters_in_order(module):
+    assert module.extra_repr is auto_extra_repr
+    m = _build(module)
+    text = m.extra_repr()
+    names = [part.split("=", 1)[0] for part in text.split(", ") if "=" in part]
+    sig = [n for n in inspect.signature(module.__init__).parameters if n != "self"]
+    assert names == [n for n in sig if n in names], f"{module.__name__}: not in signature order: {text}"
+    skipped = set(sig) - set(names) - {"weight", "softcap", "process_group"}
+    assert not skipped, f"{module.__name__}: hyperparameters missing from the repr: {sorted(skipped)}"
+
+
+def test_repr_shows_set_values_and_hides_tensors():
+    m = losses.CrossEntropyLoss(weight=torch.ones(3), softcap=3.0)
+    assert repr(m) == "CrossEntropyLoss(label_smoothing=0.0, ignore_index=-100, reduction='mean', softcap=3.0)"
+    assert "bias=False" in repr(losses.LinearCrossEntropyLoss(4, 3, bias=False))
+    assert "bias=False" in repr(losses.NBCSoftmaxLoss(4, 3, bias=False))
+    assert "scale=3.0" in repr(losses.WCDASLoss(4, 3, scale=3.0))
+    assert "process_group" not in repr(losses.PartialFCLoss(4, 3))
