@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._core import check_softmax_classes, value_error
+from ._core import check_floating, check_integer_target, check_softmax_classes, value_error
 
-__all__ = ["check_head_embeddings", "check_softmax_classes", "drop_rows"]
+__all__ = ["check_head_embeddings", "check_embeddings_and_target", "check_softmax_classes", "drop_rows"]
 
 
 def check_head_embeddings(fn: str, head: str, embeddings: object, embedding_dim: int) -> None:
@@ -31,6 +31,18 @@ def check_head_embeddings(fn: str, head: str, embeddings: object, embedding_dim:
             f"build the head with embedding_dim={embeddings.shape[1]} or project the features to "
             f"{embedding_dim} dimensions",
         )
+
+
+def check_embeddings_and_target(fn: str, embeddings: Tensor, target: Tensor) -> None:
+    """``embeddings`` a floating ``(N, D)`` tensor and ``target`` integer ids of shape ``(N,)``."""
+    check_floating(fn, "embeddings", embeddings)
+    check_integer_target(fn, target)
+    if embeddings.dim() != 2:
+        raise value_error(fn, "embeddings must have shape (N, D)", f"shape {tuple(embeddings.shape)}",
+                          "flatten the features to one vector per sample")
+    if tuple(target.shape) != (embeddings.shape[0],):
+        raise value_error(fn, f"target must have shape ({embeddings.shape[0]},), one id per embedding",
+                          f"shape {tuple(target.shape)}", "pass one class id per row of embeddings")
 
 
 def drop_rows(x: Tensor, valid: Tensor) -> Tensor:

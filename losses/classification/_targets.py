@@ -1,4 +1,9 @@
-"""Target handling shared by the element-wise (multi-label style) classification losses.
+"""Target handling shared by the classification losses.
+
+``class_ids`` and ``row_max_logsum`` serve the position-level softmax losses (Z-loss, log-Z
+penalty, comp-sum, the adversarial loss).
+
+The element-wise (multi-label style) losses
 
 ``bce_with_logits_loss`` and ``gumbel_bce_loss`` (GOL) accept, for input ``(N, C, *)``:
 
@@ -20,6 +25,8 @@ from torch import Tensor
 
 from .._core import (
     check_class_target,
+    check_softmax_classes,
+    flatten_logits_and_target,
     check_class_weight,
     check_finite,
     check_ids_in_range,
@@ -82,3 +89,32 @@ def broadcast_class_weight(fn: str, weight: Optional[Tensor], input: Tensor, dty
     if weight.shape == (c,):
         return weight.to(dtype).view((1, c) + (1,) * (input.dim() - 2))
     return weight.to(dtype)
+
+
+def row_max_logsum(x: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(m, log_s)`` with ``m = max_k x_k`` and ``log_s = log sum_k exp(x_k - m)`` per row of a
+    2-D tensor, so that ``logsumexp(x) = m + log_s``. One temporary, no saved ``(M, C)`` output."""
+    # rows whose max is +-inf (only reachable with validation off) must not give inf - inf
+    m = torch.nan_to_num(x.amax(dim=1), nan=0.0, posinf=0.0, neginf=0.0)
+    e = torch.sub(x, m.unsqueeze(1))
+    e.exp_()
+    return m, e.sum(dim=1).log()
+
+
+def class_ids(fn: str, input: Tensor, target: Tensor, ignore_index: int, *, softmax: bool = True):
+    """Shape checks, flattening and safe ids shared by the position-level losses.
+
+    Returns ``(x2d, safe_ids, valid, out_shape)`` with ``x2d`` of shape ``(M, C)`` (not yet
+    upcast), ``safe_ids`` long ``(M,)`` with ignored positions mapped to class 0 and ``valid``
+    bool ``(M,)``. ``softmax``: a single class is an error (the loss would be identically 0).
+    """
+    x2d, t, out_shape = flatten_logits_and_target(fn, input, target)
+    c = input.shape[1]
+    if c < 1:
+        raise value_error(fn, "input needs at least one class", f"C={c}", "pass logits with C >= 1")
+    if softmax:
+        check_softmax_classes(fn, c)
+    check_ids_in_range(fn, target, c, ignore_index)
+    valid = t != ignore_index
+    safe = torch.where(valid, t, torch.zeros_like(t)).long()
+    return x2d, safe, valid, out_shape

@@ -41,7 +41,7 @@ from .._core import (
 from .._random import GeneratorStateMixin
 from .._registry import id_unit_weights, register
 from .comp_sum import _CompSumFunction
-from .zloss import _class_ids
+from ._targets import class_ids
 
 __all__ = ["adversarial_comp_sum_loss", "AdversarialCompSumLoss"]
 
@@ -84,7 +84,7 @@ def _adversarial_comp_sum(fn: str, input: Tensor, input_adv: Tensor, target: Ten
     if input_adv.shape != input.shape:
         raise value_error(fn, f"input_adv must have the shape of input {tuple(input.shape)}",
                           f"shape {tuple(input_adv.shape)}", "pass the model's logits on the perturbed inputs")
-    x2d, y, valid, out_shape = _class_ids(fn, input, target, ignore_index)
+    x2d, y, valid, out_shape = class_ids(fn, input, target, ignore_index)
     x_adv2d, _, _ = flatten_logits_and_target(fn, input_adv, target)
     finite = check_masked_logits(fn, "input", x2d, active=valid)
     finite_adv = check_masked_logits(fn, "input_adv", x_adv2d, active=valid)

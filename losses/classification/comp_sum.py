@@ -25,7 +25,7 @@ from .._core import (
 )
 from .._registry import register
 from .baselines import position_unit_weights
-from .zloss import _class_ids, _row_max_logsum
+from ._targets import class_ids, row_max_logsum
 
 __all__ = ["comp_sum_loss", "CompSumLoss"]
 
@@ -46,7 +46,7 @@ class _CompSumFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, y: Tensor, tau: float) -> Tensor:
-        m, log_s = _row_max_logsum(x)
+        m, log_s = row_max_logsum(x)
         x_y = x.gather(1, y.unsqueeze(1)).squeeze(1)
         ce = ((m - x_y) + log_s).clamp_min(0)
         if tau == 1.0:
@@ -144,7 +144,7 @@ def comp_sum_loss(
     check_integer_target(fn, target)
     check_reduction(fn, reduction)
     tau = _check_tau(fn, tau)
-    x2d, y, valid, out_shape = _class_ids(fn, input, target, ignore_index)
+    x2d, y, valid, out_shape = class_ids(fn, input, target, ignore_index)
     finite = check_masked_logits(fn, "input", x2d, active=valid)
     dtype = compute_dtype(input)
     with no_autocast(input.device.type):

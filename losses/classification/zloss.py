@@ -29,15 +29,12 @@ from .._core import (
     check_bool,
     check_finite,
     check_floating,
-    check_ids_in_range,
     check_integer_target,
     check_masked_logits,
     check_number,
     check_reduction,
-    check_softmax_classes,
     check_tensor,
     compute_dtype,
-    flatten_logits_and_target,
     move_class_dim_last,
     no_autocast,
     reduce_loss,
@@ -48,6 +45,8 @@ from .._core import (
 )
 from .._registry import register
 from .._softcap import apply_softcap, check_softcap
+from .._precision import softplus
+from ._targets import class_ids, row_max_logsum
 from .baselines import position_unit_weights
 
 __all__ = [
@@ -62,40 +61,6 @@ __all__ = [
 # --------------------------------------------------------------------------------------
 # shared helpers (also used by comp_sum.py)
 # --------------------------------------------------------------------------------------
-
-
-def _row_max_logsum(x: Tensor) -> Tuple[Tensor, Tensor]:
-    """``(m, log_s)`` with ``m = max_k x_k`` and ``log_s = log sum_k exp(x_k - m)`` per row of a
-    2-D tensor, so that ``logsumexp(x) = m + log_s``. One temporary, no saved ``(M, C)`` output."""
-    # rows whose max is +-inf (only reachable with validation off) must not give inf - inf
-    m = torch.nan_to_num(x.amax(dim=1), nan=0.0, posinf=0.0, neginf=0.0)
-    e = torch.sub(x, m.unsqueeze(1))
-    e.exp_()
-    return m, e.sum(dim=1).log()
-
-
-def _class_ids(fn: str, input: Tensor, target: Tensor, ignore_index: int, *, softmax: bool = True):
-    """Shape checks, flattening and safe ids shared by the position-level losses.
-
-    Returns ``(x2d, safe_ids, valid, out_shape)`` with ``x2d`` of shape ``(M, C)`` (not yet
-    upcast), ``safe_ids`` long ``(M,)`` with ignored positions mapped to class 0 and ``valid``
-    bool ``(M,)``. ``softmax``: a single class is an error (the loss would be identically 0).
-    """
-    x2d, t, out_shape = flatten_logits_and_target(fn, input, target)
-    c = input.shape[1]
-    if c < 1:
-        raise value_error(fn, "input needs at least one class", f"C={c}", "pass logits with C >= 1")
-    if softmax:
-        check_softmax_classes(fn, c)
-    check_ids_in_range(fn, target, c, ignore_index)
-    valid = t != ignore_index
-    safe = torch.where(valid, t, torch.zeros_like(t)).long()
-    return x2d, safe, valid, out_shape
-
-
-def _softplus(t: Tensor) -> Tensor:
-    # softplus(t) = max(t, 0) + log1p(exp(-|t|)), exact for every finite t
-    return t.clamp_min(0) + torch.log1p(torch.exp(-t.abs()))
 
 
 # --------------------------------------------------------------------------------------
@@ -116,7 +81,7 @@ class _ZLossFunction(torch.autograd.Function):
         z_c = d.gather(1, y.unsqueeze(1)).squeeze(1) / sigma
         t = a * (b - z_c)
         ctx.save_for_backward(d, y, sigma, z_c, torch.sigmoid(t))
-        return _softplus(t) / a
+        return softplus(t) / a
 
     @staticmethod
     @once_differentiable
@@ -215,7 +180,7 @@ def z_loss(
             "with C=2 the target z-score is always ±1, so the loss is constant and its gradient zero "
             "— use binary_cross_entropy_with_logits",
         )
-    x2d, y, valid, out_shape = _class_ids(fn, input, target, ignore_index, softmax=False)
+    x2d, y, valid, out_shape = class_ids(fn, input, target, ignore_index, softmax=False)
     finite = check_finite(fn, "input", input, hint=_ZLOSS_NEG_INF_HINT)
     dtype = compute_dtype(input)
     with no_autocast(input.device.type):
@@ -294,7 +259,7 @@ class _LogSumExpFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:
-        m, log_s = _row_max_logsum(x)
+        m, log_s = row_max_logsum(x)
         ctx.save_for_backward(x, m, log_s)
         return m + log_s
 
@@ -313,7 +278,7 @@ class _CrossEntropyLogZFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, y: Tensor) -> Tuple[Tensor, Tensor]:
-        m, log_s = _row_max_logsum(x)
+        m, log_s = row_max_logsum(x)
         ctx.save_for_backward(x, y, m, log_s)
         x_y = x.gather(1, y.unsqueeze(1)).squeeze(1)
         return (m - x_y) + log_s, m + log_s
@@ -466,7 +431,7 @@ def cross_entropy_with_logz_penalty(
     coef = check_number(fn, "coef", coef, low=0.0)
     check_bool(fn, "return_penalty", return_penalty)
     cap = check_softcap(fn, softcap)
-    x2d, y, valid, out_shape = _class_ids(fn, input, target, ignore_index)
+    x2d, y, valid, out_shape = class_ids(fn, input, target, ignore_index)
     finite = check_masked_logits(fn, "input", x2d, active=valid)
     dtype = compute_dtype(input)
     with no_autocast(input.device.type):

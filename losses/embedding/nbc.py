@@ -32,10 +32,9 @@ from .._core import (
     value_error,
 )
 from .._distributed import all_gather_no_grad, all_gather_with_grad
-from .._heads import check_head_embeddings, check_softmax_classes, drop_rows
+from .._heads import check_embeddings_and_target, check_head_embeddings, check_softmax_classes, drop_rows
 from .._precision import matmul, no_autocast
 from .._registry import register
-from .opl import _check_embeddings_and_target
 
 __all__ = ["nbc_loss", "nbc_softmax_loss", "NBCSoftmaxLoss"]
 
@@ -142,7 +141,7 @@ def nbc_loss(
     True
     """
     fn = "nbc_loss"
-    _check_embeddings_and_target(fn, embeddings, target)
+    check_embeddings_and_target(fn, embeddings, target)
     check_reduction(fn, reduction, allowed=("mean",))
     scale = check_number(fn, "scale", scale, low=0.0)
     check_choice(fn, "variant", variant, VARIANTS)
@@ -213,7 +212,7 @@ def nbc_softmax_loss(
     1.0986
     """
     fn = "nbc_softmax_loss"
-    _check_embeddings_and_target(fn, embeddings, target)
+    check_embeddings_and_target(fn, embeddings, target)
     check_reduction(fn, reduction, allowed=("mean",))
     scale = check_number(fn, "scale", scale, low=0.0)
     nbc_weight = check_number(fn, "nbc_weight", nbc_weight, low=0.0, high=1.0)

@@ -18,16 +18,13 @@ from .._core import (
     attached_zero,
     check_choice,
     check_finite,
-    check_floating,
-    check_integer_target,
     check_number,
     check_reduction,
     compute_dtype,
     upcast,
-    value_error,
 )
 from .._distributed import all_gather_no_grad, all_gather_with_grad
-from .._heads import drop_rows
+from .._heads import check_embeddings_and_target, drop_rows
 from .._precision import matmul
 from .._registry import register
 
@@ -36,17 +33,6 @@ __all__ = ["opl_loss", "OrthogonalProjectionLoss"]
 VARIANTS = ("paper", "reference")
 NEG_TERMS = ("abs_of_mean", "mean_abs", "mean")
 _REF_EPS = 1e-6  # the reference divides pair sums by (count + 1e-6)
-
-
-def _check_embeddings_and_target(fn: str, embeddings: Tensor, target: Tensor) -> None:
-    check_floating(fn, "embeddings", embeddings)
-    check_integer_target(fn, target)
-    if embeddings.dim() != 2:
-        raise value_error(fn, "embeddings must have shape (N, D)", f"shape {tuple(embeddings.shape)}",
-                          "flatten the features to one vector per sample")
-    if tuple(target.shape) != (embeddings.shape[0],):
-        raise value_error(fn, f"target must have shape ({embeddings.shape[0]},), one id per embedding",
-                          f"shape {tuple(target.shape)}", "pass one class id per row of embeddings")
 
 
 def opl_loss(
@@ -120,7 +106,7 @@ def opl_loss(
     (0.0, 0.5, 1.5)
     """
     fn = "opl_loss"
-    _check_embeddings_and_target(fn, embeddings, target)
+    check_embeddings_and_target(fn, embeddings, target)
     check_reduction(fn, reduction, allowed=("mean",))
     check_bool(fn, "return_stats", return_stats)
     gamma = check_number(fn, "gamma", gamma, low=0.0)

@@ -28,10 +28,9 @@ from .._core import (
     upcast,
     value_error,
 )
-from .._heads import check_head_embeddings, check_softmax_classes, drop_rows
+from .._heads import check_embeddings_and_target, check_head_embeddings, check_softmax_classes, drop_rows
 from .._precision import matmul, softplus
 from .._registry import id_unit_weights, register
-from .opl import _check_embeddings_and_target
 
 __all__ = ["wcdas_logits", "wcdas_loss", "WCDASLoss"]
 
@@ -176,7 +175,7 @@ def wcdas_loss(
     fn = "wcdas_loss"
     check_choice(fn, "variant", variant, VARIANTS)
     check_reduction(fn, reduction)
-    _check_embeddings_and_target(fn, embeddings, target)
+    check_embeddings_and_target(fn, embeddings, target)
     _check_head(fn, embeddings, weight, concentration_logit, scale)
     check_softmax_classes(fn, weight.shape[0], arg="weight.shape[0] (the number of classes C)")
     check_ids_in_range(fn, target, weight.shape[0], ignore_index)
