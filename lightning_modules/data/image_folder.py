@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from ..base import BenchmarkDataModule
-from .digits import stratified_split
+from .image_variants import stratified_split
 
 __all__ = ["ImageFolderDataModule"]
 
