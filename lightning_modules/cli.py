@@ -50,9 +50,31 @@ class LossCLI(LightningCLI):
         return trainer
 
 
+def _close_process_group() -> None:
+    """Leave ``torch.distributed`` cleanly once a multi-process run has finished.
+
+    Lightning's DDP strategy leaves the process group open when ``fit`` returns; if the
+    interpreter then exits, the gloo group's worker threads are torn down by static destructors
+    while the other rank may still be talking to them, which can abort the process
+    ("terminate called without an active exception", exit status -6) after a successful run.
+    Every rank waits for the others here and destroys its group before returning.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+
+
 def main(args: Optional[List[str]] = None, *, run: bool = True) -> LossCLI:
-    """Run the CLI (``args=None`` reads ``sys.argv``); returns the CLI object."""
-    return LossCLI(
+    """Run the CLI (``args=None`` reads ``sys.argv``); returns the CLI object.
+
+    After a run (``run=True``) under a multi-process strategy, the process group is closed on
+    every rank, so the command exits with status 0 instead of racing the group's teardown.
+    """
+    cli = LossCLI(
         model_class=BenchmarkModule,
         datamodule_class=BenchmarkDataModule,
         subclass_mode_model=True,
@@ -63,3 +85,6 @@ def main(args: Optional[List[str]] = None, *, run: bool = True) -> LossCLI:
         args=args,
         run=run,
     )
+    if run:
+        _close_process_group()
+    return cli
