@@ -3,6 +3,8 @@
 * :func:`check_head_embeddings`: a head built for ``embedding_dim`` features called with
   embeddings of another width gets an error that names ``embeddings`` and the head's
   ``embedding_dim`` (not the class weights the user never passed).
+* :func:`check_head_sizes`: ``embedding_dim`` and ``num_classes`` of a margin-softmax head
+  (ArcFace / CosFace, Partial FC) are ints >= 1.
 * :func:`check_softmax_classes`: a softmax over a single class is identically 0 and trains
   nothing, so ``num_classes = 1`` (or a one-row class weight) is a ``ValueError`` that points to
   the one-logit alternative (``docs/conventions.md``, degenerate inputs).
@@ -13,9 +15,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._core import check_floating, check_integer_target, check_softmax_classes, value_error
+from ._core import check_floating, check_int, check_integer_target, check_softmax_classes, value_error
 
-__all__ = ["check_head_embeddings", "check_embeddings_and_target", "check_softmax_classes", "drop_rows"]
+__all__ = ["check_head_embeddings", "check_head_sizes", "check_embeddings_and_target", "check_softmax_classes", "drop_rows"]
 
 
 def check_head_embeddings(fn: str, head: str, embeddings: object, embedding_dim: int) -> None:
@@ -31,6 +33,12 @@ def check_head_embeddings(fn: str, head: str, embeddings: object, embedding_dim:
             f"build the head with embedding_dim={embeddings.shape[1]} or project the features to "
             f"{embedding_dim} dimensions",
         )
+
+
+def check_head_sizes(fn: str, embedding_dim: int, num_classes: int) -> None:
+    """``embedding_dim`` and ``num_classes`` are ints >= 1 (else the ``check_int`` error of ``fn``)."""
+    for name, v in (("embedding_dim", embedding_dim), ("num_classes", num_classes)):
+        check_int(fn, name, v, low=1, hint=f"pass {name} as an int >= 1")
 
 
 def check_embeddings_and_target(fn: str, embeddings: Tensor, target: Tensor) -> None:

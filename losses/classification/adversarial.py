@@ -40,7 +40,7 @@ from .._core import (
 )
 from .._random import GeneratorStateMixin
 from .._registry import id_unit_weights, register
-from .comp_sum import _CompSumFunction
+from ._comp_sum_kernel import CompSumFunction
 from ._targets import class_ids
 
 __all__ = ["adversarial_comp_sum_loss", "AdversarialCompSumLoss"]
@@ -92,7 +92,7 @@ def _adversarial_comp_sum(fn: str, input: Tensor, input_adv: Tensor, target: Ten
     with no_autocast(input.device.type):
         h = zero_rows(upcast(x2d, dtype), valid, verified_finite=finite)
         h_adv = zero_rows(upcast(x_adv2d, dtype), valid, verified_finite=finite_adv)
-        main = _CompSumFunction.apply(h if rho == 1.0 else h / rho, y, tau)
+        main = CompSumFunction.apply(h if rho == 1.0 else h / rho, y, tau)
         # -inf (a mask) in either logit vector removes that class from the margin vector too
         zero = torch.zeros((), dtype=dtype, device=h.device)
         absent = (h == float("-inf")) | (h_adv == float("-inf"))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
 
 from .._core import (
     auto_extra_repr,
@@ -25,55 +24,10 @@ from .._core import (
 )
 from .._registry import register
 from .baselines import position_unit_weights
-from ._targets import class_ids, row_max_logsum
+from ._comp_sum_kernel import CompSumFunction
+from ._targets import class_ids
 
 __all__ = ["comp_sum_loss", "CompSumLoss"]
-
-
-class _CompSumFunction(torch.autograd.Function):
-    """Per-row ``Phi^tau(1/p_y - 1)`` with the log-space backward of docs/losses/comp_sum.md.
-
-    Forward: ``ce = logsumexp(h) - h_y``; ``ce`` if ``tau == 1`` else
-    ``expm1((1 - tau) ce) / (1 - tau)``. Backward, with ``r = (1 - tau) ce``:
-    ``exp(r + lp_j)`` for ``j != y`` and ``-exp(r + logsumexp_{j != y} lp_j)`` at ``y``, i.e.
-    ``p_y^(tau-1) (p - e_y)``. The upstream gradient is folded into the exponent as
-    ``log|g|`` (so a zero upstream gradient gives exact zeros, never ``inf * 0``); entries may
-    be +-inf but never NaN. The target entry is minus the sum of the others, summed without
-    the target term, so it does not cancel when ``p_y -> 1``. ``-inf`` logits (masks) get an
-    exact 0, also when ``r = +inf`` (a target on a masked class with ``tau < 1``), where
-    ``exp(-inf + inf)`` would be NaN.
-    """
-
-    @staticmethod
-    def forward(ctx, x: Tensor, y: Tensor, tau: float) -> Tensor:
-        m, log_s = row_max_logsum(x)
-        x_y = x.gather(1, y.unsqueeze(1)).squeeze(1)
-        ce = ((m - x_y) + log_s).clamp_min(0)
-        if tau == 1.0:
-            r = torch.zeros_like(ce)
-            value = ce
-        else:
-            r = (1.0 - tau) * ce
-            value = torch.expm1(r) / (1.0 - tau)
-        ctx.save_for_backward(x, y, m, log_s, r)
-        ctx.tau_below_one = tau < 1.0
-        return value
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, g: Tensor):
-        x, y, m, log_s, r = ctx.saved_tensors
-        k = (r - log_s) + torch.log(g.abs())  # -inf where g == 0
-        grad = torch.sub(x, m.unsqueeze(1))
-        grad.add_(k.unsqueeze(1)).exp_()  # |g| exp(r + lp_j)
-        if ctx.tau_below_one:  # only then can r (and k) be +inf
-            grad.masked_fill_(x == float("-inf"), 0.0)  # masks: exp(-inf + inf) is NaN, the answer 0
-        idx = y.unsqueeze(1)
-        grad.scatter_(1, idx, 0.0)
-        others = grad.sum(dim=1, keepdim=True)  # |g| exp(r + logsumexp_{j != y} lp_j)
-        grad.scatter_(1, idx, -others)
-        grad.mul_(torch.sign(g).unsqueeze(1))
-        return grad, None, None
 
 
 def _check_tau(fn: str, tau: float) -> float:
@@ -148,7 +102,7 @@ def comp_sum_loss(
     finite = check_masked_logits(fn, "input", x2d, active=valid)
     dtype = compute_dtype(input)
     with no_autocast(input.device.type):
-        values = _CompSumFunction.apply(zero_rows(upcast(x2d, dtype), valid, verified_finite=finite), y, tau)
+        values = CompSumFunction.apply(zero_rows(upcast(x2d, dtype), valid, verified_finite=finite), y, tau)
         return reduce_loss(values.reshape(out_shape), valid.reshape(out_shape).to(dtype), reduction)
 
 

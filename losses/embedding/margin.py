@@ -24,7 +24,6 @@ from torch import Tensor, nn
 
 from .._core import (
     auto_extra_repr,
-    check_int,
     check_choice,
     check_finite,
     check_floating,
@@ -37,7 +36,7 @@ from .._core import (
     upcast,
     value_error,
 )
-from .._heads import check_head_embeddings, check_softmax_classes, drop_rows
+from .._heads import check_head_embeddings, check_head_sizes, check_softmax_classes, drop_rows
 from .._precision import matmul, no_autocast
 from .._registry import id_unit_weights, register
 
@@ -111,11 +110,6 @@ def check_head_inputs(fn: str, embeddings: Tensor, target: Tensor, weight: Tenso
     if weight.dim() != 2 or weight.shape[1] != embeddings.shape[1] or weight.shape[0] < min_classes:
         raise value_error(fn, f"weight must have shape (C, {embeddings.shape[1]}) with C >= 1, one centre per class",
                           f"shape {tuple(weight.shape)}", "pass the class centres as a (num_classes, D) tensor")
-
-
-def _check_sizes(fn: str, embedding_dim: int, num_classes: int) -> None:
-    for name, v in (("embedding_dim", embedding_dim), ("num_classes", num_classes)):
-        check_int(fn, name, v, low=1, hint=f"pass {name} as an int >= 1")
 
 
 # --------------------------------------------------------------------------------------
@@ -470,7 +464,7 @@ class MarginSoftmaxLoss(nn.Module):
     ) -> None:
         super().__init__()
         fn = "MarginSoftmaxLoss"
-        _check_sizes(fn, embedding_dim, num_classes)
+        check_head_sizes(fn, embedding_dim, num_classes)
         check_softmax_classes(fn, num_classes, arg="num_classes")
         s, m, thr = check_margin_hparams(fn, scale=scale, margin=margin, variant=variant,
                                          interclass_filtering_threshold=interclass_filtering_threshold)

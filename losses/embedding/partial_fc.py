@@ -38,12 +38,11 @@ from .._core import (
 from .._distributed import all_gather_no_grad, all_gather_with_grad, all_reduce_with_grad, is_distributed
 from .._distributed import rank as _rank
 from .._distributed import world_size as _world_size
-from .._heads import check_head_embeddings, check_softmax_classes, drop_rows
+from .._heads import check_head_embeddings, check_head_sizes, check_softmax_classes, drop_rows
 from .._precision import no_autocast
 from .._random import GeneratorStateMixin
 from .._registry import id_unit_weights, register
 from .margin import (
-    _check_sizes,
     check_head_inputs,
     check_margin_hparams,
     cosine_logits,
@@ -323,7 +322,7 @@ class PartialFCLoss(GeneratorStateMixin):
     ) -> None:
         super().__init__()
         fn = "PartialFCLoss"
-        _check_sizes(fn, embedding_dim, num_classes)
+        check_head_sizes(fn, embedding_dim, num_classes)
         check_softmax_classes(fn, num_classes, arg="num_classes")
         rate = _check_rate(fn, sample_rate)
         s, m, thr = check_margin_hparams(fn, scale=scale, margin=margin, variant=variant,

@@ -66,7 +66,7 @@ from ._targets import (
     _sample_keys,
     _scaled,
 )
-from .in_batch import _module_forward
+from .in_batch import module_forward
 
 __all__ = [
     "decoupled_softmax_loss",
@@ -369,7 +369,7 @@ class DecoupledSoftmaxLoss(_SeededModule):
                                    weighted=self.weighted, sample_one_positive=sample, mask_value=mask_fill,
                                    generator=gen, ignore_index=self.ignore_index, mask=m)
 
-        return _module_forward(self, rows, scores_or_query, target_or_keys, target, mask)
+        return module_forward(self, rows, scores_or_query, target_or_keys, target, mask)
 
     extra_repr = auto_extra_repr
 
@@ -435,7 +435,7 @@ class InfoNCELoss(nn.Module):
                                  positive_normalization=self.positive_normalization, ignore_index=self.ignore_index,
                                  mask=m)
 
-        return _module_forward(self, rows, scores_or_query, target_or_keys, target, mask)
+        return module_forward(self, rows, scores_or_query, target_or_keys, target, mask)
 
     extra_repr = auto_extra_repr
 
@@ -472,4 +472,4 @@ register(
 
 # the split-out parts, re-exported under their old paths (losses.ranking.decoupled.<name>)
 from .in_batch import in_batch_scores  # noqa: E402,F401
-from .soft_topk import SoftTopKLoss, _soft_topk_rows, _soft_topk_threshold, soft_topk_loss  # noqa: E402,F401
+from .soft_topk import SoftTopKLoss, soft_topk_loss  # noqa: E402,F401

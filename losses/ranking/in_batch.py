@@ -4,7 +4,7 @@
 and target that :func:`losses.decoupled_softmax_loss`, :func:`losses.infonce_loss` and
 :func:`losses.soft_topk_loss` take; the modules of those losses route ``forward(query, keys,
 target)`` through it (and reduce over the global batch with ``gather_distributed``) by
-``_module_forward``. Re-exported from :mod:`losses.ranking.decoupled`.
+``module_forward``. Re-exported from :mod:`losses.ranking.decoupled`.
 """
 
 from __future__ import annotations
@@ -123,8 +123,8 @@ def in_batch_scores(
     return scores, target
 
 
-def _module_forward(module: nn.Module, rows_fn, a: Tensor, b: Tensor, c: Optional[Tensor],
-                    mask: Optional[Tensor] = None) -> Tensor:
+def module_forward(module: nn.Module, rows_fn, a: Tensor, b: Tensor, c: Optional[Tensor],
+                   mask: Optional[Tensor] = None) -> Tensor:
     """``forward(scores, target)`` or ``forward(query, keys, target)``, reduced over the global
     batch when ``gather_distributed`` (docs/conventions.md Distributed)."""
     if c is None:

@@ -50,7 +50,7 @@ from ._targets import (
     _sample_keys,
     _scaled,
 )
-from .in_batch import _module_forward
+from .in_batch import module_forward
 
 __all__ = ["soft_topk_loss", "SoftTopKLoss"]
 
@@ -336,7 +336,7 @@ class SoftTopKLoss(_SeededModule):
                                    n_iter=self.n_iter, variant=self.variant, generator=gen,
                                    ignore_index=self.ignore_index, mask=m)
 
-        return _module_forward(self, rows, scores_or_query, target_or_keys, target, mask)
+        return module_forward(self, rows, scores_or_query, target_or_keys, target, mask)
 
     extra_repr = auto_extra_repr
 

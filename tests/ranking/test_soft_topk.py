@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import losses
-from losses.ranking.decoupled import _soft_topk_threshold
+from losses.ranking.soft_topk import _soft_topk_threshold
 
 
 # --------------------------------------------------------------------------------------
