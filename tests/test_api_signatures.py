@@ -37,6 +37,11 @@ import pytest
 from torch import nn
 
 import losses
+from tests._helpers.names import API, EXPERIMENTAL, KIND_NAMES, LOSSES, PUBLIC_NAMES, SCORES
+
+#: The registry table of docs/conventions.md (tests/_helpers/names.py, the one list of names):
+#: name -> (function, module, inputs, owns_head, auxiliary, unit, example_kwargs).
+REGISTRY = LOSSES
 
 POS = inspect.Parameter.POSITIONAL_OR_KEYWORD
 KW = inspect.Parameter.KEYWORD_ONLY
@@ -200,52 +205,6 @@ DIFFERENT_MEANING = {
     ("linear_cross_entropy", "LinearCrossEntropyLoss"): {"bias"},
 }
 
-# ----------------------------------------------------------------------------------------------
-# registry table of docs/conventions.md: name -> (function, module, inputs, owns_head, auxiliary, unit, example_kwargs)
-# ----------------------------------------------------------------------------------------------
-HEAD_KWARGS = {"embedding_dim": 8, "num_classes": 5}
-LOGITS, EMBEDDINGS, SCORES, PAIRS, MODEL = ("input", "target"), ("embeddings", "target"), ("scores", "target"), \
-    ("pos_scores", "neg_scores"), ("model", "inputs", "target")
-#: The input kind names (``losses.InputKind``) of those argument tuples, as registry entries report them.
-KIND_NAMES = {LOGITS: "logits", EMBEDDINGS: "embeddings", SCORES: "scores", PAIRS: "pairs", MODEL: "model"}
-
-REGISTRY = {
-    "z_loss": ("z_loss", "ZLoss", LOGITS, False, False, "position", {}),
-    "logz_penalty": ("cross_entropy_with_logz_penalty", "CrossEntropyWithLogZPenalty", LOGITS, False, False,
-                     "position", {}),
-    "sparsemax": ("sparsemax_loss", "SparsemaxLoss", LOGITS, False, False, "position", {}),
-    "entmax15": ("entmax15_loss", "Entmax15Loss", LOGITS, False, False, "position", {}),
-    "entmax_bisect": ("entmax_bisect_loss", "EntmaxBisectLoss", LOGITS, False, False, "position", {}),
-    "comp_sum": ("comp_sum_loss", "CompSumLoss", LOGITS, False, False, "position", {"tau": 0.5}),
-    "cross_entropy": ("cross_entropy_loss", "CrossEntropyLoss", LOGITS, False, False, "position", {}),
-    "gol": ("gumbel_bce_loss", "GumbelBCELoss", LOGITS, False, False, "element", {}),
-    "bce_with_logits": ("bce_with_logits_loss", "BCEWithLogitsLoss", LOGITS, False, False, "element", {}),
-    # unit "class; (image, class)": the registry's unit is "class", the (image, class) shape is the
-    # "image"/"class" aggregation's "none" shape (the unit-weight rule, docs/conventions.md)
-    "dice_semimetric": ("dice_semimetric_loss", "DiceSemimetricLoss", LOGITS, False, False, "class", {}),
-    "jaccard_metric": ("jaccard_metric_loss", "JaccardMetricLoss", LOGITS, False, False, "class", {}),
-    "soft_dice": ("soft_dice_loss", "SoftDiceLoss", LOGITS, False, False, "class", {}),
-    "adversarial_comp_sum": ("adversarial_comp_sum_loss", "AdversarialCompSumLoss", MODEL, False, False, "row",
-                             {"nu": 1.0}),
-    "wcdas": ("wcdas_loss", "WCDASLoss", EMBEDDINGS, True, False, "row", HEAD_KWARGS),
-    "nbc_softmax": ("nbc_softmax_loss", "NBCSoftmaxLoss", EMBEDDINGS, True, False, "batch", HEAD_KWARGS),
-    "margin_softmax": ("margin_softmax_loss", "MarginSoftmaxLoss", EMBEDDINGS, True, False, "row", HEAD_KWARGS),
-    # "the same, margin=(1.0, 0.0, 0.0) preset": the preset is part of what builds it
-    "cosine_softmax": ("margin_softmax_loss", "MarginSoftmaxLoss", EMBEDDINGS, True, False, "row",
-                       {**HEAD_KWARGS, "margin": (1.0, 0.0, 0.0)}),
-    "partial_fc": ("partial_fc_loss", "PartialFCLoss", EMBEDDINGS, True, False, "row",
-                   {**HEAD_KWARGS, "sample_rate": 0.5, "seed": 0}),
-    "linear_cross_entropy": ("linear_cross_entropy", "LinearCrossEntropyLoss", EMBEDDINGS, True, False, "row",
-                             HEAD_KWARGS),
-    "opl": ("opl_loss", "OrthogonalProjectionLoss", EMBEDDINGS, False, True, "batch", {}),
-    "psl": ("psl_loss", "PSLLoss", PAIRS, False, False, "row", {}),
-    "sampled_softmax": ("sampled_softmax_loss", "SampledSoftmaxLoss", PAIRS, False, False, "row", {}),
-    "bpr": ("bpr_loss", "BPRLoss", PAIRS, False, False, "pair", {}),
-    "decoupled_softmax": ("decoupled_softmax_loss", "DecoupledSoftmaxLoss", SCORES, False, False, "row", {}),
-    "infonce": ("infonce_loss", "InfoNCELoss", SCORES, False, False, "row", {}),
-    "soft_topk": ("soft_topk_loss", "SoftTopKLoss", SCORES, False, False, "row", {"k": 2}),
-}
-EXPERIMENTAL = {"adversarial_comp_sum"}  # docs/losses/adversarial_comp_sum.md is the only section marked experimental
 
 # Methods the spec names on modules (docs/losses/wcdas.md, docs/losses/partial_fc.md, docs/losses/linear_cross_entropy.md, registry "owns_head": ``.logits(embeddings)``).
 METHODS = {
@@ -368,10 +327,10 @@ def test_gol_alias():
     assert "GOLLoss" in losses.__all__
 
 
-PAIRS = sorted({(f, m) for f, m, *_ in REGISTRY.values()})
+FUNCTION_MODULE_PAIRS = sorted({(f, m) for f, m, *_ in REGISTRY.values()})
 
 
-@pytest.mark.parametrize("function,module", PAIRS, ids=[f"{f}-{m}" for f, m in PAIRS])
+@pytest.mark.parametrize("function,module", FUNCTION_MODULE_PAIRS, ids=[f"{f}-{m}" for f, m in FUNCTION_MODULE_PAIRS])
 def test_module_defaults_match_function(function, module):
     """"Same keywords": a constructor keyword named like a function keyword has its default."""
     fparams = {p.name: p for p in _params(_get(function)) if p.kind is KW}
@@ -457,6 +416,14 @@ def test_registry_has_exactly_the_spec_names():
     assert {s.name for s in losses.list_losses()} == set(REGISTRY)
 
 
+def test_signature_tables_name_public_objects():
+    """Every name the signature tables pin is one of the expected public names (no stale or
+    misspelt entry)."""
+    for table in (FUNCTIONS, MODULES, METHODS, FORWARD_KEYWORDS):
+        stale = set(table) - PUBLIC_NAMES
+        assert not stale, f"not public names: {sorted(stale)}"
+
+
 def test_top_level_api():
     # docs/conventions.md Registry, Errors, Randomness
     p = _params(losses.create_loss)
@@ -468,8 +435,7 @@ def test_top_level_api():
     with losses.validation(False):
         assert not losses.is_validation_enabled()
     assert issubclass(losses.ExperimentalWarning, UserWarning)
-    for n in ("create_loss", "list_losses", "set_validation", "validation", "ExperimentalWarning", "functional",
-              "register", "unregister", "InputKind", "spec_for_module", "testing"):
+    for n in API:
         assert n in losses.__all__, n
 
 

@@ -13,6 +13,7 @@ import torch
 import losses
 from losses import INPUT_KINDS
 from losses.testing import build, call, check_loss, example
+from tests._helpers.names import LOSS_NAMES
 
 SPECS = losses.list_losses()
 NAMES = [s.name for s in SPECS]
@@ -22,17 +23,8 @@ BY_NAME = {s.name: s for s in SPECS}
 #: logits x1e4; the registry example uses tau = 0.5.
 DOCUMENTED_INF = {"comp_sum"}
 
-#: Every name the registry must hold (docs/conventions.md, Registry).
-EXPECTED_NAMES = {
-    # classification
-    "z_loss", "logz_penalty", "sparsemax", "entmax15", "entmax_bisect", "comp_sum", "adversarial_comp_sum",
-    "gol", "dice_semimetric", "jaccard_metric", "cross_entropy", "bce_with_logits", "soft_dice",
-    # embedding and ranking
-    "opl", "psl", "sampled_softmax", "bpr", "decoupled_softmax", "infonce", "soft_topk", "nbc_softmax",
-    "wcdas", "margin_softmax", "cosine_softmax", "partial_fc",
-    # many-class path (docs/losses/linear_cross_entropy.md)
-    "linear_cross_entropy",
-}
+#: Every name the registry must hold: the one list of names (tests/_helpers/names.py).
+EXPECTED_NAMES = LOSS_NAMES
 
 
 # --------------------------------------------------------------------------------------
