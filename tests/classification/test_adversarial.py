@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import itertools
 import math
 import pickle
 import warnings
@@ -17,6 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import losses
+from tests._helpers import LOGIT_SHAPES, REDUCTIONS, assert_gradcheck, logits_at, loop_reduce, position_shape
+from tests._helpers import positions, value_and_grads
 
 pytestmark = pytest.mark.usefixtures("no_experimental_warning")
 
@@ -29,33 +30,24 @@ BANNER = ("Experimental: formula reconstructed, not yet confirmed against arXiv:
 # --------------------------------------------------------------------------------------
 
 
-def _positions(x):
-    return list(itertools.product(range(x.shape[0]), *[range(s) for s in x.shape[2:]]))
-
-
 def adv_loop(h, h_adv, t, *, tau=1.0, rho=1.0, nu, ignore_index=-100, reduction="mean"):
     C = h.shape[1]
     vals, ws = [], []
-    for pos in _positions(h):
-        n, sp = pos[0], tuple(pos[1:])
+    for pos in positions(h):
         y = int(t[pos])
         if y == ignore_index:
             vals.append(torch.zeros((), dtype=torch.float64))
             ws.append(0.0)
             continue
-        a = [h[(n, k) + sp] for k in range(C)]
-        b = [h_adv[(n, k) + sp] for k in range(C)]
+        a = logits_at(h, pos)
+        b = logits_at(h_adv, pos)
         u = sum((torch.exp((a[k] - a[y]) / rho) for k in range(C) if k != y), torch.zeros((), dtype=torch.float64))
         main = torch.log(1 + u) if tau == 1.0 else ((1 + u) ** (1 - tau) - 1) / (1 - tau)
         # margin vectors Delta_k = h_y - h_k over all classes, clean and adversarial
         sq = sum(((b[y] - b[k]) - (a[y] - a[k])) ** 2 for k in range(C))
         vals.append(main + nu * torch.sqrt(sq))
         ws.append(1.0)
-    shape = (h.shape[0],) + tuple(h.shape[2:])
-    if reduction == "none":
-        return torch.stack(vals).reshape(shape)
-    total = sum((w * v for v, w in zip(vals, ws)), torch.zeros((), dtype=torch.float64))
-    return total if reduction == "sum" else (total / sum(ws) if sum(ws) > 0 else total * 0)
+    return loop_reduce(vals, ws, position_shape(h), reduction)
 
 
 def _logits(shape, seed, *, ignore_some=True):
@@ -68,17 +60,8 @@ def _logits(shape, seed, *, ignore_some=True):
     return h, h_adv, t
 
 
-def _grads(fn, h, h_adv, t, weights=None, **kw):
-    h = h.detach().clone().requires_grad_(True)
-    h_adv = h_adv.detach().clone().requires_grad_(True)
-    out = fn(h, h_adv, t, **kw)
-    w = torch.ones_like(out) if weights is None else weights
-    gh, ga = torch.autograd.grad((out * w).sum(), [h, h_adv])
-    return out.detach(), gh, ga
-
-
-@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
-@pytest.mark.parametrize("shape", [(5, 7), (5, 7, 3, 2)])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("shape", LOGIT_SHAPES)
 @pytest.mark.parametrize("tau,rho,nu", [(1.0, 1.0, 0.7), (0.5, 2.0, 1.3), (2.0, 0.5, 0.0), (0.0, 1.0, 3.0)])
 def test_function_matches_loop_oracle(shape, reduction, tau, rho, nu):
     h, h_adv, t = _logits(shape, seed=1)
@@ -86,8 +69,8 @@ def test_function_matches_loop_oracle(shape, reduction, tau, rho, nu):
     if reduction == "none":
         w = torch.rand((shape[0],) + shape[2:], generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     kw = dict(tau=tau, rho=rho, nu=nu, reduction=reduction)
-    out, gh, ga = _grads(losses.adversarial_comp_sum_loss, h, h_adv, t, w, **kw)
-    ref, rh, ra = _grads(adv_loop, h, h_adv, t, w, **kw)
+    out, gh, ga = value_and_grads(losses.adversarial_comp_sum_loss, (h, h_adv), t, weights=w, **kw)
+    ref, rh, ra = value_and_grads(adv_loop, (h, h_adv), t, weights=w, **kw)
     assert out.shape == ref.shape
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(gh, rh, rtol=1e-10, atol=1e-12)
@@ -114,9 +97,8 @@ def test_gradcheck(shape, tau, rho, nu):
     h, h_adv, t = _logits(shape, seed=4, ignore_some=False)
     h.requires_grad_(True)
     h_adv.requires_grad_(True)
-    assert torch.autograd.gradcheck(
-        lambda a, b: losses.adversarial_comp_sum_loss(a, b, t, tau=tau, rho=rho, nu=nu, reduction="none"),
-        (h, h_adv))
+    assert_gradcheck(
+        lambda a, b: losses.adversarial_comp_sum_loss(a, b, t, tau=tau, rho=rho, nu=nu, reduction="none"), h, h_adv)
 
 
 # --------------------------------------------------------------------------------------
@@ -128,8 +110,8 @@ def test_gradcheck(shape, tau, rho, nu):
 def test_nu0_rho1_equals_comp_sum(tau):
     h, h_adv, t = _logits((5, 6, 2), seed=5)
     for reduction in ("none", "mean", "sum"):
-        out, gh, ga = _grads(losses.adversarial_comp_sum_loss, h, h_adv, t, tau=tau, rho=1.0, nu=0.0,
-                             reduction=reduction)
+        out, gh, ga = value_and_grads(losses.adversarial_comp_sum_loss, (h, h_adv), t, tau=tau, rho=1.0,
+                                      nu=0.0, reduction=reduction)
         hc = h.clone().requires_grad_(True)
         ref = losses.comp_sum_loss(hc, t, tau=tau, reduction=reduction)
         (rh,) = torch.autograd.grad(ref.sum(), [hc])
@@ -166,7 +148,7 @@ def test_smooth_term_is_shift_invariant():
 
 def test_smooth_term_zero_with_zero_subgradient_at_equal_logits():
     h, _, t = _logits((4, 5), seed=8)
-    out, gh, ga = _grads(losses.adversarial_comp_sum_loss, h, h.clone(), t, nu=5.0)
+    out, gh, ga = value_and_grads(losses.adversarial_comp_sum_loss, (h, h.clone()), t, nu=5.0)
     ref_h = h.clone().requires_grad_(True)
     ref = losses.comp_sum_loss(ref_h, t)
     (rh,) = torch.autograd.grad(ref, [ref_h])
@@ -174,7 +156,7 @@ def test_smooth_term_zero_with_zero_subgradient_at_equal_logits():
     assert torch.equal(ga, torch.zeros_like(ga))
     assert torch.equal(gh, rh)
     # a constant shift of the adversarial logits is still a zero margin change
-    out2, _, ga2 = _grads(losses.adversarial_comp_sum_loss, h, h + 3.0, t, nu=5.0)
+    out2, _, ga2 = value_and_grads(losses.adversarial_comp_sum_loss, (h, h + 3.0), t, nu=5.0)
     torch.testing.assert_close(out2, out, rtol=1e-12, atol=0)
     assert torch.isfinite(ga2).all()
 

@@ -4,7 +4,6 @@ the documented infinities, the gradient fact, errors and the validation switch."
 from __future__ import annotations
 
 import copy
-import itertools
 import math
 import pickle
 
@@ -13,57 +12,34 @@ import torch
 import torch.nn.functional as F
 
 import losses
+from tests._helpers import LOGIT_SHAPES, REDUCTIONS, assert_gradcheck, logits_and_ids, logits_at, loop_reduce
+from tests._helpers import position_shape, positions, value_and_grad
 
 TAUS = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0]
-
-
-def _positions(x):
-    return list(itertools.product(range(x.shape[0]), *[range(s) for s in x.shape[2:]]))
 
 
 def comp_sum_loop(x, t, *, tau=1.0, ignore_index=-100, reduction="mean"):
     """Phi^tau(sum_{y' != y} exp(h_y' - h_y)) with Phi written literally, position by position."""
     C = x.shape[1]
     vals, ws = [], []
-    for pos in _positions(x):
-        n, sp = pos[0], tuple(pos[1:])
+    for pos in positions(x):
         y = int(t[pos])
         if y == ignore_index:
             vals.append(torch.zeros((), dtype=torch.float64))
             ws.append(0.0)
             continue
-        h = [x[(n, k) + sp] for k in range(C)]
+        h = logits_at(x, pos)
         u = sum((torch.exp(h[k] - h[y]) for k in range(C) if k != y), torch.zeros((), dtype=torch.float64))
         if tau == 1.0:
             vals.append(torch.log(1 + u))
         else:
             vals.append(((1 + u) ** (1 - tau) - 1) / (1 - tau))
         ws.append(1.0)
-    shape = (x.shape[0],) + tuple(x.shape[2:])
-    if reduction == "none":
-        return torch.stack(vals).reshape(shape)
-    total = sum((w * v for v, w in zip(vals, ws)), torch.zeros((), dtype=torch.float64))
-    if reduction == "sum":
-        return total
-    return total / sum(ws) if sum(ws) > 0 else total * 0
+    return loop_reduce(vals, ws, position_shape(x), reduction)
 
 
 def _inputs(shape, seed, *, ignore_some=True, scale=1.5, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    x = (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(dtype)
-    t = torch.randint(0, shape[1], (shape[0],) + tuple(shape[2:]), generator=g)
-    if ignore_some:
-        t.view(-1)[2] = -100
-    return x, t
-
-
-def _grad(fn, x, *args, weights=None, **kwargs):
-    x = x.detach().clone().requires_grad_(True)
-    out = fn(x, *args, **kwargs)
-    if weights is None:
-        weights = torch.ones_like(out)
-    (g,) = torch.autograd.grad((out * weights).sum(), [x])
-    return out.detach(), g
+    return logits_and_ids(shape, seed, scale=scale, ignore_at=2 if ignore_some else None, dtype=dtype)
 
 
 # --------------------------------------------------------------------------------------
@@ -71,15 +47,15 @@ def _grad(fn, x, *args, weights=None, **kwargs):
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
-@pytest.mark.parametrize("shape", [(5, 7), (5, 7, 3, 2)])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("shape", LOGIT_SHAPES)
 @pytest.mark.parametrize("tau", TAUS)
 def test_matches_loop_oracle_fp64(shape, reduction, tau):
     x, t = _inputs(shape, seed=1)
     w = torch.rand((shape[0],) + shape[2:], generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     weights = w - 0.3 if reduction == "none" else None  # negative upstream gradients too
-    out, g = _grad(losses.comp_sum_loss, x, t, tau=tau, reduction=reduction, weights=weights)
-    ref, g_ref = _grad(comp_sum_loop, x, t, tau=tau, reduction=reduction, weights=weights)
+    out, g = value_and_grad(losses.comp_sum_loss, x, t, tau=tau, reduction=reduction, weights=weights)
+    ref, g_ref = value_and_grad(comp_sum_loop, x, t, tau=tau, reduction=reduction, weights=weights)
     assert out.shape == ref.shape and out.dtype == torch.float64
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(g, g_ref, rtol=1e-10, atol=1e-12)
@@ -88,8 +64,8 @@ def test_matches_loop_oracle_fp64(shape, reduction, tau):
 @pytest.mark.parametrize("tau", [0.0, 0.7, 1.0, 2.0])
 def test_fp32_matches_fp64_oracle(tau):
     x, t = _inputs((5, 7, 3), seed=2, dtype=torch.float32)
-    out, g = _grad(losses.comp_sum_loss, x, t, tau=tau)
-    ref, g_ref = _grad(comp_sum_loop, x.double(), t, tau=tau)
+    out, g = value_and_grad(losses.comp_sum_loss, x, t, tau=tau)
+    ref, g_ref = value_and_grad(comp_sum_loop, x.double(), t, tau=tau)
     assert out.dtype == torch.float32 and g.dtype == torch.float32
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(g.double(), g_ref, rtol=1e-5, atol=1e-7)
@@ -100,15 +76,15 @@ def test_fp32_matches_fp64_oracle(tau):
 def test_gradcheck(shape, tau):
     x, t = _inputs(shape, seed=3, ignore_some=False)
     x.requires_grad_(True)
-    assert torch.autograd.gradcheck(lambda inp: losses.comp_sum_loss(inp, t, tau=tau, reduction="none"), (x,))
-    assert torch.autograd.gradcheck(lambda inp: losses.comp_sum_loss(inp, t, tau=tau), (x,))
+    assert_gradcheck(lambda inp: losses.comp_sum_loss(inp, t, tau=tau, reduction="none"), x)
+    assert_gradcheck(lambda inp: losses.comp_sum_loss(inp, t, tau=tau), x)
 
 
 def test_tau_one_is_cross_entropy():
     x, t = _inputs((5, 7, 3), seed=4)
     for reduction in ("none", "mean", "sum"):
-        out, g = _grad(losses.comp_sum_loss, x, t, tau=1.0, reduction=reduction)
-        ref, g_ref = _grad(F.cross_entropy, x, t, reduction=reduction)
+        out, g = value_and_grad(losses.comp_sum_loss, x, t, tau=1.0, reduction=reduction)
+        ref, g_ref = value_and_grad(F.cross_entropy, x, t, reduction=reduction)
         torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-14)
         torch.testing.assert_close(g, g_ref, rtol=1e-12, atol=1e-14)
     assert losses.CompSumLoss().tau == 1.0  # default tau = 1
@@ -160,7 +136,7 @@ def test_continuity_at_tau_one():
 @pytest.mark.parametrize("tau", TAUS)
 def test_gradient_fact(tau):
     x, t = _inputs((8, 6), seed=7, ignore_some=False, scale=2.0)
-    _, g = _grad(losses.comp_sum_loss, x, t, tau=tau, reduction="sum")
+    _, g = value_and_grad(losses.comp_sum_loss, x, t, tau=tau, reduction="sum")
     p = torch.softmax(x, 1)
     p_y = p.gather(1, t[:, None])
     e_y = F.one_hot(t, 6).double()
@@ -177,7 +153,7 @@ def test_extreme_logits_give_documented_infinities(dtype, tau):
     x = torch.tensor([[1.0, 0.3, -1.0]], dtype=dtype) * 1e4
     t = torch.tensor([2])
     for reduction in ("none", "mean", "sum"):
-        out, g = _grad(losses.comp_sum_loss, x, t, tau=tau, reduction=reduction)
+        out, g = value_and_grad(losses.comp_sum_loss, x, t, tau=tau, reduction=reduction)
         assert torch.all(out == math.inf)
         assert torch.equal(g, torch.tensor([[math.inf, math.inf, -math.inf]], dtype=dtype))
         assert out.dtype == dtype
@@ -191,8 +167,8 @@ def test_float32_overflow_threshold_and_float64_beyond_it():
     above = torch.tensor([[0.0, -(bound + 1.0)]])
     assert torch.isfinite(losses.comp_sum_loss(below, t, tau=tau))
     assert losses.comp_sum_loss(above, t, tau=tau) == math.inf
-    out, g = _grad(losses.comp_sum_loss, above.double(), t, tau=tau)
-    ref, g_ref = _grad(comp_sum_loop, above.double(), t, tau=tau)
+    out, g = value_and_grad(losses.comp_sum_loss, above.double(), t, tau=tau)
+    ref, g_ref = value_and_grad(comp_sum_loop, above.double(), t, tau=tau)
     assert torch.isfinite(out) and out > 1e38
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=0)
     torch.testing.assert_close(g, g_ref, rtol=1e-10, atol=0)
@@ -206,7 +182,7 @@ def test_never_nan_on_extreme_logits_and_ignored_rows():
         t[::3] = -100  # ignored rows whose value would be +inf
         for tau in (0.0, 0.3, 1.0, 2.0, 4.0):
             for reduction in ("none", "mean", "sum"):
-                out, grad = _grad(losses.comp_sum_loss, x, t, tau=tau, reduction=reduction)
+                out, grad = value_and_grad(losses.comp_sum_loss, x, t, tau=tau, reduction=reduction)
                 assert not torch.isnan(out).any() and not torch.isnan(grad).any()
                 # ignored rows: exact zero value (for "none") and exact zero gradient
                 assert torch.all(grad[::3] == 0)
@@ -219,7 +195,7 @@ def test_never_nan_on_extreme_logits_and_ignored_rows():
 def test_zero_upstream_gradient_on_overflowing_row_is_zero():
     x = torch.tensor([[1.0, 0.3, -1.0], [0.5, 0.1, 0.2]]) * 1e4
     t = torch.tensor([2, 0])
-    out, g = _grad(losses.comp_sum_loss, x, t, tau=0.0, reduction="none",
+    out, g = value_and_grad(losses.comp_sum_loss, x, t, tau=0.0, reduction="none",
                    weights=torch.tensor([0.0, 1.0]))
     assert out[0] == math.inf
     assert torch.equal(g[0], torch.zeros(3))
@@ -232,7 +208,7 @@ def test_target_gradient_does_not_cancel_when_p_y_is_one():
     t = torch.tensor([0])
     one_minus_p = 2 * math.exp(-40.0) / (1 + 2 * math.exp(-40.0))
     for tau in (0.0, 1.0, 2.0):
-        _, g = _grad(losses.comp_sum_loss, x, t, tau=tau, reduction="sum")
+        _, g = value_and_grad(losses.comp_sum_loss, x, t, tau=tau, reduction="sum")
         expected = -one_minus_p * (1 - one_minus_p) ** (tau - 1)
         assert g[0, 0] < 0
         assert abs(float(g[0, 0]) - expected) <= 1e-12 * abs(expected)
@@ -243,15 +219,9 @@ def test_target_gradient_does_not_cancel_when_p_y_is_one():
 # --------------------------------------------------------------------------------------
 
 
-def test_half_precision_and_integer_dtypes():
+def test_integer_target_dtypes():
+    # fp16 / bf16 inputs at the registry's tau = 0.5: the contract's "dtypes" property (tests/test_contract.py)
     x, t = _inputs((4, 6), seed=9, dtype=torch.float32)
-    for dt in (torch.float16, torch.bfloat16):
-        xh = x.to(dt).requires_grad_(True)
-        out = losses.comp_sum_loss(xh, t, tau=0.5)
-        assert out.dtype == torch.float32
-        torch.testing.assert_close(out, losses.comp_sum_loss(xh.detach().float(), t, tau=0.5), rtol=1e-6, atol=1e-6)
-        out.backward()
-        assert xh.grad.dtype == dt
     for it in (torch.int8, torch.int32):
         tt = torch.where(t < 0, torch.full_like(t, -100), t).to(it) if it != torch.int8 else t.clamp_min(0).to(it)
         ref_t = tt.long()
@@ -259,13 +229,9 @@ def test_half_precision_and_integer_dtypes():
                                    rtol=0, atol=0)
 
 
-def test_all_ignored_empty_one_class():
+def test_empty_and_one_class_batches():
+    # an all-ignored batch at the registry's tau = 0.5: the contract's "all_ignored" property
     x = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
-    for reduction in ("mean", "sum"):
-        out = losses.comp_sum_loss(x, torch.full((4,), -100), tau=0.5, reduction=reduction)
-        assert out.item() == 0.0 and out.grad_fn is not None
-        (g,) = torch.autograd.grad(out, [x])
-        assert torch.equal(g, torch.zeros_like(x))
     empty = torch.randn(0, 5, requires_grad=True)
     out = losses.comp_sum_loss(empty, torch.zeros(0, dtype=torch.long))
     assert out.item() == 0.0
