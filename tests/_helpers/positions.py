@@ -1,4 +1,5 @@
-"""The N-D input layouts the per-family tests run a loss at, and the positions inside them.
+"""The N-D input layouts the per-family tests run a loss at, the positions inside them, and the
+seeded random inputs they are filled with.
 
 A logits loss takes ``input (N, C, d1, ..., dk)`` and ``target (N, d1, ..., dk)``; one
 ``reduction="none"`` value belongs to each position ``(n, d1, ..., dk)``. The loop oracles walk
@@ -49,3 +50,8 @@ def logits_and_ids(shape: Sequence[int], seed: int, *, scale: float = 1.0, ignor
     if ignore_at is not None:
         t.view(-1)[ignore_at] = ignore_index
     return x, t
+
+
+def randn(*shape: int, seed: int, dtype: torch.dtype = torch.float64) -> Tensor:
+    """Standard normal values of ``shape`` from a fresh generator seeded with ``seed``."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import losses
+from tests._helpers import weighted_reduce
 
 INF = float("inf")
 NINF = float("-inf")
@@ -162,13 +163,6 @@ def oracle_loss(kind, x, target, alpha=None, ignore_index=-100):
     v = torch.tensor(vals, dtype=torch.float64).reshape(shape[:-1])
     g = torch.tensor(grads, dtype=torch.float64).reshape(shape).movedim(-1, 1)
     return v, g, torch.tensor(valid, dtype=torch.float64).reshape(shape[:-1])
-
-
-def reduce_oracle(values, valid, reduction):
-    if reduction == "none":
-        return values
-    total = (values * valid).sum()
-    return total if reduction == "sum" else total / valid.sum()
 
 
 def call_loss(name, x, t, **kw):
@@ -380,7 +374,7 @@ def test_loss_ids_matches_loop_oracle(name, kw, spatial, reduction):
     kw = _alpha_kw(kw, (5,) + spatial, g)
     out = call_loss(name, x, t, reduction=reduction, **kw)
     values, grads, valid = oracle_loss(name, x, t, alpha=kw.get("alpha"))
-    expected = reduce_oracle(values, valid, reduction)
+    expected = weighted_reduce(values, valid, reduction)
     assert out.dtype == torch.float64
     torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
     (gx,) = torch.autograd.grad(out.sum(), x)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import losses
+from tests._helpers import weighted_reduce
 from losses.embedding.margin import target_transform
 
 CAP = 30 * math.log(10)  # -log(1e-30) = 69.0776
@@ -66,11 +67,7 @@ def oracle_rows(x, w, y, *, scale=64.0, margin=(1.0, 0.5, 0.0), variant="paper",
 def oracle(x, w, y, reduction="mean", **kw):
     rows = torch.stack(oracle_rows(x, w, y, **kw))
     valid = (y != kw.get("ignore_index", -100)).double()
-    if reduction == "none":
-        return rows
-    if reduction == "sum":
-        return rows.sum()
-    return rows.sum() / valid.sum().clamp_min(1.0)
+    return weighted_reduce(rows, valid, reduction)
 
 
 def _inputs(n=5, c=7, d=3, seed=0, dtype=torch.float64):

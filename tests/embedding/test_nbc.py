@@ -12,6 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import losses
+from tests._helpers import assert_gradcheck, randn
 
 IGN = -100
 
@@ -70,10 +71,6 @@ def nbc_softmax_oracle(z, y, w, b=None, *, scale=0.2, nbc_weight=0.5, variant="p
     return (1 - nbc_weight) * ce_oracle(z, y, w, b, ignore_index) + nbc_weight * nbc
 
 
-def rand(*shape, seed, dtype=torch.float64):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
-
-
 # --------------------------------------------------------------------------------------
 # value and gradient against the oracle
 # --------------------------------------------------------------------------------------
@@ -82,7 +79,7 @@ def rand(*shape, seed, dtype=torch.float64):
 @pytest.mark.parametrize("variant", ["paper", "reference"])
 @pytest.mark.parametrize("scale", [0.2, 0.3, 5.0])
 def test_nbc_loss_matches_loop_oracle(variant, scale):
-    z = rand(7, 3, seed=1).requires_grad_(True)
+    z = randn(7, 3, seed=1).requires_grad_(True)
     y = torch.tensor([4, 0, IGN, 4, 2, 0, 4])  # classes 0, 2, 4 present of K = 6
     out = losses.nbc_loss(z, y, scale=scale, num_classes=6, variant=variant)
     ref = nbc_oracle(z, y, scale=scale, num_classes=6, variant=variant)
@@ -97,9 +94,9 @@ def test_nbc_loss_matches_loop_oracle(variant, scale):
 @pytest.mark.parametrize("nbc_weight", [0.0, 0.5, 1.0])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_nbc_softmax_loss_matches_loop_oracle(variant, nbc_weight, with_bias):
-    z = rand(7, 3, seed=2).requires_grad_(True)
-    w = rand(5, 3, seed=3).requires_grad_(True)
-    b = rand(5, seed=4).requires_grad_(True) if with_bias else None
+    z = randn(7, 3, seed=2).requires_grad_(True)
+    w = randn(5, 3, seed=3).requires_grad_(True)
+    b = randn(5, seed=4).requires_grad_(True) if with_bias else None
     y = torch.tensor([1, 3, 1, IGN, 0, 3, 3])
     out = losses.nbc_softmax_loss(z, y, w, bias=b, scale=0.3, nbc_weight=nbc_weight, variant=variant)
     ref = nbc_softmax_oracle(z, y, w, b, scale=0.3, nbc_weight=nbc_weight, variant=variant)
@@ -110,7 +107,7 @@ def test_nbc_softmax_loss_matches_loop_oracle(variant, nbc_weight, with_bias):
 
 
 def test_float32_matches_float64_oracle():
-    z, w, b = rand(6, 4, seed=5), rand(4, 4, seed=6), rand(4, seed=7)
+    z, w, b = randn(6, 4, seed=5), randn(4, 4, seed=6), randn(4, seed=7)
     y = torch.tensor([0, 1, 2, 0, 1, 3])
     out = losses.nbc_softmax_loss(z.float(), y, w.float(), bias=b.float())
     assert out.dtype == torch.float32
@@ -125,21 +122,21 @@ def test_float32_matches_float64_oracle():
 @pytest.mark.parametrize("variant", ["paper", "reference"])
 @pytest.mark.parametrize("n,k,y", [(3, 3, [0, 0, 1]), (5, 5, [0, 4, 2, 0, 4]), (1, 3, [2])])
 def test_gradcheck(variant, n, k, y):
-    z = rand(n, 4, seed=20 + n).requires_grad_(True)
-    w = rand(k, 4, seed=30 + k).requires_grad_(True)
-    b = rand(k, seed=40 + k).requires_grad_(True)
+    z = randn(n, 4, seed=20 + n).requires_grad_(True)
+    w = randn(k, 4, seed=30 + k).requires_grad_(True)
+    b = randn(k, seed=40 + k).requires_grad_(True)
     y = torch.tensor(y)
-    assert torch.autograd.gradcheck(
-        lambda z_, w_, b_: losses.nbc_softmax_loss(z_, y, w_, bias=b_, scale=0.7, variant=variant), (z, w, b))
-    assert torch.autograd.gradcheck(
-        lambda z_: losses.nbc_loss(z_, y, scale=2.0, num_classes=k, variant=variant), (z,))
+    assert_gradcheck(
+        lambda z_, w_, b_: losses.nbc_softmax_loss(z_, y, w_, bias=b_, scale=0.7, variant=variant), z, w, b)
+    assert_gradcheck(
+        lambda z_: losses.nbc_loss(z_, y, scale=2.0, num_classes=k, variant=variant), z)
 
 
 def test_gradcheck_module_head():
     from torch.func import functional_call
 
     m = losses.NBCSoftmaxLoss(4, 3, scale=0.5).double()
-    z = rand(5, 4, seed=8).requires_grad_(True)
+    z = randn(5, 4, seed=8).requires_grad_(True)
     y = torch.tensor([0, 2, 2, 1, 0])
     names = [n for n, _ in m.named_parameters()]
     params = tuple(p.detach().clone().requires_grad_(True) for _, p in m.named_parameters())
@@ -155,7 +152,7 @@ def test_gradcheck_module_head():
 
 @pytest.mark.parametrize("scale", [0.2, 1.0, 4.0])
 def test_two_blocks_closed_form(scale):
-    z = rand(7, 5, seed=9)
+    z = randn(7, 5, seed=9)
     y = torch.tensor([3, 8, 3, 8, 8, 3, IGN])
     m1 = z[y == 3].mean(0)
     m2 = z[y == 8].mean(0)
@@ -166,14 +163,14 @@ def test_two_blocks_closed_form(scale):
 
 @pytest.mark.parametrize("k", [5, 40, 50_000])
 def test_reference_is_paper_over_k(k):
-    z = rand(9, 4, seed=10)
+    z = randn(9, 4, seed=10)
     y = torch.tensor([0, 1, 2, 3, 4, 0, 1, 2, 3])
     paper = losses.nbc_loss(z, y, scale=0.3)
     ref = losses.nbc_loss(z, y, scale=0.3, num_classes=k, variant="reference")
     assert abs(ref.item() - paper.item() / k) <= 1e-9
     assert ref.item() != paper.item() / k or k > 10  # the 1e-10 inside the log is there
     # the reference NBC weight inside nbc_softmax_loss is lambda / K
-    w = rand(5, 4, seed=11)
+    w = randn(5, 4, seed=11)
     a = losses.nbc_softmax_loss(z, y, w, nbc_weight=0.4, variant="reference")
     b = losses.nbc_softmax_loss(z, y, w, nbc_weight=0.4)
     ce = losses.nbc_softmax_loss(z, y, w, nbc_weight=0.0)
@@ -181,8 +178,8 @@ def test_reference_is_paper_over_k(k):
 
 
 def test_permutation_invariance():
-    z = rand(9, 4, seed=12).requires_grad_(True)
-    w = rand(5, 4, seed=13)
+    z = randn(9, 4, seed=12).requires_grad_(True)
+    w = randn(5, 4, seed=13)
     y = torch.tensor([0, 1, 2, 0, 1, 2, 4, IGN, 4])
     perm = torch.randperm(9, generator=torch.Generator().manual_seed(0))
     for fn in (lambda a, t: losses.nbc_loss(a, t, scale=0.9),
@@ -197,7 +194,7 @@ def test_permutation_invariance():
 
 @pytest.mark.parametrize("variant", ["paper", "reference"])
 def test_invariant_to_rescaling_one_class(variant):
-    z = rand(9, 4, seed=14)
+    z = randn(9, 4, seed=14)
     y = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2])
     base = losses.nbc_loss(z, y, scale=0.8, num_classes=3, variant=variant)
     for c, factor in ((0, 7.5), (1, 0.01), (2, 3.0)):
@@ -213,7 +210,7 @@ def test_invariant_to_rescaling_one_class(variant):
 @pytest.mark.parametrize("variant", ["paper", "reference"])
 def test_one_block_is_zero_with_zero_gradient(variant):
     for y in (torch.tensor([2, 2, 2, 2]), torch.tensor([IGN, 1, IGN, IGN])):
-        z = rand(4, 3, seed=15).requires_grad_(True)
+        z = randn(4, 3, seed=15).requires_grad_(True)
         out = losses.nbc_loss(z, y, num_classes=3, variant=variant)
         assert abs(out.item()) <= (1e-10 / 3 if variant == "reference" else 0.0)
         (g,) = torch.autograd.grad(out, z)
@@ -221,7 +218,7 @@ def test_one_block_is_zero_with_zero_gradient(variant):
 
 
 def test_zero_centroid_has_cosine_zero():
-    z = rand(5, 3, seed=16)
+    z = randn(5, 3, seed=16)
     z[3] = -z[2]  # class 1 = {2, 3} has a zero centroid
     z.requires_grad_(True)
     y = torch.tensor([0, 0, 1, 1, 2])
@@ -236,7 +233,7 @@ def test_zero_centroid_has_cosine_zero():
 
 
 def test_large_scale_does_not_overflow():
-    z = rand(6, 3, seed=17).float()
+    z = randn(6, 3, seed=17).float()
     y = torch.tensor([0, 1, 2, 0, 1, 2])
     out = losses.nbc_loss(z, y, scale=80.0)  # exp(kappa S) up to e^80, beyond fp32 exp range in sums
     assert torch.isfinite(out)
@@ -245,11 +242,11 @@ def test_large_scale_does_not_overflow():
 
 def test_empty_and_all_ignored_batches_are_attached_zero():
     cases = [(torch.zeros(0, 3, dtype=torch.float64), torch.zeros(0, dtype=torch.long)),
-             (rand(4, 3, seed=0), torch.full((4,), IGN))]
+             (randn(4, 3, seed=0), torch.full((4,), IGN))]
     for z0, y in cases:
         z = z0.clone().requires_grad_(True)
-        w = rand(5, 3, seed=1).requires_grad_(True)
-        b = rand(5, seed=2).requires_grad_(True)
+        w = randn(5, 3, seed=1).requires_grad_(True)
+        b = randn(5, seed=2).requires_grad_(True)
         out = losses.nbc_softmax_loss(z, y, w, bias=b)
         assert out.item() == 0.0 and out.grad_fn is not None
         for g in torch.autograd.grad(out, (z, w, b)):
@@ -316,8 +313,8 @@ def test_fifty_thousand_classes_fast_with_modest_memory():
 
 def test_compiles_as_one_graph_without_host_sync():
     """The present-class slots need no torch.unique / boolean indexing: fullgraph compile works."""
-    z = rand(8, 3, seed=24).float().requires_grad_(True)
-    w = rand(5, 3, seed=25).float().requires_grad_(True)
+    z = randn(8, 3, seed=24).float().requires_grad_(True)
+    w = randn(5, 3, seed=25).float().requires_grad_(True)
     y = torch.tensor([4, 0, IGN, 4, 2, 0, 4, 1])
     fn = lambda a, t, h: losses.nbc_softmax_loss(a, t, h, variant="reference", scale=0.6)  # noqa: E731
     torch._dynamo.reset()
@@ -337,8 +334,8 @@ def test_compiles_as_one_graph_without_host_sync():
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_inputs_are_computed_in_float32(dtype):
-    z = rand(6, 4, seed=18).to(dtype).requires_grad_(True)
-    w = rand(3, 4, seed=19).to(dtype).requires_grad_(True)
+    z = randn(6, 4, seed=18).to(dtype).requires_grad_(True)
+    w = randn(3, 4, seed=19).to(dtype).requires_grad_(True)
     y = torch.tensor([0, 1, 2, 0, 1, 2])
     out = losses.nbc_softmax_loss(z, y, w)
     assert out.dtype == torch.float32
@@ -349,7 +346,7 @@ def test_half_inputs_are_computed_in_float32(dtype):
 
 
 def test_autocast_does_not_lower_precision():
-    z, w = rand(6, 4, seed=20).float(), rand(3, 4, seed=21).float()
+    z, w = randn(6, 4, seed=20).float(), randn(3, 4, seed=21).float()
     y = torch.tensor([0, 1, 2, 0, 1, 2])
     ref = losses.nbc_softmax_loss(z, y, w)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -364,7 +361,7 @@ def test_autocast_does_not_lower_precision():
 
 
 def test_hyperparameter_and_shape_errors():
-    z, w = rand(4, 3, seed=0), rand(5, 3, seed=1)
+    z, w = randn(4, 3, seed=0), randn(5, 3, seed=1)
     y = torch.tensor([0, 1, 0, 1])
     for bad in ("none", "sum"):
         for call, name in ((lambda r: losses.nbc_loss(z, y, reduction=r), "nbc_loss"),
@@ -407,7 +404,7 @@ def test_hyperparameter_and_shape_errors():
 
 
 def test_label_errors_are_data_checks():
-    z, w = rand(4, 3, seed=0), rand(5, 3, seed=1)
+    z, w = randn(4, 3, seed=0), randn(5, 3, seed=1)
     cases = [
         (lambda y: losses.nbc_loss(z, y), torch.tensor([0, -1, 0, 1]),
          r"^nbc_loss: target has negative class ids other than ignore_index \(got min=-1"),
@@ -433,7 +430,7 @@ def test_label_errors_are_data_checks():
 
 
 def test_validation_off_keeps_shape_and_hyperparameter_checks():
-    z, w = rand(4, 3, seed=0), rand(5, 3, seed=1)
+    z, w = randn(4, 3, seed=0), randn(5, 3, seed=1)
     y = torch.tensor([0, 1, 0, 1])
     with losses.validation(False):
         with pytest.raises(ValueError, match=r"^nbc_softmax_loss: weight must have shape"):
@@ -448,7 +445,7 @@ def test_validation_off_keeps_shape_and_hyperparameter_checks():
 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32])
 def test_integer_ids_of_any_dtype(dtype):
-    z, w = rand(6, 3, seed=2), rand(5, 3, seed=3)
+    z, w = randn(6, 3, seed=2), randn(5, 3, seed=3)
     y = torch.tensor([0, 4, 2, 0, 4, 1])
     torch.testing.assert_close(losses.nbc_softmax_loss(z, y.to(dtype), w, variant="reference"),
                                nbc_softmax_oracle(z, y, w, variant="reference"), rtol=1e-10, atol=1e-13)
@@ -456,7 +453,7 @@ def test_integer_ids_of_any_dtype(dtype):
 
 @pytest.mark.parametrize("where", ["embeddings", "weight", "bias"])
 def test_non_finite_inputs_are_a_data_check(where):
-    z, w, b = rand(4, 3, seed=0), rand(5, 3, seed=1), rand(5, seed=2)
+    z, w, b = randn(4, 3, seed=0), randn(5, 3, seed=1), randn(5, seed=2)
     {"embeddings": z, "weight": w, "bias": b}[where].view(-1)[1] = math.nan
     y = torch.tensor([0, 1, 0, 1])
     with pytest.raises(ValueError, match=rf"^nbc_softmax_loss: {where} contains NaN or infinite values"):
@@ -473,7 +470,7 @@ def test_non_finite_inputs_are_a_data_check(where):
 def test_module_equals_function_and_owns_a_head():
     torch.manual_seed(0)
     m = losses.NBCSoftmaxLoss(4, 6, scale=0.3, nbc_weight=0.25, variant="reference", ignore_index=-1).double()
-    z = rand(7, 4, seed=22)
+    z = randn(7, 4, seed=22)
     y = torch.tensor([0, 5, 5, -1, 2, 0, 0])
     expected = losses.nbc_softmax_loss(z, y, m.classifier.weight, bias=m.classifier.bias, scale=0.3,
                                        nbc_weight=0.25, variant="reference", ignore_index=-1)
@@ -502,7 +499,7 @@ def test_state_dict_round_trip():
         src.classifier.weight.add_(1.0)
     dst = losses.NBCSoftmaxLoss(4, 6)
     dst.load_state_dict(src.state_dict())
-    z = rand(6, 4, seed=23).float().requires_grad_(True)
+    z = randn(6, 4, seed=23).float().requires_grad_(True)
     y = torch.tensor([0, 1, 2, 0, 1, 5])
     a, b = src(z, y), dst(z, y)
     torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import losses
+from tests._helpers import assert_gradcheck, randn, weighted_reduce
 from losses.embedding.wcdas import G_MAX
 
 IGN = -100
@@ -48,21 +49,14 @@ def wcdas_loss_oracle(x, y, w, g, s, *, variant="paper", reduction="mean", ignor
         m = z[i].max().detach()
         lse = m + torch.log(sum(torch.exp(z[i, k] - m) for k in range(z.shape[1])))
         values.append(lse - z[i, int(y[i])])
-    values = torch.stack(values)
-    n = sum(int(t) != ignore_index for t in y)
-    if reduction == "none":
-        return values
-    return values.sum() if reduction == "sum" else values.sum() / n
-
-
-def rand(*shape, seed, dtype=torch.float64):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+    valid = torch.tensor([float(int(t) != ignore_index) for t in y], dtype=torch.float64)
+    return weighted_reduce(torch.stack(values), valid, reduction)
 
 
 def head(n=5, c=7, d=3, seed=0):
-    x = rand(n, d, seed=seed)
-    w = rand(c, d, seed=seed + 1)
-    g = rand(c, seed=seed + 2) * 1.5
+    x = randn(n, d, seed=seed)
+    w = randn(c, d, seed=seed + 1)
+    g = randn(c, seed=seed + 2) * 1.5
     return x, w, g
 
 
@@ -123,8 +117,8 @@ def test_gradcheck(variant, n, c):
     assert torch.autograd.gradcheck(
         lambda *a: losses.wcdas_loss(a[0], y, a[1], a[2], a[3], variant=variant), inputs)
     s_hat = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(
-        lambda sh: losses.wcdas_loss(x, y, w, g, 1 + F.softplus(sh), variant=variant), (s_hat,))
+    assert_gradcheck(
+        lambda sh: losses.wcdas_loss(x, y, w, g, 1 + F.softplus(sh), variant=variant), s_hat)
 
 
 @pytest.mark.parametrize("scale", [None, 8.0])
@@ -133,7 +127,7 @@ def test_gradcheck_module_parameters(scale):
 
     torch.manual_seed(0)
     m = losses.WCDASLoss(4, 5, concentration_init=-0.5, scale=scale).double()
-    x = rand(3, 4, seed=9).requires_grad_(True)
+    x = randn(3, 4, seed=9).requires_grad_(True)
     y = torch.tensor([4, 0, 2])
     names = [n for n, _ in m.named_parameters()]
     assert names == (["weight", "concentration_logit", "scale_logit"] if scale is None
@@ -217,8 +211,8 @@ def test_concentration_clamp_when_rho_near_one():
 
 
 def test_zero_embedding_has_cosine_zero():
-    w = rand(4, 3, seed=13)
-    g = rand(4, seed=14)
+    w = randn(4, 3, seed=13)
+    g = randn(4, seed=14)
     x = torch.zeros(2, 3, dtype=torch.float64, requires_grad=True)
     z = losses.wcdas_logits(x, w, g, 2.0)
     rho = torch.sigmoid(g)
@@ -265,7 +259,7 @@ def test_module_parameters_and_helpers():
     with torch.no_grad():
         ref.concentration_logit[0] = 40.0
     assert ref.concentration()[0].item() == 1.0  # the reference does not clamp
-    x = rand(5, 6, seed=16).float()
+    x = randn(5, 6, seed=16).float()
     y = torch.tensor([0, 1, 2, 3, IGN])
     for mod in (m, fixed, ref):
         torch.testing.assert_close(mod.logits(x), losses.wcdas_logits(
@@ -284,7 +278,7 @@ def test_state_dict_round_trip(scale):
     torch.manual_seed(1)
     src = losses.WCDASLoss(5, 3, concentration_init=-1.0, scale=scale)
     opt = torch.optim.SGD(src.parameters(), lr=0.5)
-    x = rand(6, 5, seed=17).float()
+    x = randn(6, 5, seed=17).float()
     y = torch.tensor([0, 1, 2, 0, 1, 2])
     for _ in range(3):  # train a little so every parameter moves away from its init
         opt.zero_grad()
@@ -314,7 +308,7 @@ def test_state_dict_round_trip(scale):
 def test_module_to_float64_moves_the_fixed_scale():
     m = losses.WCDASLoss(3, 2, scale=4.0).to(torch.float64)
     assert m.scale.dtype == torch.float64 and m.weight.dtype == torch.float64
-    out = m(rand(2, 3, seed=0), torch.tensor([0, 1]))
+    out = m(randn(2, 3, seed=0), torch.tensor([0, 1]))
     assert out.dtype == torch.float64
 
 
@@ -340,7 +334,7 @@ def test_half_inputs_are_computed_in_float32(dtype):
 def test_autocast_computes_in_float32(dtype):
     torch.manual_seed(0)
     m = losses.WCDASLoss(6, 4, concentration_init=2.0)
-    x = rand(5, 6, seed=19).float()
+    x = randn(5, 6, seed=19).float()
     y = torch.tensor([0, 1, 2, 3, 0])
     ref, ref_logits = m(x, y), m.logits(x)
     with torch.autocast("cpu", dtype=dtype):

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import losses
+from tests._helpers import REDUCTIONS, assert_gradcheck, assert_value_and_grad, weighted_reduce
 
 ACTS = ("tanh", "atan", "relu", "exp")
 
@@ -78,12 +79,7 @@ def psl_oracle(pos, neg, *, tau=0.05, act="tanh", kappa=0.5, include=True, mask=
     v = torch.stack(values)
     w = torch.tensor(weights, dtype=torch.float64)
     v = torch.where(w > 0, v, torch.zeros_like(v))
-    if reduction == "none":
-        return v, (v, w)
-    total = (w * v).sum()
-    if reduction == "sum":
-        return total, (v, w)
-    return total / max(float(w.sum()), 1.0) if float(w.sum()) > 0 else total * 0, (v, w)
+    return weighted_reduce(v, w, reduction), (v, w)
 
 
 def bpr_oracle(pos, neg, mask=None, reduction="mean"):
@@ -123,16 +119,6 @@ def random_mask(B=5, N=7, seed=1):
     return m
 
 
-def assert_value_and_grad(got, expected, leaves, rtol=1e-10, atol=1e-12):
-    torch.testing.assert_close(got, expected, rtol=rtol, atol=atol)
-    g1 = torch.autograd.grad(got.sum(), leaves, allow_unused=True)
-    g2 = torch.autograd.grad(expected.sum(), leaves, allow_unused=True)
-    for a, b, leaf in zip(g1, g2, leaves):
-        a = torch.zeros_like(leaf) if a is None else a
-        b = torch.zeros_like(leaf) if b is None else b
-        torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
-
-
 # --------------------------------------------------------------------------------------
 # values and gradients against the loops
 # --------------------------------------------------------------------------------------
@@ -144,7 +130,7 @@ def assert_value_and_grad(got, expected, leaves, rtol=1e-10, atol=1e-12):
 def test_psl_matches_loop_oracle(act, include, use_mask):
     pos, neg = cosine_inputs()
     mask = random_mask() if use_mask else None
-    for reduction in ("none", "mean", "sum"):
+    for reduction in REDUCTIONS:
         got = losses.psl_loss(pos, neg, activation=act, include_positive=include, neg_mask=mask,
                               reduction=reduction, temperature=0.1)
         expected, _ = psl_oracle(pos, neg, act=act, tau=0.1, include=include, mask=mask, reduction=reduction)
@@ -190,7 +176,7 @@ def test_variants_set_include_positive():
 def test_sampled_softmax_matches_loop_oracle(include, use_mask):
     pos, neg = cosine_inputs(seed=5)
     mask = random_mask() if use_mask else None
-    for reduction in ("none", "mean", "sum"):
+    for reduction in REDUCTIONS:
         got = losses.sampled_softmax_loss(pos, neg, include_positive=include, neg_mask=mask, reduction=reduction,
                                           score_scale=0.7, temperature=0.2)
         expected, _ = psl_oracle(pos, neg, act="exp", include=include, mask=mask, reduction=reduction,
@@ -203,7 +189,7 @@ def test_bpr_matches_loop_oracle(use_mask):
     pos, neg = cosine_inputs(seed=6)
     pos2 = (pos.detach() * 3).requires_grad_(True)  # raw scores, not only cosines
     mask = random_mask() if use_mask else None
-    for reduction in ("none", "mean", "sum"):
+    for reduction in REDUCTIONS:
         got = losses.bpr_loss(pos2, neg, neg_mask=mask, reduction=reduction)
         expected = bpr_oracle(pos2, neg, mask=mask, reduction=reduction)
         assert_value_and_grad(got, expected, [pos2, neg])
@@ -222,7 +208,7 @@ def test_bpr_matches_loop_oracle(use_mask):
 def test_exp_psl_equals_ssm(include):
     pos, neg = cosine_inputs(seed=7)
     mask = random_mask(seed=8)
-    for reduction in ("none", "mean", "sum"):
+    for reduction in REDUCTIONS:
         a = losses.psl_loss(pos, neg, activation="exp", include_positive=include, neg_mask=mask, reduction=reduction)
         b = losses.sampled_softmax_loss(pos, neg, include_positive=include, neg_mask=mask, reduction=reduction)
         assert_value_and_grad(a, b, [pos, neg], rtol=1e-12, atol=1e-12)
@@ -436,12 +422,12 @@ def test_gradcheck(B, N):
             for reduction in ("none", "mean"):
                 f = lambda p, n: losses.psl_loss(p, n, activation=act, include_positive=include,  # noqa: E731
                                                  temperature=0.25, neg_mask=mask, reduction=reduction)
-                assert torch.autograd.gradcheck(f, (pos, neg))
+                assert_gradcheck(f, pos, neg)
             f = lambda p, n: losses.psl_loss(p, n, activation=act, include_positive=include,  # noqa: E731
                                              temperature=0.25, normalization="batch")
-            assert torch.autograd.gradcheck(f, (pos, neg))
-    assert torch.autograd.gradcheck(lambda p, n: losses.sampled_softmax_loss(p, n, temperature=0.3), (pos, neg))
-    assert torch.autograd.gradcheck(lambda p, n: losses.bpr_loss(p, n, neg_mask=mask, reduction="sum"), (pos, neg))
+            assert_gradcheck(f, pos, neg)
+    assert_gradcheck(lambda p, n: losses.sampled_softmax_loss(p, n, temperature=0.3), pos, neg)
+    assert_gradcheck(lambda p, n: losses.bpr_loss(p, n, neg_mask=mask, reduction="sum"), pos, neg)
 
 
 # --------------------------------------------------------------------------------------

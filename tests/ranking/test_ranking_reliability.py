@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import losses
+from tests._helpers import weighted_reduce
 from tests.ranking.test_decoupled import decoupled_row, infonce_row
 from tests.ranking.test_soft_topk import softplus as softplus_oracle
 from tests.ranking.test_soft_topk import solve_u
@@ -47,12 +48,7 @@ def _reduced_oracle(row_fn, scores, pos, mask, reduction="mean"):
         v = row_fn(s_row, y_row)
         vals.append(scores.new_zeros(()) * scores.sum() if v is None else v)
         ws.append(0.0 if v is None else 1.0)
-    v, w = torch.stack(vals), torch.tensor(ws, dtype=torch.float64)
-    if reduction == "none":
-        return v
-    if reduction == "sum":
-        return (w * v).sum()
-    return (w * v).sum() / w.sum()
+    return weighted_reduce(torch.stack(vals), torch.tensor(ws, dtype=torch.float64), reduction)
 
 
 ROW_FNS = {

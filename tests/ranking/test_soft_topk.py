@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import losses
+from tests._helpers import assert_gradcheck, weighted_reduce
 from losses.ranking.soft_topk import _soft_topk_threshold
 
 
@@ -61,14 +62,6 @@ def oracle_rows(scores, Y, *, k, alpha, T, masked=None, kept=None):
         vals.append(sum(softplus(-(alpha * s[l] + u)) for l in scored) / len(scored))
         ws.append(1.0)
     return torch.tensor(vals, dtype=torch.float64), torch.tensor(ws, dtype=torch.float64)
-
-
-def reduce(v, w, reduction):
-    if reduction == "none":
-        return v
-    if reduction == "sum":
-        return (w * v).sum()
-    return (w * v).sum() / w.sum()
 
 
 def dense(target, L):
@@ -123,12 +116,12 @@ def test_matches_oracle(k, target_kind, alpha, T):
     v, w = oracle_rows(scores, Y, k=k, alpha=alpha, T=T)
     for reduction in ("none", "mean", "sum"):
         got = losses.soft_topk_loss(scores, target, k=k, alpha=alpha, temperature=T, n_iter=60, reduction=reduction)
-        torch.testing.assert_close(got, reduce(v, w, reduction), rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(got, weighted_reduce(v, w, reduction), rtol=1e-10, atol=1e-12)
     # gradient against central differences of the oracle
     x = scores.clone().requires_grad_(True)
     out = losses.soft_topk_loss(x, target, k=k, alpha=alpha, temperature=T, n_iter=60, reduction="sum")
     (g,) = torch.autograd.grad(out, x)
-    ref = fd_grad(lambda s: float(reduce(*oracle_rows(s, Y, k=k, alpha=alpha, T=T), "sum")), scores)
+    ref = fd_grad(lambda s: float(weighted_reduce(*oracle_rows(s, Y, k=k, alpha=alpha, T=T), "sum")), scores)
     torch.testing.assert_close(g, ref, rtol=1e-5, atol=1e-6)
 
 
@@ -228,7 +221,7 @@ def test_gradcheck():
             for reduction in ("none", "mean"):
                 def f(s, k=k, reduction=reduction):
                     return losses.soft_topk_loss(s, mask, k=k, temperature=0.5, n_iter=60, reduction=reduction)
-                assert torch.autograd.gradcheck(f, (x,))
+                assert_gradcheck(f, x)
 
 
 # --------------------------------------------------------------------------------------
