@@ -1,6 +1,8 @@
 """Helpers shared by the registry-wide reliability tests (``tests/test_contract_reliability.py``,
 ``tests/test_properties.py``, ``tests/test_cuda.py``): build a registered module, make its
-example inputs, call it, and call its functional form with the module's own tensors.
+example inputs and call it (the public kit's :func:`losses.testing.build`, :func:`~losses.testing.example`,
+:func:`~losses.testing.call` and :func:`~losses.testing.float_leaves`, re-exported here), and call its
+functional form with the module's own tensors.
 
 The rules these tests hold are written up in ``docs/conventions.md`` (masks, mixed precision,
 degenerate inputs, exception types, resumable randomness).
@@ -10,12 +12,12 @@ from __future__ import annotations
 
 import inspect
 import re
-import warnings
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 
 import losses
+from losses.testing import build, call, example, float_leaves  # noqa: F401  (re-exported)
 
 SPECS = losses.list_losses()
 NAMES = [s.name for s in SPECS]
@@ -27,49 +29,6 @@ LOGIT_SOFTMAX = ("cross_entropy", "logz_penalty", "comp_sum", "sparsemax", "entm
 CANDIDATE_SOFTMAX = ("decoupled_softmax", "infonce", "soft_topk")
 #: Modules that own a generator (``seed=``); their state_dict must carry it.
 SEEDED = ("partial_fc", "adversarial_comp_sum", "decoupled_softmax", "soft_topk")
-
-
-def build(spec, **overrides) -> torch.nn.Module:
-    """The registered module with its example keywords (and ``overrides``), built reproducibly."""
-    kwargs = {**spec.example_kwargs, **overrides}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", losses.ExperimentalWarning)
-        torch.manual_seed(0)
-        return spec.create(**kwargs)
-
-
-def example(spec, case: str = "random", dtype=torch.float32, seed: int = 0, requires_grad: bool = True):
-    """The registry's example ``forward`` inputs, floating ones as fresh leaves."""
-    g = torch.Generator().manual_seed(seed)
-    args, kwargs = spec.example_inputs(generator=g, dtype=dtype, case=case)
-    out = []
-    for a in args:
-        if isinstance(a, torch.Tensor) and a.is_floating_point() and requires_grad:
-            a = a.detach().clone().requires_grad_(True)
-        out.append(a)
-    return tuple(out), dict(kwargs)
-
-
-def call(module, args, kwargs=None):
-    """``module(*args, **kwargs)`` with the global RNG reset (losses with ``seed=None``) and the
-    experimental warning silenced."""
-    torch.manual_seed(1234)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", losses.ExperimentalWarning)
-        return module(*args, **(kwargs or {}))
-
-
-def float_leaves(module, args) -> list:
-    """Differentiable leaves: floating tensor inputs, a model argument's parameters, and the
-    loss's own parameters."""
-    leaves = []
-    for a in args:
-        if isinstance(a, torch.Tensor) and a.requires_grad:
-            leaves.append(a)
-        elif isinstance(a, torch.nn.Module):
-            leaves += [p for p in a.parameters() if p.requires_grad]
-    leaves += [p for p in module.parameters() if p.requires_grad]
-    return leaves
 
 
 def grads_of(out, leaves):

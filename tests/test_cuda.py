@@ -18,7 +18,8 @@ import pytest
 import torch
 
 import losses
-from tests.reliability_utils import BY_NAME, NAMES, build, call, example, float_leaves, grads_of
+from losses.testing import AUTOCAST_TOL, MODEL_AUTOCAST_TOL, build, call, example, float_leaves
+from tests.reliability_utils import BY_NAME, NAMES, grads_of
 
 pytestmark = [
     pytest.mark.cuda,
@@ -26,10 +27,9 @@ pytestmark = [
 ]
 
 #: Inside autocast the loss's maths, a head's logits included, runs in fp32 (or wider), as
-#: F.cross_entropy does: the value equals the fp32 run on the same inputs up to summation order.
-#: The adversarial loss calls the user's model, which autocast runs in half precision.
-AUTOCAST_TOL = {"rtol": 1e-5, "atol": 1e-6}
-MODEL_AUTOCAST_TOL = {"rtol": 3e-2, "atol": 3e-2}
+#: F.cross_entropy does: the value equals the fp32 run on the same inputs up to summation order
+#: (``losses.testing.AUTOCAST_TOL``). The adversarial loss calls the user's model, which autocast
+#: runs in half precision (``losses.testing.MODEL_AUTOCAST_TOL``).
 
 #: Keywords that take randomness out of the comparison across devices (a CPU and a CUDA
 #: generator draw different numbers): the adversarial loss starts PGD at the input itself.
