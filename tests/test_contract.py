@@ -1,5 +1,5 @@
-"""Contract tests run over every registered loss (docs/conventions.md, docs/contributing.md "How a loss is
-tested"). A family joins them by registering; per-family maths lives in its own test file."""
+"""Contract tests run over every registered loss (docs/conventions.md, docs/contributing.md "Adding a
+loss"). A family joins them by registering; per-family maths lives in its own test file."""
 
 from __future__ import annotations
 

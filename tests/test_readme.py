@@ -18,7 +18,7 @@ def test_loss_table_matches_registry():
         from loss_table import table
     finally:
         sys.path.pop(0)
-    assert table() in _readme(), "README loss table is stale: regenerate it with python scripts/loss_table.py"
+    assert table() in _readme(), "README loss table is stale: regenerate it with python scripts/update_readme_table.py"
 
 
 def test_ci_runs_the_readme_test_command():
