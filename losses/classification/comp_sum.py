@@ -6,7 +6,6 @@ Applications*, ICML 2023, arXiv:2304.07288. There is no public code; implemented
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from .._core import (
