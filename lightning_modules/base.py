@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import copy
+import functools
 import importlib
 import inspect
-from typing import Any, MutableMapping, Optional
+from typing import Any, ClassVar, Dict, Mapping, MutableMapping, Optional, Tuple
 
 import pytorch_lightning as pl
 import torch
+# The hyperparameters LightningCLI hands to the module it builds (read by save_hyperparameters).
+from pytorch_lightning.core.mixins.hparams_mixin import _given_hyperparameters
+from torch import nn
 
-from .routing import ddp_ignored_parameter_names
+from .routing import LossRoute, ddp_ignored_parameter_names, loss_route
 
 
 def _import_class(path: str) -> Optional[type]:
@@ -28,6 +31,11 @@ def _plain(value: Any) -> bool:
     if isinstance(value, (list, tuple)):
         return all(_plain(v) for v in value)
     return isinstance(value, _PLAIN)
+
+
+def _copy_config(config: Mapping[str, Any]) -> Dict[str, Any]:
+    """``config`` with every nested mapping copied (values shared), so fixing it changes no caller's dict."""
+    return {k: _copy_config(v) if isinstance(v, Mapping) else v for k, v in config.items()}
 
 
 def _fix_config(config: MutableMapping[str, Any], cls: type, owner: Any) -> None:
@@ -57,21 +65,6 @@ def _fix_config(config: MutableMapping[str, Any], cls: type, owner: Any) -> None
                 _fix_config(value["init_args"], sub, getattr(owner, key, None) if owner is not None else None)
 
 
-def clean_linked_hparams(module: pl.LightningModule) -> None:
-    """Make the saved hyperparameters re-instantiable after the CLI's size links.
-
-    ``LightningCLI`` records every applied instantiation link in the saved hyperparameters, also
-    for arguments a class does not take (``num_users`` for a vision model, ``num_classes`` for a
-    loss without a head), and its dump drops parse-time link targets (the loss's
-    ``embedding_dim``); ``validate --ckpt_path`` and ``load_from_checkpoint`` then fail to
-    re-parse them. Call at the end of ``__init__``, once the sub-modules exist.
-    """
-    _fix_config(module._hparams, type(module), module)
-    if hasattr(module, "_hparams_initial"):
-        module._hparams_initial = copy.deepcopy(module._hparams)
-
-
-
 class BenchmarkDataModule(pl.LightningDataModule):
     """Base of every benchmark DataModule: the sizes models need, linked by the CLI.
 
@@ -88,13 +81,116 @@ class BenchmarkDataModule(pl.LightningDataModule):
 
 
 class BenchmarkModule(pl.LightningModule):
-    """Base LightningModule: optimiser from hyperparameters, DDP-ignored loss parameters."""
+    """Base of every benchmark LightningModule: hyperparameters, loss route, evaluation hooks,
+    optimiser and DDP-ignored loss parameters.
 
-    def __init__(self, *, lr: float = 1e-3, weight_decay: float = 0.0) -> None:
+    How to write a new benchmark module:
+
+    * Subclass ``BenchmarkModule``, give ``__init__`` explicit, type-hinted arguments (the CLI
+      builds them from YAML) with ``loss`` first, and call ``super().__init__(loss, lr=lr,
+      weight_decay=weight_decay)`` first thing.
+    * Declare what the module trains on its own in the class body: :attr:`loss_kinds` (the
+      :class:`losses.InputKind` values it routes), :attr:`loss_task` and :attr:`loss_hint` (the
+      message of a loss it cannot train with), :attr:`loss_example` (named when ``loss`` is not an
+      ``nn.Module``). ``super().__init__`` routes the loss by its registry declaration and checks
+      it (``"<ClassName>: ..."`` errors, :meth:`check_route`); the result is ``self.route``
+      (:class:`~lightning_modules.routing.LossRoute`). A module with other rules overrides
+      :meth:`check_route`. The module still assigns ``self.loss = loss`` itself, where its
+      sub-modules should be registered.
+    * Do not call ``save_hyperparameters``: once the outermost ``__init__`` has returned (also for
+      a subclass of a subclass, exactly once), the base saves the constructor arguments (minus
+      :attr:`hparams_ignore`) and makes them re-instantiable after the CLI's size links (see
+      :meth:`_save_benchmark_hparams`), so ``load_from_checkpoint`` and ``validate --ckpt_path``
+      rebuild the module. Keep each size / plain hyperparameter also as an attribute of its name
+      (``self.num_classes = num_classes``) where a link may fill it in.
+    * Implement ``training_step``, and for validation and test ``_eval_step(stage, batch,
+      batch_idx, dataloader_idx)`` and, where a stage needs a summary at its end,
+      ``_eval_epoch_end(stage)``; ``stage`` is ``"val"`` or ``"test"``, the prefix of the logged
+      names (``f"{stage}/top1"``). ``validation_step`` / ``test_step`` and
+      ``on_validation_epoch_end`` / ``on_test_epoch_end`` are defined here and dispatch to them.
+    * Keep per-stage metric objects in ``nn.ModuleDict``s keyed by stage
+      (``self.eval_metrics = nn.ModuleDict({"val": ..., "test": ...})``), so they move with the
+      module and each stage has its own state.
+    """
+
+    #: The input kinds (:class:`losses.InputKind`) the module routes as its main loss; the
+    #: loss must also train alone (:meth:`~lightning_modules.routing.LossRoute.require_main`).
+    loss_kinds: ClassVar[Tuple[str, ...]] = ()
+    #: What the loss would train, for the error message (e.g. ``"a classifier"``).
+    loss_task: ClassVar[str] = "a benchmark model"
+    #: What to use instead, for the error message.
+    loss_hint: ClassVar[str] = "pass a registered loss that this module routes"
+    #: A loss to name when ``loss`` is not an ``nn.Module`` (``TypeError``); ``None``: the
+    #: routing's own error (``loss_route``).
+    loss_example: ClassVar[Optional[str]] = None
+    #: Constructor arguments left out of the saved hyperparameters.
+    hparams_ignore: ClassVar[Tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is not None and not getattr(init, "_benchmark_init", False):
+            cls.__init__ = _wrap_init(init)
+
+    def __init__(self, loss: nn.Module, *, lr: float = 1e-3, weight_decay: float = 0.0) -> None:
         super().__init__()
         self.lr = float(lr)
         self.weight_decay = float(weight_decay)
+        owner = type(self).__name__
+        if self.loss_example is not None and not isinstance(loss, nn.Module):
+            raise TypeError(f"{owner}: loss must be an nn.Module (got {type(loss).__name__}); "
+                            f"pass e.g. {self.loss_example}")
+        self.route: LossRoute = loss_route(loss)
+        self.check_route(self.route)
 
+    def check_route(self, route: LossRoute) -> None:
+        """Raise ``ValueError("<ClassName>: ...")`` unless this module can train with a loss of
+        ``route``; by default :attr:`loss_kinds` and a loss that trains alone."""
+        route.require_main(type(self).__name__, self.loss_kinds, task=self.loss_task, hint=self.loss_hint)
+
+    def _save_benchmark_hparams(self, init_args: Dict[str, Any]) -> None:
+        """Save the hyperparameters once the module is built (called after the outermost ``__init__``).
+
+        ``init_args`` are the constructor arguments (every level of the class hierarchy, the
+        outermost winning); under ``LightningCLI`` its own record of the configuration is used
+        instead, as ``save_hyperparameters`` does. That record lists every applied size link, also
+        for arguments a class does not take (``num_users`` for a vision model, ``num_classes`` for a
+        loss without a head), and lacks parse-time link targets (the loss's ``embedding_dim``), so
+        ``validate --ckpt_path`` and ``load_from_checkpoint`` could not re-parse it: before saving,
+        keys a class does not accept are dropped and missing accepted ones are read from the built
+        module and its sub-modules (``_fix_config``).
+        """
+        given = _given_hyperparameters.get()
+        hparams = _copy_config(given if given is not None else init_args)
+        _fix_config(hparams, type(self), self)
+        token = _given_hyperparameters.set(hparams)  # save_hyperparameters takes them as given
+        try:
+            self.save_hyperparameters(ignore=list(self.hparams_ignore) or None)
+        finally:
+            _given_hyperparameters.reset(token)
+
+    # -- evaluation: one dispatch for validation and test ------------------------------------------
+    def _eval_step(self, stage: str, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """One evaluation batch of ``stage`` (``"val"`` or ``"test"``); subclasses implement it."""
+        raise NotImplementedError(f"{type(self).__name__}: implement _eval_step(stage, batch, batch_idx, "
+                                  "dataloader_idx) to evaluate (BenchmarkModule docstring)")
+
+    def _eval_epoch_end(self, stage: str) -> None:
+        """The end of an evaluation epoch of ``stage``; nothing by default."""
+
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._eval_step("val", batch, batch_idx, dataloader_idx)
+
+    def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._eval_step("test", batch, batch_idx, dataloader_idx)
+
+    def on_validation_epoch_end(self) -> None:
+        self._eval_epoch_end("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._eval_epoch_end("test")
+
+    # -- training machinery -------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         # Parameters a loss shards across ranks (Partial FC centres) must never be averaged by
         # DDP; Lightning's DDP strategy reads this attribute when it wraps the module.
@@ -104,3 +200,55 @@ class BenchmarkModule(pl.LightningModule):
 
     def configure_optimizers(self) -> Any:
         return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+
+
+_PENDING = "_benchmark_pending_init_args"  # per instance, while its __init__ chain runs
+
+
+def _bound_init_args(signature: inspect.Signature, args: tuple, kwargs: dict) -> Dict[str, Any]:
+    """The arguments of one ``__init__`` call by name, defaults filled in, ``**kwargs`` spread and
+    ``self`` / ``*args`` left out (what ``save_hyperparameters`` collects from an ``__init__`` frame)."""
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    out: Dict[str, Any] = {}
+    for i, (name, value) in enumerate(bound.arguments.items()):
+        kind = signature.parameters[name].kind
+        if i == 0 or kind is inspect.Parameter.VAR_POSITIONAL:
+            continue
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            out.update(value)
+        else:
+            out[name] = value
+    return out
+
+
+def _wrap_init(init):
+    """``init`` recording its arguments; the outermost ``__init__`` of an instance saves the
+    hyperparameters once the whole chain has returned (``BenchmarkModule.__init_subclass__``)."""
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        state = self.__dict__  # nn.Module.__init__ may not have run yet: no __setattr__
+        outermost = _PENDING not in state
+        try:
+            level = _bound_init_args(signature, (self, *args), kwargs)
+        except TypeError:  # a wrong call: let the constructor itself say so
+            level = {}
+        if outermost:
+            state[_PENDING] = []
+        state[_PENDING].append(level)
+        try:
+            init(self, *args, **kwargs)
+        finally:
+            if outermost:
+                levels = state.pop(_PENDING)
+        if outermost:
+            init_args: Dict[str, Any] = {}
+            for level in reversed(levels):  # the innermost first: the outermost call wins
+                init_args.update(level)
+            self._save_benchmark_hparams(init_args)
+
+    __init__.__signature__ = signature  # getfullargspec (load_from_checkpoint) reads the real one
+    __init__._benchmark_init = True
+    return __init__

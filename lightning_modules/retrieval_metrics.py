@@ -21,7 +21,7 @@ strict order (ties broken by a stable sort: the lower column first).
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -141,10 +141,6 @@ def brute_force_search(corpus: Tensor, queries: Tensor, k: int) -> Tuple[Tensor,
     c = torch.nn.functional.normalize(corpus.float(), dim=1)
     q = torch.nn.functional.normalize(queries.float(), dim=1)
     return (q @ c.T).topk(min(int(k), c.shape[0]), dim=1)
-
-
-def metric_values(collection: MetricCollection) -> Dict[str, float]:
-    return {k: float(v) for k, v in collection.compute().items()}
 
 
 def log_data_meta(module) -> None:

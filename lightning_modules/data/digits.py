@@ -38,8 +38,6 @@ from .image_variants import (  # noqa: F401  (re-exported: the helpers used to l
 
 __all__ = ["DigitsDataModule", "DigitsSegmentationDataModule", "load_digits_tensors", "ASYMMETRIC_FLIPS"]
 
-NUM_DIGITS = 10
-
 
 def load_digits_tensors() -> Tuple[Tensor, Tensor]:
     """``(images (1797, 8, 8) float32 in [0, 1], labels (1797,) int64)`` from scikit-learn.

@@ -39,9 +39,8 @@ from torchmetrics import MeanMetric
 
 from losses import InputKind
 
-from ..base import BenchmarkModule, clean_linked_hparams
+from ..base import BenchmarkModule
 from ..data.identities import identification_metrics
-from ..routing import loss_route
 
 __all__ = ["IdentityEmbedder", "current_rss_mb", "peak_rss_mb"]
 
@@ -86,6 +85,11 @@ class IdentityEmbedder(BenchmarkModule):
         far: the false accept rate of ``open_tar_far``.
     """
 
+    loss_kinds = (InputKind.LOGITS, InputKind.EMBEDDINGS)
+    loss_task = "an identity model"
+    loss_hint = "use an embeddings loss that owns a head (e.g. PartialFCLoss) or a logits loss"
+    hparams_ignore = ("loss",)
+
     def __init__(
         self,
         loss: nn.Module,
@@ -103,8 +107,7 @@ class IdentityEmbedder(BenchmarkModule):
         init_seed: Optional[int] = None,
         far: float = 1e-3,
     ) -> None:
-        super().__init__(lr=lr, weight_decay=weight_decay)
-        self.save_hyperparameters(ignore=["loss"])
+        super().__init__(loss, lr=lr, weight_decay=weight_decay)
         name = type(self).__name__
         for arg, v in (("num_classes", num_classes), ("input_dim", input_dim), ("embedding_dim", embedding_dim),
                        ("hidden_dim", hidden_dim)):
@@ -118,9 +121,6 @@ class IdentityEmbedder(BenchmarkModule):
         if lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"{name}: lr_schedule must be one of {LR_SCHEDULES} (got {lr_schedule!r})")
         self.loss = loss
-        self.route = loss_route(loss)
-        self.route.require_main(name, (InputKind.LOGITS, InputKind.EMBEDDINGS), task="an identity model",
-                                hint="use an embeddings loss that owns a head (e.g. PartialFCLoss) or a logits loss")
         self.num_classes = num_classes
         self.input_dim = input_dim
         self.embedding_dim = embedding_dim
@@ -141,14 +141,13 @@ class IdentityEmbedder(BenchmarkModule):
             layers.append(nn.Linear(width, embedding_dim))
             self.net = nn.Sequential(*layers)
             self.head = None if self.route.owns_head else nn.Linear(embedding_dim, num_classes)
-        self._metrics = nn.ModuleDict({f"{stage}_{m}": MeanMetric() for stage in ("val", "test")
-                                       for m in ("top1", "top5")})
+        self.eval_metrics = nn.ModuleDict({stage: nn.ModuleDict({m: MeanMetric() for m in ("top1", "top5")})
+                                           for stage in ("val", "test")})
         self._open: Dict[str, List[Tensor]] = {}
         self._perf: Dict[str, float] = {}
         self._step_times: List[float] = []
         self._t0 = 0.0
         self._fit_steps = 0
-        clean_linked_hparams(self)
 
     # -- model --------------------------------------------------------------------------------
     def forward(self, x: Tensor) -> Tensor:
@@ -225,29 +224,23 @@ class IdentityEmbedder(BenchmarkModule):
         self._perf = dict(checkpoint.get("identities_perf") or {})
 
     # -- evaluation -----------------------------------------------------------------------------
-    def _eval_step(self, stage: str, batch, dataloader_idx: int) -> None:
+    def _eval_step(self, stage: str, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         if dataloader_idx == 0:
             x, y = batch
             logits = self.logits(self(x))
             top = logits.topk(min(5, logits.shape[1]), dim=1).indices
             hit = top == y[:, None]
-            self._metrics[f"{stage}_top1"].update(hit[:, 0].float())
-            self._metrics[f"{stage}_top5"].update(hit.any(1).float())
+            self.eval_metrics[stage]["top1"].update(hit[:, 0].float())
+            self.eval_metrics[stage]["top5"].update(hit.any(1).float())
         else:
             x, ident, role, idx = batch
             emb = F.normalize(self(x).float(), dim=1)
             self._open.setdefault(stage, []).append(
                 torch.cat([emb, ident[:, None].float(), role[:, None].float(), idx[:, None].float()], dim=1))
 
-    def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._eval_step("val", batch, dataloader_idx)
-
-    def test_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._eval_step("test", batch, dataloader_idx)
-
     def _eval_epoch_end(self, stage: str) -> None:
         for m in ("top1", "top5"):
-            metric = self._metrics[f"{stage}_{m}"]
+            metric = self.eval_metrics[stage][m]
             if metric.update_count:
                 self.log(f"{stage}/{m}", metric.compute(), on_step=False, on_epoch=True)
             metric.reset()
@@ -273,9 +266,3 @@ class IdentityEmbedder(BenchmarkModule):
             for k, v in self._perf.items():
                 if k != "train_steps_timed" and math.isfinite(v):
                     self.log(f"test/{k}", v, on_step=False, on_epoch=True, sync_dist=False)
-
-    def on_validation_epoch_end(self) -> None:
-        self._eval_epoch_end("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._eval_epoch_end("test")

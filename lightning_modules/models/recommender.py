@@ -49,16 +49,12 @@ from losses import InputKind
 
 from ..base import BenchmarkModule
 from ..retrieval_metrics import candidates_from_scores, log_data_meta, recommendation_metrics
-from ..routing import loss_route
-from ..base import clean_linked_hparams
 from torchmetrics import MetricCollection
 from torchmetrics.retrieval import RetrievalHitRate, RetrievalNormalizedDCG, RetrievalRecall
 
 __all__ = ["Recommender"]
 
 SCORES = ("cosine", "dot")
-#: The input kinds a recommender routes (the loss must also train alone).
-_KINDS = (InputKind.PAIRS, InputKind.LOGITS, InputKind.SCORES, InputKind.EMBEDDINGS)
 
 
 class Recommender(BenchmarkModule):
@@ -86,6 +82,10 @@ class Recommender(BenchmarkModule):
         lr, weight_decay: AdamW.
     """
 
+    loss_kinds = (InputKind.PAIRS, InputKind.LOGITS, InputKind.SCORES, InputKind.EMBEDDINGS)
+    loss_task = "a recommender"
+    loss_hint = "use a pairs, logits or scores loss, or an embeddings loss that owns a head"
+
     def __init__(
         self,
         loss: nn.Module,
@@ -102,17 +102,13 @@ class Recommender(BenchmarkModule):
         extra_metrics: Optional[List[str]] = None,
         init_seed: Optional[int] = None,
     ) -> None:
-        super().__init__(lr=lr, weight_decay=weight_decay)
-        self.save_hyperparameters()
+        super().__init__(loss, lr=lr, weight_decay=weight_decay)
         if num_users < 1 or num_items < 1:
             raise ValueError(f"Recommender: num_users and num_items must be >= 1 (got {num_users}, {num_items}); "
                              "they are linked from the DataModule by the CLI, or pass them")
         if score not in SCORES:
             raise ValueError(f"Recommender: score must be one of {SCORES} (got {score!r})")
         self.loss = loss
-        self.route = loss_route(loss)
-        self.route.require_main("Recommender", _KINDS, task="a recommender",
-                                hint="use a pairs, logits or scores loss, or an embeddings loss that owns a head")
         self.score = score
         self.logit_scale = float(logit_scale)
         with torch.random.fork_rng(devices=[], enabled=init_seed is not None):
@@ -130,16 +126,15 @@ class Recommender(BenchmarkModule):
         self.item_bias = nn.Parameter(torch.full((num_items,), float(item_bias_init))) if item_bias else None
         extra = parse_extra_metrics(list(extra_metrics or []))
         self._extra_k = max([20] + [k for items in extra.values() for _, _, k in items])
-        # view "" = the plain split; a view's users without positives are skipped
-        self.val_extra = nn.ModuleDict({v or "all": _collection(items, bool(v)).clone(prefix="val/")
-                                        for v, items in extra.items()})
-        self.test_extra = nn.ModuleDict({v or "all": _collection(items, bool(v)).clone(prefix="test/")
-                                         for v, items in extra.items()})
-        self.val_metrics = recommendation_metrics().clone(prefix="val/")
-        self.test_metrics = recommendation_metrics().clone(prefix="test/")
+        # per evaluation stage; extra metrics by view ("all" = the plain split; a view's users
+        # without positives are skipped)
+        self.eval_extra = nn.ModuleDict({stage: nn.ModuleDict({
+            v or "all": _collection(items, bool(v)).clone(prefix=f"{stage}/") for v, items in extra.items()})
+            for stage in ("val", "test")})
+        self.eval_metrics = nn.ModuleDict({stage: recommendation_metrics().clone(prefix=f"{stage}/")
+                                           for stage in ("val", "test")})
         self._train_loss = {InputKind.PAIRS: self._pair_loss, InputKind.LOGITS: self._logits_loss,
                             InputKind.SCORES: self._scores_loss, InputKind.EMBEDDINGS: self._head_loss}[self.route.kind]
-        clean_linked_hparams(self)  # re-instantiable hparams after the CLI's size links
 
     # -- scoring ------------------------------------------------------------------------------
     def _prep(self, x: Tensor) -> Tensor:
@@ -220,8 +215,8 @@ class Recommender(BenchmarkModule):
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=batch["user"].numel())
         return loss
 
-    def _eval_step(self, batch: Dict[str, Tensor], metrics, extra: Optional[nn.ModuleDict] = None) -> None:
-        extra = {} if extra is None else extra
+    def _eval_step(self, stage: str, batch: Dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+        metrics, extra = self.eval_metrics[stage], self.eval_extra[stage]
         scores = self.all_item_scores(batch["user"])
         users, n = batch["user"], batch["user"].numel()
         preds, target, indexes = candidates_from_scores(scores, batch["target"], users, k=self._extra_k,
@@ -244,12 +239,6 @@ class Recommender(BenchmarkModule):
 
     def on_test_start(self) -> None:
         log_data_meta(self)
-
-    def validation_step(self, batch: Dict[str, Tensor], batch_idx: int) -> None:
-        self._eval_step(batch, self.val_metrics, self.val_extra)
-
-    def test_step(self, batch: Dict[str, Tensor], batch_idx: int) -> None:
-        self._eval_step(batch, self.test_metrics, self.test_extra)
 
 
 # -- extra evaluation metrics --------------------------------------------------------------

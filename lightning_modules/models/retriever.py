@@ -34,13 +34,8 @@ from losses import InputKind
 
 from ..base import BenchmarkModule
 from ..retrieval_metrics import FaissIndex, candidates_from_search, log_data_meta, retrieval_metrics
-from ..routing import loss_route
-from ..base import clean_linked_hparams
 
 __all__ = ["DualEncoderRetriever"]
-
-#: The input kinds the retriever routes (the loss must also train alone).
-_KINDS = (InputKind.SCORES, InputKind.PAIRS, InputKind.LOGITS, InputKind.EMBEDDINGS)
 
 
 def _identity_linear(input_dim: int, output_dim: int) -> nn.Linear:
@@ -68,6 +63,10 @@ class DualEncoderRetriever(BenchmarkModule):
         lr, weight_decay: AdamW.
     """
 
+    loss_kinds = (InputKind.SCORES, InputKind.PAIRS, InputKind.LOGITS, InputKind.EMBEDDINGS)
+    loss_task = "the towers"
+    loss_hint = "use a scores, pairs or logits loss, or an embeddings loss that owns a head"
+
     def __init__(
         self,
         loss: nn.Module,
@@ -79,15 +78,11 @@ class DualEncoderRetriever(BenchmarkModule):
         lr: float = 1e-3,
         weight_decay: float = 0.0,
     ) -> None:
-        super().__init__(lr=lr, weight_decay=weight_decay)
-        self.save_hyperparameters()
+        super().__init__(loss, lr=lr, weight_decay=weight_decay)
         if input_dim < 1 or embedding_dim < 1:
             raise ValueError(f"DualEncoderRetriever: input_dim and embedding_dim must be >= 1 (got {input_dim}, "
                              f"{embedding_dim}); input_dim is linked from the DataModule by the CLI")
         self.loss = loss
-        self.route = loss_route(loss)
-        self.route.require_main("DualEncoderRetriever", _KINDS, task="the towers",
-                                hint="use a scores, pairs or logits loss, or an embeddings loss that owns a head")
         self.normalize = bool(normalize)
         self.logit_scale = float(logit_scale)
         self.query_tower = _identity_linear(input_dim, embedding_dim)
@@ -95,11 +90,10 @@ class DualEncoderRetriever(BenchmarkModule):
         self._three_tensor_loss = self.route.query_keys  # the route says what forward takes
         self._train_loss = {InputKind.SCORES: self._scores_loss, InputKind.PAIRS: self._pair_loss,
                             InputKind.LOGITS: self._logits_loss, InputKind.EMBEDDINGS: self._head_loss}[self.route.kind]
-        self.val_metrics = retrieval_metrics().clone(prefix="val/")
-        self.test_metrics = retrieval_metrics().clone(prefix="test/")
+        self.eval_metrics = nn.ModuleDict({stage: retrieval_metrics().clone(prefix=f"{stage}/")
+                                           for stage in ("val", "test")})
         self.eval_k = 10
         self._index: Optional[FaissIndex] = None
-        clean_linked_hparams(self)  # re-instantiable hparams after the CLI's size links
 
     # -- towers -------------------------------------------------------------------------------
     def _prep(self, x: Tensor) -> Tensor:
@@ -163,7 +157,8 @@ class DualEncoderRetriever(BenchmarkModule):
     def on_test_epoch_start(self) -> None:
         self._index_stage("test")
 
-    def _eval_step(self, batch: Dict[str, Tensor], metrics) -> None:
+    def _eval_step(self, stage: str, batch: Dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+        metrics = self.eval_metrics[stage]
         q = self.encode_queries(batch["query"])
         scores, ids = self._index.search(q, self.eval_k)
         preds, target, indexes = candidates_from_search(scores, ids, batch["positives"].cpu(), batch["query_ids"].cpu())
@@ -175,9 +170,3 @@ class DualEncoderRetriever(BenchmarkModule):
 
     def on_test_start(self) -> None:
         log_data_meta(self)
-
-    def validation_step(self, batch: Dict[str, Tensor], batch_idx: int) -> None:
-        self._eval_step(batch, self.val_metrics)
-
-    def test_step(self, batch: Dict[str, Tensor], batch_idx: int) -> None:
-        self._eval_step(batch, self.test_metrics)

@@ -18,7 +18,7 @@ from torchmetrics.segmentation import DiceScore
 
 from losses import InputKind
 
-from ..base import BenchmarkModule, clean_linked_hparams
+from ..base import BenchmarkModule
 from ..metrics import (
     FeatureCosine,
     PerClassAccuracy,
@@ -30,7 +30,7 @@ from ..metrics import (
 from ..routing import LossRoute, loss_route
 from .pretrained import load_pretrained_file
 
-__all__ = ["VisionClassifier", "VisionSegmenter", "ClassifierNet", "clean_linked_hparams"]
+__all__ = ["VisionClassifier", "VisionSegmenter", "ClassifierNet"]
 
 
 def _timm():
@@ -135,6 +135,12 @@ class VisionClassifier(BenchmarkModule):
     classes).
     """
 
+    loss_kinds = (InputKind.LOGITS, InputKind.EMBEDDINGS, InputKind.MODEL)
+    loss_task = "a classifier"
+    loss_hint = ("a classifier routes logits, embeddings (with a head) or model losses; pass an auxiliary or "
+                 "head-less embedding loss as aux_loss next to a main loss such as losses.CrossEntropyLoss()")
+    loss_example = "losses.CrossEntropyLoss()"
+
     def __init__(
         self,
         loss: nn.Module,
@@ -160,8 +166,7 @@ class VisionClassifier(BenchmarkModule):
         stage2_lr: Optional[float] = None,
         pretrained_file: Optional[str] = None,
     ) -> None:
-        super().__init__(lr=lr, weight_decay=weight_decay)
-        self.save_hyperparameters()
+        super().__init__(loss, lr=lr, weight_decay=weight_decay)
         cls = "VisionClassifier"
         if lr_schedule not in ("constant", "cosine"):
             raise ValueError(f"{cls}: lr_schedule must be 'constant' or 'cosine' (got {lr_schedule!r}); "
@@ -178,13 +183,6 @@ class VisionClassifier(BenchmarkModule):
         _positive(cls, "num_classes", num_classes, "link it from the DataModule (the CLI does) or pass it")
         _positive(cls, "in_chans", in_chans, "digits images have 1 channel")
         _positive(cls, "embedding_dim", embedding_dim, "pass e.g. 64")
-        if not isinstance(loss, nn.Module):
-            raise TypeError(f"{cls}: loss must be an nn.Module (got {type(loss).__name__}); pass e.g. losses.CrossEntropyLoss()")
-        self.route: LossRoute = loss_route(loss)
-        self.route.require_main(cls, (InputKind.LOGITS, InputKind.EMBEDDINGS, InputKind.MODEL), task="a classifier",
-                                hint="a classifier routes logits, embeddings (with a head) or model losses; pass "
-                                     "an auxiliary or head-less embedding loss as aux_loss next to a main loss "
-                                     "such as losses.CrossEntropyLoss()")
         self.aux_route: Optional[LossRoute] = None
         if aux_loss is not None:
             self.aux_route = loss_route(aux_loss)
@@ -213,18 +211,20 @@ class VisionClassifier(BenchmarkModule):
             load_pretrained_file(self.net.backbone, pretrained_file)
 
         self.train_metrics = classification_metrics(num_classes, full=False).clone(prefix="train/")
-        self.val_metrics = classification_metrics(num_classes, full=True, ece_bins=ece_bins).clone(prefix="val/")
-        self.test_metrics = classification_metrics(num_classes, full=True, ece_bins=ece_bins).clone(prefix="test/")
-        for stage in ("val", "test"):
-            setattr(self, f"{stage}_per_class", PerClassAccuracy(num_classes))
-            setattr(self, f"{stage}_feature_cos", FeatureCosine(num_classes, embedding_dim))
-            setattr(self, f"{stage}_sparsemax_support", MeanMetric())
-            setattr(self, f"{stage}_support", MeanMetric())
-            setattr(self, f"{stage}_robust", MulticlassAccuracy(num_classes, average="micro"))
+        # per evaluation stage: the logged collection, and the metrics logged one by one
+        self.eval_metrics = nn.ModuleDict({
+            stage: classification_metrics(num_classes, full=True, ece_bins=ece_bins).clone(prefix=f"{stage}/")
+            for stage in ("val", "test")})
+        self.eval_stats = nn.ModuleDict({stage: nn.ModuleDict({
+            "per_class": PerClassAccuracy(num_classes),
+            "feature_cos": FeatureCosine(num_classes, embedding_dim),
+            "sparsemax_support": MeanMetric(),
+            "support": MeanMetric(),
+            "robust": MulticlassAccuracy(num_classes, average="micro"),
+        }) for stage in ("val", "test")})
         self._tail_classes: List[int] = []
         # the head's initial values, restored at the start of stage 2 (two-stage protocol)
         self._head_init = {k: v.detach().clone() for k, v in self._head_parameters().items()}
-        clean_linked_hparams(self)
 
     # -- optimisation: schedule, parameter groups, two-stage protocol -----------------------------
     def _head_parameters(self) -> Dict[str, nn.Parameter]:
@@ -364,7 +364,7 @@ class VisionClassifier(BenchmarkModule):
         self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
         return total
 
-    def _eval_step(self, stage: str, batch, batch_idx: int) -> None:
+    def _eval_step(self, stage: str, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         x, target = batch
         ids = _hard_target(target)
         if self.route.kind == InputKind.MODEL:  # the loss runs its own attack: needs autograd
@@ -376,34 +376,28 @@ class VisionClassifier(BenchmarkModule):
             main, aux, features, logits = self._losses(x, target)
         self._log_losses(stage, main, aux, x.shape[0])
         probs = predictive_probabilities(self.loss, logits)
-        metrics = getattr(self, f"{stage}_metrics")
+        metrics, stats = self.eval_metrics[stage], self.eval_stats[stage]
         for name, m in metrics.items(keep_base=True):
             m.update(probs if name.endswith("ece") else logits, ids)
         self.log_dict(metrics, on_step=False, on_epoch=True)
-        getattr(self, f"{stage}_per_class").update(logits, ids)
-        getattr(self, f"{stage}_feature_cos").update(features, ids)
-        sm = getattr(self, f"{stage}_sparsemax_support")
+        stats["per_class"].update(logits, ids)
+        stats["feature_cos"].update(features, ids)
+        sm = stats["sparsemax_support"]
         sm.update(sparsemax_support_size(logits).float())
         self.log(f"{stage}/sparsemax_support", sm, on_step=False, on_epoch=True)
         if callable(getattr(self.loss, "predict_proba", None)):
-            sup = getattr(self, f"{stage}_support")
+            sup = stats["support"]
             sup.update((probs > 0).sum(1).float())
             self.log(f"{stage}/support", sup, on_step=False, on_epoch=True)
         if self.robust_eval:
             g = torch.Generator().manual_seed(self.pgd_seed + batch_idx)
             x_adv = pgd_attack(self, x, ids, generator=g, **self.pgd)
-            robust = getattr(self, f"{stage}_robust")
+            robust = stats["robust"]
             robust.update(self(x_adv), ids)
             self.log(f"{stage}/robust_acc", robust, on_step=False, on_epoch=True)
 
-    def validation_step(self, batch, batch_idx: int) -> None:
-        self._eval_step("val", batch, batch_idx)
-
-    def test_step(self, batch, batch_idx: int) -> None:
-        self._eval_step("test", batch, batch_idx)
-
     def _eval_epoch_end(self, stage: str) -> None:
-        per_class_metric = getattr(self, f"{stage}_per_class")
+        per_class_metric = self.eval_stats[stage]["per_class"]
         per_class = per_class_metric.compute()
         out: Dict[str, Tensor] = {}
         for c, v in enumerate(per_class):
@@ -417,7 +411,7 @@ class VisionClassifier(BenchmarkModule):
                 if not torch.isnan(v):
                     out[f"{stage}/acc_{name}"] = v.float()
         per_class_metric.reset()
-        cos_metric = getattr(self, f"{stage}_feature_cos")
+        cos_metric = self.eval_stats[stage]["feature_cos"]
         for k, v in cos_metric.compute().items():
             if not torch.isnan(v):
                 out[f"{stage}/cos_{k}"] = v.float()
@@ -434,12 +428,6 @@ class VisionClassifier(BenchmarkModule):
                     out[f"{stage}/loss_rho_{c}"] = v
         if out:  # already reduced over ranks by the metrics' own sync; sync_dist averages equal values
             self.log_dict(out, sync_dist=True)
-
-    def on_validation_epoch_end(self) -> None:
-        self._eval_epoch_end("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._eval_epoch_end("test")
 
 
 class VisionSegmenter(BenchmarkModule):
@@ -464,6 +452,8 @@ class VisionSegmenter(BenchmarkModule):
     loss's predictive distribution). Metrics compare with the hard map (argmax of soft labels).
     """
 
+    loss_example = "losses.SoftDiceLoss()"
+
     def __init__(
         self,
         loss: nn.Module,
@@ -479,8 +469,7 @@ class VisionSegmenter(BenchmarkModule):
         lr_schedule: str = "constant",
         pretrained_file: Optional[str] = None,
     ) -> None:
-        super().__init__(lr=lr, weight_decay=weight_decay)
-        self.save_hyperparameters()
+        super().__init__(loss, lr=lr, weight_decay=weight_decay)
         cls = "VisionSegmenter"
         if lr_schedule not in ("constant", "cosine"):
             raise ValueError(f"{cls}: lr_schedule must be 'constant' or 'cosine' (got {lr_schedule!r}); "
@@ -488,13 +477,6 @@ class VisionSegmenter(BenchmarkModule):
         self.lr_schedule = lr_schedule
         _positive(cls, "num_classes", num_classes, "link it from the DataModule (the CLI does) or pass it")
         _positive(cls, "in_chans", in_chans, "digits images have 1 channel")
-        if not isinstance(loss, nn.Module):
-            raise TypeError(f"{cls}: loss must be an nn.Module (got {type(loss).__name__}); pass e.g. losses.SoftDiceLoss()")
-        self.route = loss_route(loss)
-        if self.route.kind != InputKind.LOGITS or self.route.auxiliary or self.route.owns_head:
-            raise ValueError(f"{cls}: the segmenter routes dense logits losses (kind 'logits') only "
-                             f"(got kind {self.route.kind!r} for {type(loss).__name__}); use a Dice / Jaccard / "
-                             "cross-entropy loss")
         timm = _timm()
         with torch.random.fork_rng(devices=[], enabled=init_seed is not None):
             if init_seed is not None:  # the same start for every loss (paired comparisons)
@@ -512,14 +494,19 @@ class VisionSegmenter(BenchmarkModule):
                              aggregation_level="global", input_format="index")
 
         self.train_metrics = MetricCollection({"dice": dice(True)}, prefix="train/")
-        for stage in ("val", "test"):
-            setattr(self, f"{stage}_metrics", MetricCollection({
-                "dice": dice(True),
-                "dice_fg": dice(False),
-                "pixel_acc": MulticlassAccuracy(num_classes, average="micro"),
-                "ece": MulticlassCalibrationError(num_classes, n_bins=ece_bins, norm="l1"),
-            }, prefix=f"{stage}/"))
-        clean_linked_hparams(self)
+        self.eval_metrics = nn.ModuleDict({stage: MetricCollection({
+            "dice": dice(True),
+            "dice_fg": dice(False),
+            "pixel_acc": MulticlassAccuracy(num_classes, average="micro"),
+            "ece": MulticlassCalibrationError(num_classes, n_bins=ece_bins, norm="l1"),
+        }, prefix=f"{stage}/") for stage in ("val", "test")})
+
+    def check_route(self, route: LossRoute) -> None:
+        """Only dense logits losses (kind ``"logits"``) that train alone and own no head."""
+        if route.kind != InputKind.LOGITS or route.auxiliary or route.owns_head:
+            raise ValueError(f"VisionSegmenter: the segmenter routes dense logits losses (kind 'logits') only "
+                             f"(got kind {route.kind!r} for {route.loss_name}); use a Dice / Jaccard / "
+                             "cross-entropy loss")
 
     def configure_optimizers(self) -> Any:
         import math
@@ -544,7 +531,7 @@ class VisionSegmenter(BenchmarkModule):
                  batch_size=x.shape[0], sync_dist=True)
         ids = _hard_target(target)
         preds = logits.detach().argmax(1)
-        metrics = getattr(self, f"{stage}_metrics")
+        metrics = self.train_metrics if stage == "train" else self.eval_metrics[stage]
         probs = None
         for name, m in metrics.items(keep_base=True):
             if name.endswith("ece"):
@@ -561,8 +548,5 @@ class VisionSegmenter(BenchmarkModule):
     def training_step(self, batch, batch_idx: int) -> Tensor:
         return self._step("train", batch)
 
-    def validation_step(self, batch, batch_idx: int) -> None:
-        self._step("val", batch)
-
-    def test_step(self, batch, batch_idx: int) -> None:
-        self._step("test", batch)
+    def _eval_step(self, stage: str, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._step(stage, batch)

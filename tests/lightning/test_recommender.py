@@ -171,7 +171,7 @@ def test_missing_batch_keys_and_rejected_losses():
 
 def test_eval_step_masks_seen_items_and_uses_separate_metric_objects():
     m = _model(losses.CrossEntropyLoss(), score="dot")
-    assert m.val_metrics is not m.test_metrics
+    assert m.eval_metrics["val"] is not m.eval_metrics["test"]
     with torch.no_grad():  # make item 0 the best item for everyone, but seen by user 1
         m.item_embedding.weight[0] = 10 * m.user_embedding.weight.mean(0) + 10
         m.user_embedding.weight.abs_()
@@ -183,8 +183,9 @@ def test_eval_step_masks_seen_items_and_uses_separate_metric_objects():
     exclude = torch.zeros(2, I, dtype=torch.bool)
     exclude[1, 0] = True
     m.log_dict = lambda *a, **k: None  # outside a Trainer
-    m._eval_step({"user": users, "target": target, "exclude": exclude}, m.val_metrics)
-    got = {k: float(v) for k, v in m.val_metrics.compute().items()}
+    m.validation_step({"user": users, "target": target, "exclude": exclude}, 0)
+    got = {k: float(v) for k, v in m.eval_metrics["val"].compute().items()}
+    assert not any(metric.update_count for metric in m.eval_metrics["test"].values())
     scores = m.all_item_scores(users).detach()
     hand = _hand_metrics(scores, target, exclude)
     assert got == pytest.approx({f"val/{k}": v for k, v in hand.items()}, abs=1e-6)

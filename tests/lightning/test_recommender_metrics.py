@@ -70,11 +70,11 @@ def test_extra_metrics_match_hand_computations_per_view():
         b["user"] = b["user"] + (0 if b is b1 else U)
     m.user_embedding = torch.nn.Embedding(2 * U, 8)
     for b in (b1, b2):
-        m._eval_step(b, m.test_metrics, m.test_extra)
+        m.test_step(b, 0)  # the base's dispatch to _eval_step("test", ...)
     got = {}
-    for coll in m.test_extra.values():
+    for coll in m.eval_extra["test"].values():
         got.update({k: float(v) for k, v in coll.compute().items()})
-    got.update({k: float(v) for k, v in m.test_metrics.compute().items()})
+    got.update({k: float(v) for k, v in m.eval_metrics["test"].compute().items()})
     with torch.no_grad():
         scores = torch.cat([m.all_item_scores(b["user"]) for b in (b1, b2)])
 
@@ -101,8 +101,8 @@ def test_view_metrics_are_skipped_for_batches_without_the_view_and_names_are_che
     m.log_dict = lambda *a, **k: None
     b = _batch(torch.Generator().manual_seed(2))
     del b["views"]["debiased"]
-    m._eval_step(b, m.val_metrics, m.val_extra)
-    assert all(metric._update_count == 0 for metric in m.val_extra["debiased"].values())
+    m.validation_step(b, 0)
+    assert all(metric._update_count == 0 for metric in m.eval_extra["val"]["debiased"].values())
     assert parse_extra_metrics(["recall@5", "rare_ndcg@20"]) == {"": [("recall@5", "recall", 5)],
                                                                "rare": [("rare_ndcg@20", "ndcg", 20)]}
     for bad in ("recall", "precision@5", "tail_recall@20", "recall@0", "recall@101"):
