@@ -80,6 +80,19 @@ class BenchmarkDataModule(pl.LightningDataModule):
     in_chans: int = 0  #: image channels
 
 
+def log_data_meta(module: pl.LightningModule) -> None:
+    """Log the DataModule's ``meta`` (data set counts, ``sys.version``: what a result must be
+    reported with) as ``data/*`` hyperparameters of the run's logger, when both exist."""
+    trainer = getattr(module, "_trainer", None)
+    meta = getattr(getattr(trainer, "datamodule", None), "meta", None)
+    if not meta or module.logger is None:
+        return
+    try:
+        module.logger.log_hyperparams({f"data/{k}": v for k, v in meta.items()})
+    except NotImplementedError:  # loggers without hyperparameters
+        pass
+
+
 class BenchmarkModule(pl.LightningModule):
     """Base of every benchmark LightningModule: hyperparameters, loss route, evaluation hooks,
     optimiser and DDP-ignored loss parameters.
@@ -108,6 +121,9 @@ class BenchmarkModule(pl.LightningModule):
       ``_eval_epoch_end(stage)``; ``stage`` is ``"val"`` or ``"test"``, the prefix of the logged
       names (``f"{stage}/top1"``). ``validation_step`` / ``test_step`` and
       ``on_validation_epoch_end`` / ``on_test_epoch_end`` are defined here and dispatch to them.
+    * The DataModule's ``meta`` (data set counts, ``sys.version``), where it has one, is logged
+      as ``data/*`` hyperparameters at the start of ``fit`` and ``test`` (:func:`log_data_meta`);
+      a subclass that overrides ``on_fit_start`` / ``on_test_start`` calls ``super()`` first.
     * Keep per-stage metric objects in ``nn.ModuleDict``s keyed by stage
       (``self.eval_metrics = nn.ModuleDict({"val": ..., "test": ...})``), so they move with the
       module and each stage has its own state.
@@ -191,6 +207,12 @@ class BenchmarkModule(pl.LightningModule):
         self._eval_epoch_end("test")
 
     # -- training machinery -------------------------------------------------------------------------
+    def on_fit_start(self) -> None:
+        log_data_meta(self)  # data set counts and sys.version go with every result
+
+    def on_test_start(self) -> None:
+        log_data_meta(self)
+
     def setup(self, stage: str) -> None:
         # Parameters a loss shards across ranks (Partial FC centres) must never be averaged by
         # DDP; Lightning's DDP strategy reads this attribute when it wraps the module.

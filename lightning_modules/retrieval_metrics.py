@@ -29,6 +29,8 @@ from torch import Tensor
 from torchmetrics import MetricCollection
 from torchmetrics.retrieval import RetrievalHitRate, RetrievalMRR, RetrievalNormalizedDCG, RetrievalRecall
 
+from .base import log_data_meta  # noqa: F401  (re-exported: it used to live here)
+
 __all__ = [
     "recommendation_metrics",
     "retrieval_metrics",
@@ -141,16 +143,3 @@ def brute_force_search(corpus: Tensor, queries: Tensor, k: int) -> Tuple[Tensor,
     c = torch.nn.functional.normalize(corpus.float(), dim=1)
     q = torch.nn.functional.normalize(queries.float(), dim=1)
     return (q @ c.T).topk(min(int(k), c.shape[0]), dim=1)
-
-
-def log_data_meta(module) -> None:
-    """Log the DataModule's ``meta`` (data set counts, ``sys.version``: what a result must be
-    reported with) as ``data/*`` hyperparameters of the run's logger, when both exist."""
-    trainer = getattr(module, "_trainer", None)
-    meta = getattr(getattr(trainer, "datamodule", None), "meta", None)
-    if not meta or module.logger is None:
-        return
-    try:
-        module.logger.log_hyperparams({f"data/{k}": v for k, v in meta.items()})
-    except NotImplementedError:  # loggers without hyperparameters
-        pass

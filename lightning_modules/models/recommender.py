@@ -48,7 +48,7 @@ from torch import Tensor, nn
 from losses import InputKind
 
 from ..base import BenchmarkModule
-from ..retrieval_metrics import candidates_from_scores, log_data_meta, recommendation_metrics
+from ..retrieval_metrics import candidates_from_scores, recommendation_metrics
 from torchmetrics import MetricCollection
 from torchmetrics.retrieval import RetrievalHitRate, RetrievalNormalizedDCG, RetrievalRecall
 
@@ -233,12 +233,6 @@ class Recommender(BenchmarkModule):
                 p, t, i = candidates_from_scores(scores, v["target"], users, k=self._extra_k, exclude=v["exclude"])
                 extra[name].update(p, t, indexes=i)
                 self.log_dict(extra[name], on_step=False, on_epoch=True, batch_size=n)
-
-    def on_fit_start(self) -> None:
-        log_data_meta(self)  # data set counts and sys.version go with every result
-
-    def on_test_start(self) -> None:
-        log_data_meta(self)
 
 
 # -- extra evaluation metrics --------------------------------------------------------------

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from losses import InputKind
 
 from ..base import BenchmarkModule
-from ..retrieval_metrics import FaissIndex, candidates_from_search, log_data_meta, retrieval_metrics
+from ..retrieval_metrics import FaissIndex, candidates_from_search, retrieval_metrics
 
 __all__ = ["DualEncoderRetriever"]
 
@@ -165,8 +165,3 @@ class DualEncoderRetriever(BenchmarkModule):
         metrics.update(preds.to(self.device), target.to(self.device), indexes=indexes.to(self.device))
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=q.shape[0])
 
-    def on_fit_start(self) -> None:
-        log_data_meta(self)  # data set counts and sys.version go with every result
-
-    def on_test_start(self) -> None:
-        log_data_meta(self)
