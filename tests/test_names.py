@@ -1,10 +1,13 @@
-"""The one list of expected names (``tests/_helpers/names.py``) agrees with the registry and with
-``losses.__all__``: a loss added to the library without its row there (or a row without the
-loss) fails here, and every other test that needs the names reads them from that list."""
+"""The one list of expected names (``tests/_helpers/names.py``, collected from the family test
+files' ``EXPECTED_*`` declarations) agrees with the registry and with ``losses.__all__``: a loss
+added to the library without its row (or a row without the loss) fails here, and every other
+test that needs the names reads them from that list."""
 
 from __future__ import annotations
 
 import inspect
+
+import pytest
 
 import losses
 from tests._helpers.names import API, HELPERS, LOSS_FUNCTIONS, LOSS_MODULES, LOSS_NAMES, LOSSES, PUBLIC_NAMES
@@ -43,3 +46,44 @@ def test_the_groups_of_the_list_do_not_overlap():
     for name in HELPERS:
         obj = getattr(losses, name)
         assert inspect.isfunction(obj) or inspect.isclass(obj), f"losses.{name} is not a function or class"
+
+
+def test_each_family_test_file_declares_its_own_rows():
+    """The list is assembled from the per-family test files: every registered loss's row comes
+    from a test file of the package of its input kind, and no name is declared twice."""
+    from tests._helpers import names
+
+    package_of_kind = {"logits": "tests.classification", "model": "tests.classification",
+                       "embeddings": "tests.embedding", "scores": "tests.ranking", "pairs": "tests.ranking"}
+    declared = {}
+    for module in names._declaring_modules():
+        for key in getattr(module, "EXPECTED_ENTRIES", {}):
+            declared[key] = module.__name__
+    assert set(declared) == LOSS_NAMES
+    for spec in losses.list_losses():
+        assert declared[spec.name].startswith(package_of_kind[str(spec.kind)] + "."), (spec.name, declared[spec.name])
+
+
+def test_a_name_declared_twice_is_refused(monkeypatch):
+    import types
+
+    from tests._helpers import names
+    from tests._helpers.rows import LOGITS, entry
+
+    row = entry("z_loss", "ZLoss", LOGITS, unit="position")
+    first = types.SimpleNamespace(__name__="tests.a", EXPECTED_ENTRIES={"z_loss": row})
+    second = types.SimpleNamespace(__name__="tests.b", EXPECTED_ENTRIES={"z_loss": row})
+    monkeypatch.setattr(names, "_declaring_modules", lambda: [first, second])
+    with pytest.raises(AssertionError, match="'z_loss' is declared twice: tests.a and tests.b"):
+        names._collect()
+    unknown = types.SimpleNamespace(__name__="tests.c", EXPECTED_ENTRIES={}, EXPECTED_EXPERIMENTAL=("nope",))
+    monkeypatch.setattr(names, "_declaring_modules", lambda: [unknown])
+    with pytest.raises(AssertionError, match="no file declares as an entry"):
+        names._collect()
+
+
+def test_entry_refuses_an_unknown_input_kind():
+    from tests._helpers.rows import entry
+
+    with pytest.raises(ValueError, match="inputs must be one of the kind tuples"):
+        entry("f", "F", ("x", "y"), unit="row")

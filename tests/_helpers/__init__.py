@@ -1,7 +1,8 @@
 """The shared test harness of the per-family tests.
 
 * :mod:`tests._helpers.names`: the one list of expected public names (the registry table and
-  the rest of ``losses.__all__``);
+  the rest of ``losses.__all__``), collected from what each family test file declares with
+  :mod:`tests._helpers.rows`;
 * :mod:`tests._helpers.positions`: the N-D input layouts every logits loss is tested at and the
   positions inside them, and seeded random inputs;
 * :mod:`tests._helpers.reductions`: reference ``"none"`` / ``"mean"`` / ``"sum"`` from looped

@@ -18,6 +18,14 @@ from torch import nn
 import losses
 from tests._helpers import LOGIT_SHAPES, REDUCTIONS, assert_gradcheck, logits_at, loop_reduce, position_shape
 from tests._helpers import positions, value_and_grads
+from tests._helpers.rows import MODEL, entry
+
+# the public names this family adds (collected into the one list, tests/_helpers/names.py)
+EXPECTED_ENTRIES = {
+    "adversarial_comp_sum": entry("adversarial_comp_sum_loss", "AdversarialCompSumLoss", MODEL, unit="row",
+          example={"nu": 1.0}),
+}
+EXPECTED_EXPERIMENTAL = ("adversarial_comp_sum",)  # docs/losses/adversarial_comp_sum.md marks it experimental
 
 pytestmark = pytest.mark.usefixtures("no_experimental_warning")
 

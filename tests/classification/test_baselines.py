@@ -14,6 +14,13 @@ import torch.nn.functional as F
 import losses
 from tests._helpers import LOGIT_SHAPES, REDUCTIONS, assert_gradcheck, logits_and_ids, logits_at, loop_reduce
 from tests._helpers import position_shape, positions, value_and_grad
+from tests._helpers.rows import LOGITS, entry
+
+# the public names this family adds (collected into the one list, tests/_helpers/names.py)
+EXPECTED_ENTRIES = {
+    "cross_entropy": entry("cross_entropy_loss", "CrossEntropyLoss", LOGITS, unit="position"),
+    "bce_with_logits": entry("bce_with_logits_loss", "BCEWithLogitsLoss", LOGITS, unit="element"),
+}
 
 
 def _lse(vals):

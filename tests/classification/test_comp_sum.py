@@ -14,6 +14,12 @@ import torch.nn.functional as F
 import losses
 from tests._helpers import LOGIT_SHAPES, REDUCTIONS, assert_gradcheck, logits_and_ids, logits_at, loop_reduce
 from tests._helpers import position_shape, positions, value_and_grad
+from tests._helpers.rows import LOGITS, entry
+
+# the public names this family adds (collected into the one list, tests/_helpers/names.py)
+EXPECTED_ENTRIES = {
+    "comp_sum": entry("comp_sum_loss", "CompSumLoss", LOGITS, unit="position", example={"tau": 0.5}),
+}
 
 TAUS = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0]
 

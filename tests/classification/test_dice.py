@@ -10,6 +10,14 @@ import pytest
 import torch
 
 import losses
+from tests._helpers.rows import LOGITS, entry
+
+# the public names this family adds (collected into the one list, tests/_helpers/names.py)
+EXPECTED_ENTRIES = {
+    "dice_semimetric": entry("dice_semimetric_loss", "DiceSemimetricLoss", LOGITS, unit="class"),
+    "jaccard_metric": entry("jaccard_metric_loss", "JaccardMetricLoss", LOGITS, unit="class"),
+    "soft_dice": entry("soft_dice_loss", "SoftDiceLoss", LOGITS, unit="class"),
+}
 
 FUNCS = {
     "dice": losses.dice_semimetric_loss,

@@ -11,6 +11,13 @@ import torch
 import torch.nn.functional as F
 
 import losses
+from tests._helpers.rows import LOGITS, entry
+
+# the public names this family adds (collected into the one list, tests/_helpers/names.py)
+EXPECTED_ENTRIES = {
+    "gol": entry("gumbel_bce_loss", "GumbelBCELoss", LOGITS, unit="element"),
+}
+EXPECTED_HELPERS = ("gumbel_activation", "gumbel_prior_bias", "GOLLoss")
 
 FLOOR = -50.0
 

@@ -18,6 +18,15 @@ import torch
 
 import losses
 from tests._helpers import weighted_reduce
+from tests._helpers.rows import LOGITS, entry
+
+# the public names this family adds (collected into the one list, tests/_helpers/names.py)
+EXPECTED_ENTRIES = {
+    "sparsemax": entry("sparsemax_loss", "SparsemaxLoss", LOGITS, unit="position"),
+    "entmax15": entry("entmax15_loss", "Entmax15Loss", LOGITS, unit="position"),
+    "entmax_bisect": entry("entmax_bisect_loss", "EntmaxBisectLoss", LOGITS, unit="position"),
+}
+EXPECTED_HELPERS = ("sparsemax", "entmax15", "entmax_bisect")
 
 INF = float("inf")
 NINF = float("-inf")

@@ -14,6 +14,14 @@ import torch.nn.functional as F
 import losses
 from tests._helpers import LOGIT_SHAPES, REDUCTIONS, assert_gradcheck, logits_and_ids, logits_at, loop_reduce
 from tests._helpers import position_shape, positions, value_and_grad
+from tests._helpers.rows import LOGITS, entry
+
+# the public names this family adds (collected into the one list, tests/_helpers/names.py)
+EXPECTED_ENTRIES = {
+    "z_loss": entry("z_loss", "ZLoss", LOGITS, unit="position"),
+    "logz_penalty": entry("cross_entropy_with_logz_penalty", "CrossEntropyWithLogZPenalty", LOGITS, unit="position"),
+}
+EXPECTED_HELPERS = ("logz_penalty",)
 
 # --------------------------------------------------------------------------------------
 # float64 loop oracles written straight from the formulas

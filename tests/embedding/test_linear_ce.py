@@ -7,6 +7,13 @@ import torch
 import torch.nn.functional as F
 
 import losses
+from tests._helpers.rows import EMBEDDINGS, HEAD_KWARGS, entry
+
+# the public names this family adds (collected into the one list, tests/_helpers/names.py)
+EXPECTED_ENTRIES = {
+    "linear_cross_entropy": entry("linear_cross_entropy", "LinearCrossEntropyLoss", EMBEDDINGS, unit="row", owns_head=True,
+          example=HEAD_KWARGS),
+}
 
 
 def loop_oracle(x, y, w, b, eps=0.0, coef=0.0, ignore_index=-100):

@@ -14,6 +14,15 @@ import torch.nn.functional as F
 import losses
 from tests._helpers import weighted_reduce
 from losses.embedding.margin import target_transform
+from tests._helpers.rows import EMBEDDINGS, HEAD_KWARGS, entry
+
+# the public names this family adds (collected into the one list, tests/_helpers/names.py)
+EXPECTED_ENTRIES = {
+    "margin_softmax": entry("margin_softmax_loss", "MarginSoftmaxLoss", EMBEDDINGS, unit="row", owns_head=True,
+          example=HEAD_KWARGS),
+    "cosine_softmax": entry("margin_softmax_loss", "MarginSoftmaxLoss", EMBEDDINGS, unit="row", owns_head=True,
+          example={**HEAD_KWARGS, "margin": (1.0, 0.0, 0.0)}),
+}
 
 CAP = 30 * math.log(10)  # -log(1e-30) = 69.0776
 

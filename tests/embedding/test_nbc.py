@@ -13,6 +13,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import losses
 from tests._helpers import assert_gradcheck, randn
+from tests._helpers.rows import EMBEDDINGS, HEAD_KWARGS, entry
+
+# the public names this family adds (collected into the one list, tests/_helpers/names.py)
+EXPECTED_ENTRIES = {
+    "nbc_softmax": entry("nbc_softmax_loss", "NBCSoftmaxLoss", EMBEDDINGS, unit="batch", owns_head=True,
+          example=HEAD_KWARGS),
+}
+EXPECTED_HELPERS = ("nbc_loss",)
 
 IGN = -100
 

@@ -12,6 +12,12 @@ import torch
 
 import losses
 from tests._helpers import assert_gradcheck, randn
+from tests._helpers.rows import EMBEDDINGS, entry
+
+# the public names this family adds (collected into the one list, tests/_helpers/names.py)
+EXPECTED_ENTRIES = {
+    "opl": entry("opl_loss", "OrthogonalProjectionLoss", EMBEDDINGS, unit="batch", auxiliary=True),
+}
 
 IGN = -100
 

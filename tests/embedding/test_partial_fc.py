@@ -14,6 +14,14 @@ import torch
 
 import losses
 from tests.embedding.test_margin_softmax import PAPER_CONFIGS, REFERENCE_CONFIGS, _inputs, oracle
+from tests._helpers.rows import EMBEDDINGS, HEAD_KWARGS, entry
+
+# the public names this family adds (collected into the one list, tests/_helpers/names.py)
+EXPECTED_ENTRIES = {
+    "partial_fc": entry("partial_fc_loss", "PartialFCLoss", EMBEDDINGS, unit="row", owns_head=True,
+          example={**HEAD_KWARGS, "sample_rate": 0.5, "seed": 0}),
+}
+EXPECTED_HELPERS = ("margin_logits",)
 
 ALL_CONFIGS = {**PAPER_CONFIGS, **REFERENCE_CONFIGS}
 

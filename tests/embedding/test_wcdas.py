@@ -14,6 +14,13 @@ import torch.nn.functional as F
 import losses
 from tests._helpers import assert_gradcheck, randn, weighted_reduce
 from losses.embedding.wcdas import G_MAX
+from tests._helpers.rows import EMBEDDINGS, HEAD_KWARGS, entry
+
+# the public names this family adds (collected into the one list, tests/_helpers/names.py)
+EXPECTED_ENTRIES = {
+    "wcdas": entry("wcdas_loss", "WCDASLoss", EMBEDDINGS, unit="row", owns_head=True, example=HEAD_KWARGS),
+}
+EXPECTED_HELPERS = ("wcdas_logits",)
 
 IGN = -100
 

@@ -13,6 +13,14 @@ import torch.nn.functional as F
 
 import losses
 from tests._helpers import assert_gradcheck, assert_value_and_grad, weighted_reduce
+from tests._helpers.rows import SCORES, entry
+
+# the public names this family adds (collected into the one list, tests/_helpers/names.py)
+EXPECTED_ENTRIES = {
+    "decoupled_softmax": entry("decoupled_softmax_loss", "DecoupledSoftmaxLoss", SCORES, unit="row"),
+    "infonce": entry("infonce_loss", "InfoNCELoss", SCORES, unit="row"),
+}
+EXPECTED_HELPERS = ("in_batch_scores",)
 
 NEG_INF = -math.inf
 

@@ -14,6 +14,14 @@ import torch.nn.functional as F
 
 import losses
 from tests._helpers import REDUCTIONS, assert_gradcheck, assert_value_and_grad, weighted_reduce
+from tests._helpers.rows import PAIRS, entry
+
+# the public names this family adds (collected into the one list, tests/_helpers/names.py)
+EXPECTED_ENTRIES = {
+    "psl": entry("psl_loss", "PSLLoss", PAIRS, unit="row"),
+    "sampled_softmax": entry("sampled_softmax_loss", "SampledSoftmaxLoss", PAIRS, unit="row"),
+    "bpr": entry("bpr_loss", "BPRLoss", PAIRS, unit="pair"),
+}
 
 ACTS = ("tanh", "atan", "relu", "exp")
 

@@ -15,6 +15,12 @@ import torch
 import losses
 from tests._helpers import assert_gradcheck, weighted_reduce
 from losses.ranking.soft_topk import _soft_topk_threshold
+from tests._helpers.rows import SCORES, entry
+
+# the public names this family adds (collected into the one list, tests/_helpers/names.py)
+EXPECTED_ENTRIES = {
+    "soft_topk": entry("soft_topk_loss", "SoftTopKLoss", SCORES, unit="row", example={"k": 2}),
+}
 
 
 # --------------------------------------------------------------------------------------
