@@ -760,11 +760,12 @@ PEER_TARGETS = [
 ]
 
 
-def run_peers(out: str, threads: int, repeats: int, max_seconds: float, clock: str, small: bool) -> List[Dict]:
+def run_peers(out: str, threads: int, repeats: int, max_seconds: float, clock: str, small: bool,
+              families: Optional[List[str]] = None) -> List[Dict]:
     """Time the project's losses beside installed peers on the same inputs, interleaved per group."""
     rows: List[Dict] = []
     skipped: List[str] = []
-    groups = peer_groups(small)
+    groups = [g for g in peer_groups(small) if not families or g["family"] in families]
     jobs = []
     for group in groups:
         peer = group["peer"]
@@ -910,6 +911,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                         "--threads 1; the default of the targets and peers suites); wall: perf_counter "
                         "(default of the other suites); process: alias of cpu")
     p.add_argument("--small", action="store_true", help="peers suite: tiny shapes, a seconds-long smoke run")
+    p.add_argument("--families", type=lambda s: s.split(","), default=None,
+                   help="peers suite: comma-separated subset of sparsemax,arcface,dice,inbatch,cce")
     p.add_argument("--out", default=os.path.join(ROOT, "results", "perf"))
     args = p.parse_args(argv)
     if args.worker:
@@ -925,7 +928,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         if clock == "cpu" and threads > 1:
             print(f"note: --clock cpu with {threads} threads sums the CPU time of all threads", flush=True)
         if suite == "peers":
-            run_peers(args.out, threads, repeats, 0.5 if args.small else args.max_seconds, clock, args.small)
+            run_peers(args.out, threads, repeats, 0.5 if args.small else args.max_seconds, clock, args.small,
+                      args.families)
             continue
         rows = run_suite(suite, args.classes or DEFAULT_CLASSES[suite], threads, args.out, repeats,
                          args.max_seconds, args.skip_memory, clock)
