@@ -20,6 +20,7 @@ Usage::
     python benchmarks/perf_losses.py                       # suite "losses", C in 10..1e5
     python benchmarks/perf_losses.py --suite partial_fc    # Partial FC vs margin softmax, C to 1e6
     python benchmarks/perf_losses.py --suite sparsemax     # sort vs top-k vs bisection
+    python benchmarks/perf_losses.py --suite sparsemax_paths --skip-memory   # k=None vs given k, (N, C) grid
     python benchmarks/perf_losses.py --suite linear_ce     # many-class path vs linear + CE
     python benchmarks/perf_losses.py --suite targets       # the performance targets (1 thread, cpu clock)
     python benchmarks/perf_losses.py --suite peers         # installed peer libraries on the same inputs
@@ -309,6 +310,20 @@ def suite_cases(suite: str, classes: List[int]) -> List[Dict]:
                           "kwargs": {}})
             cases.append({"name": "entmax_bisect", "label": "entmax_bisect (alpha=2)", "B": 256, "C": c,
                           "kind": "logits", "kwargs": {"alpha": 2.0}})
+    elif suite == "sparsemax_paths":
+        # every public path of the exact losses on the same batch: k=None and given top-k sizes
+        for b in (32, 256, 1024):
+            for c in classes:
+                if b * c > 3e7:
+                    continue
+                cases.append({"name": "F.cross_entropy", "B": b, "C": c, "kind": "ref"})
+                for name in ("sparsemax", "entmax15"):
+                    cases.append({"name": name, "label": f"{name} (k=None)", "B": b, "C": c, "kind": "logits",
+                                  "kwargs": {}})
+                    for k in (8, 32, 128):
+                        if k < c:
+                            cases.append({"name": name, "label": f"{name} (k={k})", "B": b, "C": c,
+                                          "kind": "logits", "kwargs": {"k": k}})
     elif suite == "partial_fc":
         for c in classes:
             cases.append({"name": "linear+F.cross_entropy", "B": 256, "C": c, "D": 128, "kind": "ref"})
@@ -347,6 +362,7 @@ def suite_cases(suite: str, classes: List[int]) -> List[Dict]:
 DEFAULT_CLASSES = {
     "losses": [10, 1000, 10000, 100000],
     "sparsemax": [10, 1000, 10000, 100000],
+    "sparsemax_paths": [20, 100, 1000, 10000, 100000],
     "partial_fc": [10000, 100000, 1000000],
     "linear_ce": [10000, 100000],
     "targets": [],
@@ -897,7 +913,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--suite", default="losses",
-                   choices=["losses", "sparsemax", "partial_fc", "linear_ce", "targets", "peers", "all"])
+                   choices=["losses", "sparsemax", "sparsemax_paths", "partial_fc", "linear_ce", "targets", "peers",
+                            "all"])
     p.add_argument("--classes", type=lambda s: [int(float(v)) for v in s.split(",")], default=None,
                    help="comma-separated class counts (default per suite)")
     p.add_argument("--threads", type=int, default=None,
@@ -921,7 +938,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     suites = ["losses", "sparsemax", "partial_fc", "linear_ce", "targets", "peers"] if args.suite == "all" \
         else [args.suite]
     for suite in suites:
-        pinned = suite in ("targets", "peers")
+        pinned = suite in ("targets", "peers", "sparsemax_paths")
         threads = args.threads or (1 if pinned else (os.cpu_count() or 1))
         clock = "cpu" if args.clock == "process" else (args.clock or ("cpu" if pinned else "wall"))
         repeats = args.repeats or (3 if args.small else 20)
