@@ -21,6 +21,7 @@ Usage::
     python benchmarks/perf_losses.py --suite partial_fc    # Partial FC vs margin softmax, C to 1e6
     python benchmarks/perf_losses.py --suite sparsemax     # sort vs top-k vs bisection
     python benchmarks/perf_losses.py --suite sparsemax_paths --skip-memory   # k=None vs given k, (N, C) grid
+    python benchmarks/perf_losses.py --suite sparsemax_forced --skip-memory  # each exact search forced
     python benchmarks/perf_losses.py --suite linear_ce     # many-class path vs linear + CE
     python benchmarks/perf_losses.py --suite targets       # the performance targets (1 thread, cpu clock)
     python benchmarks/perf_losses.py --suite peers         # installed peer libraries on the same inputs
@@ -141,8 +142,27 @@ def _build(case: Dict) -> tuple:
     if spec.kind == "model":
         tensors.update({f"m.{n}": p for n, p in args[0].named_parameters()})
 
-    def step():
-        module(*args).backward()
+    force = case.get("force")
+    if force is None:
+        def step():
+            module(*args).backward()
+    else:
+        # suite "sparsemax_forced": one exact search forced ("newton", "sort" or "topk<k>")
+        from losses.classification import _entmax_ops as ops
+
+        original = ops.threshold
+
+        def forced(kind, z, k, method=None, max_iter=ops.NEWTON_MAX_ITER):
+            if force.startswith("topk"):
+                return ops._threshold_topk(kind, z, min(int(force[4:]), z.shape[-1]))
+            return original(kind, z, None, force, max_iter)
+
+        def step():
+            ops.threshold = forced
+            try:
+                module(*args).backward()
+            finally:
+                ops.threshold = original
 
     return step, tensors
 
@@ -324,6 +344,18 @@ def suite_cases(suite: str, classes: List[int]) -> List[Dict]:
                         if k < c:
                             cases.append({"name": name, "label": f"{name} (k={k})", "B": b, "C": c,
                                           "kind": "logits", "kwargs": {"k": k}})
+    elif suite == "sparsemax_forced":
+        # each exact search forced, on the same batch (the measurement behind auto_search)
+        for b in (32, 256, 1024):
+            for c in classes:
+                if b * c > 3e7:
+                    continue
+                for name in ("sparsemax", "entmax15"):
+                    for force in ("newton", "sort", "topk8", "topk32", "topk128"):
+                        if force.startswith("topk") and int(force[4:]) >= c:
+                            continue
+                        cases.append({"name": name, "label": f"{name} ({force})", "B": b, "C": c,
+                                      "kind": "logits", "kwargs": {}, "force": force})
     elif suite == "partial_fc":
         for c in classes:
             cases.append({"name": "linear+F.cross_entropy", "B": 256, "C": c, "D": 128, "kind": "ref"})
@@ -363,6 +395,7 @@ DEFAULT_CLASSES = {
     "losses": [10, 1000, 10000, 100000],
     "sparsemax": [10, 1000, 10000, 100000],
     "sparsemax_paths": [20, 100, 1000, 10000, 100000],
+    "sparsemax_forced": [20, 100, 1000, 10000, 100000],
     "partial_fc": [10000, 100000, 1000000],
     "linear_ce": [10000, 100000],
     "targets": [],
@@ -913,8 +946,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--suite", default="losses",
-                   choices=["losses", "sparsemax", "sparsemax_paths", "partial_fc", "linear_ce", "targets", "peers",
-                            "all"])
+                   choices=["losses", "sparsemax", "sparsemax_paths", "sparsemax_forced", "partial_fc", "linear_ce",
+                            "targets", "peers", "all"])
     p.add_argument("--classes", type=lambda s: [int(float(v)) for v in s.split(",")], default=None,
                    help="comma-separated class counts (default per suite)")
     p.add_argument("--threads", type=int, default=None,
@@ -938,7 +971,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     suites = ["losses", "sparsemax", "partial_fc", "linear_ce", "targets", "peers"] if args.suite == "all" \
         else [args.suite]
     for suite in suites:
-        pinned = suite in ("targets", "peers", "sparsemax_paths")
+        pinned = suite in ("targets", "peers", "sparsemax_paths", "sparsemax_forced")
         threads = args.threads or (1 if pinned else (os.cpu_count() or 1))
         clock = "cpu" if args.clock == "process" else (args.clock or ("cpu" if pinned else "wall"))
         repeats = args.repeats or (3 if args.small else 20)
