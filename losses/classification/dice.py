@@ -171,7 +171,10 @@ def _unit_stats(
             y.mul_(k)
     else:
         y = target.reshape(b, c, n_pos).to(dtype)
-    sx, sa = _DiceStats.apply(x, y, k, activation, kind == "soft_dice")
+    # hard labels through softmax / sigmoid: |x - y| = y + x (1 - 2y) termwise, so every kind takes
+    # the soft-Dice form (two passes instead of three); its slope 1 - 2y differs from sign(x - y)
+    # only where x = y exactly, where the activation's Jacobian is 0 (x (1 - x) = 0)
+    sx, sa = _DiceStats.apply(x, y, k, activation, kind == "soft_dice" or (hard and activation != "none"))
     yk = y if (k is None or hard) else y * k
     sy = yk.sum(-1)
     if hard:
@@ -241,7 +244,7 @@ class _DiceStats(torch.autograd.Function):
             x = z
         sx = (x if k is None else x * k).sum(-1)
         if soft_dice:
-            da = 1.0 - 2.0 * y
+            da = torch.rsub(y, 1.0, alpha=2.0)  # 1 - 2y
             terms = torch.addcmul(y, x, da)
         else:
             da = x - y
