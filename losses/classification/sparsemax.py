@@ -176,11 +176,12 @@ def sparsemax(input: Tensor, *, dim: int = -1, k: Optional[int] = None) -> Tenso
             A slice without any finite score gives all zeros.
         dim: the dimension normalised over (negative values count from the end).
         k: ``None`` computes the threshold exactly over all entries (a full sort on GPU and
-            under ``torch.compile``; on CPU an equivalent sort-free Newton search over the
-            candidates ``z > max - 1``, falling back to the sort); an int uses ``torch.topk``
+            under ``torch.compile``; on CPU the fastest exact search for the batch shape: a
+            sort-free Newton search over the candidates ``z > max - 1``, a top-k partial sort
+            with doubling, or the sort, see docs/performance.md); an int uses ``torch.topk``
             with ``k`` entries and redoes the batch with ``2k`` while some slice's support
-            reaches ``k`` (a speed option only: the result is the same). Deciding to redo is a
-            host sync.
+            reaches ``k`` (a speed option only: the result is the same; on CPU it gives way to
+            the Newton search where that was measured faster). Deciding to redo is a host sync.
 
     Returns:
         Probabilities shaped like ``input``, in the input's dtype (as :func:`torch.softmax`).
@@ -416,7 +417,7 @@ def sparsemax_loss(
     reference (``deep-spin/entmax``, MIT) agree; no ``variant``.
 
     ``k``: ``None`` finds the threshold exactly over all classes (full sort on GPU / under
-    ``torch.compile``, an equivalent sort-free search on CPU; see :func:`sparsemax`); an int uses
+    ``torch.compile``, the fastest exact search for the shape on CPU; see :func:`sparsemax`); an int uses
     a top-``k`` partial sort, redone with ``2k`` while some row's support reaches ``k`` (same
     result, faster for many classes). The loss is computed from ``tau`` and the support only and
     the backward reuses the saved ``p*``.
