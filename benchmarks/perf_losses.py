@@ -1,7 +1,14 @@
-"""Time and peak memory of every registered loss, side by side with ``F.cross_entropy``.
+"""Time and peak memory of every registered loss, side by side with ``F.cross_entropy`` and peers.
 
-Each configuration runs in a fresh subprocess. Time: forward + backward, median of repeats
-after warm-up, in the same process as its ``F.cross_entropy`` reference on the same shapes.
+Timing method. The implementations compared in one case (same shapes, same input tensors) are
+built in one fresh subprocess and timed **interleaved**: each repetition runs every
+implementation once, in a fixed order (A B C, A B C, ...), after warm-up. Reported per
+implementation: the median and the spread (interquartile range and min-max) of the per-step
+times; a ratio between two implementations is the **median over repetitions of the per-repetition
+ratio** (``t_A[i] / t_B[i]``), so slow phases of a shared machine hit both sides of a ratio alike.
+``--clock cpu`` (the default of the ``targets`` and ``peers`` suites, which run on 1 thread) reads
+``time.process_time()``: the CPU time of the process, which other jobs on a shared machine do not
+inflate the way they inflate the wall clock; ``--clock wall`` reads ``time.perf_counter()``.
 Peak memory: peak RSS minus the RSS after inputs and parameters are allocated (parameters
 excluded, their gradients included), measured in a separate fresh subprocess per loss with a
 fixed glibc mmap threshold (``MALLOC_MMAP_THRESHOLD_=131072``), so that the peak is that of live
@@ -13,7 +20,12 @@ Usage::
     python benchmarks/perf_losses.py                       # suite "losses", C in 10..1e5
     python benchmarks/perf_losses.py --suite partial_fc    # Partial FC vs margin softmax, C to 1e6
     python benchmarks/perf_losses.py --suite sparsemax     # sort vs top-k vs bisection
+    python benchmarks/perf_losses.py --suite sparsemax_paths --skip-memory   # k=None vs given k, (N, C) grid
+    python benchmarks/perf_losses.py --suite sparsemax_forced --skip-memory  # each exact search forced
     python benchmarks/perf_losses.py --suite linear_ce     # many-class path vs linear + CE
+    python benchmarks/perf_losses.py --suite targets       # the performance targets (1 thread, cpu clock)
+    python benchmarks/perf_losses.py --suite peers         # installed peer libraries on the same inputs
+    python benchmarks/perf_losses.py --suite peers --small --out /tmp/p   # seconds-long smoke run
     python benchmarks/perf_losses.py --suite all --out results/perf
 
 Writes ``<out>/<suite>.csv``, ``<out>/<suite>.md`` and ``<out>/<suite>.png``.
@@ -53,8 +65,38 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+#: inputs shared by the implementations timed in one process (same tensors, not only same values)
+_SHARED: Dict = {}
+
+
+def _shared(key: tuple, make):
+    if key not in _SHARED:
+        _SHARED[key] = make()
+    return _SHARED[key]
+
+
+def _logits_and_ids(b: int, c: int):
+    import torch
+
+    def make():
+        g = torch.Generator().manual_seed(0)
+        return torch.randn(b, c, generator=g).requires_grad_(True), torch.randint(0, c, (b,), generator=g)
+
+    return _shared(("logits", b, c), make)
+
+
+def _embeddings_and_ids(b: int, d: int, c: int):
+    import torch
+
+    def make():
+        g = torch.Generator().manual_seed(0)
+        return torch.randn(b, d, generator=g).requires_grad_(True), torch.randint(0, c, (b,), generator=g)
+
+    return _shared(("embeddings", b, d, c), make)
+
+
 def _build(case: Dict) -> tuple:
-    """Return ``(step, n_param_bytes)``: ``step()`` runs one forward + backward."""
+    """Return ``(step, tensors)``: ``step()`` runs one forward + backward; ``tensors`` hold grads."""
     import torch
     import torch.nn.functional as F
 
@@ -63,16 +105,14 @@ def _build(case: Dict) -> tuple:
     torch.manual_seed(0)
     b, c, d = case["B"], case["C"], case.get("D", 128)
     name = case["name"]
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(1)
 
     if name == "F.cross_entropy":
-        x = torch.randn(b, c, generator=g).requires_grad_(True)
-        y = torch.randint(0, c, (b,), generator=g)
+        x, y = _logits_and_ids(b, c)
         return (lambda: F.cross_entropy(x, y).backward()), {"x": x}
     if name == "linear+F.cross_entropy":
-        x = torch.randn(b, d, generator=g).requires_grad_(True)
+        x, y = _embeddings_and_ids(b, d, c)
         w = (torch.randn(c, d, generator=g) * 0.01).requires_grad_(True)
-        y = torch.randint(0, c, (b,), generator=g)
         return (lambda: F.cross_entropy(x @ w.T, y).backward()), {"x": x, "w": w}
 
     spec = losses.get_loss_spec(name)
@@ -82,18 +122,10 @@ def _build(case: Dict) -> tuple:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         module = spec.create(**kwargs)
-    if spec.kind == "logits":
-        x = torch.randn(b, c, generator=g).requires_grad_(True)
-        y = torch.randint(0, c, (b,), generator=g)
-        args = (x, y)
+    if spec.kind in ("logits", "scores"):
+        args = _logits_and_ids(b, c)
     elif spec.kind == "embeddings":
-        x = torch.randn(b, d, generator=g).requires_grad_(True)
-        y = torch.randint(0, c, (b,), generator=g)
-        args = (x, y)
-    elif spec.kind == "scores":
-        x = torch.randn(b, c, generator=g).requires_grad_(True)
-        y = torch.randint(0, c, (b,), generator=g)
-        args = (x, y)
+        args = _embeddings_and_ids(b, d, c)
     elif spec.kind == "pairs":
         pos = torch.rand(b, generator=g).mul(2).sub(1).requires_grad_(True)
         neg = torch.rand(b, c, generator=g).mul(2).sub(1).requires_grad_(True)
@@ -107,45 +139,109 @@ def _build(case: Dict) -> tuple:
         raise ValueError(spec.kind)
     tensors = {f"a{i}": a for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
     tensors.update({n: p for n, p in module.named_parameters()})
+    if spec.kind == "model":
+        tensors.update({f"m.{n}": p for n, p in args[0].named_parameters()})
 
-    def step():
-        module(*args).backward()
+    force = case.get("force")
+    if force is None:
+        def step():
+            module(*args).backward()
+    else:
+        # suite "sparsemax_forced": one exact search forced ("newton", "sort" or "topk<k>")
+        from losses.classification import _entmax_ops as ops
+
+        original = ops.threshold
+
+        def forced(kind, z, k, method=None, max_iter=ops.NEWTON_MAX_ITER):
+            if force.startswith("topk"):
+                return ops._threshold_topk(kind, z, min(int(force[4:]), z.shape[-1]))
+            return original(kind, z, None, force, max_iter)
+
+        def step():
+            ops.threshold = forced
+            try:
+                module(*args).backward()
+            finally:
+                ops.threshold = original
 
     return step, tensors
 
 
+def _clock(name: str):
+    return time.process_time if name in ("cpu", "process") else time.perf_counter
+
+
 def worker(case: Dict) -> Dict:
+    """Peak memory of one case (``mode="memory"``), or the interleaved timing of a group."""
     import torch
 
     import losses
 
     torch.set_num_threads(case["threads"])
+    if case["mode"] == "batch":  # several groups in one process, one after the other
+        results = []
+        for group in case["groups"]:
+            _SHARED.clear()
+            results.append(group_worker(group))
+        return {"results": results}
+    if case["mode"] != "memory":
+        return group_worker(case)
     with losses.validation(False):
         step, tensors = _build(case)
         base = _rss_bytes()
-        if case["mode"] == "memory":
-            step()
-            peak = _peak_rss_bytes()
-            return {"peak_mb": max(peak - base, 0) / 2**20}
-        for _ in range(case["warmup"]):
-            step()
-            for t in tensors.values():
-                t.grad = None
-        times = []
-        clock = time.process_time if case.get("clock") == "process" else time.perf_counter
-        budget = time.perf_counter() + case["max_seconds"]
-        for _ in range(case["repeats"]):
-            t0 = clock()
-            step()
-            times.append(clock() - t0)
-            for t in tensors.values():
-                t.grad = None
-            if time.perf_counter() > budget and len(times) >= 3:
-                break
-        return {"ms": 1e3 * statistics.median(times), "n": len(times)}
+        step()
+        peak = _peak_rss_bytes()
+        return {"peak_mb": max(peak - base, 0) / 2**20}
 
 
-def _run_case(case: Dict, timeout: float = 900.0) -> Dict:
+def group_worker(group: Dict) -> Dict:
+    """Time the implementations of ``group["cases"]`` interleaved: each repetition runs each once.
+
+    Returns ``{"times": {label: [seconds per repetition]}, "errors": {label: message}}``; an
+    implementation that fails to build or to run is dropped from the repetitions with its error.
+    """
+    import gc
+
+    import losses
+
+    builder = _build_peer if group.get("peers") else _build
+    impls, errors = [], {}
+    with losses.validation(False):
+        for case in group["cases"]:
+            try:
+                step, tensors = builder(case)
+                for _ in range(group["warmup"]):
+                    step()
+                    _zero(tensors)
+            except Exception as e:  # a peer that cannot run here (no GPU, no compiler, ...)
+                errors[case["label"]] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
+                continue
+            impls.append((case["label"], step, tensors))
+        clock = _clock(group.get("clock", "wall"))
+        times: Dict[str, List[float]] = {label: [] for label, _, _ in impls}
+        budget = time.perf_counter() + group["max_seconds"] * max(len(impls), 1)
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(group["repeats"]):
+                for label, step, tensors in impls:
+                    t0 = clock()
+                    step()
+                    times[label].append(clock() - t0)
+                    _zero(tensors)
+                if time.perf_counter() > budget and len(times[impls[0][0]] if impls else []) >= 3:
+                    break
+        finally:
+            gc.enable()
+    return {"times": times, "errors": errors}
+
+
+def _zero(tensors: Dict) -> None:
+    for t in tensors.values():
+        t.grad = None
+
+
+def _run_case(case: Dict, timeout: float = 1800.0) -> Dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(case["threads"]), PYTHONPATH=ROOT)
     if case["mode"] == "memory":
         # A fixed glibc mmap threshold returns every large freed block to the OS at once, so the
@@ -160,6 +256,36 @@ def _run_case(case: Dict, timeout: float = 900.0) -> Dict:
         err = (proc.stderr.strip().splitlines() or ["?"])[-1]
         return {"error": err[:200]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------------------
+# statistics
+# --------------------------------------------------------------------------------------
+
+
+def _quantile(v: List[float], q: float) -> float:
+    s = sorted(v)
+    if len(s) == 1:
+        return s[0]
+    pos = q * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def summarize(times: List[float]) -> Dict:
+    """Median, quartiles and min-max of per-step times, in ms."""
+    ms = [1e3 * t for t in times]
+    return {"ms": statistics.median(ms), "q1": _quantile(ms, 0.25), "q3": _quantile(ms, 0.75),
+            "min": min(ms), "max": max(ms), "n": len(ms)}
+
+
+def paired_ratio(a: List[float], b: List[float]) -> Optional[Dict]:
+    """Median (and quartiles) over repetitions of ``a[i] / b[i]``; ``None`` without data."""
+    r = [x / y for x, y in zip(a, b) if y > 0]
+    if not r:
+        return None
+    return {"ratio": statistics.median(r), "r_q1": _quantile(r, 0.25), "r_q3": _quantile(r, 0.75)}
 
 
 # --------------------------------------------------------------------------------------
@@ -204,6 +330,32 @@ def suite_cases(suite: str, classes: List[int]) -> List[Dict]:
                           "kwargs": {}})
             cases.append({"name": "entmax_bisect", "label": "entmax_bisect (alpha=2)", "B": 256, "C": c,
                           "kind": "logits", "kwargs": {"alpha": 2.0}})
+    elif suite == "sparsemax_paths":
+        # every public path of the exact losses on the same batch: k=None and given top-k sizes
+        for b in (32, 256, 1024):
+            for c in classes:
+                if b * c > 3e7:
+                    continue
+                cases.append({"name": "F.cross_entropy", "B": b, "C": c, "kind": "ref"})
+                for name in ("sparsemax", "entmax15"):
+                    cases.append({"name": name, "label": f"{name} (k=None)", "B": b, "C": c, "kind": "logits",
+                                  "kwargs": {}})
+                    for k in (8, 32, 128):
+                        if k < c:
+                            cases.append({"name": name, "label": f"{name} (k={k})", "B": b, "C": c,
+                                          "kind": "logits", "kwargs": {"k": k}})
+    elif suite == "sparsemax_forced":
+        # each exact search forced, on the same batch (the measurement behind auto_search)
+        for b in (32, 256, 1024):
+            for c in classes:
+                if b * c > 3e7:
+                    continue
+                for name in ("sparsemax", "entmax15"):
+                    for force in ("newton", "sort", "topk8", "topk32", "topk128"):
+                        if force.startswith("topk") and int(force[4:]) >= c:
+                            continue
+                        cases.append({"name": name, "label": f"{name} ({force})", "B": b, "C": c,
+                                      "kind": "logits", "kwargs": {}, "force": force})
     elif suite == "partial_fc":
         for c in classes:
             cases.append({"name": "linear+F.cross_entropy", "B": 256, "C": c, "D": 128, "kind": "ref"})
@@ -216,7 +368,7 @@ def suite_cases(suite: str, classes: List[int]) -> List[Dict]:
         for c in (1000, 100000):
             cases.append({"name": "F.cross_entropy", "B": 256, "C": c, "kind": "ref"})
             cases.append({"name": "linear+F.cross_entropy", "B": 256, "C": c, "D": 128, "kind": "ref"})
-            for name in SINGLE_PASS + ("sparsemax", "margin_softmax"):
+            for name in SINGLE_PASS + ("sparsemax", "entmax15", "margin_softmax"):
                 cases.append({"name": name, "B": 256, "C": c, "D": 128, "kind": "logits", "kwargs": {}})
         cases.append({"name": "sparsemax", "label": "sparsemax (top-k 100)", "B": 256, "C": 100000, "kind": "logits",
                       "kwargs": {"k": 100}})
@@ -242,44 +394,84 @@ def suite_cases(suite: str, classes: List[int]) -> List[Dict]:
 DEFAULT_CLASSES = {
     "losses": [10, 1000, 10000, 100000],
     "sparsemax": [10, 1000, 10000, 100000],
+    "sparsemax_paths": [20, 100, 1000, 10000, 100000],
+    "sparsemax_forced": [20, 100, 1000, 10000, 100000],
     "partial_fc": [10000, 100000, 1000000],
     "linear_ce": [10000, 100000],
     "targets": [],
 }
 
 
+REFERENCES = {"F.cross_entropy": "x_ce", "linear+F.cross_entropy": "x_linear_ce"}
+
+
+def _group_key(case: Dict) -> tuple:
+    # (B, C): the logits references (no D) are timed with the head losses of the same (B, C)
+    return (case["B"], case["C"])
+
+
 def run_suite(suite: str, classes: List[int], threads: int, out: str, repeats: int, max_seconds: float,
               skip_memory: bool, clock: str = "wall") -> List[Dict]:
+    """Run one suite: cases of the same ``(B, C)`` are timed interleaved in one process."""
     import torch
 
+    cases = suite_cases(suite, classes)
+    groups: Dict[tuple, List[Dict]] = {}
+    for case in cases:
+        groups.setdefault(_group_key(case), []).append(case)
     rows = []
-    for case in suite_cases(suite, classes):
-        base = dict(case, threads=threads, repeats=repeats, warmup=2, max_seconds=max_seconds, clock=clock)
-        timing = _run_case(dict(base, mode="time"))
-        memory = {} if skip_memory else _run_case(dict(base, mode="memory"))
-        row = {
-            "suite": suite, "loss": case["label"], "B": case["B"], "C": case["C"], "D": case.get("D", ""),
-            "ms": timing.get("ms"), "peak_mb": memory.get("peak_mb"),
-            "error": timing.get("error") or memory.get("error") or "",
-        }
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    # ratios to the references of the same shape
+    for key, members in groups.items():
+        group = {"mode": "time", "cases": members, "threads": threads, "repeats": repeats, "warmup": 2,
+                 "max_seconds": max_seconds, "clock": clock}
+        res = _run_case(group)
+        times = res.get("times", {})
+        errors = res.get("errors", {})
+        for case in members:
+            label = case["label"]
+            t = times.get(label)
+            row = {"suite": suite, "loss": label, "B": case["B"], "C": case["C"], "D": case.get("D", ""),
+                   "group": len(groups) and list(groups).index(key), "ms": None, "peak_mb": None,
+                   "error": errors.get(label) or (res.get("error", "") if t is None else "")}
+            if t:
+                row.update(summarize(t))
+                row["times"] = t
+                for ref, col in REFERENCES.items():
+                    if ref in times and ref != label:
+                        pr = paired_ratio(t, times[ref])
+                        if pr:
+                            row[col] = pr["ratio"]
+                            row[col + "_q1"], row[col + "_q3"] = pr["r_q1"], pr["r_q3"]
+                    elif ref == label:
+                        row[col] = 1.0
+            if not skip_memory:
+                mem = _run_case(dict(case, threads=threads, mode="memory"))
+                row["peak_mb"] = mem.get("peak_mb")
+                row["error"] = row["error"] or mem.get("error", "")
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "times"}), flush=True)
+    # memory ratios to the references of the same shape
     for row in rows:
-        for ref in ("F.cross_entropy", "linear+F.cross_entropy"):
+        for ref, col in REFERENCES.items():
             match = [r for r in rows if r["loss"] == ref and r["C"] == row["C"] and r["B"] == row["B"]]
-            key = "x_ce" if ref == "F.cross_entropy" else "x_linear_ce"
-            if match and match[0]["ms"] and row["ms"]:
-                row[key] = row["ms"] / match[0]["ms"]
             if match and match[0]["peak_mb"] and row["peak_mb"] is not None:
-                row[key + "_mem"] = row["peak_mb"] / match[0]["peak_mb"] if match[0]["peak_mb"] > 0 else None
+                row[col + "_mem"] = row["peak_mb"] / match[0]["peak_mb"] if match[0]["peak_mb"] > 0 else None
     os.makedirs(out, exist_ok=True)
-    meta = {
-        "torch": torch.__version__, "threads": threads, "clock": clock, "cpu": _cpu_name(), "python": platform.python_version(),
-        "date": time.strftime("%Y-%m-%d"),
-    }
-    _write(rows, suite, out, meta)
+    _write(rows, suite, out, _meta(threads, clock))
     return rows
+
+
+def _meta(threads: int, clock: str) -> Dict:
+    import torch
+
+    return {"torch": torch.__version__, "threads": threads, "clock": clock, "cpu": _cpu_name(),
+            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
+
+
+CLOCK_NOTE = {
+    "cpu": "CPU time of the process (`time.process_time`)",
+    "process": "CPU time of the process (`time.process_time`)",
+    "wall": "wall clock (`time.perf_counter`)",
+}
 
 
 def _cpu_name() -> str:
@@ -299,9 +491,15 @@ def _fmt(v, digits=2) -> str:
     return f"{v:.{digits}f}"
 
 
+def _spread(r: Dict) -> str:
+    if r.get("q1") is None:
+        return ""
+    return f"{r['q1']:.2f}-{r['q3']:.2f} ({r['min']:.2f}-{r['max']:.2f})"
+
+
 def _write(rows: List[Dict], suite: str, out: str, meta: Dict) -> None:
-    fields = ["suite", "loss", "B", "C", "D", "ms", "peak_mb", "x_ce", "x_linear_ce", "x_ce_mem",
-              "x_linear_ce_mem", "error"]
+    fields = ["suite", "loss", "B", "C", "D", "ms", "q1", "q3", "min", "max", "n", "peak_mb", "x_ce", "x_ce_q1",
+              "x_ce_q3", "x_linear_ce", "x_linear_ce_q1", "x_linear_ce_q3", "x_ce_mem", "x_linear_ce_mem", "error"]
     with open(os.path.join(out, f"{suite}.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
@@ -311,18 +509,22 @@ def _write(rows: List[Dict], suite: str, out: str, meta: Dict) -> None:
         f"# Performance: `{suite}`",
         "",
         f"torch {meta['torch']}, Python {meta['python']}, {meta['threads']} thread(s), CPU: {meta['cpu']}, "
-        f"{meta['date']}, clock: {meta['clock']}. Forward + backward, median ms; peak MB = peak RSS minus RSS after allocation "
-        "(fresh process per cell, glibc `MALLOC_MMAP_THRESHOLD_=131072` so freed blocks leave the RSS). Data checks off. `x CE` = time / `F.cross_entropy` on (B, C) logits; "
-        "`x lin+CE` = time / a plain `x @ W.T` + `F.cross_entropy` of the same size.",
+        f"{meta['date']}, clock: {CLOCK_NOTE.get(meta['clock'], meta['clock'])}. Forward + backward. The losses of one "
+        "(B, C) are timed interleaved in one process (each repetition runs each loss once); ms = median, "
+        "spread = interquartile range (min-max), n = repetitions. `x CE` = median over repetitions of the "
+        "per-repetition ratio to `F.cross_entropy` on the same (B, C) logits; `x lin+CE` = the same ratio to a "
+        "plain `x @ W.T` + `F.cross_entropy` of the same size. Peak MB = peak RSS minus RSS after allocation "
+        "(fresh process per cell, glibc `MALLOC_MMAP_THRESHOLD_=131072` so freed blocks leave the RSS). "
+        "Data checks off.",
         "",
-        "| loss | B | C | D | ms | x CE | x lin+CE | peak MB | mem x CE | mem x lin+CE | note |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| loss | B | C | D | ms | spread ms | n | x CE | x lin+CE | peak MB | mem x CE | mem x lin+CE | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['loss']} | {r['B']} | {r['C']:g} | {r['D']} | {_fmt(r['ms'])} | {_fmt(r.get('x_ce'))} | "
-            f"{_fmt(r.get('x_linear_ce'))} | {_fmt(r['peak_mb'], 1)} | {_fmt(r.get('x_ce_mem'))} | "
-            f"{_fmt(r.get('x_linear_ce_mem'))} | {r['error']} |"
+            f"| {r['loss']} | {r['B']} | {r['C']:g} | {r['D']} | {_fmt(r['ms'])} | {_spread(r)} | {r.get('n', '')} | "
+            f"{_fmt(r.get('x_ce'))} | {_fmt(r.get('x_linear_ce'))} | {_fmt(r['peak_mb'], 1)} | "
+            f"{_fmt(r.get('x_ce_mem'))} | {_fmt(r.get('x_linear_ce_mem'))} | {r['error']} |"
         )
     with open(os.path.join(out, f"{suite}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -344,14 +546,14 @@ def _write(rows: List[Dict], suite: str, out: str, meta: Dict) -> None:
         if mpts:
             axes[1].plot([p["C"] for p in mpts], [max(p["peak_mb"], 1e-2) for p in mpts], style, label=label,
                          markersize=3)
-    for ax, ylab in zip(axes, ("forward+backward time (ms)", "peak memory (MB)")):
+    for ax, ylab in zip(axes, ("forward+backward time (ms, median)", "peak memory (MB)")):
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("number of classes C")
         ax.set_ylabel(ylab)
         ax.grid(True, which="both", alpha=0.3)
     axes[1].legend(fontsize=6, ncol=2)
-    fig.suptitle(f"{suite}: torch {meta['torch']}, {meta['threads']} thread(s)")
+    fig.suptitle(f"{suite}: torch {meta['torch']}, {meta['threads']} thread(s), clock {meta['clock']}")
     fig.tight_layout()
     fig.savefig(os.path.join(out, f"{suite}.png"), dpi=110)
     plt.close(fig)
@@ -362,11 +564,17 @@ TARGETS = [
     *[(f"{n} <= 2x F.cross_entropy at (256, 1e3)", n, 256, 1000, "F.cross_entropy", "x", 2.0) for n in SINGLE_PASS],
     *[(f"{n} <= 1.5x F.cross_entropy at (256, 1e5)", n, 256, 100000, "F.cross_entropy", "x", 1.5)
       for n in SINGLE_PASS],
-    ("sparsemax (full sort) <= 5x F.cross_entropy at (256, 1e3)", "sparsemax", 256, 1000, "F.cross_entropy", "x", 5.0),
+    ("gol <= 1.5x F.cross_entropy at (256, 1e3)", "gol", 256, 1000, "F.cross_entropy", "x", 1.5),
+    ("gol <= 1.2x F.cross_entropy at (256, 1e5)", "gol", 256, 100000, "F.cross_entropy", "x", 1.2),
+    ("sparsemax (k=None, automatic exact search) <= 5x F.cross_entropy at (256, 1e3)", "sparsemax", 256, 1000,
+     "F.cross_entropy", "x", 5.0),
     ("sparsemax (top-k) <= 2x F.cross_entropy at (256, 1e5)", "sparsemax (top-k 100)", 256, 100000,
      "F.cross_entropy", "x", 2.0),
+    ("entmax-1.5 <= 2x F.cross_entropy at (256, 1e5)", "entmax15", 256, 100000, "F.cross_entropy", "x", 2.0),
     ("margin softmax <= 1.5x linear + CE at (256, 1e3, D=128)", "margin_softmax", 256, 1000,
      "linear+F.cross_entropy", "x", 1.5),
+    ("margin softmax <= 1.3x linear + CE at (256, 1e3, D=128)", "margin_softmax", 256, 1000,
+     "linear+F.cross_entropy", "x", 1.3),
     ("margin softmax <= 1.5x linear + CE at (256, 1e5, D=128)", "margin_softmax", 256, 100000,
      "linear+F.cross_entropy", "x", 1.5),
     ("Partial FC (0.1) <= 0.2x time of full margin softmax at C=1e6, D=128", "partial_fc (rate 0.1)", 256, 1000000,
@@ -380,6 +588,16 @@ TARGETS = [
 ]
 
 
+def _row_ratio(r: Dict, q: Dict, metric: str) -> Optional[float]:
+    """Time: median of per-repetition ratios (both timed interleaved); memory: ratio of peaks."""
+    if metric == "x":
+        if r.get("times") and q.get("times") and r.get("group") == q.get("group"):
+            pr = paired_ratio(r["times"], q["times"])
+            return pr["ratio"] if pr else None
+        return r["ms"] / q["ms"] if r.get("ms") and q.get("ms") else None
+    return r["peak_mb"] / q["peak_mb"] if r.get("peak_mb") and q.get("peak_mb") else None
+
+
 def write_targets(rows: List[Dict], out: str) -> None:
     """Evaluate :data:`TARGETS` on one run's rows and write ``targets_verdicts.md``."""
     def find(label, b, c):
@@ -390,10 +608,10 @@ def write_targets(rows: List[Dict], out: str) -> None:
     for desc, label, b, c, ref, metric, bound in TARGETS:
         r, q = find(label, b, c), find(ref, b, c)
         key = "ms" if metric == "x" else "peak_mb"
-        if not r or not q or not r.get(key) or not q.get(key):
+        ratio = _row_ratio(r, q, metric) if r and q else None
+        if ratio is None:
             lines.append(f"| {desc} | not measured | — |")
             continue
-        ratio = r[key] / q[key]
         lines.append(f"| {desc} | {ratio:.2f}x ({r[key]:.1f} vs {q[key]:.1f} {'ms' if metric == 'x' else 'MB'}) | "
                      f"{'met' if ratio <= bound else 'missed'} |")
     with open(os.path.join(out, "targets_verdicts.md"), "w") as f:
@@ -401,29 +619,372 @@ def write_targets(rows: List[Dict], out: str) -> None:
     print("\n".join(lines))
 
 
+# --------------------------------------------------------------------------------------
+# peers: other libraries' implementations on the same inputs
+# --------------------------------------------------------------------------------------
+
+#: peer -> (import name, pip name)
+PEER_PACKAGES = {
+    "entmax": ("entmax", "entmax"),
+    "pytorch-metric-learning": ("pytorch_metric_learning", "pytorch-metric-learning"),
+    "monai": ("monai", "monai"),
+    "sentence-transformers": ("sentence_transformers", "sentence-transformers"),
+    "cut-cross-entropy": ("cut_cross_entropy", "cut-cross-entropy"),
+}
+
+
+def _build_peer(case: Dict) -> tuple:
+    """``(step, tensors)`` for one implementation of the peers suite (project, peer or reference)."""
+    import torch
+    import torch.nn.functional as F
+
+    import losses
+
+    impl, shape = case["impl"], case["shape"]
+    g = torch.Generator().manual_seed(1)
+
+    if case["family"] in ("sparsemax", "arcface", "cce"):
+        if case["family"] == "sparsemax":
+            b, c = shape
+            x, y = _logits_and_ids(b, c)
+        else:
+            b, c, d = shape
+            x, y = _embeddings_and_ids(b, d, c)
+        if impl == "F.cross_entropy":
+            return (lambda: F.cross_entropy(x, y).backward()), {"x": x}
+        if impl == "linear+F.cross_entropy":
+            w = (torch.randn(c, d, generator=g) * 0.01).requires_grad_(True)
+            return (lambda: F.cross_entropy(x @ w.T, y).backward()), {"x": x, "w": w}
+        if impl.startswith("losses.sparsemax_loss") or impl.startswith("losses.entmax15_loss"):
+            fn = losses.sparsemax_loss if "sparsemax" in impl else losses.entmax15_loss
+            k = case.get("k")
+            return (lambda: fn(x, y, k=k).backward()), {"x": x}
+        if impl.startswith("entmax."):
+            import entmax
+
+            mod = (entmax.SparsemaxLoss if "Sparsemax" in impl else entmax.Entmax15Loss)(k=case.get("k"))
+            return (lambda: mod(x, y).backward()), {"x": x}
+        if impl in ("losses.MarginSoftmaxLoss", "losses.PartialFCLoss"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                if impl == "losses.MarginSoftmaxLoss":
+                    mod = losses.MarginSoftmaxLoss(embedding_dim=d, num_classes=c)
+                else:
+                    mod = losses.get_loss_spec("partial_fc").create(embedding_dim=d, num_classes=c,
+                                                                      sample_rate=0.1, seed=0)
+            return (lambda: mod(x, y).backward()), {"x": x, **dict(mod.named_parameters())}
+        if impl == "pml.ArcFaceLoss":
+            import math
+
+            from pytorch_metric_learning.losses import ArcFaceLoss
+
+            mod = ArcFaceLoss(num_classes=c, embedding_size=d, margin=math.degrees(0.5), scale=64.0)
+            return (lambda: mod(x, y).backward()), {"x": x, **dict(mod.named_parameters())}
+        if impl == "losses.linear_cross_entropy":
+            w = (torch.randn(c, d, generator=g) * 0.01).requires_grad_(True)
+            return (lambda: losses.linear_cross_entropy(x, y, w).backward()), {"x": x, "w": w}
+        if impl.startswith("cce.linear_cross_entropy"):
+            from cut_cross_entropy import linear_cross_entropy as cce
+
+            w = (torch.randn(c, d, generator=g) * 0.01).requires_grad_(True)
+            which = case["cce_impl"]
+            return (lambda: cce(x, w, y, impl=which).backward()), {"x": x, "w": w}
+
+    if case["family"] == "dice":
+        b, c = shape[:2]
+        spatial = tuple(shape[2:])
+
+        def make():
+            gg = torch.Generator().manual_seed(0)
+            logits = torch.randn(*shape, generator=gg).requires_grad_(True)
+            ids = torch.randint(0, c, (b,) + spatial, generator=gg)
+            onehot = F.one_hot(ids, c).movedim(-1, 1).float().contiguous()
+            return logits, ids, onehot
+
+        logits, ids, onehot = _shared(("dice",) + tuple(shape), make)
+        onehot_target = case["target"] == "one-hot"
+        if impl == "monai.DiceLoss":
+            from monai.losses import DiceLoss
+
+            mod = DiceLoss(softmax=True, batch=True, to_onehot_y=not onehot_target)
+            tgt = onehot if onehot_target else ids.unsqueeze(1)
+            return (lambda: mod(logits, tgt).backward()), {"x": logits}
+        fn = {"losses.soft_dice_loss": losses.soft_dice_loss,
+              "losses.dice_semimetric_loss": losses.dice_semimetric_loss,
+              "losses.jaccard_metric_loss": losses.jaccard_metric_loss}[impl]
+        tgt = onehot if onehot_target else ids
+        # smooth 5e-6 (2s = 1e-5) and every class active: soft Dice then equals MONAI's value
+        return (lambda: fn(logits, tgt, smooth=5e-6, active_classes="all").backward()), {"x": logits}
+
+    if case["family"] == "inbatch":
+        b, d = shape
+
+        def make():
+            gg = torch.Generator().manual_seed(0)
+            return (torch.randn(b, d, generator=gg).requires_grad_(True),
+                    torch.randn(b, d, generator=gg).requires_grad_(True))
+
+        q, p = _shared(("inbatch", b, d), make)
+        labels = torch.arange(b)
+        tensors = {"q": q, "p": p}
+        if impl == "st.MultipleNegativesRankingLoss":
+            from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+            mod = MultipleNegativesRankingLoss(torch.nn.Identity(), scale=20.0)
+            # the loss on precomputed embeddings: the public method forward() calls after the encoder
+            return (lambda: mod.compute_loss_from_embeddings([q, p], labels).backward()), tensors
+        fn = losses.infonce_loss if impl == "losses.infonce_loss" else losses.decoupled_softmax_loss
+
+        def step():
+            scores = F.normalize(q, dim=1) @ F.normalize(p, dim=1).T  # cosine, as MNRL's cos_sim
+            fn(scores, labels, temperature=0.05).backward()
+
+        return step, tensors
+    raise ValueError(f"unknown peers implementation {impl!r}")  # pragma: no cover
+
+
+def peer_groups(small: bool) -> List[Dict]:
+    """The peers suite: one group per (family, shape); ``pairs`` = (project label, peer label)."""
+    groups: List[Dict] = []
+
+    def add(family, peer, shape, impls, pairs, **extra):
+        cases = []
+        for impl in impls:
+            case = {"family": family, "shape": list(shape), **extra}
+            case.update(impl if isinstance(impl, dict) else {"impl": impl})
+            case.setdefault("label", case["impl"])
+            cases.append(case)
+        groups.append({"family": family, "peer": peer, "shape": list(shape), "cases": cases, "pairs": pairs,
+                       "what": extra.get("target", "")})
+
+    for shape in ([(64, 500)] if small else [(256, 1000), (256, 100000)]):
+        add("sparsemax", "entmax", shape, [
+            "F.cross_entropy",
+            {"impl": "losses.sparsemax_loss", "k": None},
+            {"impl": "entmax.SparsemaxLoss", "label": "entmax.SparsemaxLoss (k=None)", "k": None},
+            {"impl": "losses.entmax15_loss", "k": None},
+            {"impl": "entmax.Entmax15Loss", "label": "entmax.Entmax15Loss (k=None)", "k": None},
+            {"impl": "losses.entmax15_loss", "label": "losses.entmax15_loss (k=100)", "k": 100},
+            {"impl": "entmax.Entmax15Loss", "label": "entmax.Entmax15Loss (k=100, its default)", "k": 100},
+        ], [("losses.sparsemax_loss", "entmax.SparsemaxLoss (k=None)"),
+            ("losses.entmax15_loss", "entmax.Entmax15Loss (k=None)"),
+            ("losses.entmax15_loss (k=100)", "entmax.Entmax15Loss (k=100, its default)")])
+    for shape in ([(64, 500, 32)] if small else [(256, 1000, 128), (256, 100000, 128)]):
+        add("arcface", "pytorch-metric-learning", shape,
+            ["linear+F.cross_entropy", "losses.MarginSoftmaxLoss",
+             {"impl": "losses.PartialFCLoss", "label": "losses.PartialFCLoss (rate 0.1)"}, "pml.ArcFaceLoss"],
+            [("losses.MarginSoftmaxLoss", "pml.ArcFaceLoss"), ("losses.PartialFCLoss (rate 0.1)", "pml.ArcFaceLoss")])
+    dice_shapes = [(2, 11, 16, 16), (1, 4, 16, 16, 16)] if small else [(16, 11, 64, 64), (2, 4, 64, 64, 64)]
+    for shape in dice_shapes:
+        for target in ("id", "one-hot"):
+            names = ["losses.soft_dice_loss", "losses.dice_semimetric_loss", "losses.jaccard_metric_loss"]
+            add("dice", "monai", shape, ["monai.DiceLoss"] + names, [(n, "monai.DiceLoss") for n in names],
+                target=target)
+    for shape in ([(64, 64)] if small else [(256, 384), (1024, 384)]):
+        add("inbatch", "sentence-transformers", shape,
+            ["st.MultipleNegativesRankingLoss", "losses.infonce_loss", "losses.decoupled_softmax_loss"],
+            [("losses.infonce_loss", "st.MultipleNegativesRankingLoss"),
+             ("losses.decoupled_softmax_loss", "st.MultipleNegativesRankingLoss")])
+    cce_impls = [{"impl": "cce.linear_cross_entropy", "label": "cce.linear_cross_entropy (impl=cce)",
+                  "cce_impl": "cce", "hint": "its Triton kernels need a GPU"}]
+    if not small:  # torch.compile of the other path takes ~15 s on this CPU: not in the smoke run
+        cce_impls.append({"impl": "cce.linear_cross_entropy", "label": "cce.linear_cross_entropy (impl=torch_compile)",
+                          "cce_impl": "torch_compile"})
+    shape = (64, 500, 32) if small else (1024, 32768, 256)
+    add("cce", "cut-cross-entropy", shape, ["linear+F.cross_entropy", "losses.linear_cross_entropy"] + cce_impls,
+        [("losses.linear_cross_entropy", c["label"]) for c in cce_impls])
+    return groups
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+#: peer-suite targets: (description, family, shape, what, project label, peer label, bound)
+PEER_TARGETS = [
+    (f"{name} <= 1.0x MONAI DiceLoss, {what} targets, {'x'.join(map(str, shape))}", "dice", list(shape), what,
+     f"losses.{name}", "monai.DiceLoss", 1.0)
+    for shape in ((16, 11, 64, 64), (2, 4, 64, 64, 64)) for what in ("id", "one-hot")
+    for name in ("soft_dice_loss", "dice_semimetric_loss", "jaccard_metric_loss")
+]
+
+
+def run_peers(out: str, threads: int, repeats: int, max_seconds: float, clock: str, small: bool,
+              families: Optional[List[str]] = None) -> List[Dict]:
+    """Time the project's losses beside installed peers on the same inputs, interleaved per group."""
+    rows: List[Dict] = []
+    skipped: List[str] = []
+    groups = [g for g in peer_groups(small) if not families or g["family"] in families]
+    jobs = []
+    for group in groups:
+        peer = group["peer"]
+        shape = "x".join(map(str, group["shape"]))
+        if not _installed(PEER_PACKAGES[peer][0]):
+            line = f"skipped: {peer} not installed (pip install {PEER_PACKAGES[peer][1]})"
+            if line not in skipped:
+                print(line, flush=True)
+                skipped.append(line)
+            peer_labels = {p for _, p in group["pairs"]}
+            group["run"] = [c for c in group["cases"] if c["label"] not in peer_labels]
+        else:
+            group["run"] = group["cases"]
+        jobs.append({"mode": "time", "peers": True, "cases": group["run"], "threads": threads, "repeats": repeats,
+                     "warmup": 1 if small else 2, "max_seconds": max_seconds, "clock": clock})
+    # one fresh process per family (one for the whole smoke run), its groups one after the other
+    order = list(dict.fromkeys(g["family"] for g in groups))
+    results: List[Dict] = [{} for _ in groups]
+    for fam in (["*"] if small else order):
+        idx = [i for i, g in enumerate(groups) if fam in ("*", g["family"])]
+        res = _run_case({"mode": "batch", "threads": threads, "groups": [jobs[i] for i in idx]})
+        for j, i in enumerate(idx):
+            results[i] = res["results"][j] if "results" in res else {"error": res.get("error", "worker failed")}
+    for group, res in zip(groups, results):
+        peer, cases = group["peer"], group["run"]
+        shape = "x".join(map(str, group["shape"]))
+        what = f", {group['what']} targets" if group["what"] else ""
+        times, errors = res.get("times", {}), res.get("errors", {})
+        vs = {a: b for a, b in group["pairs"]}
+        for case in group["cases"]:
+            label = case["label"]
+            side = ("project" if label.startswith("losses.") else
+                    "reference" if label in ("F.cross_entropy", "linear+F.cross_entropy") else "peer")
+            row = {"suite": "peers", "family": group["family"], "peer": peer, "shape": shape,
+                   "target": group["what"], "side": side, "impl": label, "vs": vs.get(label, ""), "ms": None, "note": ""}
+            if case not in cases:
+                row["note"] = f"skipped: {peer} not installed"
+            elif label in times and times[label]:
+                row.update(summarize(times[label]))
+                row["times"] = times[label]
+                if label in vs and vs[label] in times and times[vs[label]]:
+                    pr = paired_ratio(times[label], times[vs[label]])
+                    if pr:
+                        row.update(pr)
+            else:
+                row["note"] = "skipped: " + (case.get("hint", "") + " - " if case.get("hint") else "") + (
+                    errors.get(label) or res.get("error") or "did not run")
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "times"}) + what, flush=True)
+    os.makedirs(out, exist_ok=True)
+    _write_peers(rows, skipped, out, _meta(threads, clock), small)
+    return rows
+
+
+def _write_peers(rows: List[Dict], skipped: List[str], out: str, meta: Dict, small: bool) -> None:
+    fields = ["suite", "family", "peer", "shape", "target", "side", "impl", "vs", "ms", "q1", "q3", "min", "max", "n",
+              "ratio", "r_q1", "r_q3", "note"]
+    with open(os.path.join(out, "peers.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow(r)
+    lines = [
+        "# Performance: `peers`" + (" (--small smoke sizes)" if small else ""),
+        "",
+        f"torch {meta['torch']}, Python {meta['python']}, {meta['threads']} thread(s), CPU: {meta['cpu']}, "
+        f"{meta['date']}, clock: {CLOCK_NOTE.get(meta['clock'], meta['clock'])}. Forward + backward, float32, data "
+        "checks off. The implementations of one row group share the same input tensors and are timed "
+        "interleaved in one process; ms = median, spread = interquartile range (min-max), n = repetitions; "
+        "`ratio` = median over repetitions of the per-repetition time ratio project / peer (IQR of the ratios "
+        "in brackets); below 1 the project is faster.",
+        "",
+    ]
+    for line in skipped:
+        lines.append(f"- {line}")
+    if skipped:
+        lines.append("")
+    lines += ["| family | shape | targets | implementation | ms | spread ms | n | vs | ratio | note |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = f"{r['ratio']:.2f} [{r['r_q1']:.2f}-{r['r_q3']:.2f}]" if r.get("ratio") is not None else ""
+        lines.append(f"| {r['family']} | {r['shape']} | {r['target']} | {r['impl']} | {_fmt(r.get('ms'))} | "
+                     f"{_spread(r)} | {r.get('n', '')} | {r['vs']} | {ratio} | {r['note']} |")
+    if not small:
+        lines += ["", "## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
+        for desc, family, shape, what, mine, peer, bound in PEER_TARGETS:
+            sh = "x".join(map(str, shape))
+            m = [r for r in rows if r["family"] == family and r["shape"] == sh and r["target"] == what
+                 and r["impl"] == mine and r["vs"] == peer and r.get("ratio") is not None]
+            if not m:
+                lines.append(f"| {desc} | not measured | — |")
+                continue
+            q = [r for r in rows if r["family"] == family and r["shape"] == sh and r["target"] == what
+                 and r["impl"] == peer][0]
+            lines.append(f"| {desc} | {m[0]['ratio']:.2f}x ({m[0]['ms']:.1f} vs {q['ms']:.1f} ms) | "
+                         f"{'met' if m[0]['ratio'] <= bound else 'missed'} |")
+    with open(os.path.join(out, "peers.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # plots are optional
+        return
+    pts = [r for r in rows if r.get("ratio") is not None]
+    if not pts:
+        return
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(pts) + 1.5))
+    labels = [f"{r['impl'].replace('losses.', '')} vs {r['vs']} | {r['shape']} {r['target']}" for r in pts]
+    ys = list(range(len(pts)))
+    med = [r["ratio"] for r in pts]
+    err = [[r["ratio"] - r["r_q1"] for r in pts], [r["r_q3"] - r["ratio"] for r in pts]]
+    ax.barh(ys, med, xerr=err, color=["tab:green" if m <= 1 else "tab:red" for m in med], alpha=0.7)
+    ax.axvline(1.0, color="k", lw=1)
+    ax.set_xscale("log")
+    ax.set_yticks(ys)
+    ax.set_yticklabels(labels, fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xlabel("time ratio project / peer (median of per-repetition ratios, IQR bars); < 1: project faster")
+    ax.grid(True, axis="x", which="both", alpha=0.3)
+    fig.suptitle(f"peers: torch {meta['torch']}, {meta['threads']} thread(s), clock {meta['clock']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "peers.png"), dpi=110)
+    plt.close(fig)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--suite", default="losses",
-                   choices=["losses", "sparsemax", "partial_fc", "linear_ce", "targets", "all"])
+                   choices=["losses", "sparsemax", "sparsemax_paths", "sparsemax_forced", "partial_fc", "linear_ce",
+                            "targets", "peers", "all"])
     p.add_argument("--classes", type=lambda s: [int(float(v)) for v in s.split(",")], default=None,
                    help="comma-separated class counts (default per suite)")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--max-seconds", type=float, default=10.0, help="time budget per timing cell")
+    p.add_argument("--threads", type=int, default=None,
+                   help="intra-op threads (default: 1 for the targets and peers suites, else all cores)")
+    p.add_argument("--repeats", type=int, default=None, help="repetitions (default 20; 3 with --small)")
+    p.add_argument("--max-seconds", type=float, default=10.0,
+                   help="time budget per implementation of a group (at least 3 repetitions run)")
     p.add_argument("--skip-memory", action="store_true")
-    p.add_argument("--clock", choices=["wall", "process"], default="wall",
-                   help="wall: perf_counter; process: CPU time of the process (robust on a shared machine "
-                        "when --threads 1)")
+    p.add_argument("--clock", choices=["wall", "cpu", "process"], default=None,
+                   help="cpu: CPU time of the process (time.process_time; robust on a shared machine with "
+                        "--threads 1; the default of the targets and peers suites); wall: perf_counter "
+                        "(default of the other suites); process: alias of cpu")
+    p.add_argument("--small", action="store_true", help="peers suite: tiny shapes, a seconds-long smoke run")
+    p.add_argument("--families", type=lambda s: s.split(","), default=None,
+                   help="peers suite: comma-separated subset of sparsemax,arcface,dice,inbatch,cce")
     p.add_argument("--out", default=os.path.join(ROOT, "results", "perf"))
     args = p.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return
-    suites = ["losses", "sparsemax", "partial_fc", "linear_ce", "targets"] if args.suite == "all" else [args.suite]
+    suites = ["losses", "sparsemax", "partial_fc", "linear_ce", "targets", "peers"] if args.suite == "all" \
+        else [args.suite]
     for suite in suites:
-        rows = run_suite(suite, args.classes or DEFAULT_CLASSES[suite], args.threads, args.out, args.repeats,
-                         args.max_seconds, args.skip_memory, args.clock)
+        pinned = suite in ("targets", "peers", "sparsemax_paths", "sparsemax_forced")
+        threads = args.threads or (1 if pinned else (os.cpu_count() or 1))
+        clock = "cpu" if args.clock == "process" else (args.clock or ("cpu" if pinned else "wall"))
+        repeats = args.repeats or (3 if args.small else 20)
+        if clock == "cpu" and threads > 1:
+            print(f"note: --clock cpu with {threads} threads sums the CPU time of all threads", flush=True)
+        if suite == "peers":
+            run_peers(args.out, threads, repeats, 0.5 if args.small else args.max_seconds, clock, args.small,
+                      args.families)
+            continue
+        rows = run_suite(suite, args.classes or DEFAULT_CLASSES[suite], threads, args.out, repeats,
+                         args.max_seconds, args.skip_memory, clock)
         if suite == "targets":
             write_targets(rows, args.out)
 

@@ -32,6 +32,14 @@ Conventions shared by every kernel:
 * Top-k path (``k`` given): ``torch.topk`` with ``k`` columns; if some row's support reaches
   ``k`` (and ``k < C``) the whole batch is redone with ``2k`` (shapes never depend on the
   data; deciding to redo is one host sync per round).
+
+* Choice of the search on CPU outside ``torch.compile`` (:func:`auto_search`): all three are
+  exact, so the fastest for the batch shape ``(M, C)`` is used, from one-thread measurements
+  (benchmarks/perf_losses.py, docs/performance.md): top-k (with the doubling above) for wide
+  rows (``C > 2048``) and for small batches of narrow rows, Newton in between, the sort for
+  entmax-1.5 rows of at most 32 classes. ``k=None`` always takes that choice; a given ``k`` is
+  the first top-k size unless the choice is Newton (there a top-k partial sort was measured
+  1.2x-2.7x slower).
 """
 
 from __future__ import annotations
@@ -230,6 +238,28 @@ def _compiling() -> bool:
         return False
 
 
+#: top-k first sizes of :func:`auto_search` (typical supports are a few entries; wider ones double)
+AUTO_TOPK = {"sparsemax": (8, 32), "entmax15": (32, 128)}
+
+
+def auto_search(kind: str, m: int, c: int) -> Tuple[str, Optional[int]]:
+    """``(method, k)`` of the fastest exact search for an ``(m, c)`` batch on one CPU thread:
+    ``("topk", k0)``, ``("newton", None)`` or ``("sort", None)`` (measured crossovers)."""
+    narrow, wide = AUTO_TOPK[kind]
+    if c > 2048:
+        return "topk", wide
+    small = m * c <= 32768
+    if kind == "entmax15":
+        if c <= 32:
+            return "sort", None
+        if c <= 128:
+            return "topk", narrow
+        return ("topk", wide) if small else ("newton", None)
+    if c <= 128 and small:
+        return "topk", narrow
+    return "newton", None
+
+
 def threshold(kind: str, z: Tensor, k: Optional[int], method: Optional[str] = None,
               max_iter: int = NEWTON_MAX_ITER) -> Threshold:
     """Exact threshold search for ``kind`` in {"sparsemax", "entmax15"} on ``z (M, C)``.
@@ -237,14 +267,24 @@ def threshold(kind: str, z: Tensor, k: Optional[int], method: Optional[str] = No
     ``k`` given (and ``< C``): top-k partial sort, the batch redone with ``2k`` while some row's
     support reaches ``k``. ``k=None``: ``method="sort"`` sorts every row; ``method="newton"``
     uses the sort-free exact Newton search (falling back to the sort after ``max_iter`` steps).
-    The default (``None``) is Newton on CPU outside ``torch.compile`` (a full CPU sort costs ~20x
-    ``F.cross_entropy``) and the sort elsewhere (no host syncs, one static graph).
+    The default (``None``) is :func:`auto_search` on CPU outside ``torch.compile`` (a given ``k``
+    is then the first top-k size unless Newton is chosen) and the sort elsewhere (no host syncs,
+    one static graph).
     """
     c = z.shape[-1]
+    if method is None and z.device.type == "cpu" and not _compiling():
+        method, k0 = auto_search(kind, z.shape[0], c)
+        if method == "topk" or (k is not None and method == "sort"):
+            kk = k if k is not None else k0
+            if kk < c:
+                return _threshold_topk(kind, z, int(kk))
+            method = "sort"
+        if method == "newton":
+            k = None
     if k is not None and k < c:
         return _threshold_topk(kind, z, int(k))
     if method is None:
-        method = "newton" if (z.device.type == "cpu" and not _compiling()) else "sort"
+        method = "sort"
     if method == "newton" and z.shape[0] > 0:
         m = row_max(z)
         zs = z - m

@@ -253,11 +253,27 @@ def _paper_forward(x: Tensor, y: Optional[Tensor], ids: Optional[Tensor], valid:
     if fast:
         # the hot path (plain one-hot ids): two buffers, everything in place; below the floor
         # t == 1, so r = h/t - h is exactly 0 and no mask is needed
-        h, t = _half_u_and_tanh(x, lo, hi)
+        cap = _cap(x.dtype)
+        # one read of the logits decides whether the clamp to [floor, cap] and the closed form
+        # above the cap are identities (typical logits): then both passes are skipped
+        inside = x.device.type == "cpu" and not _compiling() and x.numel() > 0
+        if inside:
+            lo_x, hi_x = torch.aminmax(x)
+            inside = bool(lo_x >= _FLOOR) and bool(hi_x <= cap)
+        if inside:
+            h = torch.rsub(x, -_LN2).exp_()
+            t = torch.tanh(h)
+        else:
+            h, t = _half_u_and_tanh(x, lo, hi)
         if need_grad:
             grad = h.mul_(-row_scale).addcdiv_(h, t, value=-1.0)  # row_scale * (h/t - h)
         del h
-        values = _b_from_t_(t, x, lo, hi)
+        if inside:
+            # b = log(1/2 + 1/(2t)) in two passes; b >= q holds in exact arithmetic, and below the
+            # cap the closed form's maximum(b, q) only guards rounding, which it is left to
+            values = torch.addcdiv(_HALF[x.dtype], _ONE[x.dtype], t, value=0.5, out=t).log_()
+        else:
+            values = _b_from_t_(t, x, lo, hi)
     else:
         u, b, r = _terms(x, lo, hi)
         values = b if s == 0.0 else torch.lerp(b, u, s)
@@ -289,6 +305,17 @@ def _paper_forward(x: Tensor, y: Optional[Tensor], ids: Optional[Tensor], valid:
     return total, grad
 
 
+def _compiling() -> bool:
+    try:
+        return torch.compiler.is_compiling()
+    except AttributeError:  # pragma: no cover - very old torch
+        return False
+
+
+_HALF = {torch.float32: torch.tensor(0.5, dtype=torch.float32)}
+_ONE = {torch.float32: torch.tensor(1.0, dtype=torch.float32)}
+
+
 class _GumbelBCEFunction(torch.autograd.Function):
     """Forward computes the loss and its input gradient; backward scales that gradient in place
     (one pass, no allocation). A second backward through a retained graph recomputes it."""
@@ -310,7 +337,9 @@ class _GumbelBCEFunction(torch.autograd.Function):
         grad = ctx.grad
         if grad is not None:
             ctx.grad = None  # hand the buffer over to autograd
-            grad = grad.mul_(grad_out)
+            if not (grad_out.dim() == 0 and grad_out.device.type == "cpu" and not _compiling()
+                    and bool(grad_out == 1.0)):
+                grad = grad.mul_(grad_out)  # (loss.backward() seeds 1: nothing to scale)
         else:
             x, y, ids, valid, w = ctx.saved_tensors
             with _no_autocast(x.device.type), torch.no_grad():
@@ -459,7 +488,11 @@ def gumbel_bce_loss(
     finite = check_finite(fn, "input", input, allow_neg_inf=True, neg_inf_note="-inf is allowed (probability 0)")
     x = upcast(input, dtype)
     # ignored rows are zeroed unless a data check just verified that every logit is finite
-    if not finite and valid is not None:
+    # (or, on CPU outside torch.compile, no row is ignored: the zeroing is then an identity)
+    if (not finite and valid is not None and x.device.type == "cpu" and not _compiling()
+            and (valid.numel() == 0 or bool(valid.view(torch.uint8).min() == 1))):
+        pass
+    elif not finite and valid is not None:
         x = torch.where(valid.unsqueeze(1), x, torch.zeros((), dtype=dtype, device=x.device))
     elif not finite and unit is not None and not target.is_floating_point():
         x = torch.where(unit > 0, x, torch.zeros((), dtype=dtype, device=x.device))

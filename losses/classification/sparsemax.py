@@ -44,7 +44,7 @@ from .._core import (
     zero_rows,
 )
 from .._registry import N_EXAMPLE, C_EXAMPLE, register
-from ._entmax_ops import EntmaxBisectFunction, ExactEntmaxFunction, FYLossFunction
+from ._entmax_ops import EntmaxBisectFunction, ExactEntmaxFunction, FYLossFunction, _compiling
 from .baselines import position_unit_weights
 
 __all__ = [
@@ -176,11 +176,12 @@ def sparsemax(input: Tensor, *, dim: int = -1, k: Optional[int] = None) -> Tenso
             A slice without any finite score gives all zeros.
         dim: the dimension normalised over (negative values count from the end).
         k: ``None`` computes the threshold exactly over all entries (a full sort on GPU and
-            under ``torch.compile``; on CPU an equivalent sort-free Newton search over the
-            candidates ``z > max - 1``, falling back to the sort); an int uses ``torch.topk``
+            under ``torch.compile``; on CPU the fastest exact search for the batch shape: a
+            sort-free Newton search over the candidates ``z > max - 1``, a top-k partial sort
+            with doubling, or the sort, see docs/performance.md); an int uses ``torch.topk``
             with ``k`` entries and redoes the batch with ``2k`` while some slice's support
-            reaches ``k`` (a speed option only: the result is the same). Deciding to redo is a
-            host sync.
+            reaches ``k`` (a speed option only: the result is the same; on CPU it gives way to
+            the Newton search where that was measured faster). Deciding to redo is a host sync.
 
     Returns:
         Probabilities shaped like ``input``, in the input's dtype (as :func:`torch.softmax`).
@@ -339,7 +340,11 @@ def _fy_loss(
         check_ids_in_range(fn, target, c, ignore_index)
         valid = t2 != ignore_index
         finite = check_masked_logits(fn, "input", input, active=valid)
-        z2 = zero_rows(move_class_dim_last(upcast(input, dtype)), valid, verified_finite=finite)
+        # no ignored row (checked on CPU outside torch.compile): zeroing the ignored rows is an
+        # identity, skipped with its backward (two passes over (N, C))
+        all_valid = (valid.device.type == "cpu" and not _compiling()
+                     and (valid.numel() == 0 or bool(valid.view(torch.uint8).min() == 1)))
+        z2 = zero_rows(move_class_dim_last(upcast(input, dtype)), valid, verified_finite=finite or all_valid)
         y2 = torch.where(valid, t2, torch.zeros_like(t2)).long()
         q2 = None
         weights = valid.to(dtype)
@@ -412,7 +417,7 @@ def sparsemax_loss(
     reference (``deep-spin/entmax``, MIT) agree; no ``variant``.
 
     ``k``: ``None`` finds the threshold exactly over all classes (full sort on GPU / under
-    ``torch.compile``, an equivalent sort-free search on CPU; see :func:`sparsemax`); an int uses
+    ``torch.compile``, the fastest exact search for the shape on CPU; see :func:`sparsemax`); an int uses
     a top-``k`` partial sort, redone with ``2k`` while some row's support reaches ``k`` (same
     result, faster for many classes). The loss is computed from ``tau`` and the support only and
     the backward reuses the saved ``p*``.

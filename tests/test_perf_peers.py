@@ -1,0 +1,104 @@
+"""The benchmark harness (benchmarks/perf_losses.py) runs for real, at smoke sizes.
+
+* The ``peers`` suite with ``--small`` writes ``peers.csv`` / ``peers.md`` with a timed row for
+  each of the project's losses it compares, and for each peer library either rows (timed, or
+  ``skipped: <reason>`` when the peer is installed but cannot run here, e.g. a GPU-only kernel)
+  or a ``skipped: <peer> not installed`` line.
+* An existing suite still runs with the interleaved timing and writes its ratio columns.
+* The statistics helpers: per-repetition ratios, median and quartiles.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "perf_losses.py")
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("_perf_losses", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(args, tmp_path):
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, SCRIPT, *args, "--out", str(tmp_path)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+PROJECT_LOSSES = [
+    "losses.sparsemax_loss", "losses.entmax15_loss", "losses.MarginSoftmaxLoss", "losses.PartialFCLoss (rate 0.1)",
+    "losses.soft_dice_loss", "losses.dice_semimetric_loss", "losses.jaccard_metric_loss", "losses.infonce_loss",
+    "losses.decoupled_softmax_loss", "losses.linear_cross_entropy",
+]
+
+
+@pytest.mark.slow
+def test_peers_suite_small_runs_and_reports_every_peer(tmp_path):
+    bench = _bench()
+    proc = _run(["--suite", "peers", "--small"], tmp_path)
+    with open(tmp_path / "peers.csv") as f:
+        rows = list(csv.DictReader(f))
+    md = (tmp_path / "peers.md").read_text()
+    assert rows and md.startswith("# Performance: `peers`")
+
+    for name in PROJECT_LOSSES:
+        mine = [r for r in rows if r["impl"] == name and r["side"] == "project"]
+        assert mine, f"no row for {name}"
+        for r in mine:
+            assert float(r["ms"]) > 0 and int(r["n"]) >= 3, r
+            assert f"| {name} |" in md
+
+    for peer, (module, _) in bench.PEER_PACKAGES.items():
+        theirs = [r for r in rows if r["peer"] == peer and r["side"] == "peer"]
+        if importlib.util.find_spec(module) is None:
+            line = f"skipped: {peer} not installed"
+            assert line in md and line in proc.stdout, peer
+        else:
+            assert theirs, f"{peer} is installed but has no row"
+            for r in theirs:
+                assert r["ms"] or r["note"].startswith("skipped: "), r
+            assert any(r["ms"] for r in theirs) or all(r["note"] for r in theirs), peer
+
+    # a project row next to a peer that ran carries the paired ratio
+    timed = {r["impl"] for r in rows if r["ms"]}
+    paired = [r for r in rows if r["vs"] and r["vs"] in timed and r["ms"]]
+    assert paired and all(float(r["ratio"]) > 0 for r in paired)
+    assert (tmp_path / "peers.png").exists() or importlib.util.find_spec("matplotlib") is None
+
+
+@pytest.mark.slow
+def test_existing_suite_runs_interleaved(tmp_path):
+    _run(["--suite", "sparsemax", "--classes", "10", "--threads", "1", "--clock", "cpu", "--repeats", "3",
+          "--skip-memory"], tmp_path)
+    with open(tmp_path / "sparsemax.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["loss"] for r in rows} >= {"F.cross_entropy", "sparsemax (sort)", "entmax15 (sort)"}
+    for r in rows:
+        assert not r["error"], r
+        assert float(r["q1"]) <= float(r["ms"]) <= float(r["q3"]) and int(r["n"]) == 3
+        assert float(r["x_ce"]) > 0
+    assert "CPU time of the process" in (tmp_path / "sparsemax.md").read_text()
+
+
+def test_paired_ratio_is_the_median_of_per_repetition_ratios():
+    bench = _bench()
+    a = [2.0, 10.0, 3.0]
+    b = [1.0, 10.0, 1.0]  # ratios 2, 1, 3
+    r = bench.paired_ratio(a, b)
+    assert r["ratio"] == 2.0 and r["r_q1"] == 1.5 and r["r_q3"] == 2.5
+    # the ratio of medians would be 3 / 1 = 3: a slow phase of the machine (repetition 2) hit both
+    s = bench.summarize([0.001, 0.002, 0.003, 0.004])
+    assert s["ms"] == pytest.approx(2.5) and s["q1"] == pytest.approx(1.75) and s["q3"] == pytest.approx(3.25)
+    assert s["min"] == pytest.approx(1.0) and s["max"] == pytest.approx(4.0) and s["n"] == 4
