@@ -26,6 +26,7 @@ Usage::
     python benchmarks/perf_losses.py --suite targets       # the performance targets (1 thread, cpu clock)
     python benchmarks/perf_losses.py --suite peers         # installed peer libraries on the same inputs
     python benchmarks/perf_losses.py --suite peers --small --out /tmp/p   # seconds-long smoke run
+    python benchmarks/perf_losses.py --suite compiled --skip-memory  # torch.compile'd losses vs compiled CE and a copy
     python benchmarks/perf_losses.py --suite all --out results/perf
 
 Writes ``<out>/<suite>.csv``, ``<out>/<suite>.md`` and ``<out>/<suite>.png``.
@@ -107,9 +108,14 @@ def _build(case: Dict) -> tuple:
     name = case["name"]
     g = torch.Generator().manual_seed(1)
 
+    compiled = bool(case.get("compile"))
     if name == "F.cross_entropy":
         x, y = _logits_and_ids(b, c)
-        return (lambda: F.cross_entropy(x, y).backward()), {"x": x}
+        ce = torch.compile(F.cross_entropy) if compiled else F.cross_entropy
+        return (lambda: ce(x, y).backward()), {"x": x}
+    if name == "copy":  # the floor of a single-pass logits loss: one read and one write of the logits
+        x, _ = _logits_and_ids(b, c)
+        return (lambda: x.detach().clone()), {}
     if name == "linear+F.cross_entropy":
         x, y = _embeddings_and_ids(b, d, c)
         w = (torch.randn(c, d, generator=g) * 0.01).requires_grad_(True)
@@ -143,9 +149,10 @@ def _build(case: Dict) -> tuple:
         tensors.update({f"m.{n}": p for n, p in args[0].named_parameters()})
 
     force = case.get("force")
+    call = torch.compile(module) if compiled else module  # compiled: inductor, compiled in the warm-up
     if force is None:
         def step():
-            module(*args).backward()
+            call(*args).backward()
     else:
         # suite "sparsemax_forced": one exact search forced ("newton", "sort" or "topk<k>")
         from losses.classification import _entmax_ops as ops
@@ -379,6 +386,17 @@ def suite_cases(suite: str, classes: List[int]) -> List[Dict]:
         cases.append({"name": "linear+F.cross_entropy", "B": 1024, "C": 100000, "D": 256, "kind": "ref"})
         cases.append({"name": "linear_cross_entropy", "B": 1024, "C": 100000, "D": 256, "kind": "embeddings",
                       "kwargs": {"bias": False}})
+    elif suite == "compiled":
+        # every single-pass logits loss under torch.compile, beside compiled F.cross_entropy and the
+        # floor (a plain copy of the logits), eager F.cross_entropy for scale
+        for c in classes:
+            cases.append({"name": "F.cross_entropy", "B": 256, "C": c, "kind": "ref"})
+            cases.append({"name": "F.cross_entropy", "label": "F.cross_entropy (compiled)", "B": 256, "C": c,
+                          "kind": "ref", "compile": True})
+            cases.append({"name": "copy", "label": "copy", "B": 256, "C": c, "kind": "ref"})
+            for name in ("cross_entropy", "bce_with_logits") + SINGLE_PASS + ("sparsemax", "entmax15"):
+                cases.append({"name": name, "label": f"{name} (compiled)", "B": 256, "C": c, "kind": "logits",
+                              "kwargs": {}, "compile": True})
     elif suite == "linear_ce":
         for c in classes:
             cases.append({"name": "linear+F.cross_entropy", "B": 1024, "C": c, "D": 256, "kind": "ref"})
@@ -398,11 +416,13 @@ DEFAULT_CLASSES = {
     "sparsemax_forced": [20, 100, 1000, 10000, 100000],
     "partial_fc": [10000, 100000, 1000000],
     "linear_ce": [10000, 100000],
+    "compiled": [1000, 100000],
     "targets": [],
 }
 
 
-REFERENCES = {"F.cross_entropy": "x_ce", "linear+F.cross_entropy": "x_linear_ce"}
+REFERENCES = {"F.cross_entropy": "x_ce", "linear+F.cross_entropy": "x_linear_ce",
+              "F.cross_entropy (compiled)": "x_ce_compiled", "copy": "x_copy"}
 
 
 def _group_key(case: Dict) -> tuple:
@@ -499,7 +519,8 @@ def _spread(r: Dict) -> str:
 
 def _write(rows: List[Dict], suite: str, out: str, meta: Dict) -> None:
     fields = ["suite", "loss", "B", "C", "D", "ms", "q1", "q3", "min", "max", "n", "peak_mb", "x_ce", "x_ce_q1",
-              "x_ce_q3", "x_linear_ce", "x_linear_ce_q1", "x_linear_ce_q3", "x_ce_mem", "x_linear_ce_mem", "error"]
+              "x_ce_q3", "x_linear_ce", "x_linear_ce_q1", "x_linear_ce_q3", "x_ce_compiled", "x_ce_compiled_q1",
+              "x_ce_compiled_q3", "x_copy", "x_ce_mem", "x_linear_ce_mem", "error"]
     with open(os.path.join(out, f"{suite}.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
@@ -526,6 +547,22 @@ def _write(rows: List[Dict], suite: str, out: str, meta: Dict) -> None:
             f"{_fmt(r.get('x_ce'))} | {_fmt(r.get('x_linear_ce'))} | {_fmt(r['peak_mb'], 1)} | "
             f"{_fmt(r.get('x_ce_mem'))} | {_fmt(r.get('x_linear_ce_mem'))} | {r['error']} |"
         )
+    if any(r.get("x_ce_compiled") is not None for r in rows):
+        lines += [
+            "",
+            "Compiled (`torch.compile`, inductor; compilation happens in the warm-up, outside the timings): "
+            "`x CE compiled` = the per-repetition ratio to compiled `F.cross_entropy` on the same logits, "
+            "`x copy` = the ratio to a plain copy of the logits (`x.clone()`, one read and one write: the floor "
+            "of a single-pass loss, whose forward + backward must at least read the logits and write their "
+            "gradient).",
+            "",
+            "| loss | B | C | ms | x CE compiled | x copy |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in rows:
+            if r.get("x_copy") is not None or r["loss"] == "copy":
+                lines.append(f"| {r['loss']} | {r['B']} | {r['C']:g} | {_fmt(r['ms'])} | "
+                             f"{_fmt(r.get('x_ce_compiled'))} | {_fmt(r.get('x_copy'))} |")
     with open(os.path.join(out, f"{suite}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     try:
@@ -949,7 +986,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--suite", default="losses",
                    choices=["losses", "sparsemax", "sparsemax_paths", "sparsemax_forced", "partial_fc", "linear_ce",
-                            "targets", "peers", "all"])
+                            "targets", "peers", "compiled", "all"])
     p.add_argument("--classes", type=lambda s: [int(float(v)) for v in s.split(",")], default=None,
                    help="comma-separated class counts (default per suite)")
     p.add_argument("--threads", type=int, default=None,
@@ -973,7 +1010,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     suites = ["losses", "sparsemax", "partial_fc", "linear_ce", "targets", "peers"] if args.suite == "all" \
         else [args.suite]
     for suite in suites:
-        pinned = suite in ("targets", "peers", "sparsemax_paths", "sparsemax_forced")
+        pinned = suite in ("targets", "peers", "sparsemax_paths", "sparsemax_forced", "compiled")
         threads = args.threads or (1 if pinned else (os.cpu_count() or 1))
         clock = "cpu" if args.clock == "process" else (args.clock or ("cpu" if pinned else "wall"))
         repeats = args.repeats or (3 if args.small else 20)

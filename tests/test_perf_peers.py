@@ -92,6 +92,24 @@ def test_existing_suite_runs_interleaved(tmp_path):
     assert "CPU time of the process" in (tmp_path / "sparsemax.md").read_text()
 
 
+@pytest.mark.slow
+def test_compiled_suite_times_compiled_losses_beside_compiled_ce_and_a_copy(tmp_path):
+    """``--suite compiled``: every single-pass logits loss under torch.compile (inductor, for real),
+    with ratios to compiled F.cross_entropy and to a plain copy of the logits."""
+    _run(["--suite", "compiled", "--classes", "10", "--repeats", "3", "--skip-memory"], tmp_path)
+    with open(tmp_path / "compiled.csv") as f:
+        rows = {r["loss"]: r for r in csv.DictReader(f)}
+    expected = {"F.cross_entropy", "F.cross_entropy (compiled)", "copy"} | {
+        f"{name} (compiled)" for name in ("cross_entropy", "bce_with_logits", "z_loss", "logz_penalty", "comp_sum",
+                                          "gol", "sparsemax", "entmax15")}
+    assert set(rows) == expected
+    for label, r in rows.items():
+        assert not r["error"], r
+        assert int(r["n"]) == 3 and float(r["x_copy"]) > 0 and float(r["x_ce_compiled"]) > 0, r
+    assert float(rows["copy"]["x_copy"]) == 1.0 and float(rows["F.cross_entropy (compiled)"]["x_ce_compiled"]) == 1.0
+    assert "| z_loss (compiled) | 256 | 10 |" in (tmp_path / "compiled.md").read_text()
+
+
 def test_paired_ratio_is_the_median_of_per_repetition_ratios():
     bench = _bench()
     a = [2.0, 10.0, 3.0]
