@@ -29,8 +29,6 @@ from torch import Tensor
 from torchmetrics import MetricCollection
 from torchmetrics.retrieval import RetrievalHitRate, RetrievalMRR, RetrievalNormalizedDCG, RetrievalRecall
 
-from .base import log_data_meta  # noqa: F401  (re-exported: it used to live here)
-
 __all__ = [
     "recommendation_metrics",
     "retrieval_metrics",
@@ -38,7 +36,6 @@ __all__ = [
     "candidates_from_search",
     "FaissIndex",
     "brute_force_search",
-    "log_data_meta",
 ]
 
 
