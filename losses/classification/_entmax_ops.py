@@ -260,6 +260,33 @@ def auto_search(kind: str, m: int, c: int) -> Tuple[str, Optional[int]]:
     return "newton", None
 
 
+def _eager_threshold(z: Tensor, kind: str) -> Tuple[Tensor, Tensor]:
+    """``(m, tau)`` of the fastest exact CPU search (:func:`auto_search`), run eagerly."""
+    th = threshold(kind, z, None)
+    return th.m.clone(), th.tau.clone()
+
+
+def _fake_threshold(z: Tensor, kind: str) -> Tuple[Tensor, Tensor]:
+    return z.new_empty((z.shape[0], 1)), z.new_empty((z.shape[0], 1))
+
+
+#: ``torch.compile`` cannot trace the data-dependent CPU searches (host syncs, shapes that depend
+#: on the data), and the sort it would trace instead costs ~15x ``F.cross_entropy`` at C = 1e5. So
+#: on CPU a compiled graph calls the searches as one opaque operator that returns the row max
+#: ``m`` and the threshold ``tau`` ``(M, 1)``; the dense passes around it (``[z - m - tau]_+``, the
+#: loss value, the backward) are traced and fused as usual. ``None`` on a torch without
+#: ``torch.library.custom_op`` (the sort is traced there).
+_THRESHOLD_OP = None
+if hasattr(torch, "library") and hasattr(torch.library, "custom_op"):
+    try:
+        _THRESHOLD_OP = torch.library.custom_op(
+            "losses::exact_entmax_threshold", _eager_threshold, mutates_args=(), device_types="cpu",
+            schema="(Tensor z, str kind) -> (Tensor, Tensor)")
+        _THRESHOLD_OP.register_fake(_fake_threshold)
+    except (RuntimeError, TypeError):  # pragma: no cover - registered twice (module reloaded) or old API
+        _THRESHOLD_OP = None
+
+
 def threshold(kind: str, z: Tensor, k: Optional[int], method: Optional[str] = None,
               max_iter: int = NEWTON_MAX_ITER) -> Threshold:
     """Exact threshold search for ``kind`` in {"sparsemax", "entmax15"} on ``z (M, C)``.
@@ -267,11 +294,15 @@ def threshold(kind: str, z: Tensor, k: Optional[int], method: Optional[str] = No
     ``k`` given (and ``< C``): top-k partial sort, the batch redone with ``2k`` while some row's
     support reaches ``k``. ``k=None``: ``method="sort"`` sorts every row; ``method="newton"``
     uses the sort-free exact Newton search (falling back to the sort after ``max_iter`` steps).
-    The default (``None``) is :func:`auto_search` on CPU outside ``torch.compile`` (a given ``k``
-    is then the first top-k size unless Newton is chosen) and the sort elsewhere (no host syncs,
-    one static graph).
+    The default (``None``) is :func:`auto_search` on CPU (a given ``k`` is then the first top-k
+    size unless Newton is chosen; under ``torch.compile`` with ``k=None`` the search runs as the
+    opaque operator above) and the sort elsewhere (no host syncs, one static graph).
     """
     c = z.shape[-1]
+    if method is None and k is None and z.device.type == "cpu" and _THRESHOLD_OP is not None and _compiling():
+        m, tau = _THRESHOLD_OP(z, kind)
+        zs = z - m
+        return Threshold(m, tau, zs, zs=zs)
     if method is None and z.device.type == "cpu" and not _compiling():
         method, k0 = auto_search(kind, z.shape[0], c)
         if method == "topk" or (k is not None and method == "sort"):

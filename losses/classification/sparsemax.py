@@ -175,10 +175,11 @@ def sparsemax(input: Tensor, *, dim: int = -1, k: Optional[int] = None) -> Tenso
         input: scores of any shape (any floating dtype); ``-inf`` entries are masks (probability 0).
             A slice without any finite score gives all zeros.
         dim: the dimension normalised over (negative values count from the end).
-        k: ``None`` computes the threshold exactly over all entries (a full sort on GPU and
-            under ``torch.compile``; on CPU the fastest exact search for the batch shape: a
-            sort-free Newton search over the candidates ``z > max - 1``, a top-k partial sort
-            with doubling, or the sort, see docs/performance.md); an int uses ``torch.topk``
+        k: ``None`` computes the threshold exactly over all entries (a full sort on GPU; on CPU
+            the fastest exact search for the batch shape: a sort-free Newton search over the
+            candidates ``z > max - 1``, a top-k partial sort with doubling, or the sort, see
+            docs/performance.md; under ``torch.compile`` on CPU that search is one opaque operator
+            of the graph, ``losses::exact_entmax_threshold``); an int uses ``torch.topk``
             with ``k`` entries and redoes the batch with ``2k`` while some slice's support
             reaches ``k`` (a speed option only: the result is the same; on CPU it gives way to
             the Newton search where that was measured faster). Deciding to redo is a host sync.
@@ -416,8 +417,8 @@ def sparsemax_loss(
     M. Blondel, A. F. T. Martins, V. Niculae, JMLR 2020, arXiv:1901.02324. The paper and the
     reference (``deep-spin/entmax``, MIT) agree; no ``variant``.
 
-    ``k``: ``None`` finds the threshold exactly over all classes (full sort on GPU / under
-    ``torch.compile``, the fastest exact search for the shape on CPU; see :func:`sparsemax`); an int uses
+    ``k``: ``None`` finds the threshold exactly over all classes (full sort on GPU, the fastest
+    exact search for the shape on CPU, also under ``torch.compile``; see :func:`sparsemax`); an int uses
     a top-``k`` partial sort, redone with ``2k`` while some row's support reaches ``k`` (same
     result, faster for many classes). The loss is computed from ``tau`` and the support only and
     the backward reuses the saved ``p*``.

@@ -955,3 +955,59 @@ def test_modules_expose_their_output_distribution():
     (gx,) = torch.autograd.grad(losses.SparsemaxLoss(reduction="sum")(xr, y), xr)
     onehot = torch.nn.functional.one_hot(y, 6).movedim(-1, 1).double()
     torch.testing.assert_close(gx, losses.SparsemaxLoss().predict_proba(x) - onehot)
+
+
+# -- torch.compile on CPU: the exact searches run as one opaque operator inside the graph --------
+
+
+@pytest.mark.parametrize("shape", [(64, 300), (8, 4000), (3, 7)])  # Newton, top-k and sort choices
+@pytest.mark.parametrize("name", ["sparsemax_loss", "entmax15_loss", "sparsemax", "entmax15"])
+def test_compiled_cpu_search_matches_eager(name, shape):
+    from losses.classification import _entmax_ops
+
+    if _entmax_ops._THRESHOLD_OP is None:
+        pytest.skip("this torch has no torch.library.custom_op; compiled graphs trace the sort")
+    torch._dynamo.reset()
+    fn = getattr(losses, name)
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(*shape, generator=g, dtype=torch.float64) * 3
+    z[0, 1] = float("-inf")  # a class that does not exist in row 0
+    y = torch.randint(0, shape[1], (shape[0],), generator=g)
+    y[0] = 0
+    if shape[0] > 2:
+        y[2] = -100  # an ignored row
+    args = (lambda t: (t, y)) if name.endswith("loss") else (lambda t: (t,))
+    w = torch.randn(shape, generator=g, dtype=torch.float64)  # a random cotangent for the mappings
+
+    def value(f, t):
+        out = f(*args(t))
+        return out if out.dim() == 0 else (torch.where(torch.isfinite(out), out, 0) * w).sum()
+
+    ze = z.clone().requires_grad_(True)
+    ve = value(fn, ze)
+    ve.backward()
+    zc = z.clone().requires_grad_(True)
+    vc = value(torch.compile(fn, fullgraph=True), zc)  # fullgraph: no graph break around the search
+    vc.backward()
+    torch.testing.assert_close(vc, ve, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(zc.grad, ze.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_compiled_search_operator_returns_the_eager_threshold():
+    from losses.classification import _entmax_ops
+
+    if _entmax_ops._THRESHOLD_OP is None:
+        pytest.skip("this torch has no torch.library.custom_op")
+    z = torch.randn(16, 500, generator=torch.Generator().manual_seed(1))
+    for kind in ("sparsemax", "entmax15"):
+        m, tau = _entmax_ops._THRESHOLD_OP(z, kind)
+        th = _entmax_ops.threshold(kind, z, None, method="sort")
+        torch.testing.assert_close(m, th.m)
+        torch.testing.assert_close(tau, th.tau, rtol=1e-5, atol=1e-6)
+        torch.library.opcheck(_entmax_ops._THRESHOLD_OP, (z, kind), test_utils=("test_schema", "test_faketensor"))
+    torch._dynamo.reset()
+    graphs = torch._dynamo.explain(losses.sparsemax_loss)(z, torch.zeros(16, dtype=torch.long)).graphs
+    assert any("exact_entmax_threshold" in gm.code for gm in graphs)  # the search, not a traced sort
+    torch._dynamo.reset()
+    graphs = torch._dynamo.explain(losses.sparsemax_loss)(z, torch.zeros(16, dtype=torch.long), k=10).graphs
+    assert not any("exact_entmax_threshold" in gm.code for gm in graphs)  # a given k: the top-k path
