@@ -44,7 +44,7 @@ from .._core import (
     zero_rows,
 )
 from .._registry import N_EXAMPLE, C_EXAMPLE, register
-from ._entmax_ops import EntmaxBisectFunction, ExactEntmaxFunction, FYLossFunction, _compiling
+from ._entmax_ops import EntmaxBisectFunction, ExactEntmaxFunction, FYLossFunction
 from .baselines import position_unit_weights
 
 __all__ = [
@@ -341,11 +341,7 @@ def _fy_loss(
         check_ids_in_range(fn, target, c, ignore_index)
         valid = t2 != ignore_index
         finite = check_masked_logits(fn, "input", input, active=valid)
-        # no ignored row (checked on CPU outside torch.compile): zeroing the ignored rows is an
-        # identity, skipped with its backward (two passes over (N, C))
-        all_valid = (valid.device.type == "cpu" and not _compiling()
-                     and (valid.numel() == 0 or bool(valid.view(torch.uint8).min() == 1)))
-        z2 = zero_rows(move_class_dim_last(upcast(input, dtype)), valid, verified_finite=finite or all_valid)
+        z2 = zero_rows(move_class_dim_last(upcast(input, dtype)), valid, verified_finite=finite)
         y2 = torch.where(valid, t2, torch.zeros_like(t2)).long()
         q2 = None
         weights = valid.to(dtype)
