@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from .._core import (
     auto_extra_repr,
@@ -28,12 +29,15 @@ from .._core import (
     check_softmax_classes,
     check_tensor,
     check_unit_interval,
+    _compiling,
     compute_dtype,
     flatten_logits_and_target,
+    move_class_dim_last,
     no_autocast,
     reduce_loss,
     upcast,
     value_error,
+    zero_rows,
 )
 from .._registry import register
 from .._softcap import apply_softcap, check_softcap
@@ -202,6 +206,10 @@ def bce_with_logits_loss(
     check_reduction(fn, reduction)
     check_number(fn, "label_smoothing", label_smoothing, low=0.0, high=1.0, high_inclusive=False)
     dtype = compute_dtype(input, weight)
+    if (reduction != "none" and isinstance(target, Tensor) and not target.is_floating_point()
+            and not target.is_complex() and target.dtype != torch.bool and input.dim() >= 2
+            and (weight is None or (isinstance(weight, Tensor) and weight.dim() == 1))):
+        return _bce_ids(fn, input, target, float(label_smoothing), weight, ignore_index, reduction, dtype)
     y, unit = elementwise_targets(fn, input, target, label_smoothing=label_smoothing,
                                   ignore_index=ignore_index, dtype=dtype)
     w = broadcast_class_weight(fn, weight, input, dtype)
@@ -210,17 +218,101 @@ def bce_with_logits_loss(
         zero = torch.zeros((), dtype=dtype, device=input.device)
         x = upcast(input, dtype)
         if finite:  # verified finite: no -inf to define, no +-inf in ignored rows
-            values = torch.logaddexp(x, zero) - y * x
+            values = _bce_values(x, y, zero)
         else:
             if not target.is_floating_point():
                 x = torch.where(unit > 0, x, zero)
             neg = x == -math.inf
             xs = torch.where(neg, zero, x)
-            values = torch.logaddexp(xs, zero) - y * xs
+            values = _bce_values(xs, y, zero)
             values = torch.where(neg, torch.where(y > 0, math.inf, 0.0).to(dtype), values)
         if w is not None:
             values = values * w
         return reduce_loss(values, unit, reduction)
+
+
+def _bce_values(x: Tensor, y: Tensor, zero: Tensor) -> Tensor:
+    """``softplus(x) - y x`` per element without cancellation: ``log(1 + exp(-|x|))`` plus
+    ``(1 - y) x`` where ``x > 0`` and ``-y x`` elsewhere (both non-negative for ``y`` in
+    ``[0, 1]``), so a confident logit (``softplus(10) - 10 ~ 4.5e-5``) keeps float32 precision.
+    ``|x|`` is written as a branch so that the gradient at ``x = 0`` is ``sigmoid(0) - y``."""
+    pos = x > 0
+    return torch.logaddexp(torch.where(pos, -x, x), zero) + torch.where(pos, (1 - y) * x, -y * x)
+
+
+class _BCEIdsFunction(torch.autograd.Function):
+    """Per-row sums of the binary cross-entropy against smoothed one-hot ids, fused.
+
+    ``forward(x (M, C), ids (M,), eps, w (C,) or None)`` returns ``(M,)``:
+    ``sum_{j != y} w_j (softplus(x_j) - (eps/C) x_j) + w_y (softplus(-x_y) + eps (1 - 1/C) x_y)``
+    (``= sum_j w_j (softplus(x_j) - y_j x_j)``, each term without cancellation) with the exact
+    ``softplus(x) = max(x, 0) + log1p(exp(-|x|))``; no one-hot matrix is built. Backward:
+    ``w_j (sigmoid(x_j) - y_j)`` times the row's incoming gradient, 0 at ``-inf`` logits (their
+    probability is fixed at 0). ``sigmoid`` is recomputed rather than saved (a pass over the
+    logits costs less than writing and reading an ``(M, C)`` buffer)."""
+
+    @staticmethod
+    def forward(ctx, x, ids, eps, w):  # type: ignore[override]
+        c = x.shape[1]
+        sp = x.abs().neg_().exp_().log1p_().add_(x.clamp(min=0))  # softplus(x_j): the term of a label 0
+        if eps > 0:
+            sp.sub_(x, alpha=eps / c)  # - (eps / C) x_j: the smoothed label of every class
+        # the target's own term, softplus(-x_y) + eps (1 - 1/C) x_y, written in place (not subtracted
+        # from the row sum, which would cancel softplus(x_y) ~ x_y in float32 at confident logits)
+        xy = x.gather(1, ids.unsqueeze(1))
+        tgt = xy.neg().abs_().neg_().exp_().log1p_().add_((-xy).clamp(min=0))
+        if eps > 0:
+            tgt = tgt + (eps * (1.0 - 1.0 / c)) * xy
+            tgt = torch.where(xy == -math.inf, math.inf, tgt)  # a positive label on a logit of -inf
+        if w is not None:
+            sp.mul_(w)
+            tgt = tgt * w[ids].unsqueeze(1)
+        sp.scatter_(1, ids.unsqueeze(1), tgt)
+        row = sp.sum(dim=1)
+        ctx.eps = eps
+        ctx.save_for_backward(x, ids, w)
+        return row
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        x, ids, w = ctx.saved_tensors
+        eps = ctx.eps
+        g = torch.sigmoid(x)
+        if eps > 0:
+            g.sub_(eps / x.shape[1])
+        g.scatter_add_(1, ids.unsqueeze(1), torch.full((x.shape[0], 1), -(1.0 - eps), dtype=g.dtype, device=g.device))
+        if w is not None:
+            g.mul_(w)
+        g.mul_(grad.unsqueeze(1))
+        if x.device.type != "cpu" or _compiling() or bool(torch.isneginf(x).any()):
+            g = torch.where(x == -math.inf, torch.zeros((), dtype=g.dtype, device=g.device), g)
+        return g, None, None, None
+
+
+def _bce_ids(fn: str, input: Tensor, target: Tensor, eps: float, weight: Optional[Tensor], ignore_index: int,
+             reduction: str, dtype: torch.dtype) -> Tensor:
+    """:func:`bce_with_logits_loss` for integer ids and a reduced output, without the one-hot matrix."""
+    expected = (input.shape[0],) + tuple(input.shape[2:])
+    if tuple(target.shape) != expected:
+        raise value_error(fn, f"integer target shape must be {expected} for input of shape {tuple(input.shape)}",
+                          f"shape {tuple(target.shape)}",
+                          "classes go on dim 1 of input and target holds one id per position")
+    x2d, t2 = move_class_dim_last(input), target.reshape(-1)
+    c = x2d.shape[1]
+    check_ids_in_range(fn, t2, c, ignore_index)
+    w = None
+    if weight is not None:
+        check_class_weight(fn, weight, c, allow_shape=tuple(input.shape))
+        w = weight.to(device=input.device, dtype=dtype)
+    valid = t2 != ignore_index
+    finite = check_finite(fn, "input", input, allow_neg_inf=True, neg_inf_note="-inf is allowed (probability 0)")
+    with no_autocast(input.device.type):
+        x = zero_rows(upcast(x2d, dtype), valid, verified_finite=finite)
+        ids = torch.where(valid, t2, torch.zeros_like(t2)).long()
+        rows = _BCEIdsFunction.apply(x, ids, eps, w)
+        out = reduce_loss(rows, valid.to(dtype), reduction)
+        return out / c if reduction == "mean" else out
 
 
 class CrossEntropyLoss(nn.Module):

@@ -742,11 +742,14 @@ def test_bce_float64_is_exact_at_large_logits():
         for k in range(4):
             v, yy = x[i, k].item(), y[i, k].item()
             # y = 1: log(1 + e^-v); y = 0: v + log(1 + e^-v) (exact; F.softplus linearises above 20)
-            exp = math.log1p(math.exp(-abs(v))) + max(v, 0) - yy * v
+            # (written without cancellation: y = 1 at v = 58 is e^-58, not 58 - 58)
+            exp = math.log1p(math.exp(-abs(v))) + (1 - yy) * max(v, 0) + yy * max(-v, 0)
             assert out[i, k].item() == pytest.approx(exp, rel=1e-13, abs=0)
     (g,) = torch.autograd.grad(out.sum(), x)
-    sig = [[1 / (1 + math.exp(-v)) for v in row] for row in x.tolist()]
-    torch.testing.assert_close(g, torch.tensor(sig, dtype=torch.float64) - y, rtol=1e-12, atol=0)
+    # sigmoid(v) - y, as sigmoid(v) (y = 0) or -sigmoid(-v) (y = 1): no 1 - 1 at v = 58
+    sig = [[(1 - yy) / (1 + math.exp(-v)) - yy / (1 + math.exp(v)) for v, yy in zip(row, yrow)]
+           for row, yrow in zip(x.tolist(), y.tolist())]
+    torch.testing.assert_close(g, torch.tensor(sig, dtype=torch.float64), rtol=1e-12, atol=0)
 
 
 def test_gol_float64_is_exact_everywhere():
