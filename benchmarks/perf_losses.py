@@ -962,7 +962,7 @@ def _write_peers(rows: List[Dict], skipped: List[str], out: str, meta: Dict, sma
     pts = [r for r in rows if r.get("ratio") is not None]
     if not pts:
         return
-    fig, ax = plt.subplots(figsize=(9, 0.32 * len(pts) + 1.5))
+    fig, ax = plt.subplots(figsize=(12, 0.32 * len(pts) + 1.5))
     labels = [f"{r['impl'].replace('losses.', '')} vs {r['vs']} | {r['shape']} {r['target']}" for r in pts]
     ys = list(range(len(pts)))
     med = [r["ratio"] for r in pts]
@@ -973,11 +973,11 @@ def _write_peers(rows: List[Dict], skipped: List[str], out: str, meta: Dict, sma
     ax.set_yticks(ys)
     ax.set_yticklabels(labels, fontsize=6)
     ax.invert_yaxis()
-    ax.set_xlabel("time ratio project / peer (median of per-repetition ratios, IQR bars); < 1: project faster")
+    ax.set_xlabel("time ratio project / peer (median of per-repetition ratios, IQR bars)\n< 1: project faster")
     ax.grid(True, axis="x", which="both", alpha=0.3)
     fig.suptitle(f"peers: torch {meta['torch']}, {meta['threads']} thread(s), clock {meta['clock']}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(os.path.join(out, "peers.png"), dpi=110)
+    fig.savefig(os.path.join(out, "peers.png"), dpi=110, bbox_inches="tight")  # long labels: nothing clipped
     plt.close(fig)
 
 

@@ -9,6 +9,9 @@ missed (or that is close to one), beside the reference it is compared with, and 
   inductor kernels, named after the operations they fuse, with kernel profiling switched on), their
   share of the step and how many times each ran per step. The cases are built exactly as
   ``benchmarks/perf_losses.py`` builds them (same inputs, data checks off).
+* Dice: MONAI's ``DiceLoss(softmax=True, batch=True)`` beside ``soft_dice_loss`` and
+  ``dice_semimetric_loss`` on ``(16, 11, 64, 64)`` maps with ids (built as the peers suite builds
+  them; MONAI is left out when it is not installed).
 * **Unit costs** - the time of one elementwise pass over the same ``(B, C)`` logits: a copy (one
   read, one write: the floor of a single-pass loss), ``exp``, ``log``, ``log1p``, ``tanh``,
   ``sigmoid``, ``torch.where``; a loss that needs ``n`` transcendental passes per element cannot
@@ -55,6 +58,13 @@ def cases(small: bool) -> List[Dict]:
         for name in COMPILED_LOSSES:
             out.append({"name": name, "B": 256, "C": c, "kind": "logits", "kwargs": {}, "compile": True,
                         "label": f"{name} (compiled)"})
+    dice_shape = [2, 11, 16, 16] if small else [16, 11, 64, 64]
+    label = "x".join(map(str, dice_shape))
+    for impl in ("monai.DiceLoss", "losses.soft_dice_loss", "losses.dice_semimetric_loss"):
+        if impl.startswith("monai") and not pl._installed("monai"):
+            continue
+        out.append({"peer": True, "family": "dice", "shape": dice_shape, "impl": impl, "target": "id",
+                    "label": f"{impl} ({label}, ids)", "B": dice_shape[0], "C": dice_shape[1]})
     return out
 
 
@@ -99,7 +109,7 @@ def profile_case(case: Dict, steps: int) -> Dict:
         inductor_config.cpp.enable_kernel_profile = True  # name each generated kernel in the profile
     with losses.validation(False), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        step, tensors = pl._build(case)
+        step, tensors = (pl._build_peer if case.get("peer") else pl._build)(case)
         for _ in range(3):  # warm-up (compilation happens here)
             step()
             pl._zero(tensors)
@@ -131,8 +141,8 @@ def run(out: str, small: bool, steps: int, top: int) -> str:
             csv_rows.append({"label": case["label"], "B": case["B"], "C": case["C"], "op": r["op"],
                              "self_ms": round(r["self_ms"], 4), "share": round(r["share"], 4),
                              "calls_per_step": round(r["calls"], 2), "step_ms": round(res["total_ms"], 4)})
-        print(f"{case['label']} ({case['B']}, {case['C']}): {res['total_ms']:.2f} ms", flush=True)
-    sizes = sorted({c["C"] for c, _ in results})
+        print(f"{case['label']}: {res['total_ms']:.2f} ms", flush=True)
+    sizes = sorted({c["C"] for c, _ in results if not c.get("peer")})
     units = {c: unit_costs(256, c, 5 if small else 15) for c in sizes}
 
     meta = pl._meta(1, "cpu")
@@ -150,13 +160,17 @@ def run(out: str, small: bool, steps: int, top: int) -> str:
         lines.append(f"| {c} | " + " | ".join(f"{units[c][k]:.2f}" for k in UNIT_OPS) + " |")
     lines += ["", "ms per pass (median of interleaved repetitions, CPU time); `log` and `log1p` are timed on "
               "`|x|` with the `abs` pass subtracted.", ""]
-    for c in sizes:
-        lines += [f"## C = {c}", ""]
+    sections = [(f"C = {c}", lambda case, c=c: not case.get("peer") and case["C"] == c) for c in sizes]
+    sections.append(("Dice on segmentation maps (MONAI's DiceLoss beside the project's)",
+                     lambda case: case.get("family") == "dice"))
+    for title, member in sections:
+        lines += [f"## {title}", ""]
         for case, res in results:
-            if case["C"] != c:
+            if not member(case):
                 continue
-            lines += [f"### {case['label']} (B = {case['B']}, C = {c}{', D = ' + str(case['D']) if 'D' in case else ''})"
-                      f": {res['total_ms']:.2f} ms per step", "",
+            where = (f"shape {'x'.join(map(str, case['shape']))}" if case.get("peer") else
+                     f"B = {case['B']}, C = {case['C']}{', D = ' + str(case['D']) if 'D' in case else ''}")
+            lines += [f"### {case['label']} ({where}): {res['total_ms']:.2f} ms per step", "",
                       "| operator | ms | share | calls |", "|---|---|---|---|"]
             for r in res["ops"][:top]:
                 op = r["op"].replace("|", "\\|")
