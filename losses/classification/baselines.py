@@ -206,7 +206,9 @@ def bce_with_logits_loss(
     check_reduction(fn, reduction)
     check_number(fn, "label_smoothing", label_smoothing, low=0.0, high=1.0, high_inclusive=False)
     dtype = compute_dtype(input, weight)
-    if (reduction != "none" and isinstance(target, Tensor) and not target.is_floating_point()
+    # integer ids, reduced: the fused Function (eagerly 10x faster at C = 1e5); under torch.compile
+    # the elementwise form below fuses better (measured 1.21x vs 1.72x compiled F.cross_entropy)
+    if (reduction != "none" and not _compiling() and isinstance(target, Tensor) and not target.is_floating_point()
             and not target.is_complex() and target.dtype != torch.bool and input.dim() >= 2
             and (weight is None or (isinstance(weight, Tensor) and weight.dim() == 1))):
         return _bce_ids(fn, input, target, float(label_smoothing), weight, ignore_index, reduction, dtype)
