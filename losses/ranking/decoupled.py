@@ -34,14 +34,20 @@ import math
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    _checking,
     auto_extra_repr,
     check_choice,
+    check_ids_in_range,
     check_number,
     check_reduction,
     reduce_loss,
+    upcast,
+    value_error,
+    zero_rows,
 )
 from .._masks import check_finite_or_masked
 from .._precision import no_autocast, softplus
@@ -62,6 +68,7 @@ from ._targets import (
     _loss_dtype,
     _masked_logsumexp,
     _ranking_targets,
+    _rows_list,
     _row_unit_weights,
     _sample_keys,
     _scaled,
@@ -86,8 +93,57 @@ POSITIVE_NORMALIZATIONS = ("sum", "mean")
 # --------------------------------------------------------------------------------------
 
 
+def _single_positive(target: object, mask: object) -> bool:
+    """One integer id per row and no candidate mask: both losses are then one cross-entropy."""
+    return (mask is None and isinstance(target, Tensor) and target.dim() == 1 and target.dtype != torch.bool
+            and not target.is_floating_point() and not target.is_complex())
+
+
+def _single_positive_rows(fn, scores, target, *, temperature, ignore_index):
+    """``(values, weights)`` for one positive id per row: ``L_i = logsumexp_l s_il - s_iy``, which is
+    InfoNCE and the decoupled softmax alike (with one positive the positive set is the target and
+    ``softplus(NLSE - s_y)`` is the same log-sum-exp), computed by ``F.cross_entropy`` without the
+    dense ``(B, L)`` positive and availability masks of the general path. The data checks and the
+    rules are the general path's: ids in range, finite scores or ``-inf`` masks, a ``-inf`` positive
+    or a row without a finite score raise ``ValueError``; with the checks off such a row (and an
+    out-of-range id) gets weight 0, its scores zeroed first so that nothing non-finite reaches the
+    gradient."""
+    _check_scores(fn, scores)
+    _check_two_candidates(fn, scores)
+    if target.shape[0] != scores.shape[0]:
+        raise value_error(fn, f"integer target must have shape ({scores.shape[0]},) or ({scores.shape[0]}, P) for "
+                          f"scores of shape {tuple(scores.shape)}", f"shape {tuple(target.shape)}",
+                          "pass one id per row or id lists padded with ignore_index")
+    check_ids_in_range(fn, target, scores.shape[1], ignore_index,
+                       hint="ids index the columns of scores; pad with ignore_index")
+    check_finite_or_masked(fn, "scores", scores)
+    dtype = _loss_dtype(scores, target)
+    t = target.to(scores.device).long()
+    valid = (t != ignore_index) & (t >= 0) & (t < scores.shape[1])
+    y = torch.where(valid, t, torch.zeros_like(t))
+    s_y = scores.detach().gather(1, y.unsqueeze(1)).squeeze(1)
+    if _checking() and scores.numel() > 0:
+        removed = valid & (s_y == -math.inf)
+        if bool(removed.any()):
+            raise value_error(fn, "mask or a -inf score removes a positive", _rows_list(removed),
+                              "a positive must stay a candidate: unmark it in mask or drop it from target")
+        empty = (scores.detach() == -math.inf).all(dim=1)
+        if bool(empty.any()):
+            raise value_error(fn, "a row has no finite score (every candidate is masked or -inf)",
+                              _rows_list(empty), "keep at least one candidate per row or drop the row")
+    valid = valid & (s_y != -math.inf)
+    x = zero_rows(upcast(scores, dtype), valid)
+    if temperature != 1.0:
+        x = x / temperature
+    values = F.cross_entropy(x, torch.where(valid, y, torch.full_like(y, -100)), ignore_index=-100,
+                             reduction="none")
+    return values, valid.to(dtype)
+
+
 def _decoupled_rows(fn, scores, target, *, temperature, weighted, sample_one_positive, mask_value, generator,
                     ignore_index, mask=None):
+    if mask_value == -math.inf and _single_positive(target, mask):
+        return _single_positive_rows(fn, scores, target, temperature=temperature, ignore_index=ignore_index)
     _check_scores(fn, scores)
     _check_two_candidates(fn, scores)
     mask = _check_candidate_mask(fn, mask, scores)
@@ -118,6 +174,8 @@ def _decoupled_rows(fn, scores, target, *, temperature, weighted, sample_one_pos
 
 
 def _infonce_rows(fn, scores, target, *, temperature, positive_normalization, ignore_index, mask=None):
+    if _single_positive(target, mask):
+        return _single_positive_rows(fn, scores, target, temperature=temperature, ignore_index=ignore_index)
     _check_scores(fn, scores)
     _check_two_candidates(fn, scores)
     mask = _check_candidate_mask(fn, mask, scores)
