@@ -181,8 +181,9 @@ def sparsemax(input: Tensor, *, dim: int = -1, k: Optional[int] = None) -> Tenso
             docs/performance.md; under ``torch.compile`` on CPU that search is one opaque operator
             of the graph, ``losses::exact_entmax_threshold``); an int uses ``torch.topk``
             with ``k`` entries and redoes the batch with ``2k`` while some slice's support
-            reaches ``k`` (a speed option only: the result is the same; on CPU it gives way to
-            the Newton search where that was measured faster). Deciding to redo is a host sync.
+            reaches ``k`` (a speed option only: the result is the same; on CPU the shape-chosen
+            search above is used whatever ``k`` is, as it was measured at least as fast as any
+            given ``k``). Deciding to redo is a host sync.
 
     Returns:
         Probabilities shaped like ``input``, in the input's dtype (as :func:`torch.softmax`).
@@ -415,8 +416,8 @@ def sparsemax_loss(
 
     ``k``: ``None`` finds the threshold exactly over all classes (full sort on GPU, the fastest
     exact search for the shape on CPU, also under ``torch.compile``; see :func:`sparsemax`); an int uses
-    a top-``k`` partial sort, redone with ``2k`` while some row's support reaches ``k`` (same
-    result, faster for many classes). The loss is computed from ``tau`` and the support only and
+    a top-``k`` partial sort on GPU, redone with ``2k`` while some row's support reaches ``k`` (same
+    result, faster for many classes; on CPU the shape-chosen search decides). The loss is computed from ``tau`` and the support only and
     the backward reuses the saved ``p*``.
     {args}
     >>> import torch, losses
@@ -518,7 +519,7 @@ class SparsemaxLoss(nn.Module):
 
     Args:
         k: ``None`` (default: exact threshold) or an int, the ``torch.topk`` size tried first
-            (a speed option only: the result is the same).
+            (a speed option only: the result is the same; on CPU the shape-chosen search decides).
         ignore_index: target id whose positions are skipped (default -100).
         reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
 
@@ -565,7 +566,7 @@ class Entmax15Loss(nn.Module):
 
     Args:
         k: ``None`` (default: exact threshold) or an int, the ``torch.topk`` size tried first
-            (a speed option only: the result is the same).
+            (a speed option only: the result is the same; on CPU the shape-chosen search decides).
         ignore_index: target id whose positions are skipped (default -100).
         reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
 
