@@ -36,6 +36,22 @@ from .._core import (
 )
 
 
+def integer_targets(fn: str, input: Tensor, target: Tensor, ignore_index: int) -> Tuple[Tensor, Tensor]:
+    """``(ids, valid)`` for integer ids ``target (N, d1..dk)`` of ``input (N, C, d1..dk)``: the shape
+    and range checks of :func:`elementwise_targets`, without building the dense one-hot tensor
+    (for losses that handle ids sparsely). ``ids`` is int64, ``valid`` is ``target != ignore_index``."""
+    expected = (input.shape[0],) + tuple(input.shape[2:])
+    if tuple(target.shape) != expected:
+        raise value_error(
+            fn,
+            f"integer target shape must be {expected} for input of shape {tuple(input.shape)}",
+            f"shape {tuple(target.shape)}",
+            "classes go on dim 1 of input and target holds one id per position",
+        )
+    check_ids_in_range(fn, target, input.shape[1], ignore_index)
+    return target.long(), target != ignore_index
+
+
 def elementwise_targets(
     fn: str,
     input: Tensor,
@@ -61,17 +77,8 @@ def elementwise_targets(
         y = target.to(dtype)
         unit = torch.ones_like(y)
     else:
-        expected = (input.shape[0],) + tuple(input.shape[2:])
-        if tuple(target.shape) != expected:
-            raise value_error(
-                fn,
-                f"integer target shape must be {expected} for input of shape {tuple(input.shape)}",
-                f"shape {tuple(target.shape)}",
-                "classes go on dim 1 of input and target holds one id per position",
-            )
-        check_ids_in_range(fn, target, c, ignore_index)
-        valid = target != ignore_index
-        safe = torch.where(valid, target, torch.zeros_like(target)).long()
+        ids, valid = integer_targets(fn, input, target, ignore_index)
+        safe = torch.where(valid, ids, torch.zeros_like(ids))
         y = F.one_hot(safe, c).movedim(-1, 1).to(dtype)
         unit = valid.unsqueeze(1).expand_as(y).to(dtype)
     if label_smoothing > 0:

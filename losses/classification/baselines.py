@@ -41,7 +41,7 @@ from .._core import (
 )
 from .._registry import register
 from .._softcap import apply_softcap, check_softcap
-from ._targets import broadcast_class_weight, elementwise_targets
+from ._targets import broadcast_class_weight, elementwise_targets, integer_targets
 
 __all__ = ["cross_entropy_loss", "bce_with_logits_loss", "CrossEntropyLoss", "BCEWithLogitsLoss"]
 
@@ -298,24 +298,17 @@ class _BCEIdsFunction(torch.autograd.Function):
 def _bce_ids(fn: str, input: Tensor, target: Tensor, eps: float, weight: Optional[Tensor], ignore_index: int,
              reduction: str, dtype: torch.dtype) -> Tensor:
     """:func:`bce_with_logits_loss` for integer ids and a reduced output, without the one-hot matrix."""
-    expected = (input.shape[0],) + tuple(input.shape[2:])
-    if tuple(target.shape) != expected:
-        raise value_error(fn, f"integer target shape must be {expected} for input of shape {tuple(input.shape)}",
-                          f"shape {tuple(target.shape)}",
-                          "classes go on dim 1 of input and target holds one id per position")
-    x2d, t2 = move_class_dim_last(input), target.reshape(-1)
+    ids, valid = integer_targets(fn, input, target, ignore_index)
+    x2d, ids, valid = move_class_dim_last(input), ids.reshape(-1), valid.reshape(-1)
     c = x2d.shape[1]
-    check_ids_in_range(fn, t2, c, ignore_index)
     w = None
     if weight is not None:
         check_class_weight(fn, weight, c, allow_shape=tuple(input.shape))
         w = weight.to(device=input.device, dtype=dtype)
-    valid = t2 != ignore_index
     finite = check_finite(fn, "input", input, allow_neg_inf=True, neg_inf_note="-inf is allowed (probability 0)")
     with no_autocast(input.device.type):
         x = zero_rows(upcast(x2d, dtype), valid, verified_finite=finite)
-        ids = torch.where(valid, t2, torch.zeros_like(t2)).long()
-        rows = _BCEIdsFunction.apply(x, ids, eps, w)
+        rows = _BCEIdsFunction.apply(x, torch.where(valid, ids, torch.zeros_like(ids)), eps, w)
         out = reduce_loss(rows, valid.to(dtype), reduction)
         return out / c if reduction == "mean" else out
 

@@ -25,7 +25,6 @@ from .._core import (
     check_choice,
     check_finite,
     check_floating,
-    check_ids_in_range,
     check_number,
     check_reduction,
     check_tensor,
@@ -36,7 +35,7 @@ from .._core import (
     value_error,
 )
 from .._registry import register
-from ._targets import broadcast_class_weight, elementwise_targets
+from ._targets import broadcast_class_weight, elementwise_targets, integer_targets
 
 __all__ = [
     "gumbel_activation",
@@ -367,22 +366,6 @@ def _check_clamp(fn: str, clamp: object) -> Optional[Tuple[float, float]]:
     return lo, hi
 
 
-def _integer_targets(fn: str, input: Tensor, target: Tensor, ignore_index: int) -> Tuple[Tensor, Tensor]:
-    """The checks of :func:`_targets.elementwise_targets` for integer ids, without building
-    the dense one-hot tensor (the paper variant handles ids sparsely)."""
-    expected = (input.shape[0],) + tuple(input.shape[2:])
-    if tuple(target.shape) != expected:
-        raise value_error(
-            fn,
-            f"integer target shape must be {expected} for input of shape {tuple(input.shape)}",
-            f"shape {tuple(target.shape)}",
-            "classes go on dim 1 of input and target holds one id per position",
-        )
-    check_ids_in_range(fn, target, input.shape[1], ignore_index)
-    valid = target != ignore_index
-    return target.long(), valid
-
-
 def gumbel_bce_loss(
     input: Tensor,
     target: Tensor,
@@ -482,7 +465,7 @@ def gumbel_bce_loss(
         ids = valid = None
     else:
         y = unit = None
-        ids, valid = _integer_targets(fn, input, target, ignore_index)
+        ids, valid = integer_targets(fn, input, target, ignore_index)
     w = broadcast_class_weight(fn, weight, input, dtype)
     # -inf: probability 0 (the -50 floor)
     finite = check_finite(fn, "input", input, allow_neg_inf=True, neg_inf_note="-inf is allowed (probability 0)")
