@@ -608,15 +608,22 @@ def flatten_logits_and_target(fn: str, input: Tensor, target: Tensor) -> tuple[T
             f"shape {tuple(input.shape)}",
             "add a batch dimension with input.unsqueeze(0)",
         )
+    expected = check_target_shape(fn, input, target)
+    return move_class_dim_last(input), target.reshape(-1), expected
+
+
+def check_target_shape(fn: str, input: Tensor, target: Tensor, *, name: str = "target") -> tuple[int, ...]:
+    """``target`` must hold one id per position of ``input (N, C, d1..dk)``: shape ``(N, d1..dk)``
+    (``ValueError`` naming ``name`` otherwise). Returns that shape."""
     expected = (input.shape[0],) + tuple(input.shape[2:])
     if tuple(target.shape) != expected:
         raise value_error(
             fn,
-            f"target shape must be {expected} for input of shape {tuple(input.shape)}",
+            f"{name} shape must be {expected} for input of shape {tuple(input.shape)}",
             f"shape {tuple(target.shape)}",
             "classes go on dim 1 of input and target holds one id per position",
         )
-    return move_class_dim_last(input), target.reshape(-1), expected
+    return expected
 
 
 # --------------------------------------------------------------------------------------

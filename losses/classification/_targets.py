@@ -30,6 +30,7 @@ from .._core import (
     check_class_weight,
     check_finite,
     check_ids_in_range,
+    check_target_shape,
     check_tensor,
     check_unit_interval,
     value_error,
@@ -40,14 +41,7 @@ def integer_targets(fn: str, input: Tensor, target: Tensor, ignore_index: int) -
     """``(ids, valid)`` for integer ids ``target (N, d1..dk)`` of ``input (N, C, d1..dk)``: the shape
     and range checks of :func:`elementwise_targets`, without building the dense one-hot tensor
     (for losses that handle ids sparsely). ``ids`` is int64, ``valid`` is ``target != ignore_index``."""
-    expected = (input.shape[0],) + tuple(input.shape[2:])
-    if tuple(target.shape) != expected:
-        raise value_error(
-            fn,
-            f"integer target shape must be {expected} for input of shape {tuple(input.shape)}",
-            f"shape {tuple(target.shape)}",
-            "classes go on dim 1 of input and target holds one id per position",
-        )
+    check_target_shape(fn, input, target, name="integer target")
     check_ids_in_range(fn, target, input.shape[1], ignore_index)
     return target.long(), target != ignore_index
 
