@@ -50,6 +50,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from .._core import _compiling
+
 __all__: list = []
 
 
@@ -229,13 +231,6 @@ class Threshold:
 
 #: Newton steps before falling back to a sort (typical rows need 2-7).
 NEWTON_MAX_ITER = 32
-
-
-def _compiling() -> bool:
-    try:
-        return torch.compiler.is_compiling()
-    except AttributeError:  # pragma: no cover - very old torch
-        return False
 
 
 #: top-k first sizes of :func:`auto_search` (typical supports are a few entries; wider ones double)

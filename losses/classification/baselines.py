@@ -242,6 +242,11 @@ def _bce_values(x: Tensor, y: Tensor, zero: Tensor) -> Tensor:
     return torch.logaddexp(torch.where(pos, -x, x), zero) + torch.where(pos, (1 - y) * x, -y * x)
 
 
+def _softplus_exact(x: Tensor) -> Tensor:
+    """``max(x, 0) + log1p(exp(-|x|))``: softplus without linearisation (exact in float64 at any |x|)."""
+    return x.abs().neg_().exp_().log1p_().add_(x.clamp(min=0))
+
+
 class _BCEIdsFunction(torch.autograd.Function):
     """Per-row sums of the binary cross-entropy against smoothed one-hot ids, fused.
 
@@ -257,7 +262,7 @@ class _BCEIdsFunction(torch.autograd.Function):
     def forward(ctx, x, ids, eps, w):  # type: ignore[override]
         c = x.shape[1]
         if x.dtype == torch.float64:  # softplus(x_j), the term of a label 0, exact at any magnitude
-            sp = x.abs().neg_().exp_().log1p_().add_(x.clamp(min=0))
+            sp = _softplus_exact(x)
         else:  # one fused pass; its linearisation above 20 is below float32 rounding (e^-20 / 20)
             sp = F.softplus(x)
         if eps > 0:
@@ -265,7 +270,7 @@ class _BCEIdsFunction(torch.autograd.Function):
         # the target's own term, softplus(-x_y) + eps (1 - 1/C) x_y, written in place (not subtracted
         # from the row sum, which would cancel softplus(x_y) ~ x_y in float32 at confident logits)
         xy = x.gather(1, ids.unsqueeze(1))
-        tgt = xy.neg().abs_().neg_().exp_().log1p_().add_((-xy).clamp(min=0))
+        tgt = _softplus_exact(-xy)
         if eps > 0:
             tgt = tgt + (eps * (1.0 - 1.0 / c)) * xy
             tgt = torch.where(xy == -math.inf, math.inf, tgt)  # a positive label on a logit of -inf

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from .. import _distributed as D
 from .._core import (
+    _compiling,
     auto_extra_repr,
     check_bool,
     check_choice,
@@ -203,13 +204,6 @@ def _unit_stats(
             if gather:
                 counts = D.all_reduce_with_grad(counts.detach())
     return sx, sy, sa, active, wc, counts
-
-
-def _compiling() -> bool:
-    try:
-        return torch.compiler.is_compiling()
-    except AttributeError:  # pragma: no cover - very old torch
-        return False
 
 
 def _softmax_dim1(z: Tensor) -> Tensor:

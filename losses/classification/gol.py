@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from .._core import (
+    _compiling,
     auto_extra_repr,
     check_choice,
     check_finite,
@@ -302,13 +303,6 @@ def _paper_forward(x: Tensor, y: Optional[Tensor], ids: Optional[Tensor], valid:
     if inv is not None:
         total = total * inv
     return total, grad
-
-
-def _compiling() -> bool:
-    try:
-        return torch.compiler.is_compiling()
-    except AttributeError:  # pragma: no cover - very old torch
-        return False
 
 
 _HALF = {torch.float32: torch.tensor(0.5, dtype=torch.float32)}

@@ -115,15 +115,26 @@ def _available(fn: str, scores: Tensor, mask: Optional[Tensor], pos: Tensor) -> 
     if mask is not None:
         avail = avail & ~mask
     if _checking() and scores.numel() > 0:
-        removed = pos & ~avail
-        if bool(removed.any()):
-            raise value_error(fn, "mask or a -inf score removes a positive", _rows_list(removed.any(dim=1)),
-                              "a positive must stay a candidate: unmark it in mask or drop it from target")
-        empty = ~avail.any(dim=1)
-        if bool(empty.any()):
-            raise value_error(fn, "a row has no finite score (every candidate is masked or -inf)",
-                              _rows_list(empty), "keep at least one candidate per row or drop the row")
+        _check_candidates(fn, (pos & ~avail).any(dim=1), ~avail.any(dim=1))
     return avail, pos & avail
+
+
+def _check_candidates(fn: str, removed: Tensor, empty: Tensor) -> None:
+    """Data checks on ``(B,)`` row flags: a positive removed by the mask or a ``-inf`` score, and a
+    row without any candidate, raise ``ValueError``."""
+    if bool(removed.any()):
+        raise value_error(fn, "mask or a -inf score removes a positive", _rows_list(removed),
+                          "a positive must stay a candidate: unmark it in mask or drop it from target")
+    if bool(empty.any()):
+        raise value_error(fn, "a row has no finite score (every candidate is masked or -inf)",
+                          _rows_list(empty), "keep at least one candidate per row or drop the row")
+
+
+def _check_id_shape(fn: str, target: Tensor, b: int, n_labels: int) -> None:
+    """Integer ids of ``(B, L)`` scores: shape ``(B,)`` or ``(B, P)``."""
+    if target.dim() not in (1, 2) or target.shape[0] != b:
+        raise value_error(fn, f"integer target must have shape ({b},) or ({b}, P) for scores of shape ({b}, {n_labels})",
+                          f"shape {tuple(target.shape)}", "pass one id per row or id lists padded with ignore_index")
 
 
 def _check_two_candidates(fn: str, scores: Tensor) -> None:
@@ -160,9 +171,7 @@ def _ranking_targets(fn: str, scores: Tensor, target: object, ignore_index: int,
         y = upcast(target, dtype)
         return pos, torch.where(pos, y, torch.zeros_like(y))
     # integer ids
-    if target.dim() not in (1, 2) or target.shape[0] != b:
-        raise value_error(fn, f"integer target must have shape ({b},) or ({b}, P) for scores of shape ({b}, {n_labels})",
-                          f"shape {tuple(target.shape)}", "pass one id per row or id lists padded with ignore_index")
+    _check_id_shape(fn, target, b, n_labels)
     _check_not_a_mask(fn, target, n_labels)
     check_ids_in_range(fn, target, n_labels, ignore_index, hint="ids index the columns of scores; pad with ignore_index")
     ids = target if target.dim() == 2 else target.unsqueeze(1)

@@ -46,7 +46,6 @@ from .._core import (
     check_reduction,
     reduce_loss,
     upcast,
-    value_error,
     zero_rows,
 )
 from .._masks import check_finite_or_masked
@@ -60,6 +59,8 @@ from ._targets import (
     _available,
     _check_bool,
     _check_candidate_mask,
+    _check_candidates,
+    _check_id_shape,
     _check_mask_value,
     _check_scores,
     _check_seed,
@@ -68,7 +69,6 @@ from ._targets import (
     _loss_dtype,
     _masked_logsumexp,
     _ranking_targets,
-    _rows_list,
     _row_unit_weights,
     _sample_keys,
     _scaled,
@@ -110,10 +110,7 @@ def _single_positive_rows(fn, scores, target, *, temperature, ignore_index):
     gradient."""
     _check_scores(fn, scores)
     _check_two_candidates(fn, scores)
-    if target.shape[0] != scores.shape[0]:
-        raise value_error(fn, f"integer target must have shape ({scores.shape[0]},) or ({scores.shape[0]}, P) for "
-                          f"scores of shape {tuple(scores.shape)}", f"shape {tuple(target.shape)}",
-                          "pass one id per row or id lists padded with ignore_index")
+    _check_id_shape(fn, target, scores.shape[0], scores.shape[1])
     check_ids_in_range(fn, target, scores.shape[1], ignore_index,
                        hint="ids index the columns of scores; pad with ignore_index")
     check_finite_or_masked(fn, "scores", scores)
@@ -123,14 +120,7 @@ def _single_positive_rows(fn, scores, target, *, temperature, ignore_index):
     y = torch.where(valid, t, torch.zeros_like(t))
     s_y = scores.detach().gather(1, y.unsqueeze(1)).squeeze(1)
     if _checking() and scores.numel() > 0:
-        removed = valid & (s_y == -math.inf)
-        if bool(removed.any()):
-            raise value_error(fn, "mask or a -inf score removes a positive", _rows_list(removed),
-                              "a positive must stay a candidate: unmark it in mask or drop it from target")
-        empty = (scores.detach() == -math.inf).all(dim=1)
-        if bool(empty.any()):
-            raise value_error(fn, "a row has no finite score (every candidate is masked or -inf)",
-                              _rows_list(empty), "keep at least one candidate per row or drop the row")
+        _check_candidates(fn, valid & (s_y == -math.inf), (scores.detach() == -math.inf).all(dim=1))
     valid = valid & (s_y != -math.inf)
     x = zero_rows(upcast(scores, dtype), valid)
     if temperature != 1.0:
