@@ -95,6 +95,15 @@ def _check_index(fn: str, index: object, positives: Tensor, num_classes: int, de
     return idx
 
 
+def _rows(weight: Tensor, chosen: Tensor) -> Tensor:
+    """``weight[chosen]`` for sorted unique ``chosen``; ``weight`` itself when every row is chosen
+    (rate 1.0, or a batch whose positives cover every class), which skips a ``(C, D)`` copy forward
+    and a dense zero-filled ``(C, D)`` scatter backward."""
+    if chosen.numel() == weight.shape[0]:
+        return weight
+    return weight.index_select(0, chosen)
+
+
 def _no_rows(embeddings: Tensor, weight: Tensor, n: int, dtype: torch.dtype, reduction: str) -> Tensor:
     """No valid row anywhere: an exact, graph-attached 0 (zeros for ``"none"``)."""
     zeros = torch.zeros(n, dtype=dtype, device=embeddings.device)
@@ -138,7 +147,7 @@ def _partial_fc(
         k = int(rate * num_classes)
         chosen = pos if pos.numel() >= k else _top_with_positives(
             _uniform_keys(num_classes, generator, weight.device), pos, k)
-    w = upcast(weight.index_select(0, chosen), dtype)
+    w = upcast(_rows(weight, chosen), dtype)
     check_finite(fn, "weight", w)
     first = chosen[:1].to(target.device)
     y = torch.searchsorted(chosen, torch.where(valid, target.long(), first).to(chosen.device))
@@ -483,7 +492,7 @@ class PartialFCLoss(GeneratorStateMixin):
             idx = _check_index(fn, index, pos_all, num_classes, device)
             chosen = idx[(idx >= start) & (idx < start + rows)] - start
         self.last_index = (chosen + start).detach()
-        w = upcast(self.weight.index_select(0, chosen), dtype)
+        w = upcast(_rows(self.weight, chosen), dtype)
         if _checking():  # the same verdict on every rank
             bad = (~torch.isfinite(w)).sum().reshape(1)
             dist.all_reduce(bad, group=group)

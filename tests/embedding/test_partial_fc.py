@@ -96,6 +96,33 @@ def test_gradcheck_embeddings_and_centres(name, shape):
         lambda a, b: _call(a, b, y, index=index, reduction="none", scale=3.0, **kw), (x, w))
 
 
+@pytest.mark.parametrize("name", ["arcface", "cosface"])
+def test_every_class_chosen_uses_the_centres_in_place(name):
+    """When the chosen classes are all C (rate 1.0, or a batch whose positives cover every class) the
+    centres are used without a gather; values and gradients still match an explicit gather, and
+    gradients accumulate into ``weight.grad`` across calls."""
+    from tests.embedding.test_margin_softmax import _inputs_with_target_cos
+
+    x, w, y = _inputs_with_target_cos(4, 3, 5, seed=3)
+    y = torch.tensor([0, 1, 2, 1])  # positives cover every class: chosen = all three even at rate 0.1
+    kw = ALL_CONFIGS[name]
+    x.requires_grad_(True)
+    w.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda a, b: _call(a, b, y, sample_rate=0.1, scale=3.0, **kw), (x, w))
+    got = _call(x, w, y, sample_rate=0.1, **kw)
+    gathered = w.index_select(0, torch.arange(3))  # the gather the in-place path skips
+    ref = losses.margin_softmax_loss(x, y, gathered, **kw)
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+    for a, b in zip(torch.autograd.grad(got, (x, w)), torch.autograd.grad(ref, (x, w))):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    module = losses.PartialFCLoss(5, 3, sample_rate=1.0, seed=0).double()
+    xm = x.detach()
+    module(xm, y).backward()
+    once = module.weight.grad.clone()
+    module(xm, y).backward()
+    torch.testing.assert_close(module.weight.grad, 2 * once)
+
+
 @pytest.mark.parametrize("num_classes, rate, labels", [
     (20, 0.3, [0, 0, 5, 19]),         # k = 6 > |P| = 3
     (20, 0.1, [1, 2, 3, 4, 5]),       # k = 2 < |P| = 5: only positives
