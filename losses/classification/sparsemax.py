@@ -513,7 +513,43 @@ def _wide(x: Tensor) -> Tensor:
     return upcast(x, compute_dtype(x)) if isinstance(x, Tensor) and x.is_floating_point() else x
 
 
-class SparsemaxLoss(nn.Module):
+class _ExactEntmaxLoss(nn.Module):
+    """The module form shared by :class:`SparsemaxLoss` and :class:`Entmax15Loss`: the same
+    arguments (``k``, ``ignore_index``, ``reduction``), the loss function and its mapping set by the
+    subclass."""
+
+    _loss = staticmethod(sparsemax_loss)
+    _mapping = staticmethod(sparsemax)
+
+    def __init__(self, *, k: Optional[int] = None, ignore_index: int = -100, reduction: str = "mean") -> None:
+        super().__init__()
+        name = type(self).__name__
+        check_reduction(name, reduction)
+        self.k = _check_k(name, k)
+        self.ignore_index = int(ignore_index)
+        self.reduction = reduction
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        """The loss of ``input`` against ``target``.
+
+        Args:
+            input: logits ``(N, C)`` or ``(N, C, d1..dk)``, classes on dim 1.
+            target: integer class ids ``(N,)`` or ``(N, d1..dk)``.
+
+        Returns:
+            A scalar (``"mean"``, ``"sum"``) or the per-position losses ``(N, d1..dk)`` (``"none"``).
+        """
+        return self._loss(input, target, k=self.k, ignore_index=self.ignore_index, reduction=self.reduction)
+
+    def predict_proba(self, input: Tensor) -> Tensor:
+        """The loss's own (sparse) output distribution over classes (dim 1), in float32 (float64
+        for float64 logits) like the loss itself, also for half logits."""
+        return self._mapping(_wide(input), dim=1, k=self.k)
+
+    extra_repr = auto_extra_repr
+
+
+class SparsemaxLoss(_ExactEntmaxLoss):
     """Sparsemax loss as a module (Martins & Astudillo, ICML 2016, arXiv:1602.02068);
     the maths is :func:`losses.sparsemax_loss`.
 
@@ -525,42 +561,19 @@ class SparsemaxLoss(nn.Module):
 
     ``forward(input, target)``: ``input (N, C)`` or ``(N, C, d1..dk)`` logits, ``target`` ids
     ``(N,)`` / ``(N, d1..dk)``. Returns a scalar for ``"mean"``/``"sum"``, ``(N, d1..dk)`` for
-    ``"none"``. ``.predict_proba(input)`` gives the loss's own sparse distribution over dim 1.
-    No parameters or buffers.
+    ``"none"``. ``.predict_proba(input)`` gives the loss's own sparse distribution over dim 1
+    (:func:`losses.sparsemax`). No parameters or buffers.
 
     >>> import torch, losses
     >>> losses.SparsemaxLoss()(torch.tensor([[2.0, 0.0]]), torch.tensor([0]))
     tensor(0.)
     """
 
-    def __init__(self, *, k: Optional[int] = None, ignore_index: int = -100, reduction: str = "mean") -> None:
-        super().__init__()
-        check_reduction("SparsemaxLoss", reduction)
-        self.k = _check_k("SparsemaxLoss", k)
-        self.ignore_index = int(ignore_index)
-        self.reduction = reduction
-
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:
-        """The sparsemax loss of ``input`` against ``target``.
-
-        Args:
-            input: logits ``(N, C)`` or ``(N, C, d1..dk)``, classes on dim 1.
-            target: integer class ids ``(N,)`` or ``(N, d1..dk)``.
-
-        Returns:
-            A scalar (``"mean"``, ``"sum"``) or the per-position losses ``(N, d1..dk)`` (``"none"``).
-        """
-        return sparsemax_loss(input, target, k=self.k, ignore_index=self.ignore_index, reduction=self.reduction)
-
-    def predict_proba(self, input: Tensor) -> Tensor:
-        """The loss's own (sparse) output distribution, ``sparsemax`` over classes (dim 1), in float32
-        (float64 for float64 logits) like the loss itself, also for half logits."""
-        return sparsemax(_wide(input), dim=1, k=self.k)
-
-    extra_repr = auto_extra_repr
+    _loss = staticmethod(sparsemax_loss)
+    _mapping = staticmethod(sparsemax)
 
 
-class Entmax15Loss(nn.Module):
+class Entmax15Loss(_ExactEntmaxLoss):
     """1.5-entmax loss as a module (Peters et al., ACL 2019, arXiv:1905.05702);
     the maths is :func:`losses.entmax15_loss`.
 
@@ -572,39 +585,16 @@ class Entmax15Loss(nn.Module):
 
     ``forward(input, target)``: ``input (N, C)`` or ``(N, C, d1..dk)`` logits, ``target`` ids
     ``(N,)`` / ``(N, d1..dk)``. Returns a scalar for ``"mean"``/``"sum"``, ``(N, d1..dk)`` for
-    ``"none"``. ``.predict_proba(input)`` gives the loss's own sparse distribution over dim 1.
-    No parameters or buffers.
+    ``"none"``. ``.predict_proba(input)`` gives the loss's own sparse distribution over dim 1
+    (:func:`losses.entmax15`). No parameters or buffers.
 
     >>> import torch, losses
     >>> losses.Entmax15Loss(reduction="sum")(torch.tensor([[4.0, 0.0]]), torch.tensor([0]))
     tensor(0.)
     """
 
-    def __init__(self, *, k: Optional[int] = None, ignore_index: int = -100, reduction: str = "mean") -> None:
-        super().__init__()
-        check_reduction("Entmax15Loss", reduction)
-        self.k = _check_k("Entmax15Loss", k)
-        self.ignore_index = int(ignore_index)
-        self.reduction = reduction
-
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:
-        """The 1.5-entmax loss of ``input`` against ``target``.
-
-        Args:
-            input: logits ``(N, C)`` or ``(N, C, d1..dk)``, classes on dim 1.
-            target: integer class ids ``(N,)`` or ``(N, d1..dk)``.
-
-        Returns:
-            A scalar (``"mean"``, ``"sum"``) or the per-position losses ``(N, d1..dk)`` (``"none"``).
-        """
-        return entmax15_loss(input, target, k=self.k, ignore_index=self.ignore_index, reduction=self.reduction)
-
-    def predict_proba(self, input: Tensor) -> Tensor:
-        """The loss's own (sparse) output distribution, ``entmax15`` over classes (dim 1), in float32
-        (float64 for float64 logits) like the loss itself, also for half logits."""
-        return entmax15(_wide(input), dim=1, k=self.k)
-
-    extra_repr = auto_extra_repr
+    _loss = staticmethod(entmax15_loss)
+    _mapping = staticmethod(entmax15)
 
 
 class EntmaxBisectLoss(nn.Module):
