@@ -26,15 +26,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .image_variants import (  # noqa: F401  (re-exported: the helpers used to live here)
-    ASYMMETRIC_FLIPS,
-    ClassificationVariantsDataModule,
-    SegmentationVariantsDataModule,
-    _check,
-    _upsample,
-    long_tailed_counts,
-    stratified_split,
-)
+from .image_variants import ASYMMETRIC_FLIPS, ClassificationVariantsDataModule, SegmentationVariantsDataModule
 
 __all__ = ["DigitsDataModule", "DigitsSegmentationDataModule", "load_digits_tensors", "ASYMMETRIC_FLIPS"]
 
