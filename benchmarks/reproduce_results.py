@@ -544,6 +544,23 @@ def parse_fmt(cell: str) -> Tuple[float, float]:
     return float(cell), float("nan")
 
 
+def grid_edges(arm: Arm, point: Dict[str, Any]) -> List[str]:
+    """The tuned values of ``point`` that sit at an end of their grid list, e.g. ``["lr=0.01
+    (highest of 3)"]``: lists of three or more numbers only (with two, every choice is an end; an
+    explicit ``points`` grid has no order). Such an arm may be under-tuned: its optimum can lie
+    beyond the grid."""
+    out = []
+    for key, vals in arm.grid:
+        nums = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if len(vals) < 3 or len(nums) != len(vals) or key not in point:
+            continue
+        v = point[key]
+        end = "lowest" if v == min(nums) else "highest" if v == max(nums) else ""
+        if end:
+            out.append(f"{key.split('.')[-1]}={cli_value(v)} ({end} of {len(vals)})")
+    return out
+
+
 def _params_text(p: Dict[str, Any]) -> str:
     if not p:
         return "recipe as is"
@@ -692,6 +709,9 @@ def write_markdown(benchmark: str, claims: Sequence[Claim], results: Sequence[di
                 cells.append(f"**{txt}**" if t["params"] == chosen.get(k) else txt)
             lines.append(f"- {a.label} ({a.select}): " + "; ".join(cells))
         lines.append("")
+        edges = [f"{arms[k].label}: {', '.join(e)}" for k in c.arms if (e := grid_edges(arms[k], chosen.get(k, {})))]
+        if edges:
+            lines += ["Chosen at an end of its grid (the optimum may lie outside it): " + "; ".join(edges) + ".", ""]
     lines += ["## Data", ""]
     seen = {}
     for r in rows:
@@ -946,6 +966,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         lines.append(f"| {c.family} | {c.data} | {c.claim} | {first} | {res['verdict']} | "
                      f"[{c.benchmark}.md]({c.benchmark}.md) |")
     lines.append("")
+    edges = [(res["claim"].key, cf.arms[k].label, e) for res in summary for k in res["claim"].arms
+             if (e := grid_edges(cf.arms[k], chosen.get(k, {})))]
+    if edges:
+        lines += ["Tuned values at an end of their grid (those arms may be under-tuned; a wider grid could move "
+                  "their results):", ""]
+        seen = set()
+        for key, label, e in edges:
+            if label not in seen:
+                seen.add(label)
+                lines.append(f"- {label} (`{key}`): {', '.join(e)}")
+        lines.append("")
     with open(os.path.join(out, "summary.md"), "w") as fh:
         fh.write("\n".join(lines))
     n_fail = sum(not r["ok"] for r in rows)

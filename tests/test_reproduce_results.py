@@ -142,6 +142,38 @@ def test_report_statistics_match_an_independent_computation(tmp_path):
     assert rr.fmt(statistics.fmean(ce_vals), statistics.stdev(ce_vals)) in md
 
 
+def test_grid_edges_flags_a_choice_at_an_end_of_a_numeric_list():
+    arm = CF.arms["ce_lt"]  # lr over [0.001, 0.002, 0.005]
+    lo, mid, hi = arm.grid_points()
+    assert rr.grid_edges(arm, lo) == ["lr=0.001 (lowest of 3)"]
+    assert rr.grid_edges(arm, mid) == []
+    assert rr.grid_edges(arm, hi) == ["lr=0.005 (highest of 3)"]
+    assert rr.grid_edges(arm, {}) == []
+    explicit = next(a for a in CF.arms.values() if a.points)  # an explicit list has no order
+    assert all(rr.grid_edges(explicit, p) == [] for p in explicit.grid_points())
+    two = rr.Arm("x", "vision", "x", arm.recipe, 1, "val/acc", grid=(("model.init_args.lr", (0.1, 0.2)),))
+    assert rr.grid_edges(two, {"model.init_args.lr": 0.2}) == []  # with two values every choice is an end
+
+
+def test_report_names_the_arms_tuned_at_a_grid_edge(tmp_path):
+    rows = _synthetic_rows()
+    claim = next(c for c in CF.claims if c.key == "wcdas")
+    res = rr.claim_results(claim, rows, seeds=list(range(10)), method="t", confidence=0.95)
+    chosen = {k: CF.arms[k].grid_points()[1] for k in claim.arms}
+    chosen["ce_lt"] = CF.arms["ce_lt"].grid_points()[-1]
+    meta = {"mode": "test", "command": "x", "code": "c", "date": "d", "versions": {}, "cpus": 2, "cpu": "cpu",
+            "jobs": 1, "threads": 1, "ci": "t", "confidence": 0.95, "power": 0.8, "bootstrap_resamples": 10000,
+            "tuning_seeds": [1000], "seeds_of": {"wcdas": list(range(10))}}
+    md_path = tmp_path / "vision.md"
+    rr.write_markdown("vision", [claim], [res], rows, CF, chosen, {}, meta, str(md_path), [])
+    md = md_path.read_text()
+    edge_lines = [line for line in md.splitlines() if line.startswith("Chosen at an end of its grid")]
+    assert len(edge_lines) == 1
+    assert f"{CF.arms['ce_lt'].label}: lr=0.005 (highest of 3)" in edge_lines[0]
+    others = [k for k in claim.arms if k != "ce_lt" and rr.grid_edges(CF.arms[k], chosen[k])]
+    assert all(CF.arms[k].label in edge_lines[0] for k in others)
+
+
 def test_bootstrap_option_is_used_and_stated(tmp_path):
     rows = _synthetic_rows()
     claim = next(c for c in CF.claims if c.key == "wcdas")
