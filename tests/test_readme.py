@@ -33,7 +33,6 @@ def test_ci_runs_the_readme_test_command():
     assert m.group(1).strip() in ci
 
 
-
 @pytest.mark.parametrize("failing, expected", [("install", 3), ("tests", 1)])
 def test_ci_fails_when_the_install_or_the_tests_fail(tmp_path, failing, expected):
     """.ci/run exits with the failing step's status (a bare ``a && b`` under ``set -e`` would exit 0):

@@ -95,6 +95,13 @@ def _synthetic_rows():
     return rows
 
 
+def _meta(seeds_of):
+    """The report metadata ``main`` would pass, for hand-made rows."""
+    return {"mode": "test", "command": "x", "code": "c", "date": "d", "versions": {}, "cpus": 2, "cpu": "cpu",
+            "jobs": 1, "threads": 1, "ci": "t", "confidence": 0.95, "power": 0.8, "bootstrap_resamples": 10000,
+            "tuning_seeds": [1000], "seeds_of": seeds_of}
+
+
 def _cells(md, heading_key):
     """The paired-check table rows of the claim whose heading ends with ``(`key`)``."""
     block = md.split(f"(`{heading_key}`)", 1)[1].split("\n## ", 1)[0]
@@ -110,9 +117,7 @@ def test_report_statistics_match_an_independent_computation(tmp_path):
     claim = next(c for c in CF.claims if c.key == "wcdas")
     res = rr.claim_results(claim, rows, seeds=list(range(10)), method="t", confidence=0.95)
     chosen = {k: CF.arms[k].grid_points()[0] for k in claim.arms}
-    meta = {"mode": "test", "command": "x", "code": "c", "date": "d", "versions": {}, "cpus": 2, "cpu": "cpu",
-            "jobs": 1, "threads": 1, "ci": "t", "confidence": 0.95, "power": 0.8, "bootstrap_resamples": 10000,
-            "tuning_seeds": [1000], "seeds_of": {"wcdas": list(range(10))}}
+    meta = _meta({"wcdas": list(range(10))})
     md_path = tmp_path / "vision.md"
     rr.write_markdown("vision", [claim], [res], rows, CF, chosen, {}, meta, str(md_path), ["vision_forest.png"])
     assert rr.plot_forest("vision", [res], CF.arms, str(tmp_path / "f.png")) == 4
@@ -161,9 +166,7 @@ def test_report_names_the_arms_tuned_at_a_grid_edge(tmp_path):
     res = rr.claim_results(claim, rows, seeds=list(range(10)), method="t", confidence=0.95)
     chosen = {k: CF.arms[k].grid_points()[1] for k in claim.arms}
     chosen["ce_lt"] = CF.arms["ce_lt"].grid_points()[-1]
-    meta = {"mode": "test", "command": "x", "code": "c", "date": "d", "versions": {}, "cpus": 2, "cpu": "cpu",
-            "jobs": 1, "threads": 1, "ci": "t", "confidence": 0.95, "power": 0.8, "bootstrap_resamples": 10000,
-            "tuning_seeds": [1000], "seeds_of": {"wcdas": list(range(10))}}
+    meta = _meta({"wcdas": list(range(10))})
     md_path = tmp_path / "vision.md"
     rr.write_markdown("vision", [claim], [res], rows, CF, chosen, {}, meta, str(md_path), [])
     md = md_path.read_text()
@@ -186,9 +189,7 @@ def test_bootstrap_option_is_used_and_stated(tmp_path):
     half = 1.96 * d.std(ddof=0) / math.sqrt(10)
     assert ci.low == pytest.approx(d.mean() - half, abs=0.3 * half)
     assert ci.high == pytest.approx(d.mean() + half, abs=0.3 * half)
-    meta = {"mode": "test", "command": "x", "code": "c", "date": "d", "versions": {}, "cpus": 2, "cpu": "cpu",
-            "jobs": 1, "threads": 1, "ci": "bootstrap", "confidence": 0.95, "power": 0.8,
-            "bootstrap_resamples": 10000, "tuning_seeds": [1000], "seeds_of": {"wcdas": list(range(10))}}
+    meta = {**_meta({"wcdas": list(range(10))}), "ci": "bootstrap"}
     path = tmp_path / "v.md"
     rr.write_markdown("vision", [claim], [res], rows, CF, {}, {}, meta, str(path), [])
     assert "percentile bootstrap of the mean (10000 resamples)" in path.read_text()

@@ -516,10 +516,7 @@ def _wide(x: Tensor) -> Tensor:
 class _ExactEntmaxLoss(nn.Module):
     """The module form shared by :class:`SparsemaxLoss` and :class:`Entmax15Loss`: the same
     arguments (``k``, ``ignore_index``, ``reduction``), the loss function and its mapping set by the
-    subclass."""
-
-    _loss = staticmethod(sparsemax_loss)
-    _mapping = staticmethod(sparsemax)
+    subclass (``_loss``, ``_mapping``)."""
 
     def __init__(self, *, k: Optional[int] = None, ignore_index: int = -100, reduction: str = "mean") -> None:
         super().__init__()
