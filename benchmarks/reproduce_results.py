@@ -966,16 +966,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         lines.append(f"| {c.family} | {c.data} | {c.claim} | {first} | {res['verdict']} | "
                      f"[{c.benchmark}.md]({c.benchmark}.md) |")
     lines.append("")
-    edges = [(res["claim"].key, cf.arms[k].label, e) for res in summary for k in res["claim"].arms
-             if (e := grid_edges(cf.arms[k], chosen.get(k, {})))]
+    edges: Dict[str, Tuple[str, List[str]]] = {}  # arm -> (its first claim, its grid ends)
+    for res in summary:
+        for k in res["claim"].arms:
+            if k not in edges and (e := grid_edges(cf.arms[k], chosen.get(k, {}))):
+                edges[k] = (res["claim"].key, e)
     if edges:
         lines += ["Tuned values at an end of their grid (those arms may be under-tuned; a wider grid could move "
                   "their results):", ""]
-        seen = set()
-        for key, label, e in edges:
-            if label not in seen:
-                seen.add(label)
-                lines.append(f"- {label} (`{key}`): {', '.join(e)}")
+        lines += [f"- {cf.arms[k].label} (`{key}`): {', '.join(e)}" for k, (key, e) in edges.items()]
         lines.append("")
     with open(os.path.join(out, "summary.md"), "w") as fh:
         fh.write("\n".join(lines))
