@@ -33,7 +33,8 @@ Usage::
 ``--quick`` (1 seed, the first grid point, 1 epoch of 2 batches; numbers meaningless) refuses
 to write into the repository's ``results/``. Each run is a fresh process
 (``benchmarks/_reproduce_worker.py``, which calls ``lightning_modules.cli.main``); ``--jobs`` runs
-that many at once with ``max(1, cpus // jobs)`` torch threads each. Finished runs are kept in
+that many at once with ``max(1, cpus // jobs)`` torch threads each, from one queue: the longest
+declared run first, and an arm's evaluation as soon as its own tuning is done (``run_plan``). Finished runs are kept in
 ``--workdir``, keyed by recipe content and exact arguments, so an interrupted reproduction resumes
 (``--fresh`` ignores them; use it after changing the library).
 """
@@ -56,7 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -439,37 +440,82 @@ def _row(run: Run, args: Sequence[str], res: dict) -> dict:
     return row
 
 
-def run_all(runs: Sequence[Run], *, jobs: int, threads: int, quick: bool, workdir: str, fresh: bool,
-            timeout: float, log=print) -> List[dict]:
-    order = sorted(runs, key=lambda r: (-r.arm.seconds, r.seed))  # long runs first
-    # arms whose runs are identical (same recipe and arguments, e.g. one recipe selected on two
-    # metrics) share one process: the first runs, the others read its cached result afterwards
-    first: Dict[str, Run] = {}
-    later: List[Run] = []
-    for r in order:
-        k = _run_key(r, r.args(quick))
-        if k in first:
-            later.append(r)
-        else:
-            first[k] = r
-    rows: List[dict] = []
+def run_plan(arms: Sequence[Arm], tune: Sequence[Run], eval_seeds: Dict[str, Sequence[int]], *, jobs: int,
+             threads: int, quick: bool, workdir: str, fresh: bool, timeout: float, log=print,
+             execute_fn=None) -> Tuple[List[dict], List[dict], Dict[str, Dict[str, Any]], Dict[str, List[dict]]]:
+    """Run the tuning and then the evaluation of every arm as one queue of at most ``jobs`` processes.
+
+    An arm's grid point is chosen (``choose``) as soon as its own tuning runs are done, and its
+    evaluation runs join the queue then: a slow arm's tuning does not hold up the evaluation of the
+    others, so no process slot stands idle while runs are left. The queue starts the run of the
+    longest declared ``seconds`` first (tuning before evaluation among equals). Runs that are identical
+    (the same recipe and arguments, e.g. one arm selected on two metrics or two arms that agree) run
+    once: a copy waits for the first and then reads its cached result.
+
+    Returns ``(tuning rows, evaluation rows, chosen point per arm, tuning table per arm)``; the rows
+    are in plan order (``tune`` as given; evaluation by arm, then seed), not in completion order.
+    """
+    run_fn = execute_fn or execute
+    opts = dict(quick=quick, workdir=workdir, threads=threads, timeout=timeout)
+    total = len(tune) + sum(len(eval_seeds.get(a.key, ())) for a in arms)
+    left = {a.key: 0 for a in arms}
+    for r in tune:
+        left[r.arm.key] += 1
+    tune_rows: Dict[int, dict] = {}
+    eval_rows: Dict[Tuple[str, int], dict] = {}
+    chosen: Dict[str, Dict[str, Any]] = {}
+    tables: Dict[str, List[dict]] = {}
+    pending: List[Run] = list(tune)
     t0 = time.perf_counter()
+    n_done = 0
+
+    def queue_evaluation(a: Arm) -> None:
+        rows = [tune_rows[id(r)] for r in tune if r.arm.key == a.key]
+        chosen[a.key], tables[a.key] = choose(a, rows, quick)
+        pending.extend(Run(a, s, "eval", tuple(chosen[a.key].items())) for s in sorted(eval_seeds.get(a.key, ())))
+
+    def finish(r: Run, row: dict) -> None:
+        nonlocal n_done
+        n_done += 1
+        status = "cached" if row["cached"] else ("ok" if row["ok"] else "FAILED " + row["error"][:200])
+        log(f"[{n_done}/{total} {time.perf_counter() - t0:7.0f}s] {r.phase} {r.arm.key} seed {r.seed} "
+            f"{row['params']}: {status} ({row['run_seconds']:.0f} s)", flush=True)
+        if r.phase == "tune":
+            tune_rows[id(r)] = row
+            left[r.arm.key] -= 1
+            if left[r.arm.key] == 0:
+                queue_evaluation(r.arm)
+        else:
+            eval_rows[(r.arm.key, r.seed)] = row
+
+    for a in arms:
+        if left[a.key] == 0:
+            queue_evaluation(a)
+    in_flight: Dict[Any, Tuple[Run, str]] = {}  # future -> (run, key)
+    busy: Dict[str, List[Run]] = {}  # key in flight -> identical runs waiting for it
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(execute, r, quick=quick, workdir=workdir, threads=threads, fresh=fresh,
-                               timeout=timeout): r for r in first.values()}
-        for i, fut in enumerate(as_completed(futures), 1):
-            r = futures[fut]
-            row = fut.result()
-            rows.append(row)
-            status = "cached" if row["cached"] else ("ok" if row["ok"] else "FAILED " + row["error"][:200])
-            log(f"[{i}/{len(first)} {time.perf_counter() - t0:7.0f}s] {r.phase} {r.arm.key} seed {r.seed} "
-                f"{row['params']}: {status} ({row['run_seconds']:.0f} s)", flush=True)
-    for r in later:
-        rows.append(execute(r, quick=quick, workdir=workdir, threads=threads, fresh=False, timeout=timeout))
-    index = {id(r): i for i, r in enumerate(runs)}
-    by_run = {(row["arm"], row["phase"], row["seed"], row["params"]): row for row in rows}
-    return [by_run[(r.arm.key, r.phase, r.seed, json.dumps(dict(r.params), sort_keys=True))]
-            for r in sorted(runs, key=lambda r: index[id(r)])]
+        while pending or in_flight:
+            pending.sort(key=lambda r: (-r.arm.seconds, r.phase != "tune", r.arm.key, r.seed))
+            while pending and len(in_flight) < max(1, jobs):
+                r = pending.pop(0)
+                key = _run_key(r, r.args(quick))
+                if key in busy:
+                    busy[key].append(r)
+                    continue
+                busy[key] = []
+                in_flight[pool.submit(run_fn, r, fresh=fresh, **opts)] = (r, key)
+            done, _ = wait(list(in_flight), return_when=FIRST_COMPLETED)
+            for fut in done:
+                r, key = in_flight.pop(fut)
+                row = fut.result()
+                finish(r, row)
+                for copy in busy.pop(key):
+                    if row["ok"]:
+                        finish(copy, run_fn(copy, fresh=False, **opts))  # the cached result
+                    else:
+                        pending.append(copy)  # the first failed: the copy is a retry
+    evals = [eval_rows[(a.key, s)] for a in arms for s in sorted(eval_seeds.get(a.key, ()))]
+    return [tune_rows[id(r)] for r in tune], evals, chosen, tables
 
 
 # ------------------------------------------------------------------------------------------
@@ -910,12 +956,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     os.makedirs(args.workdir, exist_ok=True)
     common = dict(jobs=jobs, threads=threads, quick=args.quick, workdir=args.workdir, fresh=args.fresh,
                   timeout=args.timeout)
-    tune_rows = run_all(tune, **common)
-    chosen, tables = {}, {}
-    for a in arm_list:
-        chosen[a.key], tables[a.key] = choose(a, tune_rows, args.quick)
-    evals = [Run(cf.arms[k], s, "eval", tuple(chosen[k].items())) for k, ss in arm_seeds.items() for s in sorted(ss)]
-    eval_rows = run_all(evals, **common)
+    tune_rows, eval_rows, chosen, tables = run_plan(arm_list, tune, {k: sorted(ss) for k, ss in arm_seeds.items()},
+                                                    **common)
     rows = tune_rows + eval_rows
     wall = time.perf_counter() - t_start
     meta = {

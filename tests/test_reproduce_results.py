@@ -147,6 +147,76 @@ def test_report_statistics_match_an_independent_computation(tmp_path):
     assert rr.fmt(statistics.fmean(ce_vals), statistics.stdev(ce_vals)) in md
 
 
+def _plan_arm(key, seconds, lrs):
+    import dataclasses
+
+    return dataclasses.replace(CF.arms["cos_pfc01"], key=key, label=key, seconds=seconds,
+                               grid=(("model.init_args.lr", tuple(lrs)),), overrides=())
+
+
+def test_plan_queues_an_arms_evaluation_as_soon_as_its_own_tuning_is_done():
+    """Two process slots: the slow arm's single tuning run cannot finish until the fast arm's three
+    evaluation runs have run in the other slot, so a plan that evaluated only after all tuning would
+    time out here. The rows come back in plan order with the chosen point of each arm."""
+    import threading
+
+    slow, fast = _plan_arm("slow", 500.0, [0.05]), _plan_arm("fast", 5.0, [0.1, 0.2])
+    fast_evals_done = threading.Event()
+    lock = threading.Lock()
+    started, calls = [], []
+
+    def fake_execute(run, *, fresh, quick, workdir, threads, timeout):
+        with lock:
+            started.append((run.arm.key, run.phase, run.seed))
+            calls.append(fresh)
+        if run.arm.key == "slow" and run.phase == "tune":
+            assert fast_evals_done.wait(20), "the fast arm's evaluation never ran beside the slow tuning"
+        lr = dict(run.params)["model.init_args.lr"]
+        row = {"arm": run.arm.key, "phase": run.phase, "seed": run.seed, "ok": True, "cached": False,
+               "error": "", "run_seconds": 0.0, "params": json.dumps(dict(run.params), sort_keys=True),
+               "val/open_rank1": 1.0 - abs(lr - 0.2)}  # 0.2 wins where it is on the grid
+        with lock:
+            if sum(1 for a, p, _ in started if (a, p) == ("fast", "eval")) == 3 and run.arm.key == "fast" \
+                    and run.phase == "eval":
+                fast_evals_done.set()
+        return row
+
+    tune = rr.tuning_runs([slow, fast], [1000], quick=False)
+    logs = []
+    tune_rows, eval_rows, chosen, tables = rr.run_plan(
+        [slow, fast], tune, {"slow": [0, 1], "fast": [0, 1, 2]}, jobs=2, threads=1, quick=False,
+        workdir="unused", fresh=False, timeout=1.0, log=lambda *a, **k: logs.append(a[0]), execute_fn=fake_execute)
+    assert started[0] == ("slow", "tune", 1000)  # the longest declared run starts first
+    first_slow_eval = started.index(("slow", "eval", 0))
+    assert all(started.index(("fast", "eval", s)) < first_slow_eval for s in range(3))
+    assert [(r["arm"], r["phase"]) for r in tune_rows] == [("slow", "tune"), ("fast", "tune"), ("fast", "tune")]
+    assert [(r["arm"], r["seed"]) for r in eval_rows] == [("slow", 0), ("slow", 1), ("fast", 0), ("fast", 1), ("fast", 2)]
+    assert chosen == {"slow": {"model.init_args.lr": 0.05}, "fast": {"model.init_args.lr": 0.2}}
+    assert [t["n"] for t in tables["fast"]] == [1, 1]
+    assert len(logs) == 8 and logs[-1].startswith("[8/8 ") and all(c is False for c in calls)
+
+
+def test_plan_runs_identical_runs_once():
+    """Two arms that agree (same recipe, overrides and grid) share each process: the copy reads the
+    first's result (``fresh=False``) after it, even under ``--fresh``."""
+    a, b = _plan_arm("a", 50.0, [0.1]), _plan_arm("b", 50.0, [0.1])
+    calls = []
+
+    def fake_execute(run, *, fresh, quick, workdir, threads, timeout):
+        calls.append((run.arm.key, run.phase, run.seed, fresh))
+        return {"arm": run.arm.key, "phase": run.phase, "seed": run.seed, "ok": True, "cached": not fresh,
+                "error": "", "run_seconds": 0.0, "params": json.dumps(dict(run.params), sort_keys=True),
+                "val/open_rank1": 0.5}
+
+    tune = rr.tuning_runs([a, b], [1000], quick=False)
+    tune_rows, eval_rows, _, _ = rr.run_plan([a, b], tune, {"a": [0], "b": [0]}, jobs=2, threads=1, quick=False,
+                                             workdir="unused", fresh=True, timeout=1.0, log=lambda *x, **k: None,
+                                             execute_fn=fake_execute)
+    assert sorted(calls) == [("a", "eval", 0, True), ("a", "tune", 1000, True),
+                             ("b", "eval", 0, False), ("b", "tune", 1000, False)]
+    assert [r["arm"] for r in tune_rows] == ["a", "b"] and [r["arm"] for r in eval_rows] == ["a", "b"]
+
+
 def test_grid_edges_flags_a_choice_at_an_end_of_a_numeric_list():
     arm = CF.arms["ce_lt"]  # lr over [0.001, 0.002, 0.005]
     lo, mid, hi = arm.grid_points()
