@@ -34,9 +34,11 @@ Usage::
 to write into the repository's ``results/``. Each run is a fresh process
 (``benchmarks/_reproduce_worker.py``, which calls ``lightning_modules.cli.main``); ``--jobs`` runs
 that many at once with ``max(1, cpus // jobs)`` torch threads each, from one queue: the longest
-declared run first, and an arm's evaluation as soon as its own tuning is done (``run_plan``). Finished runs are kept in
-``--workdir``, keyed by recipe content and exact arguments, so an interrupted reproduction resumes
-(``--fresh`` ignores them; use it after changing the library).
+declared run first, and an arm's evaluation as soon as its own tuning is done (``run_plan``).
+Finished runs are kept in ``--workdir``, keyed by recipe content and exact arguments, so an
+interrupted reproduction resumes (``--fresh`` ignores them; use it after changing the library).
+``--plan`` runs nothing: it prints, per claim, the runs, their declared time and how many of them
+are already finished in ``--workdir`` (``plan_status``).
 """
 
 from __future__ import annotations
@@ -364,11 +366,29 @@ def _run_key(run: Run, args: Sequence[str]) -> str:
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
+def _run_dir(run: Run, args: Sequence[str], workdir: str) -> str:
+    stem = os.path.splitext(os.path.basename(run.arm.recipe))[0]
+    return os.path.join(workdir, f"{stem}__{run.phase}__s{run.seed}__{_run_key(run, args)}")
+
+
+def cached_row(run: Run, *, quick: bool, workdir: str) -> Optional[dict]:
+    """The row of a finished (``ok``) run kept in ``workdir``, or ``None``."""
+    args = run.args(quick)
+    out = os.path.join(_run_dir(run, args, workdir), "result.json")
+    try:
+        with open(out) as fh:
+            res = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    if not res.get("ok"):
+        return None
+    res["cached"] = True
+    return _row(run, args, res)
+
+
 def execute(run: Run, *, quick: bool, workdir: str, threads: int, fresh: bool, timeout: float) -> dict:
     args = run.args(quick)
-    key = _run_key(run, args)
-    stem = os.path.splitext(os.path.basename(run.arm.recipe))[0]
-    run_dir = os.path.join(workdir, f"{stem}__{run.phase}__s{run.seed}__{key}")
+    run_dir = _run_dir(run, args, workdir)
     out = os.path.join(run_dir, "result.json")
     if not fresh and os.path.exists(out):
         with open(out) as fh:
@@ -521,6 +541,39 @@ def run_plan(arms: Sequence[Arm], tune: Sequence[Run], eval_seeds: Dict[str, Seq
 # ------------------------------------------------------------------------------------------
 # tuning and evaluation plan
 # ------------------------------------------------------------------------------------------
+def plan_status(claims: Sequence["Claim"], arms: Dict[str, Arm], tune_seeds: Sequence[int],
+                seeds_of: Dict[str, Sequence[int]], *, quick: bool, workdir: str) -> List[dict]:
+    """Per claim: its tuning and evaluation runs, their declared seconds, and which of them are
+    already finished in ``workdir``. An arm's evaluation runs count as finished only once all its
+    tuning runs are (the chosen point names them); until then their declared time is left."""
+    out = []
+    for c in claims:
+        st = {"claim": c.key, "benchmark": c.benchmark, "arms": len(c.arms), "tune": 0, "eval": 0,
+              "tune_done": 0, "eval_done": 0, "seconds": 0.0, "seconds_left": 0.0, "open_arms": []}
+        for k in c.arms:
+            a = arms[k]
+            tune = tuning_runs([a], tune_seeds, quick)
+            rows = [cached_row(r, quick=quick, workdir=workdir) for r in tune]
+            n_eval = len(seeds_of[c.key])
+            st["tune"] += len(tune)
+            st["eval"] += n_eval
+            st["seconds"] += a.seconds * (len(tune) + n_eval)
+            st["tune_done"] += sum(r is not None for r in rows)
+            st["seconds_left"] += a.seconds * sum(r is None for r in rows)
+            if all(r is not None for r in rows):
+                point, _ = choose(a, rows, quick)
+                done = sum(cached_row(Run(a, s, "eval", tuple(point.items())), quick=quick, workdir=workdir)
+                           is not None for s in seeds_of[c.key])
+            else:
+                done = 0
+            st["eval_done"] += done
+            st["seconds_left"] += a.seconds * (n_eval - done)
+            if done < n_eval:
+                st["open_arms"].append(k)
+        out.append(st)
+    return out
+
+
 def tuning_runs(arms: Sequence[Arm], seeds: Sequence[int], quick: bool) -> List[Run]:
     out = []
     for a in arms:
@@ -951,6 +1004,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"evaluation runs; declared run time {est / 60:.0f} min in all (~{est / 60 / jobs:.0f} min at {jobs} "
           f"at a time); workdir {args.workdir}", flush=True)
     if args.plan:
+        left = 0.0
+        for st in plan_status(claims, cf.arms, tune_seeds, seeds_of, quick=args.quick, workdir=args.workdir):
+            left += st["seconds_left"]
+            print(f"  {st['claim']} ({st['benchmark']}): {st['arms']} arms, {st['tune']} tuning + {st['eval']} "
+                  f"evaluation runs, {st['seconds'] / 60:.0f} min declared; finished: {st['tune_done']} tuning, "
+                  f"{st['eval_done']} evaluation"
+                  + (f"; left ~{st['seconds_left'] / 60:.0f} min ({', '.join(st['open_arms'])})"
+                     if st["seconds_left"] else ""), flush=True)
+        print(f"reproduce_results: declared time of the runs not finished in {args.workdir}: {left / 60:.0f} min "
+              f"(~{left / 60 / jobs:.0f} min at {jobs} at a time; an arm shared by claims counts in each)", flush=True)
         return 0
     os.makedirs(out, exist_ok=True)
     os.makedirs(args.workdir, exist_ok=True)

@@ -217,6 +217,35 @@ def test_plan_runs_identical_runs_once():
     assert [r["arm"] for r in tune_rows] == ["a", "b"] and [r["arm"] for r in eval_rows] == ["a", "b"]
 
 
+def _finish(run, workdir, ok=True, **val):
+    d = rr._run_dir(run, run.args(False), str(workdir))
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "result.json"), "w") as fh:
+        json.dump({"ok": ok, "val_metrics": val, "wall_seconds": 1.0}, fh)
+
+
+def test_plan_status_counts_the_runs_finished_in_the_workdir(tmp_path):
+    """Evaluation runs count only under the point the finished tuning chose; a failed run is not
+    finished; the time left is the declared seconds of the unfinished runs."""
+    claim = next(c for c in CF.claims if c.key == "pfc_cosface_c1e5")
+    fam, base = (CF.arms[k] for k in claim.arms)
+    seeds_of = {claim.key: [0, 1, 2]}
+    status = lambda: rr.plan_status([claim], CF.arms, [1000], seeds_of, quick=False, workdir=str(tmp_path))[0]
+    st = status()
+    assert (st["tune"], st["eval"], st["tune_done"], st["eval_done"]) == (8, 6, 0, 0)
+    assert st["seconds_left"] == st["seconds"] == pytest.approx(7 * (fam.seconds + base.seconds))
+    for i, r in enumerate(rr.tuning_runs([fam], [1000], quick=False)):  # the third point wins
+        _finish(r, tmp_path, **{"val/open_rank1": 0.9 if i == 2 else 0.1})
+    best = fam.grid_points()[2]
+    _finish(rr.Run(fam, 0, "eval", tuple(best.items())), tmp_path)
+    _finish(rr.Run(fam, 1, "eval", tuple(fam.grid_points()[0].items())), tmp_path)  # another point: not it
+    _finish(rr.Run(fam, 2, "eval", tuple(best.items())), tmp_path, ok=False)
+    _finish(rr.tuning_runs([base], [1000], quick=False)[0], tmp_path, **{"val/open_rank1": 0.5})
+    st = status()
+    assert (st["tune_done"], st["eval_done"], st["open_arms"]) == (5, 1, [fam.key, base.key])
+    assert st["seconds_left"] == pytest.approx(2 * fam.seconds + 6 * base.seconds)
+
+
 def test_grid_edges_flags_a_choice_at_an_end_of_a_numeric_list():
     arm = CF.arms["ce_lt"]  # lr over [0.001, 0.002, 0.005]
     lo, mid, hi = arm.grid_points()
