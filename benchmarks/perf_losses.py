@@ -119,7 +119,7 @@ def _build(case: Dict) -> tuple:
     if name == "linear+F.cross_entropy":
         x, y = _embeddings_and_ids(b, d, c)
         w = (torch.randn(c, d, generator=g) * 0.01).requires_grad_(True)
-        return (lambda: F.cross_entropy(x @ w.T, y).backward()), {"x": x, "w": w}
+        return _with_optimizer(case, lambda: F.cross_entropy(x @ w.T, y).backward(), [w]), {"x": x, "w": w}
 
     spec = losses.get_loss_spec(name)
     kwargs = dict(case.get("kwargs", {}))
@@ -171,7 +171,26 @@ def _build(case: Dict) -> tuple:
             finally:
                 ops.threshold = original
 
-    return step, tensors
+    return _with_optimizer(case, step, list(module.parameters())), tensors
+
+
+def _with_optimizer(case: Dict, step, params):
+    """``case["optimizer"]`` (``"adamw"`` or ``"sparse_adam"``): one timed step is forward, backward
+    and the optimiser's update of the case's own parameters (the class centres), the cost a training
+    loop pays for a head of ``C`` centres; without it, forward and backward only."""
+    import torch
+
+    opt_name = case.get("optimizer")
+    if not opt_name:
+        return step
+    opt = (torch.optim.SparseAdam(params, lr=1e-3) if opt_name == "sparse_adam"
+           else torch.optim.AdamW(params, lr=1e-3, weight_decay=0.05))
+
+    def with_update():
+        step()
+        opt.step()
+
+    return with_update
 
 
 def _clock(name: str):
@@ -370,6 +389,17 @@ def suite_cases(suite: str, classes: List[int]) -> List[Dict]:
             for rate in (0.1, 1.0):
                 cases.append({"name": "partial_fc", "label": f"partial_fc (rate {rate})", "B": 256, "C": c,
                               "D": 128, "kind": "embeddings", "kwargs": {"sample_rate": rate, "seed": 0}})
+            # with the optimiser's update of the centres: dense AdamW at both rates, and the sampled
+            # rows' sparse gradient with SparseAdam (only the sampled centres are updated)
+            cases.append({"name": "linear+F.cross_entropy", "label": "linear+F.cross_entropy + AdamW", "B": 256,
+                          "C": c, "D": 128, "kind": "ref", "optimizer": "adamw"})
+            for rate in (0.1, 1.0):
+                cases.append({"name": "partial_fc", "label": f"partial_fc (rate {rate}) + AdamW", "B": 256, "C": c,
+                              "D": 128, "kind": "embeddings", "kwargs": {"sample_rate": rate, "seed": 0},
+                              "optimizer": "adamw"})
+            cases.append({"name": "partial_fc", "label": "partial_fc (rate 0.1, sparse_grad) + SparseAdam", "B": 256,
+                          "C": c, "D": 128, "kind": "embeddings",
+                          "kwargs": {"sample_rate": 0.1, "seed": 0, "sparse_grad": True}, "optimizer": "sparse_adam"})
     elif suite == "targets":
         # the first performance targets, each next to its reference in the same run
         for c in (1000, 100000):
@@ -530,7 +560,10 @@ def _write(rows: List[Dict], suite: str, out: str, meta: Dict) -> None:
         f"# Performance: `{suite}`",
         "",
         f"torch {meta['torch']}, Python {meta['python']}, {meta['threads']} thread(s), CPU: {meta['cpu']}, "
-        f"{meta['date']}, clock: {CLOCK_NOTE.get(meta['clock'], meta['clock'])}. Forward + backward. The losses of one "
+        f"{meta['date']}, clock: {CLOCK_NOTE.get(meta['clock'], meta['clock'])}. Forward + backward (rows ending "
+        "`+ AdamW` / `+ SparseAdam` add that optimiser's update of the centres; its state is allocated at its first "
+        "step: in the warm-up of the timings, inside the peak-memory measurement). "
+        "The losses of one "
         "(B, C) are timed interleaved in one process (each repetition runs each loss once); ms = median, "
         "spread = interquartile range (min-max), n = repetitions. `x CE` = median over repetitions of the "
         "per-repetition ratio to `F.cross_entropy` on the same (B, C) logits; `x lin+CE` = the same ratio to a "

@@ -128,7 +128,7 @@ FUNCTIONS = {
     # docs/losses/partial_fc.md
     "margin_softmax_loss": pos("embeddings", "target", "weight") + MARGIN_KW + IR,
     "partial_fc_loss": pos("embeddings", "target", "weight") + kw(sample_rate=0.1) + MARGIN_KW
-    + kw(index=None, generator=None) + IR,
+    + kw(index=None, generator=None) + IR + kw(sparse_grad=False),
     # docs/losses/dice.md
     "dice_semimetric_loss": pos("input", "target") + DICE_HYPER + kw(mask=None) + IR,
     "jaccard_metric_loss": pos("input", "target") + DICE_HYPER + kw(mask=None) + IR,
@@ -175,7 +175,7 @@ MODULES = {
     "GumbelBCELoss": kw(label_smoothing=0.0, variant="paper", clamp=None, weight=None) + IR,
     "MarginSoftmaxLoss": HEAD + MARGIN_KW + IR,
     "PartialFCLoss": HEAD + kw(sample_rate=0.1) + MARGIN_KW + IR
-    + kw(seed=None, distributed=False, process_group=None),
+    + kw(seed=None, distributed=False, process_group=None, sparse_grad=False),
     "DiceSemimetricLoss": DICE_MODULE,
     "JaccardMetricLoss": DICE_MODULE,
     "SoftDiceLoss": DICE_MODULE,

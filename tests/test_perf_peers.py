@@ -93,6 +93,23 @@ def test_existing_suite_runs_interleaved(tmp_path):
 
 
 @pytest.mark.slow
+def test_partial_fc_suite_times_the_optimiser_step_dense_and_sparse(tmp_path):
+    """``--suite partial_fc`` at a small C, memory included: the loss alone, with a dense AdamW step
+    and with ``sparse_grad=True`` + SparseAdam, every row timed and measured."""
+    _run(["--suite", "partial_fc", "--classes", "2000", "--threads", "1", "--clock", "cpu", "--repeats", "3"],
+         tmp_path)
+    with open(tmp_path / "partial_fc.csv") as f:
+        rows = {r["loss"]: r for r in csv.DictReader(f)}
+    assert set(rows) == {"linear+F.cross_entropy", "margin_softmax", "partial_fc (rate 0.1)", "partial_fc (rate 1.0)",
+                         "linear+F.cross_entropy + AdamW", "partial_fc (rate 0.1) + AdamW",
+                         "partial_fc (rate 1.0) + AdamW", "partial_fc (rate 0.1, sparse_grad) + SparseAdam"}
+    for label, r in rows.items():
+        assert not r["error"], r
+        assert int(r["n"]) == 3 and float(r["ms"]) > 0 and float(r["peak_mb"]) >= 0, r
+    assert "+ SparseAdam" in (tmp_path / "partial_fc.md").read_text()
+
+
+@pytest.mark.slow
 def test_compiled_suite_times_compiled_losses_beside_compiled_ce_and_a_copy(tmp_path):
     """``--suite compiled``: every single-pass logits loss under torch.compile (inductor, for real),
     with ratios to compiled F.cross_entropy and to a plain copy of the logits."""

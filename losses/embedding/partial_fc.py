@@ -19,6 +19,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from .._core import (
     auto_extra_repr,
@@ -95,19 +96,25 @@ def _check_index(fn: str, index: object, positives: Tensor, num_classes: int, de
     return idx
 
 
-def _rows(weight: Tensor, chosen: Tensor) -> Tensor:
+def _rows(weight: Tensor, chosen: Tensor, sparse: bool = False) -> Tensor:
     """``weight[chosen]`` for sorted unique ``chosen``; ``weight`` itself when every row is chosen
     (rate 1.0, or a batch whose positives cover every class), which skips a ``(C, D)`` copy forward
-    and a dense zero-filled ``(C, D)`` scatter backward."""
+    and a dense zero-filled ``(C, D)`` scatter backward. ``sparse``: an embedding lookup whose
+    gradient for ``weight`` is a sparse ``(C, D)`` tensor holding the chosen rows only."""
+    if sparse:
+        return F.embedding(chosen, weight, sparse=True)
     if chosen.numel() == weight.shape[0]:
         return weight
     return weight.index_select(0, chosen)
 
 
-def _no_rows(embeddings: Tensor, weight: Tensor, n: int, dtype: torch.dtype, reduction: str) -> Tensor:
-    """No valid row anywhere: an exact, graph-attached 0 (zeros for ``"none"``)."""
+def _no_rows(embeddings: Tensor, weight: Tensor, n: int, dtype: torch.dtype, reduction: str,
+             sparse: bool = False) -> Tensor:
+    """No valid row anywhere: an exact, graph-attached 0 (zeros for ``"none"``); with ``sparse`` the
+    centres' gradient is a sparse tensor with no rows."""
     zeros = torch.zeros(n, dtype=dtype, device=embeddings.device)
-    return reduce_loss(zeros, zeros, reduction, anchors=(embeddings, weight))
+    anchor = _rows(weight, torch.zeros(0, dtype=torch.long, device=weight.device), True) if sparse else weight
+    return reduce_loss(zeros, zeros, reduction, anchors=(embeddings, anchor))
 
 
 def _partial_fc(
@@ -125,9 +132,11 @@ def _partial_fc(
     generator: Optional[torch.Generator],
     ignore_index: int,
     reduction: str,
+    sparse_grad: bool = False,
 ) -> Tuple[Tensor, Tensor]:
     """Single-process Partial FC; returns ``(loss, I)`` with ``I`` the sorted class ids used."""
     rate = _check_rate(fn, sample_rate)
+    check_bool(fn, "sparse_grad", sparse_grad)
     s, m, thr = check_margin_hparams(fn, scale=scale, margin=margin, variant=variant,
                                      interclass_filtering_threshold=interclass_filtering_threshold)
     check_reduction(fn, reduction)
@@ -140,14 +149,14 @@ def _partial_fc(
     valid = target != ignore_index
     pos = torch.unique(target[valid]).long().to(weight.device)
     if pos.numel() == 0:  # no valid row: nothing is sampled and the generator is not advanced
-        return _no_rows(embeddings, weight, embeddings.shape[0], dtype, reduction), pos
+        return _no_rows(embeddings, weight, embeddings.shape[0], dtype, reduction, sparse_grad), pos
     if index is not None:
         chosen = _check_index(fn, index, pos, num_classes, weight.device)
     else:
         k = int(rate * num_classes)
         chosen = pos if pos.numel() >= k else _top_with_positives(
             _uniform_keys(num_classes, generator, weight.device), pos, k)
-    w = upcast(_rows(weight, chosen), dtype)
+    w = upcast(_rows(weight, chosen, sparse_grad), dtype)
     check_finite(fn, "weight", w)
     first = chosen[:1].to(target.device)
     y = torch.searchsorted(chosen, torch.where(valid, target.long(), first).to(chosen.device))
@@ -173,6 +182,7 @@ def partial_fc_loss(
     generator: Optional[torch.Generator] = None,
     ignore_index: int = -100,
     reduction: str = "mean",
+    sparse_grad: bool = False,
 ) -> Tensor:
     r"""Partial FC: margin softmax over the batch's positive classes plus uniformly sampled others.
 
@@ -190,6 +200,14 @@ def partial_fc_loss(
     ``interclass_filtering_threshold``. Unsampled centres get zero gradient (optimiser momentum or
     weight decay can still move them, as in insightface v2). ``sample_rate=1.0`` is exactly
     :func:`~losses.margin_softmax_loss`.
+
+    ``sparse_grad=True`` (default False) makes the gradient of ``weight`` a sparse ``(C, D)`` tensor
+    that holds the ``|I|`` sampled rows only (as ``nn.Embedding(sparse=True)``), for optimisers that
+    take sparse gradients (``torch.optim.SparseAdam``, ``torch.optim.SGD``): then an unsampled
+    centre is not moved at all (no momentum, no decay: the papers' update of the sampled centres
+    only), and the optimiser's work and the gradient's memory scale with ``k`` instead of ``C``.
+    Dense optimisers such as ``AdamW`` reject sparse gradients; the loss and the sampled rows'
+    gradient are the same either way.
 
     Shapes: ``embeddings (N, D)``, ``target (N,)`` integer ids, ``weight (C, D)``, ``index (|I|,)``;
     ``"none"`` gives ``(N,)``. Unit: the row (0 for ``ignore_index`` rows). Logits in float32 or
@@ -214,7 +232,7 @@ def partial_fc_loss(
     loss, _ = _partial_fc(
         "partial_fc_loss", embeddings, target, weight, sample_rate=sample_rate, scale=scale, margin=margin,
         variant=variant, interclass_filtering_threshold=interclass_filtering_threshold, index=index,
-        generator=generator, ignore_index=ignore_index, reduction=reduction,
+        generator=generator, ignore_index=ignore_index, reduction=reduction, sparse_grad=sparse_grad,
     )
     return loss
 
@@ -271,6 +289,8 @@ class PartialFCLoss(GeneratorStateMixin):
         seed: ``None`` (default: the global RNG) or the seed of a private sampling generator.
         distributed: shard the centres over the ranks of ``process_group`` (default False).
         process_group: the group to shard over (default None: the world group).
+        sparse_grad: give ``weight`` a sparse gradient of the sampled rows only, for
+            ``torch.optim.SparseAdam`` or ``SGD`` (default False; see :func:`losses.partial_fc_loss`).
 
     ``forward(embeddings, target, *, index=None)``: ``embeddings (N, D)``, ``target`` ids
     ``(N,)``, optional class ids ``index`` to use instead of sampling. Returns a scalar for
@@ -313,6 +333,8 @@ class PartialFCLoss(GeneratorStateMixin):
     10
     """
 
+    sparse_grad: bool = False  # modules pickled before the option existed load as dense
+
     def __init__(
         self,
         embedding_dim: int,
@@ -328,6 +350,7 @@ class PartialFCLoss(GeneratorStateMixin):
         seed: Optional[int] = None,
         distributed: bool = False,
         process_group: Optional[object] = None,
+        sparse_grad: bool = False,
     ) -> None:
         super().__init__()
         fn = "PartialFCLoss"
@@ -339,6 +362,7 @@ class PartialFCLoss(GeneratorStateMixin):
         check_reduction(fn, reduction)
         check_seed(fn, seed)
         check_bool(fn, "distributed", distributed)
+        check_bool(fn, "sparse_grad", sparse_grad)
         self.embedding_dim = embedding_dim
         self.num_classes = num_classes
         self.sample_rate = rate
@@ -351,6 +375,7 @@ class PartialFCLoss(GeneratorStateMixin):
         self.seed = seed
         self.distributed = distributed
         self.process_group = process_group
+        self.sparse_grad = sparse_grad
         self._world = _world_size(process_group) if distributed and is_distributed(process_group) else 1
         _, rows = shard_range(num_classes, self._world, _rank(process_group) if self._world > 1 else 0)
         self.weight = nn.Parameter(torch.empty(rows, embedding_dim).normal_(0.0, 0.01))
@@ -454,7 +479,7 @@ class PartialFCLoss(GeneratorStateMixin):
             margin=self.margin, variant=self.variant,
             interclass_filtering_threshold=self.interclass_filtering_threshold, index=index,
             generator=self._get_generator(self.weight.device), ignore_index=self.ignore_index,
-            reduction=self.reduction,
+            reduction=self.reduction, sparse_grad=self.sparse_grad,
         )
         self.last_index = chosen.detach()
         return loss
@@ -477,7 +502,7 @@ class PartialFCLoss(GeneratorStateMixin):
         pos_all = torch.unique(y_all[valid]).to(device)
         if pos_all.numel() == 0:  # the same decision on every rank (gathered labels)
             self.last_index = torch.empty(0, dtype=torch.long, device=device)
-            return _no_rows(embeddings, self.weight, n, dtype, self.reduction)
+            return _no_rows(embeddings, self.weight, n, dtype, self.reduction, self.sparse_grad)
         in_shard = valid & (y_all >= start) & (y_all < start + rows)
         pos = pos_all[(pos_all >= start) & (pos_all < start + rows)] - start
         if index is None:
@@ -492,7 +517,7 @@ class PartialFCLoss(GeneratorStateMixin):
             idx = _check_index(fn, index, pos_all, num_classes, device)
             chosen = idx[(idx >= start) & (idx < start + rows)] - start
         self.last_index = (chosen + start).detach()
-        w = upcast(_rows(self.weight, chosen), dtype)
+        w = upcast(_rows(self.weight, chosen, self.sparse_grad), dtype)
         if _checking():  # the same verdict on every rank
             bad = (~torch.isfinite(w)).sum().reshape(1)
             dist.all_reduce(bad, group=group)

@@ -360,3 +360,84 @@ def test_bad_constructor_arguments():
         losses.PartialFCLoss(2, 5)(torch.randn(3, 2), torch.tensor([0, 1]))
     with pytest.raises(TypeError, match=r"^partial_fc_loss: target must hold integer class ids"):
         losses.PartialFCLoss(2, 5)(torch.randn(3, 2), torch.tensor([0.0, 1.0, 2.0]))
+
+
+# ----------------------------------------------------------------------------------------------
+# sparse_grad: the centres' gradient holds the sampled rows only
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("rate", [0.3, 1.0])
+@pytest.mark.parametrize("name", ["arcface", "cosface", "ref_arcface"])
+def test_sparse_grad_equals_the_dense_gradient(name, rate, reduction):
+    """The same loss and embedding gradient; the centres' gradient is sparse, its rows are exactly
+    the sampled ids, and densified it equals the dense gradient (float64)."""
+    kw = ALL_CONFIGS[name]
+    x, w, y = _inputs(7, 11, 3, seed=4)
+    y[2] = -100
+    out = {}
+    for sparse in (False, True):
+        xs, ws = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        g = torch.Generator().manual_seed(5)
+        loss = _call(xs, ws, y, sample_rate=rate, generator=g, reduction=reduction, sparse_grad=sparse, **kw)
+        (loss.sum()).backward()
+        out[sparse] = (loss.detach(), xs.grad, ws.grad)
+    (l0, gx0, gw0), (l1, gx1, gw1) = out[False], out[True]
+    torch.testing.assert_close(l1, l0, rtol=0, atol=0)
+    torch.testing.assert_close(gx1, gx0, rtol=1e-12, atol=1e-15)
+    assert not gw0.is_sparse and gw1.is_sparse and gw1.shape == w.shape
+    torch.testing.assert_close(gw1.to_dense(), gw0, rtol=1e-12, atol=1e-15)
+    g = torch.Generator().manual_seed(5)
+    m = losses.PartialFCLoss(3, 11, sample_rate=rate, sparse_grad=True, **{k: v for k, v in kw.items()
+                                                                           if k != "threshold"})
+    m.double()._generator = g
+    m.load_state_dict({"weight": w})
+    m(x, y).backward()
+    rows = m.weight.grad.coalesce().indices()[0]
+    assert torch.equal(rows, m.last_index) and m.weight.grad.coalesce().values().shape == (rows.numel(), 3)
+
+
+def test_sparse_grad_with_sparse_adam_moves_only_the_sampled_centres():
+    """With SparseAdam an unsampled centre is not moved at all; with plain SGD (no momentum, no
+    weight decay) sparse and dense gradients give the same step."""
+    torch.manual_seed(0)
+    x, y = torch.randn(6, 8), torch.tensor([0, 4, 4, 9, 17, 17])
+    head = losses.PartialFCLoss(8, 40, sample_rate=0.25, seed=1, sparse_grad=True)
+    before = head.weight.detach().clone()
+    opt = torch.optim.SparseAdam(head.parameters(), lr=0.01)
+    moved = torch.zeros(40, dtype=torch.bool)
+    for _ in range(3):
+        opt.zero_grad()
+        head(x, y).backward()
+        moved[head.last_index] = True
+        opt.step()
+    changed = (head.weight.detach() != before).any(dim=1)
+    assert torch.equal(changed, moved) and moved.sum() < 40 and moved[[0, 4, 9, 17]].all()
+
+    weights = {}
+    for sparse in (False, True):
+        h = losses.PartialFCLoss(8, 40, sample_rate=0.25, seed=2, sparse_grad=sparse)
+        h.load_state_dict({"weight": before})
+        sgd = torch.optim.SGD(h.parameters(), lr=0.5)
+        for _ in range(2):
+            sgd.zero_grad()
+            h(x, y).backward()
+            sgd.step()
+        weights[sparse] = h.weight.detach()
+    torch.testing.assert_close(weights[True], weights[False], rtol=1e-6, atol=1e-7)
+
+
+def test_sparse_grad_without_valid_rows_is_an_empty_sparse_gradient():
+    x, w, _ = _inputs(3, 6, 2, seed=0)
+    xs, ws = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    out = losses.partial_fc_loss(xs, torch.full((3,), -100), ws, sample_rate=0.5, sparse_grad=True)
+    assert out.item() == 0.0 and out.grad_fn is not None
+    out.backward()
+    assert ws.grad.is_sparse and ws.grad.coalesce().values().numel() == 0 and torch.all(xs.grad == 0)
+
+
+def test_sparse_grad_must_be_a_bool():
+    x, w, y = _inputs(3, 6, 2, seed=0)
+    with pytest.raises(TypeError, match="sparse_grad"):
+        losses.partial_fc_loss(x, y, w, sparse_grad="yes")
+    with pytest.raises(TypeError, match="sparse_grad"):
+        losses.PartialFCLoss(2, 6, sparse_grad=1)

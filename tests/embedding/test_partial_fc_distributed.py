@@ -59,6 +59,9 @@ def _worker(rank, world_size, payload):
     for name, kw in CONFIGS.items():
         for reduction in ("mean", "sum", "none"):
             res[(name, reduction)] = _backward(make(sample_rate=1.0, **kw), x, y, reduction)
+    # sparse_grad: the shard's gradient is sparse and densifies to the dense sharded gradient
+    out, gx, gw = _backward(make(sample_rate=1.0, sparse_grad=True), x, y, "mean")
+    res["sparse"] = (out, gx, gw.is_sparse, gw.to_dense())
     m = make(sample_rate=1.0)
     res["shard_shape"] = tuple(m.weight.shape)
     res["ddp_ignored"] = [p is m.weight for p in m.ddp_ignored_parameters()]
@@ -176,6 +179,18 @@ def test_sharded_loss_and_gradients_match_single_process(setup, name, reduction)
         torch.testing.assert_close(grad_w, gw[_shard(r)], rtol=1e-6, atol=1e-10)
         # (d) this rank's embeddings get world_size x their single-process gradient
         torch.testing.assert_close(grad_x, WORLD * gx[_rows(r)], rtol=1e-6, atol=1e-10)
+
+
+@pytest.mark.slow
+def test_sparse_grad_matches_the_dense_sharded_gradient(setup):
+    _, results = setup
+    for rank in range(WORLD):
+        out, gx, is_sparse, gw = results[rank]["sparse"]
+        d_out, d_gx, d_gw = results[rank][("paper", "mean")]
+        assert is_sparse
+        torch.testing.assert_close(out, d_out, rtol=0, atol=0)
+        torch.testing.assert_close(gx, d_gx, rtol=1e-12, atol=1e-15)
+        torch.testing.assert_close(gw, d_gw, rtol=1e-12, atol=1e-15)
 
 
 @pytest.mark.slow
