@@ -8,11 +8,11 @@ import inspect
 from typing import Any, ClassVar, Dict, Mapping, MutableMapping, Optional, Tuple
 
 import pytorch_lightning as pl
-import torch
 # The hyperparameters LightningCLI hands to the module it builds (read by save_hyperparameters).
 from pytorch_lightning.core.mixins.hparams_mixin import _given_hyperparameters
 from torch import nn
 
+from .optim import build_optimizer
 from .routing import LossRoute, ddp_ignored_parameter_names, loss_route
 
 
@@ -221,7 +221,10 @@ class BenchmarkModule(pl.LightningModule):
             self._ddp_params_and_buffers_to_ignore = list(names)
 
     def configure_optimizers(self) -> Any:
-        return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        """AdamW over every parameter; parameters whose loss gives them a sparse gradient
+        (``sparse_grad=True``) get SparseAdam instead (``lightning_modules.optim``)."""
+        return build_optimizer(self, [{"params": list(self.parameters())}], lr=self.lr,
+                               weight_decay=self.weight_decay)
 
 
 _PENDING = "_benchmark_pending_init_args"  # per instance, while its __init__ chain runs

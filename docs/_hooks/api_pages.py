@@ -46,8 +46,8 @@ REGISTRY_NAMES = ("LossSpec", "INPUT_KINDS", "create_loss", "get_loss_spec", "li
 OPTIONAL_LOSS_PACKAGES = ("losses.integrations", "losses.testing")
 
 LIGHTNING_PACKAGES = ("lightning_modules.models", "lightning_modules.data")
-LIGHTNING_MODULES = ("lightning_modules.cli", "lightning_modules.base", "lightning_modules.routing",
-                     "lightning_modules.metrics", "lightning_modules.retrieval_metrics",
+LIGHTNING_MODULES = ("lightning_modules.cli", "lightning_modules.base", "lightning_modules.optim",
+                     "lightning_modules.routing", "lightning_modules.metrics", "lightning_modules.retrieval_metrics",
                      "lightning_modules.summary", "lightning_modules.models.pretrained")
 
 

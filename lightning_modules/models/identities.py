@@ -41,6 +41,7 @@ from losses import InputKind
 
 from ..base import BenchmarkModule
 from ..data.identities import identification_metrics
+from ..optim import build_optimizer
 
 __all__ = ["IdentityEmbedder", "current_rss_mb", "peak_rss_mb"]
 
@@ -78,7 +79,9 @@ class IdentityEmbedder(BenchmarkModule):
         lr, weight_decay: the optimiser's; ``optimizer`` ``"adamw"`` or ``"sgd"`` (with ``momentum``,
             the Partial FC paper's choice: a centre that is not sampled gets a zero gradient,
             which AdamW's moments and SGD's momentum treat differently); ``lr_schedule`` ``"cosine"`` (per step, to 0 at the end of the
-            fit) or ``"constant"``.
+            fit) or ``"constant"``. With ``PartialFCLoss(sparse_grad=True)`` the centres get
+            ``SparseAdam`` (beside AdamW) or plain SGD (beside SGD), which move only the sampled
+            centres (``lightning_modules.optim``).
         init_seed: when set, the MLP (and the model's own head) are initialised from
             ``torch.manual_seed(init_seed)`` with the global RNG restored afterwards, so the arms
             of a paired comparison start from the same weights.
@@ -158,10 +161,9 @@ class IdentityEmbedder(BenchmarkModule):
         return self.loss.logits(embeddings) if self.route.owns_head else self.head(embeddings)
 
     def configure_optimizers(self) -> Any:
-        if self.optimizer_name == "sgd":
-            opt = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
-        else:
-            opt = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        # a loss with sparse_grad=True (Partial FC's centres) gets SparseAdam / plain SGD for those rows
+        opt = build_optimizer(self, [{"params": list(self.parameters())}], optimizer=self.optimizer_name, lr=self.lr,
+                              weight_decay=self.weight_decay, momentum=self.momentum)
         if self.lr_schedule == "constant":
             return opt
         total = max(1, int(self.trainer.estimated_stepping_batches))

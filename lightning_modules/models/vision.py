@@ -19,6 +19,7 @@ from torchmetrics.segmentation import DiceScore
 from losses import InputKind
 
 from ..base import BenchmarkModule
+from ..optim import build_optimizer
 from ..metrics import (
     FeatureCosine,
     PerClassAccuracy,
@@ -242,7 +243,7 @@ class VisionClassifier(BenchmarkModule):
             groups.setdefault(pattern or "", []).append(p)
         params = [{"params": ps, "lr": self.param_lrs[k] if k else self.lr, "name": k or "default"}
                   for k, ps in groups.items()]
-        opt = torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
+        opt = build_optimizer(self, params, lr=self.lr, weight_decay=self.weight_decay)  # sparse_grad: SparseAdam
         if self.lr_schedule == "constant" and self.two_stage_epoch is None:
             return opt
         scheduler = torch.optim.lr_scheduler.LambdaLR(opt, self._lr_factor)

@@ -1,0 +1,129 @@
+"""Optimisers for modules whose loss gives some parameters a sparse gradient.
+
+A loss that owns class centres can return their gradient as a sparse tensor holding only the rows
+it used (``PartialFCLoss(sparse_grad=True)``: the sampled centres). Dense optimisers such as AdamW
+reject sparse gradients, and Lightning's automatic optimisation takes a single optimiser, so
+:func:`build_optimizer` splits the parameters: the dense ones go to the module's optimiser as
+before, the sparse ones to an optimiser that updates only the rows present in the gradient, and
+:class:`DenseSparseOptimizer` presents the two as one ``torch.optim.Optimizer`` (one ``step``, one
+``zero_grad``, one ``state_dict``, and ``param_groups`` that a learning-rate scheduler drives for
+both).
+
+The sparse parameters' optimiser: ``torch.optim.SparseAdam`` (beside AdamW; it has no weight decay)
+or ``torch.optim.SGD`` without momentum or weight decay (beside SGD). Either leaves a row that is
+not in the gradient exactly where it is, which is the point of the sparse gradient: an unsampled
+centre is not moved, and the update costs the sampled rows only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+from torch import nn
+
+__all__ = ["DenseSparseOptimizer", "build_optimizer", "sparse_gradient_parameters"]
+
+
+def sparse_gradient_parameters(module: nn.Module) -> List[nn.Parameter]:
+    """The parameters of every submodule with ``sparse_grad = True`` (e.g. ``PartialFCLoss``)."""
+    out: Dict[int, nn.Parameter] = {}
+    for sub in module.modules():
+        if getattr(sub, "sparse_grad", False) is True:
+            for p in sub.parameters():
+                out[id(p)] = p
+    return list(out.values())
+
+
+class DenseSparseOptimizer(torch.optim.Optimizer):
+    """Two optimisers as one: ``dense`` for parameters with dense gradients and ``sparse`` for those
+    with sparse gradients.
+
+    ``param_groups`` is the list of both optimisers' groups (the same dict objects), so a
+    learning-rate scheduler built on this optimiser sets the rate of both; ``step(closure)`` calls
+    the closure once, then steps both; ``state_dict()`` is ``{"dense": ..., "sparse": ...}`` and
+    ``load_state_dict`` restores both (a checkpoint resumes exactly).
+    """
+
+    def __init__(self, dense: torch.optim.Optimizer, sparse: torch.optim.Optimizer) -> None:
+        for name, opt in (("dense", dense), ("sparse", sparse)):
+            if not isinstance(opt, torch.optim.Optimizer):
+                raise TypeError(f"DenseSparseOptimizer: {name} must be a torch.optim.Optimizer "
+                                f"(got {type(opt).__name__})")
+        self.dense, self.sparse = dense, sparse
+        self._joined = False
+        params = [p for g in dense.param_groups + sparse.param_groups for p in g["params"]]
+        super().__init__(params, {})
+        self._alias_groups()
+        self._joined = True
+
+    def _alias_groups(self) -> None:
+        self.param_groups = self.dense.param_groups + self.sparse.param_groups
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.dense.step()
+        self.sparse.step()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.dense.zero_grad(set_to_none=set_to_none)
+        self.sparse.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> Dict[str, Any]:  # type: ignore[override]
+        return {"dense": self.dense.state_dict(), "sparse": self.sparse.state_dict()}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:  # type: ignore[override]
+        if not isinstance(state_dict, dict) or set(state_dict) != {"dense", "sparse"}:
+            raise ValueError("DenseSparseOptimizer: state_dict must have the keys 'dense' and 'sparse' "
+                             f"(got {sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__})")
+        self.dense.load_state_dict(state_dict["dense"])
+        self.sparse.load_state_dict(state_dict["sparse"])
+        self._alias_groups()  # loading replaces the inner group dicts
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        if not getattr(self, "_joined", False):  # Optimizer.__init__ registering the union
+            return super().add_param_group(param_group)
+        raise NotImplementedError("DenseSparseOptimizer: add the group to .dense or .sparse")
+
+    def __repr__(self) -> str:
+        return f"DenseSparseOptimizer(dense={self.dense!r}, sparse={self.sparse!r})"
+
+
+def build_optimizer(module: nn.Module, groups: Sequence[Dict[str, Any]], *, optimizer: str = "adamw",
+                    lr: float, weight_decay: float = 0.0, momentum: float = 0.0) -> torch.optim.Optimizer:
+    """The module's optimiser over ``groups`` (``[{"params": [...], ...}]``): AdamW, or SGD with
+    ``momentum``; parameters with sparse gradients (:func:`sparse_gradient_parameters`) are taken out
+    of their groups (keeping each group's other keys, e.g. its ``lr``) and given SparseAdam (beside
+    AdamW) or plain SGD (beside SGD), the two joined in a :class:`DenseSparseOptimizer`."""
+    if optimizer not in ("adamw", "sgd"):
+        raise ValueError(f"build_optimizer: optimizer must be 'adamw' or 'sgd' (got {optimizer!r})")
+    sparse_ids = {id(p) for p in sparse_gradient_parameters(module)}
+    dense_groups, sparse_groups = [], []
+    for g in groups:
+        ps = list(g["params"])
+        rest = {k: v for k, v in g.items() if k != "params"}
+        d = [p for p in ps if id(p) not in sparse_ids]
+        s = [p for p in ps if id(p) in sparse_ids]
+        if d:
+            dense_groups.append({**rest, "params": d})
+        if s:
+            sparse_groups.append({"params": s, **({"lr": rest["lr"]} if "lr" in rest else {}),
+                                  **({"name": rest["name"]} if "name" in rest else {})})
+
+    def dense_opt(gs):
+        if optimizer == "sgd":
+            return torch.optim.SGD(gs, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        return torch.optim.AdamW(gs, lr=lr, weight_decay=weight_decay)
+
+    if not sparse_groups:
+        return dense_opt(dense_groups)
+    sparse = (torch.optim.SGD(sparse_groups, lr=lr) if optimizer == "sgd"
+              else torch.optim.SparseAdam(sparse_groups, lr=lr))
+    if not dense_groups:
+        return sparse
+    return DenseSparseOptimizer(dense_opt(dense_groups), sparse)
