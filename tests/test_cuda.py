@@ -162,3 +162,23 @@ def test_module_to_cuda_moves_every_tensor(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_torch_compile_on_cuda_matches_eager(name):
     check_compile(name, "cuda")
+
+
+def test_partial_fc_sparse_grad_on_cuda_matches_cpu():
+    """``sparse_grad=True`` on the device: the same loss and (densified) centre gradient as on the
+    CPU for the same sampled classes, and a SparseAdam step that moves only those centres."""
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 16), torch.randint(0, 200, (8,))
+    cpu = losses.PartialFCLoss(16, 200, sample_rate=0.2, seed=0, sparse_grad=True)
+    dev = copy.deepcopy(cpu).to("cuda")
+    out_cpu = cpu(x, y)
+    out_cpu.backward()
+    out_dev = dev(x.cuda(), y.cuda(), index=cpu.last_index.cuda())
+    out_dev.backward()
+    assert dev.weight.grad.is_sparse and dev.weight.grad.device.type == "cuda"
+    torch.testing.assert_close(out_dev.cpu(), out_cpu, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dev.weight.grad.to_dense().cpu(), cpu.weight.grad.to_dense(), rtol=1e-5, atol=1e-5)
+    before = dev.weight.detach().clone()
+    torch.optim.SparseAdam(dev.parameters(), lr=1e-2).step()
+    moved = (dev.weight.detach() != before).any(dim=1).nonzero().flatten().cpu()
+    assert torch.equal(moved, cpu.last_index)

@@ -441,3 +441,30 @@ def test_sparse_grad_must_be_a_bool():
         losses.partial_fc_loss(x, y, w, sparse_grad="yes")
     with pytest.raises(TypeError, match="sparse_grad"):
         losses.PartialFCLoss(2, 6, sparse_grad=1)
+
+
+def test_sparse_grad_under_autocast_and_torch_compile():
+    """bf16 autocast: the loss in float32 and a finite sparse gradient; inductor-compiled (data checks
+    off, a fixed index): the value and the sparse gradient of eager."""
+    import warnings
+
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 16), torch.randint(0, 200, (8,))
+    m = losses.PartialFCLoss(16, 200, sample_rate=0.2, seed=0, sparse_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = m(x, y)
+    out.backward()
+    assert out.dtype == torch.float32 and m.weight.grad.is_sparse
+    assert torch.isfinite(m.weight.grad.coalesce().values()).all()
+    index = m.last_index
+    torch._dynamo.reset()
+    with losses.validation(False), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eager = m(x, y, index=index)
+        g_eager = torch.autograd.grad(eager, m.weight)[0]
+        compiled = torch.compile(m, backend="inductor")
+        got = compiled(x, y, index=index)
+        g_got = torch.autograd.grad(got, m.weight)[0]
+    torch.testing.assert_close(got, eager, rtol=1e-5, atol=1e-5)
+    assert g_got.is_sparse
+    torch.testing.assert_close(g_got.to_dense(), g_eager.to_dense(), rtol=1e-4, atol=1e-4)
