@@ -387,15 +387,11 @@ def cached_row(run: Run, *, quick: bool, workdir: str) -> Optional[dict]:
 
 
 def execute(run: Run, *, quick: bool, workdir: str, threads: int, fresh: bool, timeout: float) -> dict:
+    if not fresh and (row := cached_row(run, quick=quick, workdir=workdir)) is not None:
+        return row
     args = run.args(quick)
     run_dir = _run_dir(run, args, workdir)
     out = os.path.join(run_dir, "result.json")
-    if not fresh and os.path.exists(out):
-        with open(out) as fh:
-            res = json.load(fh)
-        if res.get("ok"):
-            res["cached"] = True
-            return _row(run, args, res)
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir, exist_ok=True)
     spec = {"config": os.path.join(ROOT, run.arm.recipe), "root": os.path.join(run_dir, "logs"),

@@ -111,9 +111,8 @@ def build_optimizer(module: nn.Module, groups: Sequence[Dict[str, Any]], *, opti
         s = [p for p in ps if id(p) in sparse_ids]
         if d:
             dense_groups.append({**rest, "params": d})
-        if s:
-            sparse_groups.append({"params": s, **({"lr": rest["lr"]} if "lr" in rest else {}),
-                                  **({"name": rest["name"]} if "name" in rest else {})})
+        if s:  # the group's own rate and name carry over; the other keys are the dense optimiser's
+            sparse_groups.append({"params": s, **{k: rest[k] for k in ("lr", "name") if k in rest}})
 
     def dense_opt(gs):
         if optimizer == "sgd":
