@@ -39,6 +39,13 @@ Finished runs are kept in ``--workdir``, keyed by recipe content and exact argum
 interrupted reproduction resumes (``--fresh`` ignores them; use it after changing the library).
 ``--plan`` runs nothing: it prints, per claim, the runs, their declared time and how many of them
 are already finished in ``--workdir`` (``plan_status``).
+
+The committed ``<benchmark>_runs.csv`` files are the record of every run: ``--runs-from results/revision2``
+copies their finished runs into ``--workdir`` before anything starts (``seed_workdir``), so the
+reports regenerate from committed runs on any machine and only runs missing from them execute.
+``--export-runs FILE`` (runs nothing) writes the runs of the selected claims finished so far in
+``--workdir`` to a runs file, so a reproduction longer than one machine's session can be committed
+part-done and resumed elsewhere with ``--runs-from FILE``.
 """
 
 from __future__ import annotations
@@ -444,6 +451,9 @@ def _row(run: Run, args: Sequence[str], res: dict) -> dict:
         "peak_rss_mb": round(float(res.get("peak_rss_mb", 0.0)), 1) if res.get("ok") else "",
         "threads": (res.get("versions") or {}).get("threads", ""),
         "data": json.dumps(res.get("data", {}), sort_keys=True), "cached": bool(res.get("cached", False)),
+        "key": _run_key(run, args),
+        "versions": json.dumps({k: v for k, v in (res.get("versions") or {}).items() if k not in ("sys_version", "threads")},
+                               sort_keys=True),
         "_versions": res.get("versions", {}),
     }
     for k, v in sorted((res.get("fit_metrics") or {}).items()):  # training-side columns (e.g. the classes
@@ -532,6 +542,111 @@ def run_plan(arms: Sequence[Arm], tune: Sequence[Run], eval_seeds: Dict[str, Seq
                         pending.append(copy)  # the first failed: the copy is a retry
     evals = [eval_rows[(a.key, s)] for a in arms for s in sorted(eval_seeds.get(a.key, ()))]
     return [tune_rows[id(r)] for r in tune], evals, chosen, tables
+
+
+# ------------------------------------------------------------------------------------------
+# runs files: regenerate reports from committed runs, carry unfinished work across machines
+# ------------------------------------------------------------------------------------------
+def runs_files(paths: Sequence[str]) -> List[str]:
+    """The runs CSV files named by ``--runs-from``: a file as given, a folder's ``*_runs.csv``."""
+    out: List[str] = []
+    for p in paths:
+        if os.path.isdir(p):
+            out += sorted(os.path.join(p, f) for f in os.listdir(p) if f.endswith("_runs.csv"))
+        elif os.path.isfile(p):
+            out.append(p)
+        else:
+            raise SystemExit(f"reproduce_results: --runs-from {p!r}: no such file or folder")
+    return out
+
+
+def candidate_runs(arms: Sequence[Arm], tune_seeds: Sequence[int], eval_seeds: Dict[str, Sequence[int]],
+                   quick: bool) -> List[Run]:
+    """Every run the plan can need: the tuning runs, and each arm's evaluation runs at every grid
+    point (which point is evaluated is known only once tuning is done)."""
+    runs = tuning_runs(arms, tune_seeds, quick)
+    for a in arms:
+        points = a.grid_points()[:QUICK_GRID] if quick else a.grid_points()
+        runs += [Run(a, s, "eval", tuple(p.items())) for p in points for s in sorted(eval_seeds.get(a.key, ()))]
+    return runs
+
+
+def _match_fields(run: Run) -> Tuple[str, ...]:
+    """What identifies a run in a runs file written before the ``key`` column: recipe path and content
+    hash, phase, seed, fixed overrides, grid point and epochs."""
+    return (run.arm.recipe, hashlib.sha1(run.arm.recipe_text().encode()).hexdigest()[:12], run.phase,
+            str(run.seed), " ".join(_overrides(run.arm.overrides)), json.dumps(dict(run.params), sort_keys=True),
+            str(run.arm.epochs))
+
+
+def _result_from_row(row: Dict[str, str], source: str) -> dict:
+    """A finished run's ``result.json`` rebuilt from its runs-file row (the inverse of ``_row``)."""
+    def num(k: str) -> float:
+        return float(row[k]) if row.get(k) not in ("", None) else 0.0
+
+    def metrics(prefix: str) -> Dict[str, float]:
+        return {k: float(v) for k, v in row.items() if k.startswith(prefix) and v not in ("", None)}
+
+    versions = json.loads(row.get("versions") or "{}")
+    if row.get("threads") not in ("", None):
+        versions["threads"] = int(row["threads"])
+    return {"ok": True, "epochs": int(num("epochs")), "steps": int(num("steps")), "fit_seconds": num("fit_seconds"),
+            "test_seconds": num("test_seconds"), "wall_seconds": num("run_seconds"), "peak_rss_mb": num("peak_rss_mb"),
+            "recipe_sha": row.get("recipe_sha", ""), "code": row.get("code", ""), "started": row.get("started", ""),
+            "data": json.loads(row.get("data") or "{}"), "versions": versions, "fit_metrics": metrics("train/"),
+            "val_metrics": metrics("val/"), "test_metrics": metrics("test/"), "read_from": source}
+
+
+def seed_workdir(runs: Sequence[Run], files: Sequence[str], *, workdir: str, quick: bool) -> Tuple[int, int]:
+    """Write the ``result.json`` of every run of ``runs`` that a runs file holds as finished (``ok``)
+    into ``workdir``, so the plan reads it as a finished run instead of running it; a run the
+    workdir already holds as finished is left as it is. Rows written with the ``key`` column match
+    on it exactly (recipe content and every argument); older rows match on ``_match_fields``
+    (never in ``--quick``). Returns ``(runs written, runs the workdir already had)``."""
+    by_key: Dict[str, Tuple[dict, str]] = {}
+    by_fields: Dict[Tuple[str, ...], Tuple[dict, str]] = {}
+    for path in files:
+        with open(path, newline="") as fh:
+            for row in csv.DictReader(fh):
+                if row.get("ok") != "True":
+                    continue
+                if row.get("key"):
+                    by_key.setdefault(row["key"], (row, path))
+                elif not quick:
+                    by_fields.setdefault((row["recipe"], row["recipe_sha"], row["phase"], row["seed"],
+                                          row.get("overrides", ""), row["params"], row["epochs"]), (row, path))
+    written = had = 0
+    seen = set()
+    for run in runs:
+        args = run.args(quick)
+        key = _run_key(run, args)
+        if key in seen:
+            continue
+        seen.add(key)
+        if cached_row(run, quick=quick, workdir=workdir) is not None:
+            had += 1
+            continue
+        hit = by_key.get(key) or (None if quick else by_fields.get(_match_fields(run)))
+        if hit is None:
+            continue
+        row, path = hit
+        run_dir = _run_dir(run, args, workdir)
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, "result.json"), "w") as fh:
+            json.dump(_result_from_row(row, os.path.relpath(path, ROOT)), fh, indent=1, sort_keys=True)
+        written += 1
+    return written, had
+
+
+def finished_rows(runs: Sequence[Run], *, workdir: str, quick: bool) -> List[dict]:
+    """The rows of the runs of ``runs`` that ``workdir`` holds as finished, each run once."""
+    out, seen = [], set()
+    for run in runs:
+        key = _run_key(run, run.args(quick))
+        if key not in seen and (row := cached_row(run, quick=quick, workdir=workdir)) is not None:
+            seen.add(key)
+            out.append(row)
+    return out
 
 
 # ------------------------------------------------------------------------------------------
@@ -683,7 +798,7 @@ def check_text(ch: Check, arms: Dict[str, Arm]) -> str:
 # ------------------------------------------------------------------------------------------
 CSV_FIXED = ["benchmark", "arm", "label", "phase", "recipe", "recipe_sha", "code", "started", "seed", "params",
              "overrides", "epochs", "steps", "ok", "error", "fit_seconds", "test_seconds", "run_seconds",
-             "peak_rss_mb", "threads", "cached", "data"]
+             "peak_rss_mb", "threads", "cached", "data", "key", "versions"]
 
 
 def write_csv(rows: Sequence[dict], path: str) -> None:
@@ -705,10 +820,21 @@ def read_csv(path: str) -> List[dict]:
 
 
 def _versions(rows: Sequence[dict]) -> dict:
-    for r in rows:
-        if r.get("_versions"):
-            return r["_versions"]
-    return {}
+    """The library versions of the first run that recorded them (runs read from an older runs file
+    may record none), with ``recorded``: how many of ``rows`` did."""
+    have = [r["_versions"] for r in rows if (r.get("_versions") or {}).get("torch")]
+    return {**(have[0] if have else {}), "recorded": len(have), "runs": len(rows)}
+
+
+def _versions_text(v: dict) -> str:
+    if not v.get("torch"):
+        return "library versions: not recorded by these runs (read from a runs file that predates them)"
+    text = (f"Python {v.get('python', '?')}; torch {v['torch']}, pytorch-lightning "
+            f"{v.get('pytorch_lightning', '?')}")
+    if v.get("recorded", 0) < v.get("runs", 0):
+        text += (f" (recorded by {v['recorded']} of the {v['runs']} runs; the others were read from a runs file "
+                 "that predates the versions column)")
+    return text
 
 
 def _mean_sd(vals: Sequence[float]) -> Tuple[float, float]:
@@ -743,8 +869,7 @@ def write_markdown(benchmark: str, claims: Sequence[Claim], results: Sequence[di
              f"- code: {meta['code']}; report generated {meta['date']}",
              f"- data: {bench.get('data', '?')}",
              f"- model: {bench.get('backbone', '?')}",
-             f"- Python {v.get('python', platform.python_version())}; torch {v.get('torch', '?')}, "
-             f"pytorch-lightning {v.get('pytorch_lightning', '?')}; {meta['cpus']} CPUs ({meta['cpu']}), "
+             f"- {_versions_text(v)}; {meta['cpus']} CPUs ({meta['cpu']}), "
              f"{meta['jobs']} run(s) at a time, {meta['threads']} torch thread(s) each",
              f"- statistics: per-seed differences family - baseline; mean with a {int(meta['confidence'] * 100)}% "
              f"{ci_name}; MDE = the true difference a two-sided paired t test detects with "
@@ -945,6 +1070,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "losses-reproduce-v2"),
                    help="per-run folders (results kept for resuming; checkpoints deleted)")
     p.add_argument("--fresh", action="store_true", help="ignore finished runs in --workdir")
+    p.add_argument("--runs-from", action="append", default=[], metavar="PATH",
+                   help="a runs CSV file, or a folder's *_runs.csv (repeatable): their finished runs are copied into "
+                        "--workdir first, so reports regenerate from committed runs and only missing runs execute")
+    p.add_argument("--export-runs", default="", metavar="FILE",
+                   help="run nothing: write the rows of the selected claims' runs finished in --workdir to FILE "
+                        "(to commit unfinished work and resume it elsewhere with --runs-from FILE)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per run before it is killed")
     p.add_argument("--plan", action="store_true", help="print the runs and their estimated time, run nothing")
     return p.parse_args(argv)
@@ -999,6 +1130,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"reproduce_results: {len(claims)} claims, {len(arm_list)} arms: {len(tune)} tuning runs + {n_eval} "
           f"evaluation runs; declared run time {est / 60:.0f} min in all (~{est / 60 / jobs:.0f} min at {jobs} "
           f"at a time); workdir {args.workdir}", flush=True)
+    if args.runs_from and args.fresh:
+        raise SystemExit("reproduce_results: --fresh ignores finished runs; it cannot be combined with --runs-from")
+    eval_seeds = {k: sorted(ss) for k, ss in arm_seeds.items()}
+    if args.runs_from:
+        files = runs_files(args.runs_from)
+        os.makedirs(args.workdir, exist_ok=True)
+        written, had = seed_workdir(candidate_runs(arm_list, tune_seeds, eval_seeds, args.quick), files,
+                                    workdir=args.workdir, quick=args.quick)
+        print(f"reproduce_results: {written} finished run(s) read from {len(files)} runs file(s) into the workdir "
+              f"({had} already there)", flush=True)
+    if args.export_runs:
+        rows = finished_rows(candidate_runs(arm_list, tune_seeds, eval_seeds, args.quick), workdir=args.workdir,
+                             quick=args.quick)
+        os.makedirs(os.path.dirname(os.path.abspath(args.export_runs)), exist_ok=True)
+        write_csv(rows, args.export_runs)
+        print(f"reproduce_results: wrote the {len(rows)} finished run(s) of the selected claims to "
+              f"{args.export_runs}", flush=True)
+        return 0
     if args.plan:
         left = 0.0
         for st in plan_status(claims, cf.arms, tune_seeds, seeds_of, quick=args.quick, workdir=args.workdir):
@@ -1015,8 +1164,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     os.makedirs(args.workdir, exist_ok=True)
     common = dict(jobs=jobs, threads=threads, quick=args.quick, workdir=args.workdir, fresh=args.fresh,
                   timeout=args.timeout)
-    tune_rows, eval_rows, chosen, tables = run_plan(arm_list, tune, {k: sorted(ss) for k, ss in arm_seeds.items()},
-                                                    **common)
+    tune_rows, eval_rows, chosen, tables = run_plan(arm_list, tune, eval_seeds, **common)
     rows = tune_rows + eval_rows
     wall = time.perf_counter() - t_start
     meta = {

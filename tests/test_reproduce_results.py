@@ -246,6 +246,148 @@ def test_plan_status_counts_the_runs_finished_in_the_workdir(tmp_path):
     assert st["seconds_left"] == pytest.approx(2 * fam.seconds + 6 * base.seconds)
 
 
+# ------------------------------------------------------------------------------------------
+# runs files: regenerate from committed runs, export and resume unfinished work
+# ------------------------------------------------------------------------------------------
+def _finish_full(run, workdir, seed_value, *, versions=True):
+    """A finished run's result.json with every kind of field the worker writes."""
+    d = rr._run_dir(run, run.args(False), str(workdir))
+    os.makedirs(d, exist_ok=True)
+    res = {"ok": True, "epochs": run.arm.epochs, "steps": 3125, "fit_seconds": 700.123456, "test_seconds": 0.0,
+           "wall_seconds": 712.5, "peak_rss_mb": 1390.27, "recipe_sha": rr._match_fields(run)[1], "code": "deadbeef", "started": "t0",
+           "data": {"num_classes": 100000, "train_size": 400000},
+           "fit_metrics": {"train/step_ms": 190.0 + seed_value, "train/loss": 3.0},
+           "val_metrics": {"val/open_rank1": 0.1 * seed_value, "val/top1": 1.0 / 3.0},
+           "test_metrics": {"test/open_rank1": 0.5 + seed_value} if run.phase == "eval" else {}}
+    if versions:
+        res["versions"] = {"python": "3.11.7", "sys_version": "long", "torch": "2.14.1", "pytorch_lightning": "2.6.6",
+                           "threads": 1}
+    with open(os.path.join(d, "result.json"), "w") as fh:
+        json.dump(res, fh)
+
+
+def _only_cached(monkeypatch):
+    """Make any run that is not already finished in the workdir fail the test instead of training."""
+    real = rr.execute
+
+    def execute(run, **kw):
+        assert rr.cached_row(run, quick=kw["quick"], workdir=kw["workdir"]) is not None, \
+            f"{run.phase} {run.arm.key} seed {run.seed} would have run"
+        return real(run, **kw)
+
+    monkeypatch.setattr(rr, "execute", execute)
+
+
+def test_reports_regenerate_from_the_committed_runs_without_running_anything(tmp_path, monkeypatch):
+    """The committed runs file is enough to rebuild a claim's report on a fresh machine: every run is
+    read from it (none executes), and every committed column of its rows comes back unchanged."""
+    _only_cached(monkeypatch)
+    committed = os.path.join(ROOT, "results", "revision2")
+    out, work = tmp_path / "out", tmp_path / "work"
+    code = rr.main(["--claims", "nbc_softmax,pfc_arcface", "--runs-from", committed, "--out", str(out),
+                    "--workdir", str(work), "--jobs", "1"])
+    assert code == 0
+    claims = {c.key: c for c in CF.claims}
+    for bench, key in (("retrieval", "nbc_softmax"), ("many_class", "pfc_arcface")):
+        arms = claims[key].arms
+        with open(os.path.join(committed, f"{bench}_runs.csv"), newline="") as fh:
+            old = [r for r in csv.DictReader(fh) if r["arm"] in arms]
+        with open(out / f"{bench}_runs.csv", newline="") as fh:
+            new = list(csv.DictReader(fh))
+        assert len(new) == len(old) > 0
+        key = lambda r: (r["arm"], r["phase"], r["seed"], r["params"])
+        new_by = {key(r): r for r in new}
+        for r in old:
+            assert {k: new_by[key(r)].get(k) for k in r} == r
+        assert all(r["key"] for r in new)  # the rebuilt rows carry the exact run key
+    # the verdicts are the committed report's
+    old_summary = open(os.path.join(committed, "summary.md")).read()
+    for line in (out / "summary.md").read_text().splitlines():
+        if line.startswith("| ") and "[" in line and "|---" not in line:
+            assert line in old_summary
+
+
+def test_exported_runs_resume_on_another_workdir(tmp_path, monkeypatch):
+    """``--export-runs`` writes what a workdir has finished; ``--runs-from`` on an empty workdir makes
+    the same runs finished there, with identical rows; the plan then counts them as finished."""
+    claim = next(c for c in CF.claims if c.key == "pfc_cosface_c1e5")
+    fam, base = (CF.arms[k] for k in claim.arms)
+    a, b = tmp_path / "a", tmp_path / "b"
+    tune = rr.tuning_runs([fam, base], [1000], quick=False)
+    for i, r in enumerate(tune[:6]):
+        _finish_full(r, a, i, versions=i != 1)
+    best = fam.grid_points()[3]  # the family's last point gets the highest validation value (0.3)
+    ev = [rr.Run(fam, s, "eval", tuple(best.items())) for s in (0, 1)]
+    for r in ev:
+        _finish_full(r, a, 7 + r.seed)
+    export = tmp_path / "part" / "many_class_runs.csv"
+    assert rr.main(["--claims", claim.key, "--workdir", str(a), "--export-runs", str(export)]) == 0
+    with open(export, newline="") as fh:
+        exported = list(csv.DictReader(fh))
+    assert len(exported) == 8 and all(r["key"] for r in exported)
+    assert json.loads(next(r for r in exported if r["seed"] == "0")["versions"]) == \
+        {"python": "3.11.7", "pytorch_lightning": "2.6.6", "torch": "2.14.1"}
+
+    rr.main(["--claims", claim.key, "--workdir", str(b), "--runs-from", str(export), "--plan"])
+    for r in tune[:6] + ev:
+        ra, rb = (rr.cached_row(r, quick=False, workdir=str(w)) for w in (a, b))
+        assert rb is not None
+        assert {k: rb[k] for k in rr.CSV_FIXED if k != "cached"} == {k: ra[k] for k in rr.CSV_FIXED if k != "cached"}
+        assert {k: v for k, v in rb.items() if "/" in k} == {k: v for k, v in ra.items() if "/" in k}
+    for r in tune[6:]:
+        assert rr.cached_row(r, quick=False, workdir=str(b)) is None
+    st = rr.plan_status([claim], CF.arms, [1000], {claim.key: [0, 1, 2]}, quick=False, workdir=str(b))[0]
+    # the family's tuning is done and chose its last point (highest validation value), where its two
+    # evaluation runs are; the baseline's tuning is not done, so none of its evaluation counts yet
+    assert (st["tune_done"], st["eval_done"], st["open_arms"]) == (6, 2, [fam.key, base.key])
+
+    # a run the workdir already holds is left as it is; a second seeding writes nothing
+    assert rr.seed_workdir(tune, [str(export)], workdir=str(b), quick=False) == (0, 6)
+
+
+def test_runs_file_rows_match_by_key_or_by_their_fields(tmp_path):
+    """Rows carrying a key match only that exact run; older rows without one match on recipe content,
+    phase, seed, overrides, grid point and epochs; a changed recipe or failed run never matches."""
+    arm = CF.arms["cos_c1e5_pfc01"]
+    run = rr.tuning_runs([arm], [1000], quick=False)[0]
+    src = tmp_path / "src"
+    _finish_full(run, src, 1)
+    row = rr.cached_row(run, quick=False, workdir=str(src))
+    path = tmp_path / "x_runs.csv"
+
+    def seeded(mutate):
+        r = dict(row)
+        mutate(r)
+        rr.write_csv([r], str(path))
+        work = tmp_path / f"w{len(list(tmp_path.iterdir()))}"
+        return rr.seed_workdir([run], [str(path)], workdir=str(work), quick=False)[0]
+
+    assert seeded(lambda r: None) == 1
+    assert seeded(lambda r: r.update(key="0" * 16)) == 0  # another run's key
+    assert seeded(lambda r: r.update(key="")) == 1  # no key: the fields decide
+    assert seeded(lambda r: r.update(key="", recipe_sha="000000000000")) == 0  # the recipe changed since
+    assert seeded(lambda r: r.update(key="", seed=1001)) == 0
+    assert seeded(lambda r: r.update(key="", epochs=arm.epochs + 1)) == 0
+    assert seeded(lambda r: r.update(key="", params=json.dumps({"model.init_args.lr": 0.5}))) == 0
+    assert seeded(lambda r: r.update(ok=False)) == 0
+
+
+def test_runs_from_refuses_fresh_and_missing_paths(tmp_path):
+    with pytest.raises(SystemExit, match="cannot be combined"):
+        rr.main(["--claims", "opl", "--fresh", "--runs-from", str(tmp_path), "--workdir", str(tmp_path), "--plan"])
+    with pytest.raises(SystemExit, match="no such file or folder"):
+        rr.main(["--claims", "opl", "--runs-from", str(tmp_path / "nope"), "--workdir", str(tmp_path), "--plan"])
+
+
+def test_versions_line_says_how_many_runs_recorded_them():
+    full = {"python": "3.11.7", "torch": "2.14.1", "pytorch_lightning": "2.6.6"}
+    assert rr._versions([{"_versions": {}}, {"_versions": full}]) == {**full, "recorded": 1, "runs": 2}
+    assert rr._versions_text(rr._versions([{"_versions": full}])) == \
+        "Python 3.11.7; torch 2.14.1, pytorch-lightning 2.6.6"
+    assert "recorded by 1 of the 2 runs" in rr._versions_text(rr._versions([{"_versions": {}}, {"_versions": full}]))
+    assert rr._versions_text(rr._versions([{"_versions": {"threads": 1}}])).startswith("library versions: not recorded")
+
+
 def test_grid_edges_flags_a_choice_at_an_end_of_a_numeric_list():
     arm = CF.arms["ce_lt"]  # lr over [0.001, 0.002, 0.005]
     lo, mid, hi = arm.grid_points()
