@@ -26,6 +26,7 @@ from .._core import (
     check_seed,
     check_bool,
     _checking,
+    _compiling,
     check_finite,
     check_ids_in_range,
     check_integer_target,
@@ -207,7 +208,10 @@ def partial_fc_loss(
     centre is not moved at all (no momentum, no decay: the papers' update of the sampled centres
     only), and the optimiser's work and the gradient's memory scale with ``k`` instead of ``C``.
     Dense optimisers such as ``AdamW`` reject sparse gradients; the loss and the sampled rows'
-    gradient are the same either way.
+    gradient are the same either way. Under ``DistributedDataParallel`` use it with
+    :class:`PartialFCLoss` ``(distributed=True)``: DDP averages sparse gradients of
+    ``nn.Embedding`` weights only, and the module raises ``ValueError`` when DDP would average its
+    sparse centres.
 
     Shapes: ``embeddings (N, D)``, ``target (N,)`` integer ids, ``weight (C, D)``, ``index (|I|,)``;
     ``"none"`` gives ``(N,)``. Unit: the row (0 for ``ignore_index`` rows). Logits in float32 or
@@ -421,6 +425,27 @@ class PartialFCLoss(GeneratorStateMixin):
         self.weight.grad = None
         self._world = world
 
+    def _check_not_averaged_sparse(self) -> None:
+        """Replicated centres with a sparse gradient cannot be averaged by DDP: its reducer takes
+        sparse gradients only from ``nn.Embedding(sparse=True)`` and fails deep in backward with an
+        unrelated message. Say so at the forward instead (only inside a DDP forward that averages
+        ``weight``; a DDP that ignores it, or no DDP, is left alone)."""
+        ddp_cls = getattr(getattr(nn, "parallel", None), "DistributedDataParallel", None)
+        ddp = getattr(ddp_cls, "_active_ddp_module", None)
+        if ddp is None or not (self.weight.requires_grad and torch.is_grad_enabled()):
+            return
+        ignored = getattr(ddp, "parameters_to_ignore", ())
+        for name, p in ddp.module.named_parameters():
+            if p is self.weight:
+                if name not in ignored:
+                    raise value_error(
+                        "PartialFCLoss", "sparse_grad=True needs sharded centres under DistributedDataParallel",
+                        f"distributed={self.distributed}, parameter {name!r} averaged by DDP",
+                        "DDP cannot average a sparse gradient of a parameter that is not an nn.Embedding's: pass "
+                        "distributed=True (each rank owns a shard of the centres, which DDP must ignore: "
+                        "ddp_ignored_parameters()) or sparse_grad=False")
+                return
+
     def ddp_ignored_parameters(self) -> list:
         """Parameters DDP must not average (the sharded centres when ``distributed=True``)."""
         return [self.weight] if self.distributed else []
@@ -471,6 +496,8 @@ class PartialFCLoss(GeneratorStateMixin):
             A scalar (``"mean"``, ``"sum"``) or the per-row losses ``(N,)`` (``"none"``).
         """
         check_head_embeddings("partial_fc_loss", type(self).__name__, embeddings, self.embedding_dim)
+        if self.sparse_grad and not _compiling():  # a configuration check, not traced
+            self._check_not_averaged_sparse()
         self._sync_shard()
         if self._world > 1:
             return self._forward_sharded(embeddings, target, index)

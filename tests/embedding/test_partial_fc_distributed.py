@@ -24,6 +24,7 @@ CONFIGS = {
 #: positives of Y: {0, 1, 3, 5, 6, 8}; the shared index adds 2 and leaves out 4 and 7
 INDEX = torch.tensor([0, 1, 2, 3, 5, 6, 8])
 Y_SHARD0 = torch.tensor([0, 3, 3, 1, -100, 1, 0, 0, 3, 4])
+PROJ = torch.eye(D, dtype=torch.float64) + 0.1 * torch.arange(D * D, dtype=torch.float64).reshape(D, D) / (D * D)
 INDEX_SHARD0 = torch.tensor([0, 1, 3, 4])
 
 
@@ -54,6 +55,11 @@ def _worker(rank, world_size, payload):
     def make(**kw):
         m = losses.PartialFCLoss(D, C, distributed=True, scale=SCALE, **kw).double()
         m.load_state_dict(payload["single_state"])  # a world-size-1 checkpoint
+        return m
+
+    def make_replicated(**kw):
+        m = losses.PartialFCLoss(D, C, scale=SCALE, sample_rate=1.0, **kw).double()
+        m.load_state_dict(payload["single_state"])
         return m
 
     for name, kw in CONFIGS.items():
@@ -130,6 +136,47 @@ def _worker(rank, world_size, payload):
         except ValueError as exc:
             errors[label] = str(exc)
     res["errors"] = errors
+
+    # inside DistributedDataParallel: a projection averaged by DDP, the centres sparse
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def net(head):
+        body = torch.nn.Linear(D, D, bias=False).double()
+        with torch.no_grad():
+            body.weight.copy_(payload["proj"])
+        return torch.nn.ModuleDict({"body": body, "head": head})
+
+    def ddp_step(model, ignore=()):
+        class Step(torch.nn.Module):  # DDP runs forward(); the loss is the wrapped model's output
+            def __init__(self):
+                super().__init__()
+                self.m = model
+
+            def forward(self, xb, yb):
+                return self.m["head"](self.m["body"](xb), yb)
+
+        step = Step()
+        DDP._set_params_and_buffers_to_ignore_for_model(step, list(ignore))
+        wrapped = DDP(step)
+        try:
+            wrapped(x.clone(), y).backward()
+            return None
+        except ValueError as exc:
+            return str(exc)
+
+    # replicated centres with a sparse gradient would fail deep inside DDP's reducer: a clear error instead
+    res["ddp_replicated_sparse"] = ddp_step(net(make_replicated(sparse_grad=True)))
+    # ... unless DDP leaves the centres alone (then no averaging happens and nothing is refused)
+    res["ddp_replicated_sparse_ignored"] = ddp_step(net(make_replicated(sparse_grad=True)), ["m.head.weight"])
+    # sharded centres (the shard ignored by DDP, as ddp_ignored_parameters says): one step works and
+    # gives the single-process gradients: the shard's rows of the centres, the projection's full gradient
+    model = net(make(sample_rate=1.0, sparse_grad=True))
+    res["ddp_sharded_sparse"] = (ddp_step(model, ["m.head.weight"]), model["head"].weight.grad.is_sparse,
+                                 model["head"].weight.grad.to_dense(), model["body"].weight.grad.clone())
+    # a shard that DDP would average (not ignored) is refused too; equal shards (C = 8), since DDP
+    # itself refuses to wrap parameters whose shapes differ across ranks
+    even = losses.PartialFCLoss(D, 8, distributed=True, scale=SCALE, sample_rate=1.0, sparse_grad=True).double()
+    res["ddp_sharded_not_ignored"] = ddp_step(net(even))
     return res
 
 
@@ -140,7 +187,8 @@ def setup():
     single.load_state_dict({"weight": w})
     lazy = losses.PartialFCLoss(D, C, distributed=True, scale=SCALE, sample_rate=1.0).double()
     lazy.load_state_dict({"weight": w})
-    payload = {"x": x, "w": w, "y": y, "lazy": lazy, "single_state": single.state_dict(), "y_shard0": Y_SHARD0}
+    payload = {"x": x, "w": w, "y": y, "lazy": lazy, "single_state": single.state_dict(), "y_shard0": Y_SHARD0,
+               "proj": PROJ}
     return (x, w, y), run_gloo(_worker, world_size=WORLD, payload=payload)
 
 
@@ -191,6 +239,30 @@ def test_sparse_grad_matches_the_dense_sharded_gradient(setup):
         torch.testing.assert_close(out, d_out, rtol=0, atol=0)
         torch.testing.assert_close(gx, d_gx, rtol=1e-12, atol=1e-15)
         torch.testing.assert_close(gw, d_gw, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.slow
+def test_sparse_centres_under_ddp(setup):
+    """Replicated centres with ``sparse_grad=True`` inside DDP get a ValueError naming the option
+    (DDP's reducer takes sparse gradients from ``nn.Embedding`` only); sharded centres that DDP
+    ignores train, with the single-process gradients of the shard and of the averaged projection."""
+    (x, w, y), res = setup
+    xr = x.clone()
+    proj = PROJ.clone().requires_grad_(True)
+    wr = w.clone().requires_grad_(True)
+    loss = losses.margin_softmax_loss(xr @ proj.T, y, wr, scale=SCALE)
+    g_proj, g_w = torch.autograd.grad(loss, (proj, wr))
+    for r in range(WORLD):
+        for key in ("ddp_replicated_sparse", "ddp_sharded_not_ignored"):
+            msg = res[r][key]
+            assert msg is not None and msg.startswith("PartialFCLoss: sparse_grad=True needs sharded centres"), msg
+            assert "'m.head.weight' averaged by DDP" in msg and "distributed=True" in msg
+        assert res[r]["ddp_replicated_sparse_ignored"] is None
+        err, is_sparse, gw, gp = res[r]["ddp_sharded_sparse"]
+        assert err is None and is_sparse
+        torch.testing.assert_close(gw, g_w[_shard(r)], rtol=1e-10, atol=1e-12)
+        # per rank W x its rows' gradient, averaged by DDP: the full-batch gradient
+        torch.testing.assert_close(gp, g_proj, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.slow
