@@ -55,7 +55,11 @@ def _centres(ckpt_path) -> torch.Tensor:
     return state["loss.weight"]
 
 
-def test_ddp_partial_fc_matches_single_process(tmp_path):
+@pytest.mark.parametrize("sparse_grad", [False, True], ids=["dense", "sparse_grad"])
+def test_ddp_partial_fc_matches_single_process(tmp_path, sparse_grad):
+    """``sparse_grad=True``: the shard's sparse gradient goes to SparseAdam (the rest of the model to
+    AdamW, joined into one optimiser) on every rank, as the single process does with all centres."""
+    common = [*COMMON, f"--model.init_args.loss.init_args.sparse_grad={str(sparse_grad).lower()}"]
     ddp_dir, single_dir = tmp_path / "ddp", tmp_path / "single"
     ddp_dir.mkdir()
     single_dir.mkdir()
@@ -64,7 +68,7 @@ def test_ddp_partial_fc_matches_single_process(tmp_path):
         sys.executable, "-m", "lightning_modules", "fit",
         "--config", RECIPE,
         "--config", _logger_config(tmp_path / "ddp_logger.yaml", ddp_dir),
-        f"--trainer.default_root_dir={ddp_dir}", *SHORT, *COMMON,
+        f"--trainer.default_root_dir={ddp_dir}", *SHORT, *common,
     ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -74,10 +78,12 @@ def test_ddp_partial_fc_matches_single_process(tmp_path):
         [
             "--config", _logger_config(tmp_path / "single_logger.yaml", single_dir),
             "--trainer.strategy=auto", "--trainer.devices=1",
-            "--data.init_args.batch_size=64", "--model.init_args.loss.init_args.distributed=false", *COMMON,
+            "--data.init_args.batch_size=64", "--model.init_args.loss.init_args.distributed=false", *common,
         ],
     )
     assert single.trainer.world_size == 1
+    opt = single.model.optimizers(use_pl_optimizer=False)
+    assert (type(opt).__name__ == "DenseSparseOptimizer") == sparse_grad
     ddp_m, single_m = _last_metrics(ddp_dir), _last_metrics(single_dir)
 
     log = proc.stdout + proc.stderr
