@@ -463,8 +463,6 @@ def _group_key(case: Dict) -> tuple:
 def run_suite(suite: str, classes: List[int], threads: int, out: str, repeats: int, max_seconds: float,
               skip_memory: bool, clock: str = "wall") -> List[Dict]:
     """Run one suite: cases of the same ``(B, C)`` are timed interleaved in one process."""
-    import torch
-
     cases = suite_cases(suite, classes)
     groups: Dict[tuple, List[Dict]] = {}
     for case in cases:
