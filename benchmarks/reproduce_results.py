@@ -366,6 +366,16 @@ def _code_version() -> str:
         return "unknown"
 
 
+def _recipe_sha(arm: Arm) -> str:
+    """The short content hash of an arm's recipe file, as the runs files record it."""
+    return hashlib.sha1(arm.recipe_text().encode()).hexdigest()[:12]
+
+
+def _points(arm: Arm, quick: bool) -> List[Dict[str, Any]]:
+    """The grid points an arm is tuned over (the first ``QUICK_GRID`` in ``--quick``)."""
+    return arm.grid_points()[:QUICK_GRID] if quick else arm.grid_points()
+
+
 def _run_key(run: Run, args: Sequence[str]) -> str:
     """Recipe path and parsed content, the exact arguments and the phase: identical runs of two arms
     (the same recipe and setting) share one result."""
@@ -403,7 +413,7 @@ def execute(run: Run, *, quick: bool, workdir: str, threads: int, fresh: bool, t
     os.makedirs(run_dir, exist_ok=True)
     spec = {"config": os.path.join(ROOT, run.arm.recipe), "root": os.path.join(run_dir, "logs"),
             "fit_args": args, "test_args": args, "fit": True, "test": run.phase == "eval",
-            "recipe_sha": hashlib.sha1(run.arm.recipe_text().encode()).hexdigest()[:12]}
+            "recipe_sha": _recipe_sha(run.arm)}
     spec_path = os.path.join(run_dir, "spec.json")
     with open(spec_path, "w") as fh:
         json.dump(spec, fh, indent=1)
@@ -566,17 +576,22 @@ def candidate_runs(arms: Sequence[Arm], tune_seeds: Sequence[int], eval_seeds: D
     point (which point is evaluated is known only once tuning is done)."""
     runs = tuning_runs(arms, tune_seeds, quick)
     for a in arms:
-        points = a.grid_points()[:QUICK_GRID] if quick else a.grid_points()
-        runs += [Run(a, s, "eval", tuple(p.items())) for p in points for s in sorted(eval_seeds.get(a.key, ()))]
+        runs += [Run(a, s, "eval", tuple(p.items())) for p in _points(a, quick) for s in sorted(eval_seeds.get(a.key, ()))]
     return runs
 
 
 def _match_fields(run: Run) -> Tuple[str, ...]:
     """What identifies a run in a runs file written before the ``key`` column: recipe path and content
     hash, phase, seed, fixed overrides, grid point and epochs."""
-    return (run.arm.recipe, hashlib.sha1(run.arm.recipe_text().encode()).hexdigest()[:12], run.phase,
+    return (run.arm.recipe, _recipe_sha(run.arm), run.phase,
             str(run.seed), " ".join(_overrides(run.arm.overrides)), json.dumps(dict(run.params), sort_keys=True),
             str(run.arm.epochs))
+
+
+def _row_fields(row: Dict[str, str]) -> Tuple[str, ...]:
+    """``_match_fields`` read from a runs-file row (the same fields, the same order)."""
+    return (row["recipe"], row["recipe_sha"], row["phase"], row["seed"], row.get("overrides", ""), row["params"],
+            row["epochs"])
 
 
 def _result_from_row(row: Dict[str, str], source: str) -> dict:
@@ -613,8 +628,7 @@ def seed_workdir(runs: Sequence[Run], files: Sequence[str], *, workdir: str, qui
                 if row.get("key"):
                     by_key.setdefault(row["key"], (row, path))
                 elif not quick:
-                    by_fields.setdefault((row["recipe"], row["recipe_sha"], row["phase"], row["seed"],
-                                          row.get("overrides", ""), row["params"], row["epochs"]), (row, path))
+                    by_fields.setdefault(_row_fields(row), (row, path))
     written = had = 0
     seen = set()
     for run in runs:
@@ -688,8 +702,7 @@ def plan_status(claims: Sequence["Claim"], arms: Dict[str, Arm], tune_seeds: Seq
 def tuning_runs(arms: Sequence[Arm], seeds: Sequence[int], quick: bool) -> List[Run]:
     out = []
     for a in arms:
-        points = a.grid_points()[:QUICK_GRID] if quick else a.grid_points()
-        for p in points:
+        for p in _points(a, quick):
             for s in seeds:
                 out.append(Run(a, s, "tune", tuple(p.items())))
     return out
@@ -698,7 +711,7 @@ def tuning_runs(arms: Sequence[Arm], seeds: Sequence[int], quick: bool) -> List[
 def choose(arm: Arm, rows: Sequence[dict], quick: bool) -> Tuple[Dict[str, Any], List[dict]]:
     """The grid point with the best mean validation ``select`` metric (ties: the first declared), and
     the tuning table ``[{params, value, n}]``."""
-    points = arm.grid_points()[:QUICK_GRID] if quick else arm.grid_points()
+    points = _points(arm, quick)
     table, best, best_v = [], points[0], -math.inf
     for p in points:
         key = json.dumps(p, sort_keys=True)
