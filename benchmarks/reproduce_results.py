@@ -478,7 +478,8 @@ def _row(run: Run, args: Sequence[str], res: dict) -> dict:
 
 def run_plan(arms: Sequence[Arm], tune: Sequence[Run], eval_seeds: Dict[str, Sequence[int]], *, jobs: int,
              threads: int, quick: bool, workdir: str, fresh: bool, timeout: float, log=print,
-             execute_fn=None) -> Tuple[List[dict], List[dict], Dict[str, Dict[str, Any]], Dict[str, List[dict]]]:
+             execute_fn=None, deadline: Optional[float] = None,
+             clock=time.perf_counter) -> Tuple[List[dict], List[dict], Dict[str, Dict[str, Any]], Dict[str, List[dict]]]:
     """Run the tuning and then the evaluation of every arm as one queue of at most ``jobs`` processes.
 
     An arm's grid point is chosen (``choose``) as soon as its own tuning runs are done, and its
@@ -488,8 +489,16 @@ def run_plan(arms: Sequence[Arm], tune: Sequence[Run], eval_seeds: Dict[str, Seq
     (the same recipe and arguments, e.g. one arm selected on two metrics or two arms that agree) run
     once: a copy waits for the first and then reads its cached result.
 
+    ``deadline`` (a ``clock()`` time; ``None``: none) bounds the whole invocation: a run whose declared
+    ``seconds`` would end after it is not started (a shorter run that still fits is started instead, so
+    no slot holds a run that would be cut off), the runs in flight finish, and the runs never started
+    are left for a later invocation on the same workdir (or ``--runs-from`` a file written by
+    ``--export-runs``); a finished run already in the workdir is read whatever the deadline.
+
     Returns ``(tuning rows, evaluation rows, chosen point per arm, tuning table per arm)``; the rows
-    are in plan order (``tune`` as given; evaluation by arm, then seed), not in completion order.
+    are in plan order (``tune`` as given; evaluation by arm, then seed), not in completion order. With
+    a deadline the runs not started have no row: the lists are shorter than the plan and an arm whose
+    tuning did not finish has no chosen point.
     """
     run_fn = execute_fn or execute
     opts = dict(quick=quick, workdir=workdir, threads=threads, timeout=timeout)
@@ -502,7 +511,7 @@ def run_plan(arms: Sequence[Arm], tune: Sequence[Run], eval_seeds: Dict[str, Seq
     chosen: Dict[str, Dict[str, Any]] = {}
     tables: Dict[str, List[dict]] = {}
     pending: List[Run] = list(tune)
-    t0 = time.perf_counter()
+    t0 = clock()
     n_done = 0
 
     def queue_evaluation(a: Arm) -> None:
@@ -514,7 +523,7 @@ def run_plan(arms: Sequence[Arm], tune: Sequence[Run], eval_seeds: Dict[str, Seq
         nonlocal n_done
         n_done += 1
         status = "cached" if row["cached"] else ("ok" if row["ok"] else "FAILED " + row["error"][:200])
-        log(f"[{n_done}/{total} {time.perf_counter() - t0:7.0f}s] {r.phase} {r.arm.key} seed {r.seed} "
+        log(f"[{n_done}/{total} {clock() - t0:7.0f}s] {r.phase} {r.arm.key} seed {r.seed} "
             f"{row['params']}: {status} ({row['run_seconds']:.0f} s)", flush=True)
         if r.phase == "tune":
             tune_rows[id(r)] = row
@@ -524,6 +533,11 @@ def run_plan(arms: Sequence[Arm], tune: Sequence[Run], eval_seeds: Dict[str, Seq
         else:
             eval_rows[(r.arm.key, r.seed)] = row
 
+    def fits(r: Run) -> bool:
+        if deadline is None or clock() + r.arm.seconds <= deadline:
+            return True
+        return (not fresh) and cached_row(r, quick=quick, workdir=workdir) is not None
+
     for a in arms:
         if left[a.key] == 0:
             queue_evaluation(a)
@@ -532,14 +546,19 @@ def run_plan(arms: Sequence[Arm], tune: Sequence[Run], eval_seeds: Dict[str, Seq
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         while pending or in_flight:
             pending.sort(key=lambda r: (-r.arm.seconds, r.phase != "tune", r.arm.key, r.seed))
-            while pending and len(in_flight) < max(1, jobs):
-                r = pending.pop(0)
+            while len(in_flight) < max(1, jobs):
+                i = next((i for i, r in enumerate(pending) if fits(r)), None)
+                if i is None:
+                    break
+                r = pending.pop(i)
                 key = _run_key(r, r.args(quick))
                 if key in busy:
                     busy[key].append(r)
                     continue
                 busy[key] = []
                 in_flight[pool.submit(run_fn, r, fresh=fresh, **opts)] = (r, key)
+            if not in_flight:  # what is left does not fit before the deadline
+                break
             done, _ = wait(list(in_flight), return_when=FIRST_COMPLETED)
             for fut in done:
                 r, key = in_flight.pop(fut)
@@ -550,8 +569,11 @@ def run_plan(arms: Sequence[Arm], tune: Sequence[Run], eval_seeds: Dict[str, Seq
                         finish(copy, run_fn(copy, fresh=False, **opts))  # the cached result
                     else:
                         pending.append(copy)  # the first failed: the copy is a retry
-    evals = [eval_rows[(a.key, s)] for a in arms for s in sorted(eval_seeds.get(a.key, ()))]
-    return [tune_rows[id(r)] for r in tune], evals, chosen, tables
+    if pending:
+        log(f"reproduce_results: {len(pending)} run(s) not started: their declared time does not fit before the "
+            f"deadline ({', '.join(sorted({r.arm.key for r in pending}))})", flush=True)
+    evals = [eval_rows[(a.key, s)] for a in arms for s in sorted(eval_seeds.get(a.key, ())) if (a.key, s) in eval_rows]
+    return [tune_rows[id(r)] for r in tune if id(r) in tune_rows], evals, chosen, tables
 
 
 # ------------------------------------------------------------------------------------------
@@ -1090,6 +1112,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="run nothing: write the rows of the selected claims' runs finished in --workdir to FILE "
                         "(to commit unfinished work and resume it elsewhere with --runs-from FILE)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per run before it is killed")
+    p.add_argument("--deadline", type=float, default=None, metavar="MINUTES",
+                   help="start no run whose declared time would end more than MINUTES after this invocation "
+                        "started (shorter runs that fit go first); the runs left are reported and no report is "
+                        "written: rerun on the same --workdir, or --export-runs and --runs-from, to finish")
     p.add_argument("--plan", action="store_true", help="print the runs and their estimated time, run nothing")
     return p.parse_args(argv)
 
@@ -1177,8 +1203,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     os.makedirs(args.workdir, exist_ok=True)
     common = dict(jobs=jobs, threads=threads, quick=args.quick, workdir=args.workdir, fresh=args.fresh,
                   timeout=args.timeout)
-    tune_rows, eval_rows, chosen, tables = run_plan(arm_list, tune, eval_seeds, **common)
+    deadline = None if args.deadline is None else t_start + 60.0 * args.deadline
+    tune_rows, eval_rows, chosen, tables = run_plan(arm_list, tune, eval_seeds, deadline=deadline, **common)
     rows = tune_rows + eval_rows
+    if len(tune_rows) < len(tune) or len(eval_rows) < n_eval:
+        print(f"reproduce_results: stopped at the deadline with {len(tune) - len(tune_rows)} tuning and "
+              f"{n_eval - len(eval_rows)} evaluation run(s) left; no report written. The finished runs are kept "
+              f"in {args.workdir}: rerun this command to go on, or add --export-runs FILE to carry them elsewhere "
+              f"(and --runs-from FILE there)", flush=True)
+        return 3
     wall = time.perf_counter() - t_start
     meta = {
         "mode": ("quick smoke run: 1 seed, the first grid point, 1 epoch of 2 batches -- the numbers are meaningless"

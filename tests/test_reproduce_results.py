@@ -217,6 +217,60 @@ def test_plan_runs_identical_runs_once():
     assert [r["arm"] for r in tune_rows] == ["a", "b"] and [r["arm"] for r in eval_rows] == ["a", "b"]
 
 
+def test_plan_with_a_deadline_starts_only_runs_that_fit_and_reads_finished_ones(tmp_path):
+    """One slot and a simulated clock that each run advances by its declared seconds: after the long
+    arm's tuning (0 -> 100 s) its evaluations (100 s each) no longer fit before the 150 s deadline, so
+    the short arm's runs take the slot; the long arm's seed 1, finished in the workdir beforehand, is
+    read anyway; seed 0 is never started and has no row."""
+    long, short = _plan_arm("long", 100.0, [0.1]), _plan_arm("short", 10.0, [0.2])
+    now = [0.0]
+    started = []
+
+    def fake_execute(run, *, fresh, quick, workdir, threads, timeout):
+        started.append((run.arm.key, run.phase, run.seed))
+        if (row := rr.cached_row(run, quick=quick, workdir=workdir)) is not None:
+            return row
+        now[0] += run.arm.seconds
+        return {"arm": run.arm.key, "phase": run.phase, "seed": run.seed, "ok": True, "cached": False,
+                "error": "", "run_seconds": run.arm.seconds, "params": json.dumps(dict(run.params), sort_keys=True),
+                "val/open_rank1": 0.5}
+
+    _finish(rr.Run(long, 1, "eval", (("model.init_args.lr", 0.1),)), tmp_path)
+    tune = rr.tuning_runs([long, short], [1000], quick=False)
+    logs = []
+    tune_rows, eval_rows, chosen, _ = rr.run_plan(
+        [long, short], tune, {"long": [0, 1], "short": [0, 1]}, jobs=1, threads=1, quick=False,
+        workdir=str(tmp_path), fresh=False, timeout=1.0, log=lambda *a, **k: logs.append(a[0]),
+        execute_fn=fake_execute, deadline=150.0, clock=lambda: now[0])
+    assert started == [("long", "tune", 1000), ("long", "eval", 1), ("short", "tune", 1000),
+                       ("short", "eval", 0), ("short", "eval", 1)]
+    assert now[0] == 130.0
+    assert [r["arm"] for r in tune_rows] == ["long", "short"]
+    assert [(r["arm"], r["seed"], r["cached"]) for r in eval_rows] == [("long", 1, True), ("short", 0, False),
+                                                                     ("short", 1, False)]
+    assert chosen == {"long": {"model.init_args.lr": 0.1}, "short": {"model.init_args.lr": 0.2}}
+    assert "1 run(s) not started" in logs[-1] and "(long)" in logs[-1]
+    # without a deadline the same plan runs everything
+    now[0], started[:] = 0.0, []
+    _, eval_rows, _, _ = rr.run_plan(
+        [long, short], tune, {"long": [0, 1], "short": [0, 1]}, jobs=1, threads=1, quick=False,
+        workdir=str(tmp_path), fresh=False, timeout=1.0, log=lambda *a, **k: None, execute_fn=fake_execute,
+        clock=lambda: now[0])
+    assert len(started) == 6 and len(eval_rows) == 4
+
+
+def test_deadline_that_nothing_fits_writes_no_report(tmp_path, monkeypatch, capsys):
+    """``--deadline 0`` with no finished runs starts nothing (any execution fails this test) and writes
+    no report; the exit status says the work is unfinished."""
+    _only_cached(monkeypatch)
+    out, work = tmp_path / "out", tmp_path / "work"
+    code = rr.main(["--claims", "opl", "--deadline", "0", "--out", str(out), "--workdir", str(work), "--jobs", "1"])
+    assert code == 3
+    assert not out.exists() or not any(out.iterdir())
+    msg = capsys.readouterr().out
+    assert "stopped at the deadline" in msg and "no report written" in msg
+
+
 def _finish(run, workdir, ok=True, **val):
     d = rr._run_dir(run, run.args(False), str(workdir))
     os.makedirs(d, exist_ok=True)
