@@ -311,6 +311,13 @@ def check_int(
     return int(value)
 
 
+def check_ignore_index(fn: str, ignore_index: object) -> int:
+    """``ignore_index`` is an integer id (``TypeError`` for a float, bool, string or ``None``): a float
+    such as ``-100.0`` would compare equal to integer ids but is rejected like in every other loss."""
+    return check_int(fn, "ignore_index", ignore_index,
+                     hint="pass an integer id such as -100 (the id of the rows or positions to skip)")
+
+
 def check_seed(fn: str, seed: object) -> Optional[int]:
     """``None`` (the global RNG) or an integer seed; anything else is ``TypeError``."""
     return check_int(fn, "seed", seed, allow_none=True,
@@ -502,19 +509,27 @@ def check_distribution(fn: str, name: str, q: Tensor, *, dim: int = 1, tol: floa
         )
 
 
+#: ``check_ids_in_range``'s ``ignore_index`` for ids of which none is skipped (e.g. a class index).
+NO_IGNORE = object()
+
+
 def check_ids_in_range(
     fn: str,
     target: Tensor,
     num_classes: int,
-    ignore_index: Optional[int],
+    ignore_index: object,
     *,
     name: str = "target",
     hint: str = "check num_classes or set ignore_index",
 ) -> None:
-    """Ids outside ``[0, num_classes)`` other than ``ignore_index`` raise ValueError."""
+    """Ids outside ``[0, num_classes)`` other than ``ignore_index`` raise ValueError; a non-integer
+    ``ignore_index`` is ``TypeError`` (a configuration check, made even without data checks);
+    ``NO_IGNORE``: every id must be in range."""
+    if ignore_index is not NO_IGNORE:
+        check_ignore_index(fn, ignore_index)
     if not _checking() or target.numel() == 0:
         return
-    valid = target != ignore_index if ignore_index is not None else torch.ones_like(target, dtype=torch.bool)
+    valid = target != ignore_index if ignore_index is not NO_IGNORE else torch.ones_like(target, dtype=torch.bool)
     bad = valid & ((target < 0) | (target >= num_classes))
     if bool(bad.any()):
         t = target[valid]

@@ -8,6 +8,7 @@ the resume test.
 
 from __future__ import annotations
 
+import inspect
 import io
 import math
 import os
@@ -30,11 +31,43 @@ from tests.reliability_utils import (
     build,
     call,
     example,
+    function_of_module,
     grads_of,
     reductions_for,
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# --------------------------------------------------------------------------------------
+# data checks of the mapping functions and of in_batch_scores
+# --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", [math.nan, math.inf], ids=["nan", "posinf"])
+@pytest.mark.parametrize("fn_name", ["sparsemax", "entmax15", "entmax_bisect", "gumbel_activation"])
+def test_mapping_functions_reject_nan_and_pos_inf_and_keep_neg_inf_as_probability_0(fn_name, value):
+    fn = getattr(losses, fn_name)
+    x = torch.tensor([[0.5, -1.0, 2.0], [1.0, 0.0, -0.5]], dtype=torch.float64)
+    bad = x.clone()
+    bad[1, 1] = value
+    with pytest.raises(ValueError, match=rf"^{fn_name}: input contains NaN or \+inf \(got 1 {'NaN' if math.isnan(value) else '[+]inf'}\)"):
+        fn(bad)
+    masked = x.clone()
+    masked[1, 1] = -math.inf
+    p = fn(masked)
+    assert p[1, 1] == 0 and torch.isfinite(p).all()
+    if fn_name != "gumbel_activation":  # a softmax-like mapping: the same as without the entry
+        torch.testing.assert_close(p[1, [0, 2]], fn(x[1:, [0, 2]])[0], rtol=1e-12, atol=1e-12)
+    with losses.validation(False):
+        fn(bad)  # no data check, no host sync: nothing raises
+
+
+@pytest.mark.parametrize("name", ["query", "keys"])
+def test_in_batch_scores_rejects_non_finite_embeddings(name):
+    q, k = torch.randn(3, 4), torch.randn(3, 4)
+    (q if name == "query" else k)[1, 2] = math.nan
+    with pytest.raises(ValueError, match=rf"^in_batch_scores: {name} contains NaN or infinite values \(got 1 NaN\)"):
+        losses.in_batch_scores(q, k, torch.arange(3))
+
 
 # --------------------------------------------------------------------------------------
 # mixed precision: CPU bf16 autocast, forward and backward, every entry
@@ -443,6 +476,55 @@ def test_non_integer_seed_is_a_type_error(name, seed):
         args, kwargs = example(spec)
         call(module, args, kwargs)
     assert_documented_error(spec, info.value, (TypeError,))
+
+
+#: Every entry whose module takes ``ignore_index``.
+IGNORE_INDEX = [n for n in NAMES if "ignore_index" in inspect.signature(BY_NAME[n].module.__init__).parameters]
+
+
+@pytest.mark.parametrize("value", [-100.0, "x", None, True], ids=["float", "str", "none", "bool"])
+@pytest.mark.parametrize("name", IGNORE_INDEX)
+def test_non_integer_ignore_index_is_a_type_error(name, value):
+    """One exception type per mistake: a non-integer ``ignore_index`` is ``TypeError`` from the
+    constructor and from the function (called with the module's other hyperparameters; a
+    configuration check, so also with data checks off), and from a module whose attribute was
+    changed after construction."""
+    spec = BY_NAME[name]
+    with pytest.raises(TypeError) as info:
+        build(spec, ignore_index=value)
+    assert str(info.value).startswith(spec.module.__name__ + ":") and "ignore_index" in str(info.value)
+    module = build(spec)
+    args, kwargs = example(spec)
+    call(module, args, kwargs)  # Partial FC: function_of_module reuses the module's last_index
+    module.ignore_index = value
+    for checks in (True, False):
+        with losses.validation(checks):
+            with pytest.raises(TypeError) as info:
+                call(module, args, kwargs)
+            assert_documented_error(spec, info.value, (TypeError,))
+            assert "ignore_index" in str(info.value)
+            if spec.inputs[0] != "model":  # the adversarial module runs its attack before the function
+                with pytest.raises(TypeError) as info:
+                    function_of_module(spec, module, args, kwargs)
+                assert str(info.value).startswith(spec.function.__name__ + ":"), str(info.value)
+                assert "ignore_index" in str(info.value)
+
+
+def test_in_batch_scores_rejects_a_mask_that_removes_a_positive():
+    """The data check of the ranking losses, already where the scores are built (integer ids, a
+    padded id list and a bool target); a mask off the positives passes."""
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g)
+    eye = torch.eye(3, dtype=torch.bool)
+    for target in (torch.arange(3), torch.tensor([[0, -100], [1, 2], [2, -100]]), eye):
+        with pytest.raises(ValueError, match=r"^in_batch_scores: mask removes a positive \(got rows \[0, 1, 2\]\)"):
+            losses.in_batch_scores(q, k, target, mask=eye)
+    off = eye.roll(1, dims=1)
+    scores, _ = losses.in_batch_scores(q, k, torch.arange(3), mask=off)
+    assert torch.isinf(scores[off]).all() and torch.isfinite(scores[~off]).all()
+    with losses.validation(False):  # data checks off: the -inf is placed, nothing raises
+        scores, _ = losses.in_batch_scores(q, k, torch.arange(3), mask=eye)
+    assert torch.isinf(scores.diagonal()).all()
 
 
 BAD_VALUES = [

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from .._core import (
+    check_ignore_index,
     auto_extra_repr,
     ExperimentalWarning,
     check_choice,
@@ -253,7 +254,7 @@ class AdversarialCompSumLoss(GeneratorStateMixin):
         self.norm = norm
         self.clip = self._check_clip(fn, clip)
         self.random_init_std = check_number(fn, "random_init_std", random_init_std, low=0.0)
-        self.ignore_index = int(ignore_index)
+        self.ignore_index = check_ignore_index(type(self).__name__, ignore_index)
         self.reduction = reduction
         self.seed = check_seed(fn, seed)
         self._generator: Optional[torch.Generator] = None
@@ -298,7 +299,7 @@ class AdversarialCompSumLoss(GeneratorStateMixin):
             raise type_error(fn, "model(inputs) must return a floating-point logits tensor", type(ref).__name__,
                              "wrap the model so that it returns logits (N, C)")
         ref2d, t, _ = flatten_logits_and_target(fn, ref, target)
-        valid = t != self.ignore_index
+        valid = t != check_ignore_index(fn, self.ignore_index)
         y = torch.where(valid, t, torch.zeros_like(t)).long()
         dtype = compute_dtype(ref)
         ref2d = upcast(ref2d, dtype)

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from .._core import (
+    check_ignore_index,
     auto_extra_repr,
     check_class_target,
     check_class_weight,
@@ -256,28 +257,14 @@ class _BCEIdsFunction(torch.autograd.Function):
     ``softplus(x) = max(x, 0) + log1p(exp(-|x|))``; no one-hot matrix is built. Backward:
     ``w_j (sigmoid(x_j) - y_j)`` times the row's incoming gradient, 0 at ``-inf`` logits (their
     probability is fixed at 0). ``sigmoid`` is recomputed rather than saved (a pass over the
-    logits costs less than writing and reading an ``(M, C)`` buffer)."""
+    logits costs less than writing and reading an ``(M, C)`` buffer). Class weights that require
+    grad get ``sum_rows grad_row (softplus(x_j) - y_j x_j)``, as the elementwise form gives them."""
 
     @staticmethod
     def forward(ctx, x, ids, eps, w):  # type: ignore[override]
-        c = x.shape[1]
-        if x.dtype == torch.float64:  # softplus(x_j), the term of a label 0, exact at any magnitude
-            sp = _softplus_exact(x)
-        else:  # one fused pass; its linearisation above 20 is below float32 rounding (e^-20 / 20)
-            sp = F.softplus(x)
-        if eps > 0:
-            sp.sub_(x, alpha=eps / c)  # - (eps / C) x_j: the smoothed label of every class
-        # the target's own term, softplus(-x_y) + eps (1 - 1/C) x_y, written in place (not subtracted
-        # from the row sum, which would cancel softplus(x_y) ~ x_y in float32 at confident logits)
-        xy = x.gather(1, ids.unsqueeze(1))
-        tgt = _softplus_exact(-xy)
-        if eps > 0:
-            tgt = tgt + (eps * (1.0 - 1.0 / c)) * xy
-            tgt = torch.where(xy == -math.inf, math.inf, tgt)  # a positive label on a logit of -inf
+        sp = _bce_id_terms(x, ids, eps)
         if w is not None:
             sp.mul_(w)
-            tgt = tgt * w[ids].unsqueeze(1)
-        sp.scatter_(1, ids.unsqueeze(1), tgt)
         row = sp.sum(dim=1)
         ctx.eps = eps
         ctx.save_for_backward(x, ids, w)
@@ -297,7 +284,30 @@ class _BCEIdsFunction(torch.autograd.Function):
         g.mul_(grad.unsqueeze(1))
         if x.device.type != "cpu" or _compiling() or bool(torch.isneginf(x).any()):
             g = torch.where(x == -math.inf, torch.zeros((), dtype=g.dtype, device=g.device), g)
-        return g, None, None, None
+        gw = None
+        if w is not None and ctx.needs_input_grad[3]:  # learnt class weights: sum over rows of grad x term
+            gw = (_bce_id_terms(x, ids, eps) * grad.unsqueeze(1)).sum(dim=0)
+        return g, None, None, gw
+
+
+def _bce_id_terms(x: Tensor, ids: Tensor, eps: float) -> Tensor:
+    """The unweighted ``(M, C)`` terms ``softplus(x_j) - y_j x_j`` of :class:`_BCEIdsFunction` against
+    the smoothed one-hot ``y`` of ``ids``, each without cancellation (a new tensor)."""
+    c = x.shape[1]
+    if x.dtype == torch.float64:  # softplus(x_j), the term of a label 0, exact at any magnitude
+        sp = _softplus_exact(x)
+    else:  # one fused pass; its linearisation above 20 is below float32 rounding (e^-20 / 20)
+        sp = F.softplus(x)
+    if eps > 0:
+        sp.sub_(x, alpha=eps / c)  # - (eps / C) x_j: the smoothed label of every class
+    # the target's own term, softplus(-x_y) + eps (1 - 1/C) x_y, written in place (not subtracted
+    # from the row sum, which would cancel softplus(x_y) ~ x_y in float32 at confident logits)
+    xy = x.gather(1, ids.unsqueeze(1))
+    tgt = _softplus_exact(-xy)
+    if eps > 0:
+        tgt = tgt + (eps * (1.0 - 1.0 / c)) * xy
+        tgt = torch.where(xy == -math.inf, math.inf, tgt)  # a positive label on a logit of -inf
+    return sp.scatter_(1, ids.unsqueeze(1), tgt)
 
 
 def _bce_ids(fn: str, input: Tensor, target: Tensor, eps: float, weight: Optional[Tensor], ignore_index: int,
@@ -350,7 +360,7 @@ class CrossEntropyLoss(nn.Module):
         check_number("CrossEntropyLoss", "label_smoothing", label_smoothing, low=0.0, high=1.0)
         self.softcap = check_softcap("CrossEntropyLoss", softcap)
         self.label_smoothing = float(label_smoothing)
-        self.ignore_index = int(ignore_index)
+        self.ignore_index = check_ignore_index(type(self).__name__, ignore_index)
         self.reduction = reduction
         self.register_buffer("weight", None if weight is None else torch.as_tensor(weight))
 
@@ -403,7 +413,7 @@ class BCEWithLogitsLoss(nn.Module):
         check_number("BCEWithLogitsLoss", "label_smoothing", label_smoothing, low=0.0, high=1.0,
                      high_inclusive=False)
         self.label_smoothing = float(label_smoothing)
-        self.ignore_index = int(ignore_index)
+        self.ignore_index = check_ignore_index(type(self).__name__, ignore_index)
         self.reduction = reduction
         self.register_buffer("weight", None if weight is None else torch.as_tensor(weight))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .._core import (
+    check_ignore_index,
     auto_extra_repr,
     check_floating,
     check_integer_target,
@@ -127,7 +128,7 @@ class CompSumLoss(nn.Module):
         super().__init__()
         check_reduction("CompSumLoss", reduction)
         self.tau = _check_tau("CompSumLoss", tau)
-        self.ignore_index = int(ignore_index)
+        self.ignore_index = check_ignore_index(type(self).__name__, ignore_index)
         self.reduction = reduction
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from .. import _distributed as D
 from .._core import (
+    check_ignore_index,
     _compiling,
     auto_extra_repr,
     check_bool,
@@ -528,7 +529,7 @@ class _DiceBase(nn.Module):
         self.aggregate = aggregate
         self.active_classes = active_classes
         self.log_loss = log_loss
-        self.ignore_index = int(ignore_index)
+        self.ignore_index = check_ignore_index(type(self).__name__, ignore_index)
         self.reduction = reduction
         self.gather_distributed = gather_distributed
         self.register_buffer("weight", None if weight is None else torch.as_tensor(weight))

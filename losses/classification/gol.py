@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from .._core import (
+    check_ignore_index,
     _compiling,
     auto_extra_repr,
     check_choice,
@@ -96,6 +97,7 @@ def gumbel_activation(input: Tensor) -> Tensor:
     """
     fn = "gumbel_activation"
     check_floating(fn, "input", input)
+    check_finite(fn, "input", input, allow_neg_inf=True, neg_inf_note="-inf is allowed (probability 0)")
     dtype = compute_dtype(input)
     q = upcast(input, dtype).clamp(min=_FLOOR)
     return torch.exp(-torch.exp(-q)).to(input.dtype)
@@ -541,7 +543,7 @@ class GumbelBCELoss(nn.Module):
                                             high_inclusive=False)
         self.variant = variant
         self.clamp = _check_clamp(fn, clamp)
-        self.ignore_index = int(ignore_index)
+        self.ignore_index = check_ignore_index(type(self).__name__, ignore_index)
         self.reduction = reduction
         self.register_buffer("weight", None if weight is None else torch.as_tensor(weight))
 

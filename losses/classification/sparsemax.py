@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from .._core import (
+    check_ignore_index,
     auto_extra_repr,
     _checking,
     check_class_target,
@@ -148,6 +149,7 @@ def _activation(fn: str, function, input: Tensor, dim: int, *extra, out_dtype=No
     ``out_dtype`` (default: the input's dtype, as :func:`torch.softmax`)."""
     check_floating(fn, "input", input)
     d = _check_dim(fn, input, dim)
+    check_finite(fn, "input", input, allow_neg_inf=True, neg_inf_note="-inf is allowed (probability 0)")
     dtype = compute_dtype(input)
     out_dtype = input.dtype if out_dtype is None else out_dtype
     if input.dim() == 0:
@@ -523,7 +525,7 @@ class _ExactEntmaxLoss(nn.Module):
         name = type(self).__name__
         check_reduction(name, reduction)
         self.k = _check_k(name, k)
-        self.ignore_index = int(ignore_index)
+        self.ignore_index = check_ignore_index(type(self).__name__, ignore_index)
         self.reduction = reduction
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
@@ -624,7 +626,7 @@ class EntmaxBisectLoss(nn.Module):
         self.alpha = check_number("EntmaxBisectLoss", "alpha", alpha, low=1.0, low_inclusive=False,
                                   hint=_ALPHA_HINT)
         self.n_iter = _check_n_iter("EntmaxBisectLoss", n_iter)
-        self.ignore_index = int(ignore_index)
+        self.ignore_index = check_ignore_index(type(self).__name__, ignore_index)
         self.reduction = reduction
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from .._core import (
+    check_ignore_index,
     auto_extra_repr,
     check_bool,
     check_finite,
@@ -230,7 +231,7 @@ class ZLoss(nn.Module):
         self.a = check_number(fn, "a", a, low=0.0, low_inclusive=False)
         self.b = check_number(fn, "b", b)
         self.eps = check_number(fn, "eps", eps, low=0.0, low_inclusive=False)
-        self.ignore_index = int(ignore_index)
+        self.ignore_index = check_ignore_index(type(self).__name__, ignore_index)
         self.reduction = reduction
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
@@ -482,7 +483,7 @@ class CrossEntropyWithLogZPenalty(nn.Module):
         check_reduction(fn, reduction)
         self.coef = check_number(fn, "coef", coef, low=0.0)
         check_bool(fn, "return_penalty", return_penalty)
-        self.ignore_index = int(ignore_index)
+        self.ignore_index = check_ignore_index(type(self).__name__, ignore_index)
         self.reduction = reduction
         self.return_penalty = return_penalty
 

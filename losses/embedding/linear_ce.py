@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from .._core import (
+    check_ignore_index,
     auto_extra_repr,
     check_bool,
     check_int,
@@ -296,7 +297,7 @@ class LinearCrossEntropyLoss(nn.Module):
         self.embedding_dim, self.num_classes = embedding_dim, num_classes
         self.chunk_size = chunk_size
         self.label_smoothing, self.logz_coef = float(label_smoothing), float(logz_coef)
-        self.ignore_index, self.reduction = int(ignore_index), reduction
+        self.ignore_index, self.reduction = check_ignore_index(type(self).__name__, ignore_index), reduction
         linear = nn.Linear(embedding_dim, num_classes, bias=bias)
         self.weight = linear.weight
         self.register_parameter("bias", linear.bias if bias else None)

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    check_ignore_index,
     auto_extra_repr,
     check_choice,
     check_finite,
@@ -475,7 +476,7 @@ class MarginSoftmaxLoss(nn.Module):
         self.margin = m
         self.variant = variant
         self.interclass_filtering_threshold = thr
-        self.ignore_index = int(ignore_index)
+        self.ignore_index = check_ignore_index(type(self).__name__, ignore_index)
         self.reduction = reduction
         self.weight = nn.Parameter(torch.empty(num_classes, embedding_dim).normal_(0.0, 0.01))
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    check_ignore_index,
     auto_extra_repr,
     check_bool,
     check_int,
@@ -302,7 +303,7 @@ class NBCSoftmaxLoss(nn.Module):
         self.embedding_dim = embedding_dim
         self.num_classes = num_classes
         self.variant = variant
-        self.ignore_index = int(ignore_index)
+        self.ignore_index = check_ignore_index(type(self).__name__, ignore_index)
         self.reduction = reduction
         self.gather_distributed = check_bool(name, "gather_distributed", gather_distributed)
         self.classifier = nn.Linear(embedding_dim, num_classes, bias=check_bool(name, "bias", bias))

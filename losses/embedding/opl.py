@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    check_ignore_index,
     auto_extra_repr,
     check_bool,
     attached_zero,
@@ -108,6 +109,7 @@ def opl_loss(
     fn = "opl_loss"
     check_embeddings_and_target(fn, embeddings, target)
     check_reduction(fn, reduction, allowed=("mean",))
+    check_ignore_index(fn, ignore_index)
     check_bool(fn, "return_stats", return_stats)
     gamma = check_number(fn, "gamma", gamma, low=0.0)
     check_choice(fn, "variant", variant, VARIANTS)
@@ -202,7 +204,7 @@ class OrthogonalProjectionLoss(nn.Module):
             check_choice(name, "neg_term", neg_term, NEG_TERMS)
         self.variant = variant
         self.neg_term = neg_term
-        self.ignore_index = int(ignore_index)
+        self.ignore_index = check_ignore_index(type(self).__name__, ignore_index)
         self.reduction = reduction
         self.return_stats = check_bool("OrthogonalProjectionLoss", "return_stats", return_stats)
         self.gather_distributed = check_bool("OrthogonalProjectionLoss", "gather_distributed", gather_distributed)

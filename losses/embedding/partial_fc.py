@@ -22,6 +22,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from .._core import (
+    NO_IGNORE,
+    check_ignore_index,
     auto_extra_repr,
     check_seed,
     check_bool,
@@ -83,7 +85,7 @@ def _check_index(fn: str, index: object, positives: Tensor, num_classes: int, de
         raise value_error(fn, "index must be a 1-D tensor of class ids", f"shape {tuple(index.shape)}",
                           "pass the sorted ids of the classes to use")
     idx = index.to(device=device, dtype=torch.long)
-    check_ids_in_range(fn, idx, num_classes, None, name="index", hint="pass class ids in [0, num_classes)")
+    check_ids_in_range(fn, idx, num_classes, NO_IGNORE, name="index", hint="pass class ids in [0, num_classes)")
     if _checking():
         if idx.numel() > 1 and not bool((idx[1:] > idx[:-1]).all()):
             raise value_error(fn, "index must be sorted and unique (strictly increasing)",
@@ -374,7 +376,7 @@ class PartialFCLoss(GeneratorStateMixin):
         self.margin = m
         self.variant = variant
         self.interclass_filtering_threshold = thr
-        self.ignore_index = int(ignore_index)
+        self.ignore_index = check_ignore_index(type(self).__name__, ignore_index)
         self.reduction = reduction
         self.seed = seed
         self.distributed = distributed

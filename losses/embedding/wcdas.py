@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    _checking,
+    check_ignore_index,
     auto_extra_repr,
     check_int,
     check_choice,
@@ -69,6 +71,9 @@ def _check_head(fn: str, embeddings: Tensor, weight: Tensor, concentration_logit
     check_finite(fn, "concentration_logit", concentration_logit)
     if isinstance(scale, Tensor):
         check_finite(fn, "scale", scale)
+        if _checking() and not bool((scale.detach() > 0).all()):  # data check (a host sync)
+            raise value_error(fn, "scale must be finite and satisfy scale > 0", f"{float(scale.detach()):.6g}",
+                              "pass s > 0; a trained scale is 1 + softplus(scale_logit), which always is")
 
 
 def _logits(embeddings: Tensor, weight: Tensor, concentration_logit: Tensor, scale: Union[Tensor, float],
@@ -236,7 +241,7 @@ class WCDASLoss(nn.Module):
         self.embedding_dim = embedding_dim
         self.num_classes = num_classes
         self.variant = variant
-        self.ignore_index = int(ignore_index)
+        self.ignore_index = check_ignore_index(type(self).__name__, ignore_index)
         self.reduction = reduction
         self.weight = nn.Parameter(torch.empty(num_classes, embedding_dim))
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Linear's initialisation

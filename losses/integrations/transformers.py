@@ -54,7 +54,7 @@ from typing import Any, Optional, Union
 import torch
 from torch import Tensor, nn
 
-from .._core import check_number, type_error, value_error
+from .._core import check_ignore_index, check_number, type_error, value_error
 from .._softcap import check_softcap
 from ..classification.baselines import cross_entropy_loss
 from ..classification.zloss import cross_entropy_with_logz_penalty
@@ -251,7 +251,7 @@ class LinearCrossEntropyCausalLMLoss:
         self.label_smoothing = check_number(owner, "label_smoothing", label_smoothing, low=0.0, high=1.0)
         self.softcap = check_softcap(owner, softcap)
         self.chunk_size = chunk_size
-        self.ignore_index = int(ignore_index)
+        self.ignore_index = check_ignore_index(type(self).__name__, ignore_index)
         self.causal = causal
 
     def __call__(self, outputs: Any, labels: Tensor, num_items_in_batch: Optional[Union[int, Tensor]] = None) -> Tensor:

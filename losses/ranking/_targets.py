@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from .._core import (
+    check_ignore_index,
     check_seed,
     check_int,
     check_bool,
@@ -155,6 +156,7 @@ def _check_not_a_mask(fn: str, target: Tensor, num_labels: int) -> None:
 def _ranking_targets(fn: str, scores: Tensor, target: object, ignore_index: int,
                      dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
     """``(pos, y)``: bool positives ``(B, L)`` and relevance ``y`` (0 off the positives)."""
+    check_ignore_index(fn, ignore_index)  # also where a bool or float target makes it unused
     check_tensor(fn, "target", target)
     b, n_labels = scores.shape
     if target.is_complex():

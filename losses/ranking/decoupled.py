@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    check_ignore_index,
     _checking,
     auto_extra_repr,
     check_choice,
@@ -390,7 +391,7 @@ class DecoupledSoftmaxLoss(_SeededModule):
         self.mask_value = None if mask_value is None else float(mask_value)
         self.seed = seed
         self.gather_distributed = gather_distributed
-        self.ignore_index = int(ignore_index)
+        self.ignore_index = check_ignore_index(type(self).__name__, ignore_index)
         self.reduction = reduction
         self._generator: Optional[torch.Generator] = None
 
@@ -460,7 +461,7 @@ class InfoNCELoss(nn.Module):
         self.temperature = float(temperature)
         self.positive_normalization = positive_normalization
         self.gather_distributed = gather_distributed
-        self.ignore_index = int(ignore_index)
+        self.ignore_index = check_ignore_index(type(self).__name__, ignore_index)
         self.reduction = reduction
 
     def forward(self, scores_or_query: Tensor, target_or_keys: Tensor, target: Optional[Tensor] = None, *,

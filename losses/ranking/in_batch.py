@@ -16,6 +16,9 @@ import torch
 from torch import Tensor, nn
 
 from .._core import (
+    _checking,
+    check_ignore_index,
+    check_finite,
     check_floating,
     check_ids_in_range,
     check_tensor,
@@ -27,7 +30,7 @@ from .._core import (
 )
 from .._distributed import all_gather_no_grad, all_gather_with_grad, is_distributed, rank, world_size
 from .._precision import matmul, no_autocast
-from ._targets import _check_bool, _check_not_a_mask
+from ._targets import _check_bool, _check_not_a_mask, _ranking_targets, _rows_list
 
 __all__ = ["in_batch_scores"]
 
@@ -55,7 +58,9 @@ def in_batch_scores(
     ``mask`` (bool, ``True`` = exclude, e.g. a known false negative) has shape ``(B, K)`` (this
     rank's keys; gathered: placed in this rank's column block, the other ranks' keys stay in) or
     ``(B, world_size * K)`` (every key); the returned scores are ``-inf`` there (gradient
-    exactly 0), which the ranking losses treat as a missing candidate.
+    exactly 0), which the ranking losses treat as a missing candidate. A mask that removes a
+    positive is a ``ValueError`` (a data check, as in the losses). A non-integer ``ignore_index``
+    is a ``TypeError``.
 
     Computed in float32 or wider (float64 if either input is float64). Used by the modules of
     :func:`decoupled_softmax_loss`, :func:`infonce_loss` and :func:`soft_topk_loss` for
@@ -73,9 +78,12 @@ def in_batch_scores(
     check_floating(fn, "keys", keys)
     check_tensor(fn, "target", target)
     _check_bool(fn, "gather_distributed", gather_distributed)
+    check_ignore_index(fn, ignore_index)
     if query.dim() != 2 or keys.dim() != 2 or query.shape[1] != keys.shape[1]:
         raise value_error(fn, "query and keys must have shapes (B, D) and (K, D) with the same D",
                           f"shapes {tuple(query.shape)} and {tuple(keys.shape)}", "pass one embedding per row")
+    check_finite(fn, "query", query)
+    check_finite(fn, "keys", keys)
     dtype = compute_dtype(query, keys)
     q = upcast(query, dtype)
     kk = upcast(keys, dtype)
@@ -120,6 +128,12 @@ def in_batch_scores(
         if mask is not None:
             scores = torch.where(mask.to(scores.device), torch.full((), -math.inf, dtype=scores.dtype,
                                                                     device=scores.device), scores)
+    if mask is not None and _checking() and scores.numel() > 0:  # data check: a masked positive
+        pos, _ = _ranking_targets(fn, scores, target, ignore_index, scores.dtype)
+        removed = (pos & mask.to(pos.device)).any(dim=1)
+        if bool(removed.any()):
+            raise value_error(fn, "mask removes a positive", _rows_list(removed),
+                              "a positive must stay a candidate: unmark it in mask or drop it from target")
     return scores, target
 
 

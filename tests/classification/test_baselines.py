@@ -344,6 +344,29 @@ def test_bce_gradcheck(shape):
     assert_gradcheck(lambda a: losses.bce_with_logits_loss(a, t), x)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
+@pytest.mark.parametrize("shape", [(5, 4), (3, 4, 2)])
+def test_bce_learnt_class_weights_get_the_oracles_gradient(shape, smoothing, reduction):
+    """Integer ids with a reduced output take the fused path; ``(C,)`` class weights that require grad
+    get the loop oracle's gradient there too (as in the elementwise path), an all-ignored batch exact
+    zeros (not ``None``)."""
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(shape, generator=g, dtype=torch.float64) * 2
+    t = torch.randint(0, shape[1], (shape[0],) + shape[2:], generator=g)
+    t.view(-1)[1] = -100
+    w = (torch.rand(shape[1], generator=g, dtype=torch.float64) + 0.5).requires_grad_(True)
+    xs = x.clone().requires_grad_(True)
+    kw = dict(label_smoothing=smoothing, reduction=reduction)
+    gx, gw = torch.autograd.grad(losses.bce_with_logits_loss(xs, t, weight=w, **kw), [xs, w])
+    rx, rw = torch.autograd.grad(bce_loop(xs, t, weight=w, **kw), [xs, w])
+    torch.testing.assert_close(gx, rx, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(gw, rw, rtol=1e-10, atol=1e-12)
+    assert_gradcheck(lambda a, c: losses.bce_with_logits_loss(a, t, weight=c, **kw), xs, w)
+    gx, gw = torch.autograd.grad(losses.bce_with_logits_loss(xs, torch.full_like(t, -100), weight=w, **kw), [xs, w])
+    assert torch.equal(gw, torch.zeros_like(w)) and torch.equal(gx, torch.zeros_like(x))
+
+
 def test_bce_module():
     g = torch.Generator().manual_seed(13)
     x = torch.randn(4, 5, generator=g)

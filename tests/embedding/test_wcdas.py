@@ -373,6 +373,10 @@ def test_errors():
         if math.isfinite(bad):
             with pytest.raises(ValueError, match=r"^WCDASLoss: scale must be finite and satisfy scale > 0"):
                 losses.WCDASLoss(3, 5, scale=bad)
+    for bad in (0.0, -1.0):  # the same rule for a tensor scale (a 0-dim tensor, e.g. a learnt s)
+        for fn, args in (("wcdas_loss", (x, y, w, g)), ("wcdas_logits", (x, w, g))):
+            with pytest.raises(ValueError, match=rf"^{fn}: scale must be finite and satisfy scale > 0 \(got "):
+                getattr(losses, fn)(*args, torch.tensor(bad, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"^wcdas_loss: scale must be a scalar"):
         losses.wcdas_loss(x, y, w, g, torch.ones(2, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"^wcdas_loss: embeddings must have shape \(N, D\)"):

@@ -137,7 +137,31 @@ def test_equal_scores_give_log_L_over_k():
             scores = torch.full((2, L), 0.3, dtype=dtype)
             target = torch.tensor([0, L - 1])
             got = losses.soft_topk_loss(scores, target, k=k)
-            torch.testing.assert_close(got, torch.tensor(math.log(L / k), dtype=dtype), rtol=1e-5, atol=1e-6)
+            tol = dict(rtol=1e-12, atol=0) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(got, torch.tensor(math.log(L / k), dtype=dtype), **tol)
+
+
+@pytest.mark.parametrize("n_iter", [24, 32])
+def test_float64_is_exact_with_the_default_bisection(n_iter):
+    """The Newton polish after the bisection: with the default 32 steps (and with 24) the float64
+    values are the oracle's to 1e-12 relative (the bisection alone stops ~2^-32 of the bracket away),
+    and the threshold makes sum p = k to float64 rounding."""
+    scores, mask, rel, ids = case(seed=5, B=5, L=40, scale=3.0)
+    ids = torch.tensor([[-100, -100, -100], [0, 3, -100], [5, -100, -100], [1, 2, 36], [4, 4, -100]])
+    mask = torch.zeros(5, 40, dtype=torch.bool)
+    for i, row in enumerate(ids.tolist()):
+        for j in row:
+            if j != -100:
+                mask[i, j] = True
+    Y = dense(mask, 40)
+    for k in (1, 7):
+        v, w = oracle_rows(scores, Y, k=k, alpha=2.0, T=0.5)
+        got = losses.soft_topk_loss(scores, ids, k=k, alpha=2.0, temperature=0.5, n_iter=n_iter, reduction="none")
+        torch.testing.assert_close(got, v * w, rtol=1e-12, atol=1e-15)
+        s = scores / 0.5
+        t = _soft_topk_threshold(s, float(k), 2.0, n_iter)
+        torch.testing.assert_close(torch.sigmoid(2.0 * (s + t[:, None])).sum(dim=1), torch.full((5,), float(k), dtype=torch.float64),
+                                   rtol=0, atol=1e-12)
 
 
 # --------------------------------------------------------------------------------------
