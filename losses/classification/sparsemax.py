@@ -175,7 +175,8 @@ def sparsemax(input: Tensor, *, dim: int = -1, k: Optional[int] = None) -> Tenso
 
     Args:
         input: scores of any shape (any floating dtype); ``-inf`` entries are masks (probability 0).
-            A slice without any finite score gives all zeros.
+            A slice without any finite score gives all zeros. NaN or ``+inf`` is a ``ValueError``
+            (a data check, off under ``losses.validation(False)``).
         dim: the dimension normalised over (negative values count from the end).
         k: ``None`` computes the threshold exactly over all entries (a full sort on GPU; on CPU
             the fastest exact search for the batch shape: a sort-free Newton search over the
