@@ -91,7 +91,6 @@ class IdentityEmbedder(BenchmarkModule):
     loss_kinds = (InputKind.LOGITS, InputKind.EMBEDDINGS)
     loss_task = "an identity model"
     loss_hint = "use an embeddings loss that owns a head (e.g. PartialFCLoss) or a logits loss"
-    hparams_ignore = ("loss",)
 
     def __init__(
         self,

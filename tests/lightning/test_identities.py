@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from lightning_modules.data.identities import IdentitiesDataModule, identification_metrics, make_identities
+from lightning_modules.models import IdentityEmbedder
 from tests.lightning.recipe_utils import SHORT, find_checkpoint, run_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -140,6 +141,22 @@ def test_the_recipes_cover_rates_margins_and_sizes():
     assert ("cosface", 0.1, 100000, False) in seen and ("arcface", 0.1, 10000, True) in seen
 
 
+def _assert_same(a, b, where: str) -> None:
+    """Equal tensors (exactly) or equal plain values, through dicts and sequences."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), where
+        for k in a:
+            _assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
 def _open_rank1_by_hand(model, dm) -> float:
     s = dm.splits
     with torch.no_grad():
@@ -172,6 +189,14 @@ def test_recipe_fits_and_tests_from_its_checkpoint(recipe, tmp_path):
     assert 0.0 <= t["test/top1"] <= t["test/top5"] <= 1.0
     # the logged open-set rate equals a search by hand with the checkpoint's model
     assert t["test/open_rank1"] == pytest.approx(_open_rank1_by_hand(test.model.eval(), test.datamodule), abs=1e-6)
+    # load_from_checkpoint rebuilds the module with its loss (hyperparameters, centres, sampler state)
+    loaded = IdentityEmbedder.load_from_checkpoint(ckpt)
+    assert type(loaded.loss) is type(model.loss) and loaded.loss.sample_rate == rate
+    assert tuple(loaded.loss.margin) == tuple(model.loss.margin) and loaded.loss.scale == model.loss.scale
+    saved = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    assert set(loaded.state_dict()) == set(saved)
+    for k, v in loaded.state_dict().items():  # tensors, and the sampler's generator state (extra state)
+        _assert_same(v, saved[k], k)
 
 
 # -- DDP ---------------------------------------------------------------------------------------
