@@ -147,14 +147,17 @@ def _b_from_t_(t: Tensor, x: Tensor, lo: float, hi: float) -> Tensor:
 
 
 def _terms_exact(x: Tensor, lo: float, hi: float) -> Tuple[Tensor, Tensor, Tensor]:
-    """Float64: ``u``, ``b`` and ``r`` from ``expm1`` directly (no tanh shortcut), exact to a few
-    ulp of each quantity itself: ``b = -log(-expm1(-u))``, ``r = u / expm1(u)``; above the cap
-    ``b = q`` (the ``u/2`` correction is below 1e-304) and ``r = 1``."""
+    """Float64: ``u``, ``b`` and ``r`` from ``expm1`` / ``log1p`` directly (no tanh shortcut), exact
+    to a few ulp of each quantity itself: ``b = -log(1 - eta)`` as ``-log(-expm1(-u))`` where
+    ``eta = e^{-u} >= 1/2`` and as ``-log1p(-eta)`` where ``eta < 1/2`` (``q < log(1/log 2)``: there
+    ``-expm1(-u)`` rounds to 1 once ``eta`` is below the float64 epsilon, ``q < -3.6``, and the value
+    would be 0 instead of ``~eta``), ``r = u / expm1(u)``; above the cap ``b = q`` (the ``u/2``
+    correction is below 1e-304) and ``r = 1``."""
     q = x.clamp(lo, hi)
     u = torch.exp(-q)
     cap = _cap(x.dtype)
     uc = torch.exp(-q.clamp(max=cap))
-    b = torch.where(q > cap, q, -torch.log(-torch.expm1(-uc)))
+    b = torch.where(q > cap, q, torch.where(uc > _LN2, -torch.log1p(-torch.exp(-uc)), -torch.log(-torch.expm1(-uc))))
     r = uc / torch.expm1(uc)
     return u, b, r
 
@@ -390,8 +393,9 @@ def gumbel_bce_loss(
     (float32) / ``700`` (float64) the exact large-``q`` forms are used. Values are accurate to a
     few ulp of ``max(l, 1)``, gradients to a few ulp of ``u`` (relative accuracy degrades only
     where the ``y = 0`` gradient is below ~1e-3, i.e. ``q < -2``). Float64 does not use these
-    forms: it evaluates ``-log(-expm1(-u))`` and ``u / expm1(u)`` directly, exact to ~1e-15
-    relative at every ``q``. A custom autograd function
+    forms: it evaluates ``-log(1 - eta)`` with ``expm1`` / ``log1p`` (whichever is exact at that
+    ``eta``) and ``u / expm1(u)`` directly, exact to ~1e-15 relative at every ``q`` (values down to
+    the smallest float64, e.g. ``6.2e-176`` at ``q = -6``). A custom autograd function
     computes value and gradient in one forward sweep (two buffers, in place) and its backward
     is a single in-place scaling; it does not support double backward.
 

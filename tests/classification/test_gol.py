@@ -304,6 +304,26 @@ def test_negative_target_gradient_tends_to_one():
         torch.testing.assert_close(vb, xb.view(-1))
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_negative_target_value_is_exact_in_float64_where_it_is_tiny(smoothing):
+    """``-log(1 - eta)`` for a label 0 at negative logits is ``~eta = exp(-e^{-q})``, tiny but
+    representable (6.2e-176 at q = -6): float64 gives it to 1e-12 relative, not 0 (``-expm1(-u)``
+    rounds to 1 below q ~ -3.6), through the class-id and the dense-target paths."""
+    q = [-1.0, -2.0, -3.0, -3.5, -3.7, -4.0, -6.0, 0.0, 0.3, 2.0]
+    x = torch.tensor([q], dtype=torch.float64)
+    truth = torch.tensor([[-math.log1p(-math.exp(-math.exp(-v))) for v in q]], dtype=torch.float64)
+    ids = torch.tensor([len(q) - 1])  # the last class is the positive; the others have label eps/C
+    y = torch.zeros_like(x)
+    y[0, -1] = 1.0
+    if smoothing:
+        y = y * (1 - smoothing) + smoothing / len(q)
+    expected = y * torch.exp(-x) + (1 - y) * truth
+    for target in (ids, y):
+        got = losses.gumbel_bce_loss(x, target, label_smoothing=smoothing if target is ids else 0.0,
+                                     reduction="none")
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=0)
+
+
 def test_activation_and_prior_bias():
     assert losses.gumbel_activation(torch.tensor(0.0, dtype=torch.float64)).item() == pytest.approx(math.exp(-1),
                                                                                                     rel=1e-15)
