@@ -48,3 +48,20 @@ def run_recipe(config: str, tmp_path, extra: Sequence[str] = ()) -> Dict[str, Di
         cli = run_cli(sub, config, tmp_path, [*extra, f"--ckpt_path={ckpt}"])
         out[sub] = _metrics(cli.trainer)
     return out
+
+
+def assert_same_state(a, b, where: str) -> None:
+    """Equal state: tensors exactly, a module's extra state (e.g. a generator's state dict) entry by
+    entry, through dicts and sequences; other values by ``==``."""
+    if isinstance(b, torch.Tensor):
+        assert isinstance(a, torch.Tensor) and torch.equal(a, b), where
+    elif isinstance(b, dict):
+        assert isinstance(a, dict) and set(a) == set(b), where
+        for k in b:
+            assert_same_state(a[k], b[k], f"{where}.{k}")
+    elif isinstance(b, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_state(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where

@@ -18,7 +18,7 @@ import torch
 
 from lightning_modules.data.identities import IdentitiesDataModule, identification_metrics, make_identities
 from lightning_modules.models import IdentityEmbedder
-from tests.lightning.recipe_utils import SHORT, find_checkpoint, run_cli
+from tests.lightning.recipe_utils import SHORT, assert_same_state, find_checkpoint, run_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPES = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "many_class", "*.yaml"))
@@ -141,22 +141,6 @@ def test_the_recipes_cover_rates_margins_and_sizes():
     assert ("cosface", 0.1, 100000, False) in seen and ("arcface", 0.1, 10000, True) in seen
 
 
-def _assert_same(a, b, where: str) -> None:
-    """Equal tensors (exactly) or equal plain values, through dicts and sequences."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and set(a) == set(b), where
-        for k in a:
-            _assert_same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, where
-
-
 def _open_rank1_by_hand(model, dm) -> float:
     s = dm.splits
     with torch.no_grad():
@@ -196,7 +180,7 @@ def test_recipe_fits_and_tests_from_its_checkpoint(recipe, tmp_path):
     saved = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
     assert set(loaded.state_dict()) == set(saved)
     for k, v in loaded.state_dict().items():  # tensors, and the sampler's generator state (extra state)
-        _assert_same(v, saved[k], k)
+        assert_same_state(v, saved[k], k)
 
 
 # -- DDP ---------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import pytorch_lightning as pl
 import torch
 import yaml
 
-from tests.lightning.recipe_utils import run_recipe
+from tests.lightning.recipe_utils import assert_same_state, run_recipe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPES = sorted(
@@ -128,7 +128,7 @@ def test_checkpoint_round_trip_rebuilds_loss_and_metrics(recipe, results):
     own = model.state_dict()
     assert set(own) == set(state)
     for key in state:
-        _assert_same_state(own[key], state[key], key)
+        assert_same_state(own[key], state[key], key)
     if model.route.owns_head:
         assert any(k.startswith("loss.") for k in state)  # the loss-owned head is in the checkpoint
     data_cls = _import(cfg["data"]["class_path"])
@@ -156,16 +156,3 @@ def test_print_config_fed_back_reproduces_the_run(recipe, results, tmp_path, cap
     first = results(recipe)
     for stage in ("fit", "validate", "test"):
         assert again[stage] == pytest.approx(first[stage], abs=1e-6), stage
-
-
-def _assert_same_state(a, b, key):
-    """Tensors equal exactly; a module's extra state (e.g. a generator's state dict) equal entry by entry."""
-    if isinstance(b, torch.Tensor):
-        assert isinstance(a, torch.Tensor) and torch.equal(a, b), key
-    elif isinstance(b, dict):
-        assert isinstance(a, dict) and set(a) == set(b), key
-        for k in b:
-            _assert_same_state(a[k], b[k], f"{key}.{k}")
-    else:
-        assert a == b, key
-
