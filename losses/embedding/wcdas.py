@@ -69,10 +69,11 @@ def _check_head(fn: str, embeddings: Tensor, weight: Tensor, concentration_logit
     check_finite(fn, "embeddings", embeddings)
     check_finite(fn, "weight", weight)
     check_finite(fn, "concentration_logit", concentration_logit)
-    if isinstance(scale, Tensor):
-        check_finite(fn, "scale", scale)
-        if _checking() and not bool((scale.detach() > 0).all()):  # data check (a host sync)
-            raise value_error(fn, "scale must be finite and satisfy scale > 0", f"{float(scale.detach()):.6g}",
+    if isinstance(scale, Tensor) and _checking():  # one host sync for both data checks of the scale
+        s = scale.detach()
+        if not bool((torch.isfinite(s) & (s > 0)).all()):
+            check_finite(fn, "scale", scale)  # NaN / inf: its own message
+            raise value_error(fn, "scale must be finite and satisfy scale > 0", f"{float(s):.6g}",
                               "pass s > 0; a trained scale is 1 + softplus(scale_logit), which always is")
 
 

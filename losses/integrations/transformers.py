@@ -111,10 +111,7 @@ class _TokenLoss:
         self.logz_coef = check_number(owner, "logz_coef", logz_coef, low=0.0)
         self.label_smoothing = check_number(owner, "label_smoothing", label_smoothing, low=0.0, high=1.0)
         self.softcap = check_softcap(owner, softcap)
-        if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-            raise type_error(owner, "ignore_index must be an int", type(ignore_index).__name__,
-                             "Hugging Face pads labels with -100")
-        self.ignore_index = ignore_index
+        self.ignore_index = check_ignore_index(owner, ignore_index)
         if loss is not None:
             if not isinstance(loss, nn.Module):
                 raise type_error(owner, "loss must be an nn.Module", type(loss).__name__,

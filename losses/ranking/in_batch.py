@@ -73,6 +73,16 @@ def in_batch_scores(
     tensor([[1., 0.],
             [0., 2.]])
     """
+    return _in_batch_scores(query, keys, target, gather_distributed=gather_distributed, mask=mask,
+                            ignore_index=ignore_index, own_data_checks=True)
+
+
+def _in_batch_scores(query: Tensor, keys: Tensor, target: Tensor, *, gather_distributed: bool,
+                     mask: Optional[Tensor], ignore_index: int, own_data_checks: bool) -> Tuple[Tensor, Tensor]:
+    """:func:`in_batch_scores`. ``own_data_checks=False`` (the ranking modules) skips its data checks
+    of non-finite embeddings and of a mask that removes a positive: the module's loss then checks the
+    scores it is given (NaN or ``+inf`` scores, a positive whose score the mask set to ``-inf``), so a
+    training step does not pay for both."""
     fn = "in_batch_scores"
     check_floating(fn, "query", query)
     check_floating(fn, "keys", keys)
@@ -82,8 +92,9 @@ def in_batch_scores(
     if query.dim() != 2 or keys.dim() != 2 or query.shape[1] != keys.shape[1]:
         raise value_error(fn, "query and keys must have shapes (B, D) and (K, D) with the same D",
                           f"shapes {tuple(query.shape)} and {tuple(keys.shape)}", "pass one embedding per row")
-    check_finite(fn, "query", query)
-    check_finite(fn, "keys", keys)
+    if own_data_checks:
+        check_finite(fn, "query", query)
+        check_finite(fn, "keys", keys)
     dtype = compute_dtype(query, keys)
     q = upcast(query, dtype)
     kk = upcast(keys, dtype)
@@ -128,7 +139,7 @@ def in_batch_scores(
         if mask is not None:
             scores = torch.where(mask.to(scores.device), torch.full((), -math.inf, dtype=scores.dtype,
                                                                     device=scores.device), scores)
-    if mask is not None and _checking() and scores.numel() > 0:  # data check: a masked positive
+    if own_data_checks and mask is not None and _checking() and scores.numel() > 0:  # a masked positive
         pos, _ = _ranking_targets(fn, scores, target, ignore_index, scores.dtype)
         removed = (pos & mask.to(pos.device)).any(dim=1)
         if bool(removed.any()):
@@ -144,8 +155,8 @@ def module_forward(module: nn.Module, rows_fn, a: Tensor, b: Tensor, c: Optional
     if c is None:
         scores, target, anchors = a, b, (a,)
     else:
-        scores, target = in_batch_scores(a, b, c, gather_distributed=module.gather_distributed, mask=mask,
-                                         ignore_index=module.ignore_index)
+        scores, target = _in_batch_scores(a, b, c, gather_distributed=module.gather_distributed, mask=mask,
+                                          ignore_index=module.ignore_index, own_data_checks=False)
         anchors, mask = (a, b), None
     with no_autocast(scores):
         values, weights = rows_fn(scores, target, mask)

@@ -212,3 +212,9 @@ def test_errors():
         LinearCrossEntropyCausalLMLoss(torch.nn.Linear(4, 5))({"logits": torch.zeros(1, 2, 5)}, torch.zeros(1, 2).long())
     with pytest.raises(ValueError, match=r"^CausalLMLoss: logits must be \(B, T, V\) and labels \(B, T\)"):
         CausalLMLoss()({"logits": torch.zeros(2, 5)}, torch.zeros(2).long())
+    for cls in (CausalLMLoss, MaskedLMLoss, SequenceClassificationLoss):
+        for bad in (-100.0, None, True):
+            with pytest.raises(TypeError, match=rf"^{cls.__name__}: ignore_index must be an int \(got {bad!r}\)"):
+                cls(ignore_index=bad)
+    with pytest.raises(TypeError, match=r"^LinearCrossEntropyCausalLMLoss: ignore_index must be an int"):
+        LinearCrossEntropyCausalLMLoss(torch.nn.Linear(4, 5), ignore_index=-100.0)
