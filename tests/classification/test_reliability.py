@@ -752,6 +752,12 @@ def test_bce_float64_is_exact_at_large_logits():
     torch.testing.assert_close(g, torch.tensor(sig, dtype=torch.float64), rtol=1e-12, atol=0)
 
 
+def _neg_log1m_exp_neg(u):
+    """-log(1 - exp(-u)) to full float64 precision: log1p when exp(-u) is small, expm1 otherwise."""
+    eta = math.exp(-u)
+    return -math.log1p(-eta) if eta < 0.5 else -math.log(-math.expm1(-u))
+
+
 def test_gol_float64_is_exact_everywhere():
     q = torch.tensor([[-4.0, -3.0, -2.5, -1.0], [0.0, 2.0, 30.0, 45.0], [60.0, -0.5, 12.0, 21.0]],
                      dtype=torch.float64, requires_grad=True)
@@ -764,7 +770,7 @@ def test_gol_float64_is_exact_everywhere():
                 v = q[i, k].item()
                 y = (1 - eps) * (k == int(t[i])) + eps / 4
                 u = math.exp(-v)
-                b = -math.log(-math.expm1(-u))  # -log(1 - eta)
+                b = _neg_log1m_exp_neg(u)  # -log(1 - eta), eta = exp(-u)
                 val = y * u + (1 - y) * b
                 grad = -y * u + (1 - y) * u / math.expm1(u)
                 assert out[i, k].item() == pytest.approx(val, rel=1e-12, abs=0), (i, k, eps)
@@ -778,7 +784,7 @@ def test_gol_float64_is_exact_everywhere():
         for k in range(4):
             v, yy = q[i, k].item(), y[i, k].item()
             u = math.exp(-v)
-            assert out[i, k].item() == pytest.approx(yy * u - (1 - yy) * math.log(-math.expm1(-u)), rel=1e-12, abs=0)
+            assert out[i, k].item() == pytest.approx(yy * u + (1 - yy) * _neg_log1m_exp_neg(u), rel=1e-12, abs=0)
             assert g[i, k].item() == pytest.approx(-yy * u + (1 - yy) * u / math.expm1(u), rel=1e-12, abs=0)
 
 
