@@ -75,6 +75,27 @@ def mean_sd(xs: Sequence[float]) -> Tuple[float, float, int]:
     return float(x.mean()), (float(x.std(ddof=1)) if n > 1 else float("nan")), n
 
 
+def _two_sided_power(crit: float, df: int, delta: float) -> float:
+    """``P(|T| > crit)`` for ``T`` noncentral t with ``df`` degrees of freedom and noncentrality
+    ``delta``. scipy's ``nct`` returns ``nan`` in parts of the range at ``df == 1`` (two pairs), so a
+    non-finite value falls back to integrating ``T = (Z + delta) / (X / sqrt(df))`` over the chi
+    distribution of ``X``."""
+    st = _t()
+    p = float(st.nct.sf(crit, df, delta) + st.nct.cdf(-crit, df, delta))
+    if math.isfinite(p):
+        return p
+    from scipy.integrate import quad
+
+    root = math.sqrt(df)
+
+    def integrand(x: float) -> float:
+        c = crit * x / root
+        return float(st.chi.pdf(x, df) * (st.norm.sf(c - delta) + st.norm.cdf(-c - delta)))
+
+    val, _ = quad(integrand, 0.0, math.inf, epsabs=1e-13, epsrel=1e-11, limit=200)
+    return float(val)
+
+
 def minimum_detectable_effect(sd: float, n: int, *, alpha: float = 0.05, power: float = 0.8) -> float:
     """Smallest true mean difference a two-sided one-sample (paired) t test at ``alpha`` detects
     with probability ``power``, for ``n`` pairs whose differences have sd ``sd``.
@@ -93,7 +114,7 @@ def minimum_detectable_effect(sd: float, n: int, *, alpha: float = 0.05, power: 
     crit = st.t.ppf(1.0 - alpha / 2.0, df)
 
     def gap(delta: float) -> float:
-        return (st.nct.sf(crit, df, delta) + st.nct.cdf(-crit, df, delta)) - power
+        return _two_sided_power(crit, df, delta) - power
 
     hi = 1.0
     while gap(hi) < 0.0:

@@ -126,6 +126,21 @@ def test_mde_has_80_percent_power_by_simulation():
     assert st.minimum_detectable_effect(sd, 40) < mde / 1.8
 
 
+def test_mde_with_two_pairs_is_finite_and_has_80_percent_power():
+    # one degree of freedom: scipy's noncentral t returns nan in part of this range, which once
+    # crashed a report whose claim had only two finished seeds
+    sd = 0.05
+    mde = st.minimum_detectable_effect(sd, 2)
+    assert math.isfinite(mde) and mde > st.minimum_detectable_effect(sd, 3)
+    rng = np.random.default_rng(1)
+    sims = rng.normal(mde, sd, size=(200000, 2))
+    tstat = sims.mean(1) / (sims.std(1, ddof=1) / math.sqrt(2))
+    power = float((np.abs(tstat) > 12.706205).mean())  # t_{0.975, 1} from printed tables
+    assert power == pytest.approx(0.8, abs=0.006)  # Monte Carlo sd 0.0009
+    ci = st.interval([0.01, 0.02])
+    assert math.isfinite(ci.mde) and math.isfinite(ci.low)
+
+
 def test_bootstrap_percentile_interval_exact_small_case():
     # x = (0, 1, 2): the 27 equally likely resamples have mean 0 and mean 2 with p = 1/27 = 0.037 each,
     # above the 2.5% tails, so the percentile interval is exactly [0, 2]
