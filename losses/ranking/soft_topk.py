@@ -13,7 +13,7 @@ of :func:`losses.decoupled_softmax_loss` (scores and target, or query, keys and 
 from __future__ import annotations
 
 import math
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -61,35 +61,50 @@ __all__ = ["soft_topk_loss", "SoftTopKLoss"]
 # --------------------------------------------------------------------------------------
 
 
+def _excess(xm: Tensor, u: Tensor, k: Tensor) -> Tuple[Tensor, Tensor]:
+    """``f(u) = sum_l sigmoid(xm_l + u) - k`` per row without cancellation, and ``min(p, 1 - p)``
+    per entry (``xm`` holds ``-inf`` at unavailable candidates, whose terms are 0). A term with
+    ``z = xm + u >= +0`` is written ``1 - sigmoid(-z)``, so
+    ``f = (#{z >= +0} - k) - sum_l copysign(sigmoid(-|z_l|), z_l)``: an exact integer offset
+    plus a sum of numbers in ``[-1/2, 1/2]``. In the saturated regime (the top candidates' ``p``
+    within the dtype's epsilon of 1 and the others' of 0: cosine scores over a small temperature)
+    the direct ``sum p - k`` is exactly 0 over a wide range of ``u`` and its root is lost; this
+    form keeps its relative precision there."""
+    z = xm + u.unsqueeze(1)
+    small = z.abs().neg_().sigmoid_()
+    n_up = z.shape[1] - torch.signbit(z).sum(dim=1)
+    return (n_up.to(xm.dtype) - k) - torch.copysign(small, z).sum(dim=1), small
+
+
 def _bisect_threshold(x: Tensor, k: Tensor, n_iter: int, avail: Tensor) -> Tensor:
     """``u`` with ``sum_{l available} sigmoid(x_l + u) = k`` per row, by bisection on a bracket that
     holds for every number ``L_i`` of available candidates: ``sigmoid(z) < e^z`` gives the sum
     ``< k`` at the lower end, and every term exceeds ``k / L_i`` at the upper end. Every row must
-    have ``0 < k < L_i`` (the caller substitutes a safe ``k`` in inactive rows)."""
+    have ``0 < k < L_i`` (the caller substitutes a safe ``k`` in inactive rows). The sign of the
+    sum's excess over ``k`` comes from :func:`_excess` (no cancellation against ``k``)."""
     with torch.no_grad():
         xd = x.detach()
         n_avail = avail.sum(dim=1).to(xd.dtype)
         big = torch.full((), math.inf, dtype=xd.dtype, device=xd.device)
-        x_max = torch.where(avail, xd, -big).amax(dim=1)
+        xm = torch.where(avail, xd, -big)
+        x_max = xm.amax(dim=1)
         x_min = torch.where(avail, xd, big).amin(dim=1)
         lo = -x_max + torch.log(k / n_avail) - 1.0
         hi = -x_min + torch.log(k / (n_avail - k)) + 1.0
         zero = torch.zeros((), dtype=xd.dtype, device=xd.device)
         for _ in range(n_iter):
             mid = 0.5 * (lo + hi)
-            p = torch.where(avail, (xd + mid.unsqueeze(1)).sigmoid_(), zero)
-            below = p.sum(dim=1) < k
+            below = _excess(xm, mid, k)[0] < 0
             lo = torch.where(below, mid, lo)
             hi = torch.where(below, hi, mid)
         u = 0.5 * (lo + hi)
-        # Newton polish inside the final bracket: f(u) = sum p - k is increasing with
-        # f' = sum p (1 - p) > 0, so from a bracket of width ~2^-n_iter each step squares the
-        # error; the threshold ends at the precision of the dtype (float64 included), not at the
-        # bisection's 2^-n_iter. A step that would leave the bracket is cut at its end.
+        # Newton polish inside the final bracket: f is increasing with f' = sum p (1 - p) > 0, so
+        # from a bracket of width ~2^-n_iter each step squares the error; the threshold ends at the
+        # precision of the dtype (float64 included), not at the bisection's 2^-n_iter. A step that
+        # would leave the bracket is cut at its end.
         for _ in range(_NEWTON_STEPS):
-            p = torch.where(avail, (xd + u.unsqueeze(1)).sigmoid_(), zero)
-            f = p.sum(dim=1) - k
-            fp = (p * (1.0 - p)).sum(dim=1)
+            f, small = _excess(xm, u, k)
+            fp = (small * (1.0 - small)).sum(dim=1)
             step = torch.where(fp > 0, f / torch.where(fp > 0, fp, torch.ones_like(fp)), zero)
             u = torch.minimum(torch.maximum(u - step, lo), hi)
         return u
