@@ -38,6 +38,7 @@ Conventions implemented once here (``docs/conventions.md``):
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
 import warnings
@@ -639,6 +640,42 @@ def check_target_shape(fn: str, input: Tensor, target: Tensor, *, name: str = "t
             "classes go on dim 1 of input and target holds one id per position",
         )
     return expected
+
+
+# --------------------------------------------------------------------------------------
+# first-order-only autograd Functions
+# --------------------------------------------------------------------------------------
+
+
+def once_differentiable(loss_name: str):
+    """Decorator for the ``backward`` of a ``torch.autograd.Function`` that has no second
+    derivative: the gradients are computed without a graph, and a backward run with
+    ``create_graph=True`` raises ``RuntimeError("<loss_name>: no second derivative, ...")``.
+
+    ``torch.autograd.function.once_differentiable`` refuses a double backward only when some
+    ``grad_output`` requires grad. A loss's backward normally receives a constant ``grad_output``
+    (from ``.mean()`` or ``.sum()``), so with torch's decorator a gradient penalty, a
+    Hessian-vector product or a MAML-style outer step through the loss silently treated this
+    loss's gradient as a constant (its second derivative as 0). Grad mode is on inside a backward
+    exactly when it runs with ``create_graph=True``, whose purpose is to differentiate the
+    gradients again, so that is refused here, loudly. While ``torch.compile`` traces the backward
+    nothing is checked (compiled graphs have no double backward through a custom Function)."""
+    msg = (f"{loss_name}: no second derivative, so a backward through this loss cannot run with "
+           "create_graph=True (a gradient penalty, a Hessian-vector product or a MAML-style outer step); "
+           "run the backward without create_graph, or write that term with a loss built from "
+           "differentiable torch ops (e.g. F.cross_entropy)")
+
+    def decorate(backward):
+        @functools.wraps(backward)
+        def wrapper(ctx, *grads):
+            if torch.is_grad_enabled() and not _compiling():
+                raise RuntimeError(msg)
+            with torch.no_grad():
+                return backward(ctx, *grads)
+
+        return wrapper
+
+    return decorate
 
 
 # --------------------------------------------------------------------------------------

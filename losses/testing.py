@@ -29,6 +29,11 @@ The properties (:data:`PROPERTIES`):
 * ``"serialization"``: ``repr``, ``deepcopy``, pickle, and the ``state_dict`` round trip (in
   memory and through ``torch.save`` / ``torch.load(weights_only=True)``) give identical outputs
   and gradients.
+* ``"double_backward"``: a backward with ``create_graph=True`` either raises a
+  ``RuntimeError`` that says the loss has no second derivative, or gives gradients whose
+  derivative along a random direction (the Hessian-vector product) equals central finite
+  differences of the first-order gradient (float64, rtol 1e-5): never a second derivative
+  silently dropped (gradients detached, or differentiable but wrong).
 * ``"compile"`` (not run by default): ``torch.compile(module, backend=compile_backend)`` with
   validation off matches eager (1e-5; gradients 1e-4).
 
@@ -58,7 +63,8 @@ __all__ = [
 
 #: Every property :func:`check_loss` knows, in the order it runs them.
 PROPERTIES: Tuple[str, ...] = (
-    "reductions", "all_ignored", "finite", "dtypes", "autocast", "module_function", "serialization", "compile",
+    "reductions", "all_ignored", "finite", "dtypes", "autocast", "module_function", "serialization",
+    "double_backward", "compile",
 )
 #: What ``check_loss(name)`` runs when ``properties`` is ``None`` (``"compile"`` is opt-in: it is slow).
 DEFAULT_PROPERTIES: Tuple[str, ...] = tuple(p for p in PROPERTIES if p != "compile")
@@ -390,6 +396,63 @@ def _check_serialization(spec: LossSpec, **_: Any) -> None:
                 _close(g, g0, f"a module loaded from the {how} gives another gradient", rtol=0, atol=0)
 
 
+#: what a loss without a second derivative says when its backward runs with ``create_graph=True``
+_NO_SECOND_DERIVATIVE = "no second derivative"
+
+
+def _check_double_backward(spec: LossSpec, **_: Any) -> None:
+    args, kwargs = example(spec, dtype=torch.float64)
+
+    def first_order(shift: float, directions: Optional[Sequence[Tensor]], create_graph: bool):
+        module = build(spec).to(torch.float64)  # fresh: a seeded module draws the same numbers
+        leaves = float_leaves(module, args)
+        if directions is not None:
+            with torch.no_grad():  # shift the inputs in place (restored below), the module's own
+                for leaf, v in zip(leaves, directions):
+                    leaf.add_(shift * v)
+        try:
+            out = call(module, args, kwargs)
+            grads = torch.autograd.grad(out, leaves, create_graph=create_graph, allow_unused=True)
+        finally:
+            if directions is not None:
+                own = {id(p) for p in module.parameters()}
+                with torch.no_grad():  # the arguments (inputs, a model's parameters) are reused
+                    for leaf, v in zip(leaves, directions):
+                        if id(leaf) not in own:
+                            leaf.sub_(shift * v)
+        return leaves, grads
+
+    try:
+        leaves, grads = first_order(0.0, None, True)
+    except RuntimeError as exc:
+        if _NO_SECOND_DERIVATIVE in str(exc):
+            return  # refused, loudly: documented
+        raise
+    g = torch.Generator().manual_seed(0)
+    directions = [torch.randn(leaf.shape, dtype=leaf.dtype, generator=g) for leaf in leaves]
+    dot = sum(((gr * v).sum() for gr, v in zip(grads, directions) if gr is not None and gr.requires_grad),
+              torch.zeros((), dtype=torch.float64))
+    if dot.requires_grad:
+        hvp = torch.autograd.grad(dot, leaves, allow_unused=True)
+    else:
+        hvp = (None,) * len(leaves)
+    h = 1e-5
+    _, plus = first_order(h, directions, False)
+    _, minus = first_order(-h, directions, False)
+    for leaf, got, gp, gm in zip(leaves, hvp, plus, minus):
+        if gp is None and gm is None:
+            continue
+        fd = ((gp if gp is not None else 0.0) - (gm if gm is not None else 0.0)) / (2 * h)
+        got = torch.zeros_like(leaf) if got is None else got
+        scale = float(fd.abs().max()) + 1e-8
+        err = float((got - fd).abs().max()) / scale
+        assert err < 1e-5, (
+            f"create_graph=True: the second derivative along a random direction differs from finite "
+            f"differences of the gradient (max relative error {err:.2e}; gradients "
+            f"{'detached' if not dot.requires_grad else 'differentiable'}); a loss without a second "
+            f"derivative must raise RuntimeError saying {_NO_SECOND_DERIVATIVE!r}")
+
+
 def _check_compile(spec: LossSpec, compile_backend: str = "aot_eager", **_: Any) -> None:
     torch._dynamo.reset()
     args, kwargs = example(spec)
@@ -416,6 +479,7 @@ _CHECKS: Dict[str, Callable[..., None]] = {
     "autocast": _check_autocast,
     "module_function": _check_module_function,
     "serialization": _check_serialization,
+    "double_backward": _check_double_backward,
     "compile": _check_compile,
 }
 

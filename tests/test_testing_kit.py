@@ -31,6 +31,25 @@ REDUCTIONS = ("none", "mean", "sum")
 # --------------------------------------------------------------------------------------
 
 
+class _KitCEFunction(torch.autograd.Function):
+    """Per-position cross-entropy with a hand-written backward under torch's own
+    ``once_differentiable``: with ``create_graph=True`` its gradient comes back detached (the
+    ``grad_output`` of a mean does not require grad), a second derivative silently dropped."""
+
+    @staticmethod
+    def forward(ctx, x, t):
+        ctx.save_for_backward(x, t)
+        return -torch.log_softmax(x, dim=1).gather(1, t.unsqueeze(1)).squeeze(1)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        x, t = ctx.saved_tensors
+        grad = torch.softmax(x, dim=1)
+        grad[torch.arange(x.shape[0]), t] -= 1.0
+        return grad * g.unsqueeze(1), None
+
+
 def _kit_ce(input, target, *, bug=None, scale=1.0, ignore_index=-100, reduction="mean"):
     """Cross-entropy per position; ignored positions have unit weight 0 (with the ``bug``)."""
     if reduction not in REDUCTIONS:
@@ -41,7 +60,10 @@ def _kit_ce(input, target, *, bug=None, scale=1.0, ignore_index=-100, reduction=
         x = input.to(dtype) * scale
         if bug != "nan_gradient_when_all_ignored":  # the fix: neutral logits at ignored rows
             x = x.masked_fill(~valid.unsqueeze(1), 0.0)
-        per = -torch.log_softmax(x, dim=1).gather(1, target.clamp_min(0).unsqueeze(1)).squeeze(1)
+        if bug == "second_derivative_dropped":
+            per = _KitCEFunction.apply(x, target.clamp_min(0))
+        else:
+            per = -torch.log_softmax(x, dim=1).gather(1, target.clamp_min(0).unsqueeze(1)).squeeze(1)
         none = torch.where(valid, per, torch.zeros_like(per))
         if reduction == "none":
             return per if bug == "none_ignores_unit_weights" else none
@@ -75,7 +97,7 @@ class KitCELoss(nn.Module):
 BUG_MODULES = {
     bug: type(f"KitCE_{bug}", (KitCELoss,), {"bug": bug})
     for bug in ("mean_counts_ignored", "none_ignores_unit_weights", "nan_gradient_when_all_ignored",
-                "module_differs_from_function")
+                "module_differs_from_function", "second_derivative_dropped")
 }
 for _cls in BUG_MODULES.values():  # importable by name: pickle finds them
     globals()[_cls.__name__] = _cls
@@ -140,6 +162,7 @@ BUGS = [
     ("none_ignores_unit_weights", "reductions"),
     ("nan_gradient_when_all_ignored", "all_ignored"),
     ("module_differs_from_function", "module_function"),
+    ("second_derivative_dropped", "double_backward"),
 ]
 
 

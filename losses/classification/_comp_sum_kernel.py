@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
+from .._core import once_differentiable
 from ._targets import row_max_logsum
 
 __all__ = ["CompSumFunction"]
@@ -44,7 +44,7 @@ class CompSumFunction(torch.autograd.Function):
         return value
 
     @staticmethod
-    @once_differentiable
+    @once_differentiable("comp_sum_loss")
     def backward(ctx, g: Tensor):
         x, y, m, log_s, r = ctx.saved_tensors
         k = (r - log_s) + torch.log(g.abs())  # -inf where g == 0

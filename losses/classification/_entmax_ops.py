@@ -48,9 +48,8 @@ from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
-from .._core import _compiling
+from .._core import _compiling, once_differentiable
 
 __all__: list = []
 
@@ -578,7 +577,7 @@ class ExactEntmaxFunction(torch.autograd.Function):
         return p
 
     @staticmethod
-    @once_differentiable
+    @once_differentiable("sparsemax / entmax15")
     def backward(ctx, v: Tensor):
         (p,) = ctx.saved_tensors
         return _exact(ctx.kind).vjp(p, v), None, None
@@ -592,7 +591,7 @@ class EntmaxBisectFunction(torch.autograd.Function):
         return p
 
     @staticmethod
-    @once_differentiable
+    @once_differentiable("entmax_bisect")
     def backward(ctx, v: Tensor):
         p, alpha = ctx.saved_tensors
         dz, da = _Bisect.vjp(p, v, alpha, ctx.needs_input_grad[1])
@@ -668,7 +667,7 @@ class FYLossFunction(torch.autograd.Function):
         return loss
 
     @staticmethod
-    @once_differentiable
+    @once_differentiable("sparsemax_loss / entmax15_loss / entmax_bisect_loss")
     def backward(ctx, grad):
         mapping = MAPPINGS[ctx.kind]
         p, top_i, zs, tau, y, q, alpha, z, m = ctx.saved_tensors

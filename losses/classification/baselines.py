@@ -13,9 +13,9 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
 
 from .._core import (
+    once_differentiable,
     check_ignore_index,
     auto_extra_repr,
     check_class_target,
@@ -271,7 +271,7 @@ class _BCEIdsFunction(torch.autograd.Function):
         return row
 
     @staticmethod
-    @once_differentiable
+    @once_differentiable("bce_with_logits_loss")
     def backward(ctx, grad):  # type: ignore[override]
         x, ids, w = ctx.saved_tensors
         eps = ctx.eps

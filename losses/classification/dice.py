@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from .. import _distributed as D
 from .._core import (
+    once_differentiable,
     check_ignore_index,
     _compiling,
     auto_extra_repr,
@@ -252,6 +253,7 @@ class _DiceStats(torch.autograd.Function):
         return sx, sa
 
     @staticmethod
+    @once_differentiable("dice_semimetric_loss / jaccard_metric_loss / soft_dice_loss")
     def backward(ctx, g_x, g_a):  # type: ignore[override]
         x, da, k = ctx.saved_tensors
         zeros = torch.zeros(x.shape[:2] + (1,), dtype=x.dtype, device=x.device)

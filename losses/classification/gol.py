@@ -18,9 +18,9 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
 
 from .._core import (
+    once_differentiable,
     check_ignore_index,
     _compiling,
     auto_extra_repr,
@@ -330,7 +330,7 @@ class _GumbelBCEFunction(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
+    @once_differentiable("gumbel_bce_loss")
     def backward(ctx, grad_out):  # type: ignore[override]
         grad = ctx.grad
         if grad is not None:

@@ -22,9 +22,9 @@ from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
 
 from .._core import (
+    once_differentiable,
     check_ignore_index,
     auto_extra_repr,
     check_bool,
@@ -85,7 +85,7 @@ class _ZLossFunction(torch.autograd.Function):
         return softplus(t) / a
 
     @staticmethod
-    @once_differentiable
+    @once_differentiable("z_loss")
     def backward(ctx, g: Tensor):
         d, y, sigma, z_c, s = ctx.saved_tensors
         c = d.shape[1]
@@ -265,7 +265,7 @@ class _LogSumExpFunction(torch.autograd.Function):
         return m + log_s
 
     @staticmethod
-    @once_differentiable
+    @once_differentiable("logz_penalty")
     def backward(ctx, g: Tensor):
         x, m, log_s = ctx.saved_tensors
         grad = torch.sub(x, m.unsqueeze(1))
@@ -285,7 +285,7 @@ class _CrossEntropyLogZFunction(torch.autograd.Function):
         return (m - x_y) + log_s, m + log_s
 
     @staticmethod
-    @once_differentiable
+    @once_differentiable("cross_entropy_with_logz_penalty")
     def backward(ctx, g_ce: Tensor, g_lse: Tensor):
         x, y, m, log_s = ctx.saved_tensors
         grad = torch.sub(x, m.unsqueeze(1))

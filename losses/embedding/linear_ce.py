@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from .._core import (
+    once_differentiable,
     check_ignore_index,
     auto_extra_repr,
     check_bool,
@@ -98,7 +99,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return loss
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable("linear_cross_entropy_loss")
     def backward(ctx, grad_loss):  # noqa: D102
         # the chunked matmuls run in the compute dtype even when backward() is called inside
         # an autocast region

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    once_differentiable,
     check_ignore_index,
     auto_extra_repr,
     check_choice,
@@ -260,6 +261,7 @@ class _CosineLogSumExp(torch.autograd.Function):
         return m, s_sum
 
     @staticmethod
+    @once_differentiable("margin_softmax_loss (also inside cosine softmax and Partial FC)")
     def backward(ctx, grad_m, grad_s):  # type: ignore[override]
         with no_autocast(grad_s):
             return _CosineLogSumExp._backward(ctx, grad_s)

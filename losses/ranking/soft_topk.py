@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from .._core import (
+    once_differentiable,
     check_ignore_index,
     auto_extra_repr,
     _checking,
@@ -126,6 +127,7 @@ class _ImplicitThreshold(torch.autograd.Function):
         return u.clone()
 
     @staticmethod
+    @once_differentiable("soft_topk_loss")
     def backward(ctx, grad_u: Tensor):  # type: ignore[override]
         x, u, avail = ctx.saved_tensors
         with no_autocast(grad_u):
