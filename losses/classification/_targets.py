@@ -42,6 +42,9 @@ def integer_targets(fn: str, input: Tensor, target: Tensor, ignore_index: int) -
     and range checks of :func:`elementwise_targets`, without building the dense one-hot tensor
     (for losses that handle ids sparsely). ``ids`` is int64, ``valid`` is ``target != ignore_index``."""
     check_target_shape(fn, input, target, name="integer target")
+    if input.shape[1] < 1:  # no class for any id (an empty batch too: the loss would be 0 / 0)
+        raise value_error(fn, "input needs at least one class on dim 1 for class ids", f"shape {tuple(input.shape)}",
+                          "pass logits for C >= 1 classes")
     check_ids_in_range(fn, target, input.shape[1], ignore_index)
     return target.long(), target != ignore_index
 

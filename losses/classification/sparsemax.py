@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Optional, Union
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -107,7 +109,8 @@ def _check_alpha(fn: str, alpha: object) -> None:
 def _last_dim_2d(x: Tensor, dim: int) -> tuple:
     """Move ``dim`` last and flatten the rest: ``(M, C)`` plus what is needed to undo it."""
     moved = x.movedim(dim, -1)
-    return moved.reshape(-1, moved.shape[-1]), moved.shape
+    rows = math.prod(moved.shape[:-1])  # explicit: reshape(-1, 0) is ambiguous for an empty dim
+    return moved.reshape(rows, moved.shape[-1]), moved.shape
 
 
 def _alpha_rows_activation(fn: str, alpha: AlphaLike, input: Tensor, dim: int, dtype) -> Tensor:

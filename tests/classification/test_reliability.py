@@ -855,3 +855,44 @@ def test_one_exception_type_per_mistake_across_the_library():
     for call, pattern in value:
         with pytest.raises(ValueError, match=pattern):
             call()
+
+
+SOFT_TARGET_LOSSES = ["cross_entropy_loss", "bce_with_logits_loss", "gumbel_bce_loss", "sparsemax_loss", "entmax15_loss",
+                      "dice_semimetric_loss", "jaccard_metric_loss", "soft_dice_loss"]
+
+
+@pytest.mark.parametrize("fn_name", SOFT_TARGET_LOSSES)
+def test_float64_soft_target_makes_the_loss_float64(fn_name):
+    """The dtype rule counts every floating input: float32 logits with float64 soft targets are
+    computed in float64 (the target is not rounded to float32), equal to the all-float64 loss."""
+    fn = getattr(losses, fn_name)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(4, 5, generator=g)
+    q = torch.softmax(torch.randn(4, 5, generator=g, dtype=torch.float64), dim=1)
+    leaf = x.clone().requires_grad_()
+    out = fn(leaf, q)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, fn(x.double(), q), rtol=1e-12, atol=0)
+    out.backward()
+    assert leaf.grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize("fn_name", ["bce_with_logits_loss", "gumbel_bce_loss"])
+@pytest.mark.parametrize("n", [0, 3])
+def test_class_ids_with_zero_classes_are_a_value_error(fn_name, n):
+    # (0, 0) logits once gave NaN (BCE) or a ZeroDivisionError (GOL)
+    fn = getattr(losses, fn_name)
+    for reduction in ("none", "mean", "sum"):
+        with pytest.raises(ValueError, match=rf"^{fn_name}: input needs at least one class on dim 1 for class ids"):
+            fn(torch.zeros(n, 0), torch.zeros(n, dtype=torch.long), reduction=reduction)
+
+
+@pytest.mark.parametrize("fn_name", ["sparsemax", "entmax15", "entmax_bisect"])
+def test_mappings_of_an_empty_dim_are_empty_like_softmax(fn_name):
+    fn = getattr(losses, fn_name)
+    for shape, dim in (((3, 0), -1), ((0, 4), -1), ((2, 0, 3), 1)):
+        x = torch.zeros(shape, requires_grad=True)
+        p = fn(x, dim=dim)
+        assert p.shape == torch.softmax(x, dim=dim).shape == shape
+        p.sum().backward()
+        assert x.grad.shape == shape
