@@ -116,13 +116,15 @@ class MovieLensSplit:
 
     def seen_mask(self, users: torch.Tensor, split: str) -> torch.Tensor:
         """Items excluded from ranking for ``users`` at ``split`` (``"val"``: training items;
-        ``"test"``: training and validation items); shape ``(B, I)`` bool."""
+        ``"test"``: training and validation items); shape ``(B, I)`` bool. A held-out item of
+        the split is never excluded, also when the user interacted with it earlier (a repeat in
+        the log): excluding it would leave the user without a positive, scored 0."""
         mask = self.train_mask[users].clone()
         if split == "test":
             mask |= self.val_mask[users]
         elif split != "val":
             raise ValueError(f"seen_mask: split must be 'val' or 'test' (got {split!r})")
-        return mask
+        return mask & ~self.heldout_mask(split)[users]
 
     def eval_users(self, split: str) -> torch.Tensor:
         return torch.nonzero(self.heldout_mask(split).any(1)).squeeze(1)

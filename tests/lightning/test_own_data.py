@@ -241,3 +241,23 @@ def test_own_data_size_links_into_a_head_owning_loss(recipe, tmp_path):
     assert math.isfinite(float(cli.trainer.callback_metrics["train/loss_epoch"]
                                if "train/loss_epoch" in cli.trainer.callback_metrics
                                else cli.trainer.callback_metrics["train/loss"]))
+
+
+def test_interactions_with_a_repeated_held_out_item_keep_it_rankable(tmp_path):
+    # user 1's last interaction repeats an item of their history: it is still their test positive,
+    # ranked (not excluded as "seen"), so a perfect ranker scores every user 1
+    df = pd.DataFrame({"user": [1, 1, 1, 1, 2, 2, 2, 2], "item": [5, 3, 9, 5, 3, 5, 7, 9],
+                       "ts": [1, 2, 3, 4, 1, 2, 3, 4]})
+    df.to_csv(tmp_path / "rep.csv", index=False)
+    dm = InteractionsDataModule(str(tmp_path / "rep.csv"), timestamp_col="ts", eval_batch_size=8)
+    ev = next(iter(dm.test_dataloader()))
+    assert ev["target"].sum(1).tolist() == [1, 1]
+    assert not (ev["target"] & ev["exclude"]).any()
+    items = list(dm.split.item_ids)
+    u1 = int(np.searchsorted(dm.split.user_ids, 1))
+    assert items[int(dm.split.test_items[u1])] == 5 and bool(dm.split.train_mask[u1, items.index(5)])
+    from lightning_modules.retrieval_metrics import candidates_from_scores
+    from torchmetrics.retrieval import RetrievalRecall
+
+    preds, target, idx = candidates_from_scores(ev["target"].float(), ev["target"], ev["user"], 2, exclude=ev["exclude"])
+    assert float(RetrievalRecall(top_k=1)(preds, target, indexes=idx)) == 1.0
