@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 from torch import nn
 
-__all__ = ["DenseSparseOptimizer", "build_optimizer", "sparse_gradient_parameters"]
+__all__ = ["DenseSparseOptimizer", "build_optimizer", "reset_parameter_state", "sparse_gradient_parameters"]
 
 
 def sparse_gradient_parameters(module: nn.Module) -> List[nn.Parameter]:
@@ -92,6 +92,19 @@ class DenseSparseOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"DenseSparseOptimizer(dense={self.dense!r}, sparse={self.sparse!r})"
+
+
+def reset_parameter_state(optimizer: Any, param: torch.Tensor) -> bool:
+    """Forget ``param``'s optimiser state (moments, step count) so that its next update starts
+    fresh; ``optimizer`` may be a Lightning ``LightningOptimizer`` wrapper and/or a
+    :class:`DenseSparseOptimizer` (whose state lives in its two inner optimisers, not in its own
+    ``.state``). Returns whether any state was dropped."""
+    opt = getattr(optimizer, "optimizer", optimizer)
+    inner = [opt.dense, opt.sparse] if isinstance(opt, DenseSparseOptimizer) else [opt]
+    dropped = False
+    for o in inner:
+        dropped = o.state.pop(param, None) is not None or dropped
+    return dropped
 
 
 def build_optimizer(module: nn.Module, groups: Sequence[Dict[str, Any]], *, optimizer: str = "adamw",

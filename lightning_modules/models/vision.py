@@ -19,7 +19,7 @@ from torchmetrics.segmentation import DiceScore
 from losses import InputKind
 
 from ..base import BenchmarkModule
-from ..optim import build_optimizer
+from ..optim import build_optimizer, reset_parameter_state
 from ..metrics import (
     FeatureCosine,
     PerClassAccuracy,
@@ -297,8 +297,8 @@ class VisionClassifier(BenchmarkModule):
             with torch.no_grad():
                 for name, p in self._head_parameters().items():
                     p.copy_(self._head_init[name])
-                    for opt in opts:  # fresh AdamW moments for the re-initialised head
-                        getattr(opt, "optimizer", opt).state.pop(p, None)
+                    for opt in opts:  # fresh moments for the re-initialised head
+                        reset_parameter_state(opt, p)
         dm.set_class_balanced_sampling(True)
         self.log("train/stage", 2.0, on_step=False, on_epoch=True)
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import losses
-from lightning_modules.optim import DenseSparseOptimizer, build_optimizer, sparse_gradient_parameters
+from lightning_modules.optim import DenseSparseOptimizer, build_optimizer, reset_parameter_state, sparse_gradient_parameters
 from tests.lightning.recipe_utils import find_checkpoint, run_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -144,3 +144,33 @@ def test_recipe_with_sparse_centres_fits_and_resumes_exactly(tmp_path):
     resumed = run_cli("fit", RECIPE, tmp_path / "resumed", [*flat, "--trainer.max_epochs=2", f"--ckpt_path={ckpt}"])
     for (n, p), q in zip(two.model.named_parameters(), resumed.model.parameters()):
         assert torch.equal(p, q), n
+
+
+def test_reset_parameter_state_reaches_the_inner_optimisers():
+    # two-stage training re-initialises the head and must forget its moments; the joined optimiser
+    # keeps them in .dense / .sparse, not in its own .state
+    m = _Model()
+    opt = build_optimizer(m, [{"params": list(m.parameters())}], lr=0.01)
+    assert isinstance(opt, DenseSparseOptimizer)
+    _train(m, opt, 2)
+    centres, w = m.loss.weight, m.net.weight
+    assert centres in opt.sparse.state and w in opt.dense.state and not opt.state
+    assert reset_parameter_state(opt, centres) and reset_parameter_state(opt, w)
+    assert centres not in opt.sparse.state and w not in opt.dense.state
+    assert not reset_parameter_state(opt, w)  # nothing left to drop
+    # the next step starts the moments afresh, like a new optimiser from the current weights
+    fresh = copy.deepcopy(m)
+    ref = build_optimizer(fresh, [{"params": list(fresh.parameters())}], lr=0.01)
+    for p_ref, p in zip(fresh.parameters(), m.parameters()):
+        if p is not centres and p is not w:  # give the other parameters their old state too
+            state = (opt.dense if p in opt.dense.state else opt.sparse).state[p]
+            (ref.dense if p in opt.dense.state else ref.sparse).state[p_ref] = copy.deepcopy(state)
+    _train(m, opt, 1, start=5)
+    _train(fresh, ref, 1, start=5)
+    torch.testing.assert_close(m.net.weight, fresh.net.weight, rtol=0, atol=0)
+    torch.testing.assert_close(m.loss.weight, fresh.loss.weight, rtol=0, atol=0)
+    plain = torch.optim.AdamW(nn.Linear(2, 2).parameters())
+    p0 = plain.param_groups[0]["params"][0]
+    p0.grad = torch.ones_like(p0)
+    plain.step()
+    assert reset_parameter_state(plain, p0) and p0 not in plain.state
