@@ -26,6 +26,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassCalibratio
 
 __all__ = [
     "PerClassAccuracy",
+    "BalancedAccuracy",
     "FeatureCosine",
     "sparsemax_support_size",
     "predictive_probabilities",
@@ -73,6 +74,17 @@ class PerClassAccuracy(Metric):
         sel = sel[~torch.isnan(sel)]
         return sel.mean() if sel.numel() else torch.tensor(float("nan"), dtype=per_class.dtype)
 
+
+
+class BalancedAccuracy(PerClassAccuracy):
+    """Balanced accuracy: the mean per-class recall over the classes present in the targets
+    (``sklearn.metrics.balanced_accuracy_score``). A class absent from the targets does not
+    count, also when it is predicted (torchmetrics' macro accuracy would count it as recall 0);
+    ``nan`` before any target."""
+
+    def compute(self) -> Tensor:  # type: ignore[override]
+        per_class = super().compute()
+        return self.split(per_class, range(self.num_classes))
 
 class FeatureCosine(Metric):
     """Mean intra-class and inter-class cosine of features over all ordered pairs ``i != j``.
@@ -122,7 +134,7 @@ def classification_metrics(num_classes: int, *, full: bool, ece_bins: int = 15) 
     metrics: Dict[str, Metric] = {"top1": MulticlassAccuracy(num_classes, top_k=1, average="micro")}
     if full:
         metrics["top5"] = MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro")
-        metrics["balanced_acc"] = MulticlassAccuracy(num_classes, average="macro")
+        metrics["balanced_acc"] = BalancedAccuracy(num_classes)
         metrics["ece"] = MulticlassCalibrationError(num_classes, n_bins=ece_bins, norm="l1")
     # each metric is updated on its own (ECE takes probabilities): no shared compute groups
     return MetricCollection(metrics, compute_groups=False)

@@ -16,6 +16,7 @@ from torch import nn
 import losses
 from lightning_modules.data import DigitsDataModule, DigitsSegmentationDataModule
 from lightning_modules.metrics import (
+    BalancedAccuracy,
     FeatureCosine,
     PerClassAccuracy,
     pgd_attack,
@@ -214,6 +215,17 @@ def test_per_class_accuracy_and_split():
     assert float(PerClassAccuracy.split(acc, [2, 3])) == 1.0  # the absent class is ignored
     assert float(PerClassAccuracy.split(acc, [0, 1])) == pytest.approx(0.75)
     assert torch.isnan(PerClassAccuracy.split(acc, [2]))
+
+
+def test_balanced_accuracy_averages_the_classes_present_in_the_targets():
+    # class 2 is predicted but absent from the targets: it does not count (sklearn's definition;
+    # torchmetrics' macro accuracy gives 0.5 here, counting it as recall 0)
+    m = BalancedAccuracy(3)
+    m.update(torch.tensor([0, 0, 1, 2]), torch.tensor([0, 0, 1, 1]))
+    assert float(m.compute()) == pytest.approx((1.0 + 0.5) / 2)
+    m.update(torch.eye(3)[[2]], torch.tensor([2]))  # logits; class 2 now present and right
+    assert float(m.compute()) == pytest.approx((1.0 + 0.5 + 1.0) / 3)
+    assert torch.isnan(BalancedAccuracy(3).compute())
 
 
 def test_sparsemax_support_size_matches_sparsemax():
