@@ -8,6 +8,7 @@ import inspect
 from typing import Any, ClassVar, Dict, Mapping, MutableMapping, Optional, Tuple
 
 import pytorch_lightning as pl
+import torch
 # The hyperparameters LightningCLI hands to the module it builds (read by save_hyperparameters).
 from pytorch_lightning.core.mixins.hparams_mixin import _given_hyperparameters
 from torch import nn
@@ -63,6 +64,33 @@ def _fix_config(config: MutableMapping[str, Any], cls: type, owner: Any) -> None
                 if not isinstance(value.get("init_args"), MutableMapping):
                     value["init_args"] = {}
                 _fix_config(value["init_args"], sub, getattr(owner, key, None) if owner is not None else None)
+
+
+class WorkerGenerator:
+    """The random stream of a collate function, safe with ``DataLoader(num_workers > 0)``.
+
+    In the main process (``num_workers=0``) it is one ``torch.Generator`` seeded with ``seed``.
+    A generator stored on the collate object would be copied into every worker process in the
+    same state, at every epoch (workers are re-created per epoch), so all workers would draw the
+    same negatives, and the same again each epoch. Inside a worker the stream is therefore seeded
+    from ``seed`` and the worker's ``torch.initial_seed()``, which the DataLoader sets to its
+    per-epoch base seed (drawn from the loader's seeded generator) plus the worker id: distinct
+    per worker and per epoch, and reproducible for a given seed and worker count."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = int(seed)
+        self._main = torch.Generator().manual_seed(self.seed)
+        self._worker_key: Optional[int] = None
+        self._worker: Optional[torch.Generator] = None
+
+    def get(self) -> torch.Generator:
+        if torch.utils.data.get_worker_info() is None:
+            return self._main
+        key = torch.initial_seed()
+        if key != self._worker_key:
+            self._worker_key = key
+            self._worker = torch.Generator().manual_seed((self.seed * 1_000_003 + key) % (1 << 63))
+        return self._worker
 
 
 class BenchmarkDataModule(pl.LightningDataModule):

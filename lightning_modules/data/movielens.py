@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from ..base import BenchmarkDataModule
+from ..base import BenchmarkDataModule, WorkerGenerator
 from .embedding_cache import package_file
 
 __all__ = ["RECBOLE_PIP", "movielens_file", "load_ml100k", "leave_last_out", "random_split", "MovieLensSplit",
@@ -266,13 +266,17 @@ class _PairCollate:
     def __init__(self, split: MovieLensSplit, num_negatives: int, seed: int, negative_sharing: str = "row",
                  false_negatives: float = 0.0) -> None:
         self.split, self.num_negatives, self.negative_sharing = split, num_negatives, negative_sharing
-        self.generator = torch.Generator().manual_seed(seed)
+        self._rng = WorkerGenerator(seed)
         self.false_negatives = float(false_negatives)
         if self.false_negatives > 0:  # each user's test items, CSR: the false negatives' source
             users, items = torch.nonzero(split.test_mask, as_tuple=True)
             self._fn_count = torch.bincount(users, minlength=split.num_users)
             self._fn_start = torch.cumsum(self._fn_count, 0) - self._fn_count
             self._fn_items = items
+
+    @property
+    def generator(self) -> torch.Generator:
+        return self._rng.get()
 
     def _inject_false_negatives(self, users: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
         """Replace each negative, with probability ``false_negatives``, by one of the user's test items."""

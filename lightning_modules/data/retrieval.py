@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch.utils.data import DataLoader
 
-from ..base import BenchmarkDataModule
+from ..base import BenchmarkDataModule, WorkerGenerator
 from .embedding_cache import MINILM_DIM, MiniLMEncoder, cached_encode, default_cache_dir, package_dir
 
 __all__ = [
@@ -242,7 +242,11 @@ class _TrainCollate:
 
     def __init__(self, dm: "RetrievalDataModule") -> None:
         self.dm = dm
-        self.generator = torch.Generator().manual_seed(dm.seed + 1)
+        self._rng = WorkerGenerator(dm.seed + 1)  # distinct per DataLoader worker and epoch
+
+    @property
+    def generator(self) -> torch.Generator:
+        return self._rng.get()
 
     def __call__(self, items: Sequence[int]) -> Dict[str, torch.Tensor]:
         dm = self.dm

@@ -182,3 +182,25 @@ def test_shared_negative_pool_masks_each_users_training_items(split):
     assert torch.equal(again["neg_items"], neg)
     with pytest.raises(ValueError, match="negative_sharing"):
         MovieLensDataModule(negative_sharing="user")
+
+
+def _negatives_per_epoch(split, num_workers, epochs=2):
+    from lightning_modules.data.movielens import _Range
+
+    collate = _PairCollate(split, 6, seed=3)
+    loader = torch.utils.data.DataLoader(_Range(64), batch_size=16, shuffle=False, collate_fn=collate,
+                                         num_workers=num_workers, generator=torch.Generator().manual_seed(0))
+    return [[b["neg_items"] for b in loader] for _ in range(epochs)]
+
+
+def test_negatives_differ_across_dataloader_workers_and_epochs(split):
+    # a generator stored on the collate object used to be copied into each worker in one state:
+    # with 2 workers, batches 0 and 1 drew the same negatives, and every epoch repeated them
+    for workers in (0, 2):
+        (e0, e1) = _negatives_per_epoch(split, workers)
+        assert not torch.equal(e0[0], e0[1]) and not torch.equal(e0[2], e0[3]), workers
+        assert not any(torch.equal(a, b) for a, b in zip(e0, e1)), workers
+        users = split.train_users[torch.arange(64)].reshape(4, 16)
+        for u, neg in zip(users, e0):
+            assert not split.train_mask[u[:, None], neg].any()
+    assert all(torch.equal(a, b) for a, b in zip(_negatives_per_epoch(split, 2)[1], _negatives_per_epoch(split, 2)[1]))
