@@ -103,13 +103,14 @@ def candidates_from_search(scores: Tensor, ids: Tensor, positives: Tensor,
     # rank-based scores: the search's j-th result gets k + 1 - j (>= 2), a missed positive 1
     order = torch.sort(scores.float().masked_fill(~valid, float("-inf")), dim=1, descending=True, stable=True)
     rank = torch.empty_like(order.indices)
-    rank.scatter_(1, order.indices, torch.arange(k).expand_as(order.indices))
+    dev = ids.device  # the search may have run on a GPU
+    rank.scatter_(1, order.indices, torch.arange(k, device=dev).expand_as(order.indices))
     position = (k + 1 - rank).to(torch.float64)
-    b = torch.arange(ids.shape[0]).unsqueeze(1)
+    b = torch.arange(ids.shape[0], device=dev).unsqueeze(1)
     r_rows = b.expand_as(ids)[valid]
     m_rows = b.expand_as(positives)[missing]
-    preds = torch.cat([position[valid], torch.ones(len(m_rows), dtype=torch.float64)])
-    target = torch.cat([ret_target[valid], torch.ones(len(m_rows), dtype=torch.bool)])
+    preds = torch.cat([position[valid], torch.ones(len(m_rows), dtype=torch.float64, device=dev)])
+    target = torch.cat([ret_target[valid], torch.ones(len(m_rows), dtype=torch.bool, device=dev)])
     indexes = query_ids.long()[torch.cat([r_rows, m_rows])]
     return preds, target, indexes
 

@@ -182,3 +182,18 @@ def test_partial_fc_sparse_grad_on_cuda_matches_cpu():
     torch.optim.SparseAdam(dev.parameters(), lr=1e-2).step()
     moved = (dev.weight.detach() != before).any(dim=1).nonzero().flatten().cpu()
     assert torch.equal(moved, cpu.last_index)
+
+
+def test_candidates_from_search_of_cuda_results():
+    """Search results on the GPU (e.g. a brute-force search of CUDA embeddings) give the CPU's
+    candidate lists, on the GPU."""
+    from lightning_modules.retrieval_metrics import candidates_from_search
+
+    scores = torch.linspace(0.9, -0.9, 10)[None]
+    ids = torch.tensor([[4, 2, 7, 11, 12, 13, 14, 15, 16, 17]])
+    positives = torch.tensor([[7, 1, -1]])
+    cpu = candidates_from_search(scores, ids, positives, torch.tensor([3]))
+    dev = candidates_from_search(scores.cuda(), ids.cuda(), positives.cuda(), torch.tensor([3]).cuda())
+    for a, b in zip(dev, cpu):
+        assert a.device.type == "cuda"
+        assert torch.equal(a.cpu(), b)
