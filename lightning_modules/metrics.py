@@ -75,7 +75,6 @@ class PerClassAccuracy(Metric):
         return sel.mean() if sel.numel() else torch.tensor(float("nan"), dtype=per_class.dtype)
 
 
-
 class BalancedAccuracy(PerClassAccuracy):
     """Balanced accuracy: the mean per-class recall over the classes present in the targets
     (``sklearn.metrics.balanced_accuracy_score``). A class absent from the targets does not
@@ -85,6 +84,7 @@ class BalancedAccuracy(PerClassAccuracy):
     def compute(self) -> Tensor:  # type: ignore[override]
         per_class = super().compute()
         return self.split(per_class, range(self.num_classes))
+
 
 class FeatureCosine(Metric):
     """Mean intra-class and inter-class cosine of features over all ordered pairs ``i != j``.

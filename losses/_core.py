@@ -647,6 +647,10 @@ def check_target_shape(fn: str, input: Tensor, target: Tensor, *, name: str = "t
 # --------------------------------------------------------------------------------------
 
 
+#: the words of the error a backward without a second derivative raises under ``create_graph=True``
+NO_SECOND_DERIVATIVE = "no second derivative"
+
+
 def once_differentiable(loss_name: str):
     """Decorator for the ``backward`` of a ``torch.autograd.Function`` that has no second
     derivative: the gradients are computed without a graph, and a backward run with
@@ -660,7 +664,7 @@ def once_differentiable(loss_name: str):
     exactly when it runs with ``create_graph=True``, whose purpose is to differentiate the
     gradients again, so that is refused here, loudly. While ``torch.compile`` traces the backward
     nothing is checked (compiled graphs have no double backward through a custom Function)."""
-    msg = (f"{loss_name}: no second derivative, so a backward through this loss cannot run with "
+    msg = (f"{loss_name}: {NO_SECOND_DERIVATIVE}, so a backward through this loss cannot run with "
            "create_graph=True (a gradient penalty, a Hessian-vector product or a MAML-style outer step); "
            "run the backward without create_graph, or write that term with a loss built from "
            "differentiable torch ops (e.g. F.cross_entropy)")

@@ -53,7 +53,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import torch
 from torch import Tensor, nn
 
-from ._core import ExperimentalWarning, validation
+from ._core import NO_SECOND_DERIVATIVE, ExperimentalWarning, validation
 from ._registry import LossSpec, get_loss_spec
 
 __all__ = [
@@ -396,10 +396,6 @@ def _check_serialization(spec: LossSpec, **_: Any) -> None:
                 _close(g, g0, f"a module loaded from the {how} gives another gradient", rtol=0, atol=0)
 
 
-#: what a loss without a second derivative says when its backward runs with ``create_graph=True``
-_NO_SECOND_DERIVATIVE = "no second derivative"
-
-
 def _check_double_backward(spec: LossSpec, **_: Any) -> None:
     args, kwargs = example(spec, dtype=torch.float64)
 
@@ -425,7 +421,7 @@ def _check_double_backward(spec: LossSpec, **_: Any) -> None:
     try:
         leaves, grads = first_order(0.0, None, True)
     except RuntimeError as exc:
-        if _NO_SECOND_DERIVATIVE in str(exc):
+        if NO_SECOND_DERIVATIVE in str(exc):
             return  # refused, loudly: documented
         raise
     g = torch.Generator().manual_seed(0)
@@ -450,7 +446,7 @@ def _check_double_backward(spec: LossSpec, **_: Any) -> None:
             f"create_graph=True: the second derivative along a random direction differs from finite "
             f"differences of the gradient (max relative error {err:.2e}; gradients "
             f"{'detached' if not dot.requires_grad else 'differentiable'}); a loss without a second "
-            f"derivative must raise RuntimeError saying {_NO_SECOND_DERIVATIVE!r}")
+            f"derivative must raise RuntimeError saying {NO_SECOND_DERIVATIVE!r}")
 
 
 def _check_compile(spec: LossSpec, compile_backend: str = "aot_eager", **_: Any) -> None:

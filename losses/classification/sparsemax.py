@@ -14,9 +14,8 @@ there is no ``variant``. Nothing here is derived from its code.
 
 from __future__ import annotations
 
-from typing import Optional, Union
-
 import math
+from typing import Optional, Union
 
 import torch
 from torch import Tensor, nn
