@@ -3,7 +3,7 @@ alternatives. Depends only on torch.
 
 Every loss is a pure function (``losses.<name>_loss`` / ``losses.functional``) plus a thin
 ``nn.Module``; ``losses.create_loss(name, **kwargs)`` builds one by its registry name and
-``losses.list_losses()`` lists them with their metadata. ``losses.register(...)`` adds a loss of
+``losses.loss_names()`` lists their names and ``losses.list_losses()`` their metadata. ``losses.register(...)`` adds a loss of
 your own to the registry and ``losses.testing.check_loss(name)`` runs the library's contract checks
 on it (``docs/contributing.md``, Adding a loss).
 """
@@ -16,6 +16,7 @@ from ._registry import (
     create_loss,
     get_loss_spec,
     list_losses,
+    loss_names,
     register,
     spec_for_module,
     unregister,
@@ -45,6 +46,7 @@ __all__ = [
     "create_loss",
     "get_loss_spec",
     "list_losses",
+    "loss_names",
     "functional",
     "testing",
     *_classification_all,

@@ -41,6 +41,7 @@ import contextlib
 import functools
 import inspect
 import math
+import operator
 import warnings
 from typing import Iterator, Optional, Sequence
 
@@ -296,20 +297,41 @@ def check_int(
     what: str = "",
     hint: str = "",
 ) -> Optional[int]:
-    """An integer hyperparameter: a non-integer (bool and float included) is ``TypeError``;
-    an integer below ``low`` is ``ValueError``. ``None`` passes when ``allow_none``. ``what``
-    phrases the requirement (default: "an int", "a positive int", "an int >= low", "... or None")."""
+    """An integer hyperparameter, returned as a Python ``int``.
+
+    Accepts what torch's own integer arguments accept: a Python ``int``, a NumPy integer and a
+    one-element integer tensor (e.g. ``y[0]``), anything that implements ``__index__``. A bool
+    (Python, NumPy or tensor), a float (``6.0`` included), a string or a tensor of another size is
+    ``TypeError``; an integer below ``low`` is ``ValueError``. ``None`` passes when ``allow_none``.
+    ``what`` phrases the requirement (default: "an int", "a positive int", "an int >= low",
+    "... or None")."""
     if value is None and allow_none:
         return None
     if not what:
         what = "an int" if low is None else ("a positive int" if low == 1 else f"an int >= {low}")
         if allow_none:
             what += " or None"
-    if isinstance(value, bool) or not isinstance(value, int):
+    index = as_index(value)
+    if index is None:
         raise type_error(fn, f"{name} must be {what}", repr(value), hint or f"pass {name} as a Python int")
-    if low is not None and value < low:
+    if low is not None and index < low:
         raise value_error(fn, f"{name} must be {what}", repr(value), hint or f"pass {name} >= {low}")
-    return int(value)
+    return index
+
+
+def as_index(value: object) -> Optional[int]:
+    """``value`` as a Python ``int`` if it is an integer the way ``operator.index`` sees one (a Python
+    or NumPy integer, a one-element integer tensor), else ``None``. Bools of every kind are not
+    integers here: ``True`` as a class id or a count is almost always a mistake."""
+    if isinstance(value, bool) or type(value).__name__ in ("bool_", "bool"):
+        return None
+    if isinstance(value, Tensor):
+        if value.numel() != 1 or value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+            return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def check_ignore_index(fn: str, ignore_index: object) -> int:

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 __all__ = [
     "LossSpec", "InputKind", "INPUT_KINDS", "UNITS", "register", "unregister", "create_loss", "list_losses",
-    "get_loss_spec", "spec_for_module",
+    "get_loss_spec", "spec_for_module", "loss_names",
 ]
 
 
@@ -107,6 +107,13 @@ class LossSpec:
     example_inputs: Optional[ExampleInputs] = None
     function_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     query_keys: bool = False
+
+    def __repr__(self) -> str:
+        # one short line per entry (the dataclass default prints every function and mapping)
+        flags = [f for f in ("owns_head", "auxiliary", "experimental") if getattr(self, f)]
+        return (f"LossSpec({self.name!r}, kind={self.kind!r}, function={self.function.__name__}, "
+                f"module={self.module.__name__}" + "".join(f", {f}=True" for f in flags)
+                + (f", arxiv={self.arxiv!r}" if self.arxiv else "") + ")")
 
     @property
     def kind(self) -> str:
@@ -330,8 +337,19 @@ def create_loss(name: str, **kwargs: Any) -> nn.Module:
 
 
 def list_losses() -> List[LossSpec]:
-    """Every registered loss, sorted by name."""
+    """Every registered loss's :class:`LossSpec`, sorted by name (:func:`loss_names` for the names
+    alone)."""
     return [_REGISTRY[k] for k in sorted(_REGISTRY)]
+
+
+def loss_names() -> List[str]:
+    """The registry names, sorted: what :func:`create_loss` and the recipes' ``loss`` accept.
+
+    >>> import losses
+    >>> "cross_entropy" in losses.loss_names() and "z_loss" in losses.loss_names()
+    True
+    """
+    return sorted(_REGISTRY)
 
 
 def id_unit_weights(*args: Any, ignore_index: int = -100, **_: Any) -> Tensor:

@@ -429,6 +429,13 @@ def test_top_level_api():
     p = _params(losses.create_loss)
     assert [(q.name, q.kind) for q in p] == [("name", POS), ("kwargs", inspect.Parameter.VAR_KEYWORD)]
     assert _params(losses.list_losses) == []
+    assert _params(losses.loss_names) == []
+    assert losses.loss_names() == [s.name for s in losses.list_losses()]
+    assert all(isinstance(n, str) for n in losses.loss_names())
+    # a spec prints as one short line naming its entry, kind, function and module
+    r = repr(losses.get_loss_spec("z_loss"))
+    assert r == "LossSpec('z_loss', kind='logits', function=z_loss, module=ZLoss, arxiv='1604.08859')", r
+    assert "\n" not in repr(losses.list_losses()) and len(repr(losses.get_loss_spec("wcdas"))) < 160
     # ``set_validation(False)`` / ``validation(False)``: one positional flag (its name is not specified)
     assert [q.kind for q in _params(losses.set_validation)] == [POS]
     assert [q.kind for q in _params(losses.validation)] == [POS]

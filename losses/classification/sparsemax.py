@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from .._core import (
+    as_index,
     check_ignore_index,
     auto_extra_repr,
     _checking,
@@ -70,8 +71,10 @@ AlphaLike = Union[float, Tensor]
 
 
 def _check_dim(fn: str, input: Tensor, dim: object) -> int:
-    if isinstance(dim, bool) or not isinstance(dim, int):
+    index = as_index(dim)
+    if index is None:
         raise type_error(fn, "dim must be an int", type(dim).__name__, "pass the index of the class dimension")
+    dim = index
     nd = max(input.dim(), 1)
     if not -nd <= dim < nd:
         raise value_error(fn, f"dim out of range for a {input.dim()}-D input", dim,

@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._core import type_error, value_error
+from .._core import check_int, type_error, value_error
 from .._distributed import all_gather_no_grad, all_gather_with_grad, all_reduce_with_grad, is_distributed, rank, world_size
 from ..ranking.decoupled import (
     DecoupledSoftmaxLoss,
@@ -147,9 +147,8 @@ class InBatchRankingLoss(nn.Module):
         if loss.reduction != "mean":
             raise value_error(cls, "loss must use reduction='mean'", repr(loss.reduction),
                               "the trainer needs a scalar; build the loss with its default reduction")
-        if isinstance(num_positives, bool) or not isinstance(num_positives, int) or num_positives < 1:
-            raise value_error(cls, "num_positives must be a positive int", repr(num_positives),
-                              "pass the number of positive columns after the anchor")
+        num_positives = check_int(cls, "num_positives", num_positives, low=1,
+                                  hint="pass the number of positive columns after the anchor")
         if similarity not in SIMILARITIES:
             raise value_error(cls, f"similarity must be one of {SIMILARITIES}", repr(similarity), "use 'cosine'")
         if false_negatives not in FALSE_NEGATIVES:

@@ -9,12 +9,13 @@ and :mod:`losses.ranking.in_batch`. Private: nothing here is public API.
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from .._core import (
+    as_index,
     check_ignore_index,
     check_seed,
     check_int,
@@ -58,15 +59,21 @@ def _check_mask_value(fn: str, value: object) -> None:
         raise value_error(*args)
 
 
-def _check_k(fn: str, k: object) -> None:
-    if k == "num_positives" and isinstance(k, str):
-        return
+def _check_k(fn: str, k: object) -> Union[int, str]:
+    """``k`` as a Python int (NumPy integers and one-element integer tensors included), or
+    ``"num_positives"``."""
+    if isinstance(k, str) and k == "num_positives":
+        return k
     args = (fn, "k must be an int with 0 < k < L or 'num_positives'", repr(k),
             "pass the number of labels the soft top-k keeps")
-    if isinstance(k, bool) or not isinstance(k, (int, str)):
-        raise type_error(*args)  # a wrong kind of argument (float, None, bool)
-    if isinstance(k, str) or k < 1:
+    if isinstance(k, str):
         raise value_error(*args)
+    index = as_index(k)
+    if index is None:
+        raise type_error(*args)  # a wrong kind of argument (float, None, bool)
+    if index < 1:
+        raise value_error(*args)
+    return index
 
 
 def _check_n_iter(fn: str, n_iter: object) -> None:

@@ -271,7 +271,7 @@ def soft_topk_loss(
     """
     fn = "soft_topk_loss"
     check_reduction(fn, reduction)
-    _check_k(fn, k)
+    k = _check_k(fn, k)
     check_number(fn, "alpha", alpha, low=0.0, low_inclusive=False)
     check_number(fn, "temperature", temperature, low=0.0, low_inclusive=False)
     _check_n_iter(fn, n_iter)
@@ -329,7 +329,7 @@ class SoftTopKLoss(_SeededModule):
     ) -> None:
         super().__init__()
         fn = "SoftTopKLoss"
-        _check_k(fn, k)
+        k = _check_k(fn, k)
         check_number(fn, "alpha", alpha, low=0.0, low_inclusive=False)
         check_number(fn, "temperature", temperature, low=0.0, low_inclusive=False)
         _check_n_iter(fn, n_iter)

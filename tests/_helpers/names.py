@@ -83,7 +83,7 @@ LOSS_NAMES: FrozenSet[str] = frozenset(LOSSES)
 #: two sub-modules.
 API: Tuple[str, ...] = (
     "ExperimentalWarning", "set_validation", "is_validation_enabled", "validation", "LossSpec", "INPUT_KINDS",
-    "InputKind", "register", "unregister", "spec_for_module", "create_loss", "get_loss_spec", "list_losses",
+    "InputKind", "register", "unregister", "spec_for_module", "create_loss", "get_loss_spec", "list_losses", "loss_names",
     "functional", "testing",
 )
 
