@@ -6,6 +6,10 @@
    ``chromedriver`` (selenium): on the home page and one family page the formulas are typeset by
    MathJax (``mjx-container`` elements exist), every navigation link answers HTTP 200, the page
    logs no console error and loads nothing from outside localhost (the site works offline).
+3. The rendering details: no page shows TeX source (``\\texttt`` outside the maths, or a backslash
+   in typeset maths, as ``\\texttt{a\\_b}`` gives), formulas written in a docstring are typeset on
+   the API page, long signatures are formatted over several lines (ruff, from the docs extra),
+   and the names in the registry table never wrap.
 
 ``scripts/install.sh`` installs ``chromium`` and ``chromium-driver`` with apt.
 """
@@ -14,7 +18,9 @@ from __future__ import annotations
 
 import functools
 import http.server
+import html
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,6 +39,16 @@ CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 PAGES = ("index.html", "losses/z_loss.html")
 #: TeX errors and undefined macros (MathJax shows those in red instead of failing)
 TEX_ERRORS = "return document.querySelectorAll('mjx-merror, [data-mjx-error], mjx-container [style*=red]').length"
+#: the TeX source of every typeset formula whose output shows a backslash (``\\_`` in ``\\texttt``)
+TEX_SHOWN = ("return Array.from(MathJax.startup.document.math)"
+             ".filter(m => MathJax.startup.toMML(m.root).replace(/<[^>]*>/g, '').includes('\\\\'))"
+             ".map(m => m.math)")
+#: the API page whose docstrings hold formulas (``:math:`` and ``.. math::``, see docs/_hooks/griffe_rst.py)
+API_PAGE = "api/losses.html"
+API_MATHS = ("losses.classification.zloss.z_loss", "losses.classification.sparsemax.sparsemax_loss")
+#: a formula inside an arithmatex element of the built HTML
+_ARITHMATEX = re.compile(r'<(span|div) class="arithmatex">.*?</\1>', re.S)
+_SIGNATURE = re.compile(r'<div class="doc-signature[^"]*"[^>]*>(.*?)</div>', re.S)
 
 pytestmark = pytest.mark.slow
 
@@ -61,6 +77,19 @@ def _check_build(site_dir):
     for spec in losses.list_losses():
         for obj in (spec.function, spec.module):
             assert f'id="{obj.__module__}.{obj.__name__}"' in api, f"{obj.__name__} missing from the API reference"
+
+    for dirpath, _, names in os.walk(site_dir):
+        for path in (os.path.join(dirpath, n) for n in names if n.endswith(".html")):
+            with open(path, encoding="utf-8") as f:
+                text = _ARITHMATEX.sub("", f.read())
+            assert "\\texttt" not in text, f"{os.path.relpath(path, site_dir)}: TeX shown as text outside the maths"
+
+    # a long signature is formatted one parameter a line (the formatter is in the docs extra)
+    start = api.index('id="losses.classification.zloss.z_loss"')
+    signature = html.unescape(re.sub(r"<[^>]+>", "", _SIGNATURE.search(api, start).group(1))).strip()
+    lines = signature.splitlines()
+    assert len(lines) >= 5 and lines[0] == "z_loss(" and lines[-1] == ") -> Tensor", \
+        f"z_loss: the signature is not formatted over several lines:\n{signature}"
 
 
 @pytest.fixture(scope="module")
@@ -116,29 +145,61 @@ def test_docs_site_builds_strict_and_renders_in_chromium(site_dir, browser, serv
     _check_build(site_dir)
     for page in PAGES:
         _check_page(browser, server, page)
+    _check_api_maths(browser, server)
     _check_every_formula(browser, server, site_dir)
+    _check_registry_table(browser, server)
+
+
+def _typeset(browser, server, rel):
+    """Open ``rel`` and wait until MathJax has typeset every formula, without errors or TeX shown."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(server + rel)
+    WebDriverWait(browser, 30).until(
+        lambda d: d.execute_script("return document.querySelectorAll('mjx-container').length >= "
+                                   "document.querySelectorAll('.arithmatex').length"),
+        message=f"{rel}: MathJax did not typeset every formula",
+    )
+    assert browser.execute_script(TEX_ERRORS) == 0, f"{rel}: a formula failed to typeset"
+    shown = browser.execute_script(TEX_SHOWN)
+    assert not shown, f"{rel}: typeset formulas show a backslash: {shown}"
+
+
+def _check_api_maths(browser, server):
+    """Formulas written in the docstrings are typeset on the API page (in the object's own section)."""
+    _typeset(browser, server, API_PAGE)
+    for ident in API_MATHS:
+        found = browser.execute_script(
+            "const h = document.getElementById(arguments[0]);"
+            "return h ? h.closest('.doc-object').querySelectorAll('.doc-contents mjx-container').length : -1", ident)
+        assert found > 0, f"{API_PAGE}: no typeset formula in the docstring of {ident} (got {found})"
+
+
+def _check_registry_table(browser, server):
+    """Registry, function and class names stay on one line in the registry table."""
+    browser.get(server + "api/registry.html")
+    cells = browser.execute_script(
+        "return Array.from(document.querySelectorAll('.registry-table td code'))"
+        ".map(c => [c.textContent, getComputedStyle(c).whiteSpace, c.getClientRects().length])")
+    import losses
+
+    assert len(cells) >= 3 * len(losses.list_losses()), f"registry table: only {len(cells)} names"
+    wrapped = [(name, ws, lines) for name, ws, lines in cells if ws != "nowrap" or lines != 1]
+    assert not wrapped, f"registry table: names that wrap (name, white-space, lines): {wrapped}"
 
 
 def _check_every_formula(browser, server, site_dir):
-    """Every other page with formulas typesets all of them without TeX errors."""
-    from selenium.webdriver.support.ui import WebDriverWait
-
+    """Every other page with formulas typesets all of them without TeX errors or TeX shown."""
     for dirpath, _, names in os.walk(site_dir):
         for name in sorted(names):
             path = os.path.join(dirpath, name)
             rel = os.path.relpath(path, site_dir).replace(os.sep, "/")
-            if not name.endswith(".html") or rel in PAGES:
+            if not name.endswith(".html") or rel in PAGES or rel == API_PAGE:
                 continue
             with open(path, encoding="utf-8") as f:
                 if 'class="arithmatex"' not in f.read():
                     continue
-            browser.get(server + rel)
-            WebDriverWait(browser, 30).until(
-                lambda d: d.execute_script("return document.querySelectorAll('mjx-container').length >= "
-                                           "document.querySelectorAll('.arithmatex').length"),
-                message=f"{rel}: MathJax did not typeset every formula",
-            )
-            assert browser.execute_script(TEX_ERRORS) == 0, f"{rel}: a formula failed to typeset"
+            _typeset(browser, server, rel)
 
 
 def _check_page(browser, server, page):
@@ -152,6 +213,8 @@ def _check_page(browser, server, page):
     # MathJax reports TeX errors inside the output rather than on the console
     errors = browser.execute_script(TEX_ERRORS)
     assert errors == 0, f"{page}: {errors} formula(s) failed to typeset"
+    shown = browser.execute_script(TEX_SHOWN)
+    assert not shown, f"{page}: typeset formulas show a backslash: {shown}"
     assert browser.execute_script("return document.querySelectorAll('.arithmatex').length") > 0
 
     hrefs = browser.execute_script(

@@ -5,6 +5,9 @@ The docstrings are Google style (``Args:``) but use a few reST idioms that Markd
 * doctest lines (``>>> ...`` / ``... ...`` and their output) become a fenced ``pycon`` block
   (Markdown would read ``>>>`` as nested block quotes);
 * roles such as ``:func:`name``` / ``:class:`~pkg.Name``` become inline code;
+* maths: the role ``:math:`x^2``` becomes ``\\(x^2\\)`` and a ``.. math::`` directive (its indented
+  body, one display per paragraph) becomes ``\\[ ... \\]``, the delimiters ``pymdownx.arithmatex``
+  hands to MathJax on the hand-written pages (``$...$`` and ``$$...$$`` already work as they are);
 * a paragraph ending in ``::`` (a reST literal block follows) ends in ``:`` instead.
 
 Only the rendered text changes; the docstrings in the source stay as they are.
@@ -18,6 +21,39 @@ import griffe
 
 _ROLE = re.compile(r":(?:func|class|meth|mod|data|attr|obj|exc|py:\w+):`~?([^`]+)`")
 _PROMPT = re.compile(r"^(\s*)(>>>|\.\.\.)( |$)")
+_MATH_ROLE = re.compile(r":math:`([^`]+)`")
+_MATH_DIRECTIVE = re.compile(r"^(\s*)\.\. math::[ \t]*(.*)$")
+_DIRECTIVE_OPTION = re.compile(r"^\s*:[\w-]+:")  # :label:, :nowrap: (MathJax needs neither)
+
+
+def _math_directives(text: str) -> str:
+    """``.. math::`` and its indented body -> one ``\\[ ... \\]`` block per paragraph of the body."""
+    out, lines, i = [], text.split("\n"), 0
+    while i < len(lines):
+        m = _MATH_DIRECTIVE.match(lines[i])
+        if not m:
+            out.append(lines[i])
+            i += 1
+            continue
+        indent, body = m.group(1), [m.group(2)] if m.group(2).strip() else []
+        i += 1
+        while i < len(lines) and (not lines[i].strip() or len(lines[i]) - len(lines[i].lstrip()) > len(indent)):
+            body.append(lines[i])
+            i += 1
+        while body and not body[-1].strip():  # the blank lines after the body stay outside it
+            body.pop()
+            i -= 1
+        body = [b for b in body if not _DIRECTIVE_OPTION.match(b)]
+        displays, current = [], []
+        for b in body + [""]:
+            if b.strip():
+                current.append(b.strip())
+            elif current:
+                displays.append(current)
+                current = []
+        for d in displays:
+            out += ["", f"{indent}\\[", *[indent + b for b in d], f"{indent}\\]", ""]
+    return "\n".join(out)
 
 
 def _fence_doctests(text: str) -> str:
@@ -38,6 +74,8 @@ def _fence_doctests(text: str) -> str:
 
 
 def rewrite(text: str) -> str:
+    text = _math_directives(text)
+    text = _MATH_ROLE.sub(lambda m: f"\\({m.group(1)}\\)", text)
     text = _ROLE.sub(lambda m: f"`{m.group(1)}`", text)
     text = re.sub(r"(?<=\S)::\n", ":\n", text)
     return _fence_doctests(text)

@@ -171,9 +171,17 @@ def _activation(fn: str, function, input: Tensor, dim: int, *extra, out_dtype=No
 def sparsemax(input: Tensor, *, dim: int = -1, k: Optional[int] = None) -> Tensor:
     r"""Sparsemax, the Euclidean projection of the scores onto the probability simplex.
 
-    ``sparsemax(z) = argmin_{p in simplex} ||p - z||^2 = [z - tau]_+`` along ``dim``, where
-    (sorting ``z`` decreasingly) ``k* = max{k : 1 + k z_(k) > sum_{j<=k} z_(j)}`` and
-    ``tau = (sum_{j<=k*} z_(j) - 1) / k*``. This is ``entmax_alpha`` with ``alpha = 2``.
+    Along ``dim``, with :math:`\Delta` the probability simplex and
+    :math:`z_{(1)} \ge z_{(2)} \ge \dots` the sorted scores:
+
+    .. math::
+
+        \operatorname{sparsemax}(z) = \arg\min_{p \in \Delta} \lVert p - z \rVert^2 = [z - \tau]_+,
+
+        k^* = \max\Big\{k : 1 + k z_{(k)} > \sum_{j \le k} z_{(j)}\Big\}, \qquad
+        \tau = \frac{\sum_{j \le k^*} z_{(j)} - 1}{k^*}.
+
+    This is ``entmax_alpha`` with ``alpha = 2``.
 
     Paper: A. F. T. Martins, R. F. Astudillo, *From Softmax to Sparsemax: A Sparse Model of
     Attention and Multi-Label Classification*, ICML 2016, arXiv:1602.02068.
@@ -410,10 +418,16 @@ def sparsemax_loss(
 ) -> Tensor:
     r"""Sparsemax loss: the Fenchel-Young loss of sparsemax (Gini entropy ``H_2``).
 
-    ``L(z; q) = <p* - q, z> + H_2(p*) - H_2(q)`` with ``p* = sparsemax(z)`` (``z`` = ``input``
-    along dim 1, ``q`` = ``target``), ``H_2(p) = (1 - ||p||^2)/2``. For a class id ``y`` this is
-    the closed form ``L = -z_y + 1/2 sum_{j in S} (z_j^2 - tau^2) + 1/2`` (``S`` the support,
-    ``tau`` the sparsemax threshold), computed from ``tau`` and the support only. ``L >= 0``, and
+    .. math::
+
+        L(z; q) = \langle p^* - q, z \rangle + H_2(p^*) - H_2(q),
+
+        p^* = \operatorname{sparsemax}(z), \qquad H_2(p) = \tfrac{1}{2}\big(1 - \lVert p \rVert^2\big)
+
+    (``z`` = ``input`` along dim 1, ``q`` = ``target``). For a class id ``y`` this is the closed
+    form :math:`L = -z_y + \frac{1}{2}\sum_{j \in S} (z_j^2 - \tau^2) + \frac{1}{2}`
+    (:math:`S` the support, :math:`\tau` the sparsemax threshold), computed from ``tau`` and the
+    support only. ``L >= 0``, and
     ``L = 0`` iff ``p* = q`` (for ids: iff ``z_y >= 1 + max_{j != y} z_j``); the gradient is
     ``sparsemax(z) - onehot(y)``.
 

@@ -112,11 +112,15 @@ def z_loss(
     r"""Z-loss: softplus of the standardised target logit (shift and scale invariant).
 
     For each position with logits ``o = input[i, :, ...]`` (``C`` classes) and class id
-    ``c = target[i, ...]``::
+    ``c = target[i, ...]`` (``eps`` is :math:`\varepsilon`):
 
-        mu = mean_k o_k,   v = mean_k (o_k - mu)^2        (centred population variance)
-        sigma = sqrt(v + eps),   z_k = (o_k - mu) / sigma
-        L = softplus(a * (b - z_c)) / a
+    .. math::
+
+        \mu = \frac{1}{C}\sum_k o_k, \qquad
+        v = \frac{1}{C}\sum_k (o_k - \mu)^2 \quad \text{(centred population variance)},
+
+        \sigma = \sqrt{v + \varepsilon}, \qquad z_k = \frac{o_k - \mu}{\sigma}, \qquad
+        L = \frac{1}{a}\operatorname{softplus}\big(a\,(b - z_c)\big).
 
     ``a > 0`` sets the sharpness and ``b`` is the target z-margin. Since ``z_c <= sqrt(C - 1)``,
     with ``b >= sqrt(C - 1)`` the loss never saturates. The loss is invariant to
