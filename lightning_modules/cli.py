@@ -9,13 +9,36 @@ model and into a loss that owns a head, so recipes never hard-code them:
 
 A link whose target the chosen class does not take is skipped, so one CLI serves every
 benchmark. CPU is the default accelerator. Every run ends with a short table of the logged
-metrics and the output folder (:class:`~lightning_modules.summary.MetricsSummary`).
+metrics and the output folder (:class:`~lightning_modules.summary.MetricsSummary`), printed
+last and once: ``validate`` and ``test`` do not print Lightning's own results table as well
+(``--verbose=true`` brings it back).
+
+Errors: a command that fails (a bad argument, a class that refuses its arguments, an error
+while training) prints two lines on standard error instead of a traceback: how to get the full
+traceback, then ``error: <message>``, where the message is the one the project's code raised
+(e.g. ``ImageFolderDataModule: root is not a folder (got 'data/images'); ...``), found inside the
+exceptions that jsonargparse wraps it in (:func:`error_message`). The exit status is 2 for an
+error before the run starts (parsing or instantiating the classes) and 1 for an error during it.
+Set ``LOSSES_DEBUG=1`` in the environment to get the full traceback instead.
+
+Quiet runs: while the CLI runs, Lightning's tips about its cloud products, its notice that
+TensorBoard is not installed (the CSV logger is used), torch's ``LeafSpec`` deprecation warning
+and, in ``validate`` / ``test``, the checkpoint callback's "dirpath has changed" notice are
+dropped. Only the CLI does this: importing :mod:`losses` or :mod:`lightning_modules` changes no
+warning or logging setting, and the filters are removed when :func:`main` returns.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import logging
 import os
-from typing import List, Optional
+import re
+import sys
+import traceback
+import warnings
+from typing import Iterator, List, Optional, Tuple
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -23,10 +46,35 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from pytorch_lightning.cli import LightningCLI  # noqa: E402
 
+import losses as _losses  # noqa: E402
+
 from .base import BenchmarkDataModule, BenchmarkModule  # noqa: E402
 from .summary import MetricsSummary  # noqa: E402
 
 SIZE_LINKS = ("num_users", "num_items", "input_dim", "in_chans")
+DEBUG_ENV = "LOSSES_DEBUG"  #: set to 1 for full tracebacks instead of the one-line ``error:`` form
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
+
+#: (message regex, category) of the third-party warnings the CLI drops, all harmless in its runs
+QUIET_WARNINGS: Tuple[Tuple[str, type], ...] = (
+    (r"Starting from v1\.9\.0, `tensorboardX` has been removed", Warning),  # the CSV logger is used
+    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),  # raised inside Lightning
+)
+#: dropped in ``validate`` / ``test`` only: they load weights, not the checkpoint callback's state
+QUIET_EVAL_WARNINGS: Tuple[Tuple[str, type], ...] = (
+    (r"The dirpath has changed from ", Warning),
+)
+#: start of Lightning's info lines that advertise its cloud products
+QUIET_LOG_PREFIXES = ("\U0001f4a1 Tip:",)
+_LIGHTNING_LOGGERS = (
+    "pytorch_lightning.utilities.rank_zero", "lightning_fabric.utilities.rank_zero",
+    "lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",
+)
+
+
+def _ignore(rules) -> None:
+    for message, category in rules:
+        warnings.filterwarnings("ignore", message=message, category=category)
 
 
 class LossCLI(LightningCLI):
@@ -43,11 +91,27 @@ class LossCLI(LightningCLI):
             "model.init_args.embedding_dim", "model.init_args.loss.init_args.embedding_dim", apply_on="parse"
         )
 
+    def _prepare_subcommand_parser(self, klass, subcommand: str, **kwargs):
+        # validate / test: the MetricsSummary table replaces Lightning's results table by default
+        # (``--verbose=true`` still turns it on); were Lightning to rename this hook, the only
+        # change would be that its table prints again
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        if subcommand in ("validate", "test") and "verbose" in self._subcommand_method_arguments.get(subcommand, ()):
+            parser.set_defaults(verbose=False)
+        return parser
+
     def instantiate_trainer(self, **kwargs):  # noqa: D102
         trainer = super().instantiate_trainer(**kwargs)
-        if not any(isinstance(cb, MetricsSummary) for cb in trainer.callbacks):
-            trainer.callbacks.append(MetricsSummary())  # the end-of-run table
+        # the end-of-run table, last in the list so that it prints after the progress bar's teardown
+        summaries = [cb for cb in trainer.callbacks if isinstance(cb, MetricsSummary)] or [MetricsSummary()]
+        trainer.callbacks = [cb for cb in trainer.callbacks if not isinstance(cb, MetricsSummary)] + summaries[:1]
         return trainer
+
+    def before_validate(self) -> None:  # noqa: D102
+        _ignore(QUIET_EVAL_WARNINGS)
+
+    def before_test(self) -> None:  # noqa: D102
+        _ignore(QUIET_EVAL_WARNINGS)
 
 
 def _close_process_group() -> None:
@@ -68,23 +132,169 @@ def _close_process_group() -> None:
             dist.destroy_process_group()
 
 
+class _DropLogLines(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            return not str(record.getMessage()).startswith(QUIET_LOG_PREFIXES)
+        except Exception:  # pragma: no cover - a record that cannot be formatted is not ours to drop
+            return True
+
+
+@contextlib.contextmanager
+def quiet_third_party() -> Iterator[None]:
+    """Drop the third-party messages listed in the module docstring while the block runs."""
+    from lightning_utilities.core import rank_zero as _rz
+
+    loggers = {logging.getLogger(name) for name in _LIGHTNING_LOGGERS}
+    if isinstance(getattr(_rz, "log", None), logging.Logger):
+        loggers.add(_rz.log)
+    drop = _DropLogLines()
+    with warnings.catch_warnings():
+        _ignore(QUIET_WARNINGS)
+        for logger in loggers:
+            logger.addFilter(drop)
+        try:
+            yield
+        finally:
+            for logger in loggers:
+                logger.removeFilter(drop)
+
+
+# -- errors ----------------------------------------------------------------------------------------
+def debug_enabled() -> bool:
+    """Whether ``$LOSSES_DEBUG`` asks for full tracebacks (any value but empty, 0, false, no, off)."""
+    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+#: where the project's own exceptions are raised: the losses and lightning_modules packages
+_PROJECT_DIRS = tuple(os.path.dirname(os.path.abspath(path)) + os.sep for path in (_losses.__file__, __file__))
+_ARGPARSE_FILE = os.path.abspath(argparse.__file__)
+_PARSER_KEY = re.compile(r'^Parser key "([^"]+)":')
+
+
+def _chain(exc: BaseException) -> List[BaseException]:
+    """``exc`` and the exceptions it was raised from, outermost first (``__cause__``, else ``__context__``)."""
+    out: List[BaseException] = []
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        out.append(exc)
+        exc = exc.__cause__ if exc.__cause__ is not None else (None if exc.__suppress_context__ else exc.__context__)
+    return out
+
+
+def _raised_in(exc: BaseException) -> str:
+    tb = traceback.extract_tb(exc.__traceback__)
+    return os.path.abspath(tb[-1].filename) if tb else ""
+
+
+def _from_project(exc: BaseException) -> bool:
+    return _raised_in(exc).startswith(_PROJECT_DIRS)
+
+
+def _from_parser(exc: BaseException) -> bool:
+    where = _raised_in(exc)
+    return isinstance(exc, argparse.ArgumentError) or where == _ARGPARSE_FILE or f"{os.sep}jsonargparse{os.sep}" in where
+
+
+def _text(exc: BaseException) -> str:
+    if isinstance(exc, KeyError) and exc.args:  # str() of a KeyError is the repr of its key
+        return str(exc.args[0])
+    return str(exc)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def error_message(exc: BaseException) -> str:
+    """The one-line message the CLI prints for ``exc`` (without the ``error:`` prefix).
+
+    The innermost exception raised by the project's own code (:mod:`losses`,
+    :mod:`lightning_modules`) wins; its message already names the function or class. Failing
+    that, the innermost exception that jsonargparse did not raise (e.g. from a user's class or
+    from torch), with its type. A pure parsing error (an unknown option, a value of the wrong
+    type, an unknown class) is told as the dotted argument it concerns and jsonargparse's
+    innermost reason.
+    """
+    chain = _chain(exc)
+    for e in reversed(chain):
+        if _from_project(e) and _text(e):
+            return _one_line(_text(e))
+    for e in reversed(chain):
+        if not _from_parser(e) and _text(e):
+            return f"{type(e).__name__}: {_one_line(_text(e))}"
+    keys: List[str] = []  # the dotted argument, from the "Parser key" messages of nested parsers
+    last, nested = None, False
+    for e in chain:
+        text = _text(e).lstrip("\n")
+        m = _PARSER_KEY.match(text)
+        if m and (m.group(1) != last or nested):  # each level is reported twice (ArgumentError, TypeError)
+            keys.append(("init_args." if nested and keys else "") + m.group(1))
+            last, nested = m.group(1), False
+        elif text.startswith("Problem with given class_path"):
+            nested = True
+    reason = _one_line(_text(chain[-1]))
+    if len(keys) > 1 or (keys and not reason.startswith(f'Parser key "{keys[0]}"')):
+        reason = _PARSER_KEY.sub("", reason).strip() or reason
+        return f"--{'.'.join(keys)}: {reason}"
+    return reason
+
+
+def _during_run(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while the subcommand ran (after parsing and instantiation)."""
+    return any(frame.name == "_run_subcommand" for e in _chain(exc) for frame in traceback.extract_tb(e.__traceback__))
+
+
+def _report_error(exc: BaseException, subcommand: Optional[str]) -> int:
+    code = 1 if _during_run(exc) else 2
+    command = "python -m lightning_modules" + (f" {subcommand}" if subcommand else "")
+    if code == 1:
+        first = f"{command}: the run failed ({DEBUG_ENV}=1 shows the full traceback)"
+    else:
+        first = (f"{command}: the arguments were refused ({DEBUG_ENV}=1 shows the full traceback; "
+                 f"`{command} --help` lists the options)")
+    sys.stdout.flush()
+    print(first, file=sys.stderr)
+    print(f"error: {error_message(exc)}", file=sys.stderr, flush=True)
+    return code
+
+
+def _parser_kwargs() -> dict:
+    """jsonargparse raises instead of printing its usage and exiting, so :func:`main` can report."""
+    return {"exit_on_error": False, **{name: {"exit_on_error": False} for name in SUBCOMMANDS}}
+
+
 def main(args: Optional[List[str]] = None, *, run: bool = True) -> LossCLI:
     """Run the CLI (``args=None`` reads ``sys.argv``); returns the CLI object.
 
     After a run (``run=True``) under a multi-process strategy, the process group is closed on
     every rank, so the command exits with status 0 instead of racing the group's teardown.
+    A failure prints the short ``error:`` form and raises ``SystemExit`` (status 2 before the
+    run starts, 1 during it); with ``LOSSES_DEBUG=1`` the original exception propagates.
     """
-    cli = LossCLI(
-        model_class=BenchmarkModule,
-        datamodule_class=BenchmarkDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        trainer_defaults={"accelerator": "cpu", "devices": 1},
-        seed_everything_default=0,
-        save_config_kwargs={"overwrite": True},
-        args=args,
-        run=run,
-    )
+    argv = list(sys.argv[1:] if args is None else args)
+    subcommand = next((a for a in argv if a in SUBCOMMANDS), None) if run else None
+    with quiet_third_party():
+        try:
+            cli = LossCLI(
+                model_class=BenchmarkModule,
+                datamodule_class=BenchmarkDataModule,
+                subclass_mode_model=True,
+                subclass_mode_data=True,
+                trainer_defaults={"accelerator": "cpu", "devices": 1},
+                seed_everything_default=0,
+                save_config_kwargs={"overwrite": True},
+                parser_kwargs=_parser_kwargs(),
+                args=args,
+                run=run,
+            )
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:
+            if debug_enabled():
+                raise
+            raise SystemExit(_report_error(exc, subcommand)) from None
     if run:
         _close_process_group()
     return cli

@@ -10,7 +10,9 @@ to every run, so a recipe ends with, e.g.::
     output folder: lightning_logs/version_3 (checkpoint: lightning_logs/version_3/checkpoints/epoch=9-step=230.ckpt)
 
 Values are the trainer's ``callback_metrics`` (the epoch-level values the model logged); only
-rank 0 prints.
+rank 0 prints. The table is made when the stage ends and printed when the trainer tears down,
+after the progress bar has printed its last state, so it is the last thing a run prints (the
+callback is appended last to the trainer's callbacks).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class MetricsSummary(pl.Callback):
     def __init__(self) -> None:
         super().__init__()
         self.last: Optional[str] = None  #: the last printed summary
+        self._pending: Optional[str] = None  # made at the end of the stage, printed at teardown
 
     def _report(self, trainer: "pl.Trainer", stage: str) -> None:
         if trainer.sanity_checking:
@@ -80,8 +83,7 @@ class MetricsSummary(pl.Callback):
         elif stage != "fit":
             ckpt = trainer.ckpt_path
         rel = (lambda p: os.path.relpath(p) if p and not os.path.relpath(p).startswith("..") else p)
-        self.last = format_summary(stage, _scalars(trainer), rel(folder), rel(ckpt))
-        print(self.last, flush=True)
+        self.last = self._pending = format_summary(stage, _scalars(trainer), rel(folder), rel(ckpt))
 
     def on_fit_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:  # noqa: D102
         self._report(trainer, "fit")
@@ -92,3 +94,10 @@ class MetricsSummary(pl.Callback):
 
     def on_test_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:  # noqa: D102
         self._report(trainer, "test")
+
+    def teardown(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:  # noqa: D102
+        # printed here, not at the end of the stage: the progress bar prints its last state when
+        # it is torn down, and the table must come after it, as the last lines of the run
+        text, self._pending = self._pending, None
+        if text is not None:
+            print(text, flush=True)

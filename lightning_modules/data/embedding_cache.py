@@ -12,6 +12,11 @@ with ``sentence_transformers.SentenceTransformer(path, device="cpu")``. Embeddin
 under ``$LOSSES_CACHE_DIR`` (default ``~/.cache/softmax-losses``) in files named
 ``<name>-<key>.pt``; the key is a SHA-256 over the texts, the encoder's version string and the
 encoding settings, so a change of either data or encoder gives a new file.
+
+Encoding a corpus the first time can take minutes on a CPU: :func:`cached_encode` then prints the
+cache file it is about to write and a progress bar (texts encoded, rate, remaining time) on
+standard error, encoding the texts in chunks of :data:`ENCODE_CHUNK`; ``LOSSES_PROGRESS=0`` (or
+``progress=False``) turns this off (:mod:`lightning_modules.progress`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
+from ..progress import progress_bar, progress_enabled, progress_note
+
 __all__ = [
     "MissingDataPackageError",
     "package_dir",
@@ -39,10 +46,12 @@ __all__ = [
     "cache_key",
     "CACHE_FORMAT",
     "MINILM_DIM",
+    "ENCODE_CHUNK",
 ]
 
 CACHE_FORMAT = 1  #: bump when the stored layout changes
 MINILM_DIM = 384  #: width of all-MiniLM-L6-v2 sentence embeddings
+ENCODE_CHUNK = 256  #: texts per encoder call in :func:`cached_encode` (one progress-bar step)
 
 
 class MissingDataPackageError(ImportError):
@@ -145,6 +154,10 @@ class MiniLMEncoder:
         return (f"{name}/{self.DIST}=={dist}/files={h.hexdigest()[:16]}/weights={size}"
                 f"/sentence-transformers=={st}/max_seq_length={self.max_seq_length}")
 
+    def load(self):
+        """Load the model now (the first call to the encoder would); returns it."""
+        return self._load()
+
     def _load(self):
         with self._lock:
             if self._model is None:
@@ -190,6 +203,7 @@ def cached_encode(
     encoder: Optional[Callable[[Sequence[str]], torch.Tensor]] = None,
     cache_dir: Optional[os.PathLike] = None,
     meta: Optional[Dict[str, Any]] = None,
+    progress: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, Dict[str, Any]]:
     """Embeddings of ``texts`` (float32 ``(len(texts), D)``), encoded once and cached on disk.
 
@@ -198,6 +212,11 @@ def cached_encode(
     ``<cache_dir>/<name>-<key[:20]>.pt`` atomically; later calls (in any process) read it and
     never load the encoder. Returns ``(embeddings, info)`` where ``info`` holds the stored
     metadata plus ``"path"`` and ``"from_cache"``.
+
+    When it must encode, it prints the cache file's path and a progress bar on standard error,
+    calling the encoder on chunks of at most :data:`ENCODE_CHUNK` texts (an encoder with a
+    ``load()`` method is loaded before the bar starts); ``progress=False``, or
+    ``LOSSES_PROGRESS=0`` when ``progress`` is ``None``, keeps it silent.
     """
     encoder = MiniLMEncoder() if encoder is None else encoder
     texts = [str(t) for t in texts]
@@ -216,10 +235,24 @@ def cached_encode(
             return emb, {**info, "path": str(path), "from_cache": True}
     unique = sorted(set(texts))
     position = {t: i for i, t in enumerate(unique)}
+    show = progress_enabled(progress) and len(unique) > 0
+    progress_note(f"cached_encode: encoding {len(unique):,} distinct texts for '{name}' once; "
+                  f"cache file: {path}", show)
     start = time.perf_counter()
-    encoded = encoder(unique) if unique else torch.zeros(0, MINILM_DIM)
+    if unique and callable(getattr(encoder, "load", None)):
+        encoder.load()
+    chunks = []
+    with progress_bar(len(unique), desc=f"encoding {name}", unit="text", progress=show) as bar:
+        for lo in range(0, len(unique), ENCODE_CHUNK):
+            part = torch.as_tensor(encoder(unique[lo:lo + ENCODE_CHUNK])).detach().to("cpu", torch.float32)
+            chunks.append(part)
+            bar.update(min(ENCODE_CHUNK, len(unique) - lo))
     seconds = time.perf_counter() - start
-    encoded = torch.as_tensor(encoded).detach().to("cpu", torch.float32)
+    shapes = [tuple(c.shape) for c in chunks]
+    if any(c.ndim != 2 for c in chunks) or len({c.shape[1] for c in chunks}) > 1:
+        raise ValueError(f"cached_encode: the encoder returned shapes {shapes} for chunks of up to {ENCODE_CHUNK} "
+                         "texts; it must return one row of the same width per text")
+    encoded = torch.cat(chunks) if chunks else torch.zeros(0, MINILM_DIM)
     if encoded.ndim != 2 or encoded.shape[0] != len(unique):
         raise ValueError(f"cached_encode: the encoder returned shape {tuple(encoded.shape)} for {len(unique)} "
                          "texts; it must return one row per text")

@@ -33,6 +33,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..base import BenchmarkDataModule, WorkerGenerator
+from ..progress import progress_bar, progress_note
 from .embedding_cache import MINILM_DIM, MiniLMEncoder, cached_encode, default_cache_dir, package_dir
 
 __all__ = [
@@ -91,6 +92,7 @@ def stdlib_code_search_pairs(
     max_code_chars: int = 1500,
     cache_dir: Optional[str] = None,
     use_cache: bool = True,
+    progress: Optional[bool] = None,
 ) -> RetrievalCorpus:
     """Docstring-summary -> function-code pairs from the standard library's ``.py`` files.
 
@@ -98,7 +100,9 @@ def stdlib_code_search_pairs(
     Python installation (files are walked in sorted order). Parsing takes seconds, so the pairs
     are cached as JSON next to the embeddings (``cache_dir``, default as
     :func:`~.embedding_cache.default_cache_dir`), keyed by ``sys.version``, the rules and every
-    read file's path, size and modification time; ``use_cache=False`` always parses.
+    read file's path, size and modification time; ``use_cache=False`` always parses. While it
+    parses, it prints the cache file's path and a progress bar over the files on standard error
+    (``progress=False``, or ``LOSSES_PROGRESS=0`` when ``progress`` is ``None``, keeps it silent).
     """
     root = stdlib_dir or sysconfig.get_paths()["stdlib"]
     if not os.path.isdir(root):
@@ -125,27 +129,31 @@ def stdlib_code_search_pairs(
     docs: List[str] = []
     seen = set()
     files = 0
-    for rel in rel_files:
-        try:
-            with open(os.path.join(root, rel), encoding="utf-8") as fh:
-                tree = ast.parse(fh.read())
-        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
-            continue
-        files += 1
-        for node in ast.walk(tree):
-            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+    progress_note(f"stdlib_code_search_pairs: parsing {len(rel_files):,} standard-library files once"
+                  + (f"; cache file: {path}" if path is not None else ""), progress)
+    with progress_bar(len(rel_files), desc="parsing stdlib", unit="file", progress=progress) as bar:
+        for rel in rel_files:
+            bar.update(1)
+            try:
+                with open(os.path.join(root, rel), encoding="utf-8") as fh:
+                    tree = ast.parse(fh.read())
+            except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
                 continue
-            doc = ast.get_docstring(node)
-            if not doc or len(node.body) < 2:  # no docstring, or nothing but the docstring
-                continue
-            query = _summary(doc)
-            if len(query) < min_summary_chars or query in seen:
-                continue
-            seen.add(query)
-            stripped = copy.copy(node)
-            stripped.body = node.body[1:]
-            queries.append(query)
-            docs.append(ast.unparse(stripped)[:max_code_chars])
+            files += 1
+            for node in ast.walk(tree):
+                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                doc = ast.get_docstring(node)
+                if not doc or len(node.body) < 2:  # no docstring, or nothing but the docstring
+                    continue
+                query = _summary(doc)
+                if len(query) < min_summary_chars or query in seen:
+                    continue
+                seen.add(query)
+                stripped = copy.copy(node)
+                stripped.body = node.body[1:]
+                queries.append(query)
+                docs.append(ast.unparse(stripped)[:max_code_chars])
     meta = {
         "dataset": "stdlib",
         "sys_version": sys.version,

@@ -1,0 +1,84 @@
+"""CLI runs are quiet: no third-party tips or known-harmless warnings, and the metrics table once, last.
+
+One tiny ``fit`` and then ``test`` and ``validate`` from its checkpoint run as real commands
+(subprocesses, standard output and error in one unbuffered stream, as a terminal shows them),
+with the progress bar and the model summary on as in a normal run.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RECIPE = os.path.join(ROOT, "configs", "vision", "z_loss.yaml")
+TINY = ["--model.init_args.backbone=test_resnet", "--data.init_args.batch_size=16", "--trainer.log_every_n_steps=1"]
+NOISE = (
+    "tensorboardX", "Tip:", "litlogger", "litmodels", "LeafSpec",  # Lightning's notices and tips, torch's warning
+    "dirpath has changed",  # the checkpoint callback, when validate / test write a new version folder
+    "Test metric", "Validate metric", "DataLoader 0",  # Lightning's own results table
+)
+
+
+def _env() -> dict:
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def _cmd(sub, root, *extra):
+    return [sys.executable, "-m", "lightning_modules", sub, "--config", RECIPE, f"--trainer.default_root_dir={root}",
+            *TINY, *extra]
+
+
+def _assert_quiet_and_summary_last(output: str, stage: str) -> None:
+    for noise in NOISE:
+        assert noise not in output, (noise, output[-4000:])
+    lines = [line.rstrip() for line in output.splitlines() if line.strip()]
+    heads = [i for i, line in enumerate(lines) if line.startswith(f"{stage} done: ")]
+    assert len(heads) == 1, output[-4000:]  # exactly once
+    block = lines[heads[0]:]  # ... and the last block: its rows, then the output folder, then nothing
+    assert block[-1].startswith("output folder: "), block
+    assert all(line.startswith("  ") and len(line.split()) == 2 for line in block[1:-1]), block
+    assert len(block) > 3
+
+
+def test_fit_test_validate_print_only_their_summary_last(tmp_path):
+    fit = subprocess.run(_cmd("fit", tmp_path, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2",
+                              "--trainer.limit_val_batches=2"),
+                         cwd=str(tmp_path), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         timeout=600)
+    assert fit.returncode == 0, fit.stdout[-4000:]
+    _assert_quiet_and_summary_last(fit.stdout, "fit")
+    ckpt = sorted(glob.glob(str(tmp_path / "**" / "*.ckpt"), recursive=True))[-1]
+
+    # side by side, each in its own folder (two runs in one folder would race for the same version_N)
+    procs = {sub: subprocess.Popen(_cmd(sub, tmp_path / sub, f"--ckpt_path={ckpt}",
+                                        f"--trainer.limit_{'test' if sub == 'test' else 'val'}_batches=2"),
+                                   cwd=str(tmp_path), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True)
+             for sub in ("test", "validate")}
+    for sub, proc in procs.items():
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, out[-4000:]
+        _assert_quiet_and_summary_last(out, sub)
+
+
+def test_the_filters_are_the_cli_s_only():
+    """Importing the package installs no filter; main() removes its own when it returns."""
+    import logging
+
+    from lightning_modules.cli import quiet_third_party
+
+    before = list(warnings.filters)
+    log = logging.getLogger("pytorch_lightning.utilities.rank_zero")
+    n_filters = len(log.filters)
+    with quiet_third_party():
+        assert len(warnings.filters) > len(before) and len(log.filters) == n_filters + 1
+        with pytest.warns(UserWarning, match="other"):
+            warnings.warn("some other warning", UserWarning)
+    assert warnings.filters == before and len(log.filters) == n_filters
