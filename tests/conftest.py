@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import collections
 import os
+import shutil
+import tempfile
 import warnings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -18,6 +20,28 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 _FILE_TIMES: dict = collections.defaultdict(float)
+_SESSION_CACHE = None
+
+
+def pytest_configure(config):
+    """The caches the tests build (MiniLM embeddings of the retrieval sets, the parsed stdlib pairs)
+    go to one temporary folder per test session, shared by the xdist workers and by the CLI runs
+    in subprocesses (they inherit ``$LOSSES_CACHE_DIR``), and removed at the end: a test run
+    never writes into the user's home. A ``$LOSSES_CACHE_DIR`` set before pytest starts is used as
+    it is (to keep caches between runs)."""
+    global _SESSION_CACHE
+    if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("LOSSES_CACHE_DIR"):
+        return  # a worker inherits the controller's folder; a user's folder is kept
+    _SESSION_CACHE = tempfile.mkdtemp(prefix="softmax-losses-test-cache-")
+    os.environ["LOSSES_CACHE_DIR"] = _SESSION_CACHE
+
+
+def pytest_unconfigure(config):
+    global _SESSION_CACHE
+    if _SESSION_CACHE is not None:
+        shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
+        os.environ.pop("LOSSES_CACHE_DIR", None)
+        _SESSION_CACHE = None
 
 
 @pytest.hookimpl(trylast=True)

@@ -41,6 +41,7 @@ __all__ = [
     "stdlib_code_search_pairs",
     "chatterbot_pairs",
     "split_queries",
+    "subset_corpus",
     "RetrievalDataModule",
 ]
 
@@ -224,6 +225,29 @@ def chatterbot_pairs(language: str = "english") -> RetrievalCorpus:
     return RetrievalCorpus("chatterbot", tuple(queries), tuple(docs), tuple(tuple(p) for p in positives), meta)
 
 
+def subset_corpus(corpus: RetrievalCorpus, max_queries: int, *, seed: int = 0) -> RetrievalCorpus:
+    """``max_queries`` queries of ``corpus`` drawn with ``seed`` (kept in their original order) and
+    only the documents they reference, renumbered; the whole corpus when it has no more queries.
+
+    The meta gains ``subset_of`` (the full query count) and ``max_queries``; the embedding cache
+    keys on the texts, so a subset is encoded (and cached) on its own.
+    """
+    nq = len(corpus.queries)
+    if max_queries >= nq:
+        return corpus
+    keep = torch.randperm(nq, generator=torch.Generator().manual_seed(seed))[:max_queries].sort().values.tolist()
+    docs = sorted({d for q in keep for d in corpus.positives[q]})
+    new_id = {d: j for j, d in enumerate(docs)}
+    return RetrievalCorpus(
+        name=corpus.name,
+        queries=tuple(corpus.queries[q] for q in keep),
+        documents=tuple(corpus.documents[d] for d in docs),
+        positives=tuple(tuple(new_id[d] for d in corpus.positives[q]) for q in keep),
+        meta={**corpus.meta, "subset_of": nq, "max_queries": max_queries, "queries": max_queries,
+              "documents": len(docs), "pairs": sum(len(corpus.positives[q]) for q in keep)},
+    )
+
+
 def split_queries(num_queries: int, val_size: int, test_size: int, seed: int) -> Dict[str, torch.Tensor]:
     """Seeded random disjoint ``train``/``val``/``test`` query index sets (sorted)."""
     if val_size < 0 or test_size < 0 or val_size + test_size >= num_queries:
@@ -315,6 +339,9 @@ class RetrievalDataModule(BenchmarkDataModule):
         batch_size: training queries per batch; the keys are the union of their positives
             (in-batch negatives) plus ``num_negatives`` documents drawn from the training corpus.
         seed: split and sampling seed.
+        max_queries: keep only this many queries (drawn with a fixed seed, the same for every
+            ``seed``) and the documents they reference, e.g. for a quick look at a recipe: the
+            first run encodes only their texts (``None``, the default: the whole data set).
         cache_dir: embedding cache (default ``$LOSSES_CACHE_DIR`` or ``~/.cache/softmax-losses``).
 
     Training batches: ``query (B, D)``, ``keys (K, D)``, ``target (B, K)`` bool (positives),
@@ -335,6 +362,7 @@ class RetrievalDataModule(BenchmarkDataModule):
         eval_batch_size: int = 256,
         num_negatives: int = 0,
         seed: int = 0,
+        max_queries: Optional[int] = None,
         max_seq_length: int = 128,
         cache_dir: Optional[str] = None,
         num_workers: int = 0,
@@ -359,6 +387,11 @@ class RetrievalDataModule(BenchmarkDataModule):
         self.save_hyperparameters()
 
         self.corpus = stdlib_code_search_pairs() if dataset == "stdlib" else chatterbot_pairs()
+        if max_queries is not None:
+            if isinstance(max_queries, bool) or not isinstance(max_queries, int) or max_queries < 3:
+                raise ValueError(f"RetrievalDataModule: max_queries must be None or an int >= 3 (got "
+                                 f"{max_queries!r}); use None for the whole data set")
+            self.corpus = subset_corpus(self.corpus, max_queries)
         self._init_splits()
 
     def _init_splits(self) -> None:

