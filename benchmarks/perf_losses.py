@@ -461,9 +461,19 @@ def _group_key(case: Dict) -> tuple:
 
 
 def run_suite(suite: str, classes: List[int], threads: int, out: str, repeats: int, max_seconds: float,
-              skip_memory: bool, clock: str = "wall") -> List[Dict]:
-    """Run one suite: cases of the same ``(B, C)`` are timed interleaved in one process."""
+              skip_memory: bool, clock: str = "wall", only: Optional[List[str]] = None) -> List[Dict]:
+    """Run one suite: cases of the same ``(B, C)`` are timed interleaved in one process.
+
+    ``only``: keep these losses (by name) and the suite's references (``F.cross_entropy``, the
+    copy, linear + CE); an unknown name is an error."""
     cases = suite_cases(suite, classes)
+    if only:
+        names = {c["name"] for c in cases if c["kind"] != "ref"}
+        unknown = sorted(set(only) - names)
+        if unknown:
+            raise SystemExit(f"perf_losses: --losses names not in the {suite} suite (got {unknown}); "
+                             f"choose from {sorted(names)}")
+        cases = [c for c in cases if c["kind"] == "ref" or c["name"] in only]
     groups: Dict[tuple, List[Dict]] = {}
     for case in cases:
         groups.setdefault(_group_key(case), []).append(case)
@@ -1033,6 +1043,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--small", action="store_true", help="peers suite: tiny shapes, a seconds-long smoke run")
     p.add_argument("--families", type=lambda s: s.split(","), default=None,
                    help="peers suite: comma-separated subset of sparsemax,arcface,dice,inbatch,cce")
+    p.add_argument("--losses", type=lambda s: s.split(","), default=None,
+                   help="suites other than peers: comma-separated subset of the suite's losses (its "
+                        "references always run), e.g. --suite compiled --losses z_loss,sparsemax")
     p.add_argument("--out", default=os.path.join(ROOT, "results", "perf"))
     args = p.parse_args(argv)
     if args.worker:
@@ -1052,7 +1065,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                       args.families)
             continue
         rows = run_suite(suite, args.classes or DEFAULT_CLASSES[suite], threads, args.out, repeats,
-                         args.max_seconds, args.skip_memory, clock)
+                         args.max_seconds, args.skip_memory, clock, args.losses)
         if suite == "targets":
             write_targets(rows, args.out)
 

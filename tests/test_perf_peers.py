@@ -111,15 +111,19 @@ def test_partial_fc_suite_times_the_optimiser_step_dense_and_sparse(tmp_path):
 
 @pytest.mark.slow
 def test_compiled_suite_times_compiled_losses_beside_compiled_ce_and_a_copy(tmp_path):
-    """``--suite compiled``: every single-pass logits loss under torch.compile (inductor, for real),
-    with ratios to compiled F.cross_entropy and to a plain copy of the logits."""
-    _run(["--suite", "compiled", "--classes", "10", "--repeats", "3", "--skip-memory"], tmp_path)
+    """``--suite compiled`` under torch.compile (inductor, for real), with ratios to compiled
+    F.cross_entropy and to a plain copy of the logits: two of its losses (a single-pass loss and the
+    exact sparse search, a custom operator inside the graph); every registered loss's inductor
+    compile is checked against eager by tests/test_contract.py, and the suite's full case list below."""
+    _run(["--suite", "compiled", "--classes", "10", "--repeats", "3", "--skip-memory", "--losses", "z_loss,sparsemax"],
+         tmp_path)
     with open(tmp_path / "compiled.csv") as f:
         rows = {r["loss"]: r for r in csv.DictReader(f)}
-    expected = {"F.cross_entropy", "F.cross_entropy (compiled)", "copy"} | {
-        f"{name} (compiled)" for name in ("cross_entropy", "bce_with_logits", "z_loss", "logz_penalty", "comp_sum",
-                                          "gol", "sparsemax", "entmax15")}
+    expected = {"F.cross_entropy", "F.cross_entropy (compiled)", "copy", "z_loss (compiled)", "sparsemax (compiled)"}
     assert set(rows) == expected
+    suite = {c.get("label", c["name"]) for c in _bench().suite_cases("compiled", [10])}
+    assert suite == expected | {f"{name} (compiled)" for name in ("cross_entropy", "bce_with_logits", "logz_penalty",
+                                                                  "comp_sum", "gol", "entmax15")}
     for label, r in rows.items():
         assert not r["error"], r
         assert int(r["n"]) == 3 and float(r["x_copy"]) > 0 and float(r["x_ce_compiled"]) > 0, r
@@ -137,3 +141,11 @@ def test_paired_ratio_is_the_median_of_per_repetition_ratios():
     s = bench.summarize([0.001, 0.002, 0.003, 0.004])
     assert s["ms"] == pytest.approx(2.5) and s["q1"] == pytest.approx(1.75) and s["q3"] == pytest.approx(3.25)
     assert s["min"] == pytest.approx(1.0) and s["max"] == pytest.approx(4.0) and s["n"] == 4
+
+
+def test_losses_filter_refuses_names_outside_the_suite(tmp_path):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, SCRIPT, "--suite", "compiled", "--losses", "z_loss,nope", "--out", str(tmp_path)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "perf_losses: --losses names not in the compiled suite (got ['nope'])" in proc.stderr
