@@ -55,3 +55,69 @@ def test_ci_fails_when_the_install_or_the_tests_fail(tmp_path, failing, expected
     assert "CI took" in res.stdout
     if failing == "tests":
         assert "1 failed" in res.stdout
+
+
+# ------------------------------------------------------------------------------------------
+# every command and snippet of the README runs as written
+# ------------------------------------------------------------------------------------------
+#: the two set-up blocks: .ci/run executes the test command (above); of the first block the
+#: example runs here, the install is what CI and every fresh machine run first
+SETUP = {"# install, then": "./scripts/install.sh && ", "# run the whole test suite": None}
+
+
+def _blocks(lang: str):
+    return re.findall(rf"```{lang}\n(.*?)```", _readme(), re.S)
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    """A scratch folder laid out like the checkout (its ``.venv`` is this interpreter's environment,
+    the project's folders are links), so the README's relative commands run verbatim from it and
+    whatever they write (runs/, lightning_logs/) stays in the test's temporary folder."""
+    for name in ("configs", "examples", "scripts", "losses", "lightning_modules"):
+        os.symlink(os.path.join(ROOT, name), tmp_path / name)
+    os.symlink(sys.prefix, tmp_path / ".venv")
+    assert os.path.exists(tmp_path / ".venv" / "bin" / "python")
+    return tmp_path
+
+
+def _run_shell(block: str, cwd, timeout: int = 900) -> subprocess.CompletedProcess:
+    res = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=cwd, capture_output=True, text=True,
+                         timeout=timeout)
+    assert res.returncode == 0, f"README block failed ({res.returncode}):\n{block}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+    return res
+
+
+def test_readme_blocks_are_all_accounted_for():
+    """Every bash block is a set-up block or one the tests below run; every python block runs."""
+    bash = _blocks("bash")
+    setup = [b for b in bash if any(b.startswith(h) for h in SETUP)]
+    assert len(setup) == len(SETUP), setup
+    assert len(bash) - len(setup) >= 1 and len(_blocks("python")) >= 1
+    assert not re.search(r"^python ", _readme(), re.M), "commands use .venv/bin/python, as the install makes it"
+
+
+@pytest.mark.slow
+def test_readme_python_blocks_run_as_written(checkout):
+    for block in _blocks("python"):
+        res = subprocess.run([".venv/bin/python", "-"], input=block, cwd=checkout, capture_output=True, text=True,
+                             timeout=900)
+        assert res.returncode == 0, f"README python block failed:\n{block}\n{res.stderr[-3000:]}"
+        assert "'cross_entropy'" in res.stdout  # print(losses.loss_names())
+
+
+@pytest.mark.slow
+def test_readme_example_and_recipe_commands_run_as_written(checkout):
+    bash = _blocks("bash")
+    first = next(b for b in bash if b.startswith("# install, then"))
+    example = first.split("\n", 1)[1].strip()
+    prefix = SETUP["# install, then"]
+    assert example.startswith(prefix)
+    res = _run_shell(example[len(prefix):], checkout)
+    assert "cross_entropy" in res.stdout and "test acc" in res.stdout
+    for block in bash:
+        if any(block.startswith(h) for h in SETUP):
+            continue
+        res = _run_shell(block, checkout)
+        assert "test/top1" in res.stdout + res.stderr  # the test run's summary
+    assert list(checkout.glob("runs/z_loss/lightning_logs/version_*/checkpoints/*.ckpt"))
