@@ -611,9 +611,11 @@ def test_core_checkers():
             _core.check_int("f", "n", bad, low=1)
     with pytest.raises(ValueError, match=r"^f: n must be a positive int \(got 0\)"):
         _core.check_int("f", "n", 0, low=1)
-    for bad in (1.5, "0", False, torch.tensor(3)):
+    for bad in (1.5, "0", False, torch.tensor(3.0), torch.tensor(True)):
         with pytest.raises(TypeError, match=r"^f: seed must be an int or None"):
             _core.check_seed("f", bad)
+    # integers as torch takes them: a one-element integer tensor, a NumPy integer
+    assert _core.check_seed("f", torch.tensor(3)) == 3 and type(_core.check_seed("f", torch.tensor(3))) is int
 
 
 # --------------------------------------------------------------------------------------
