@@ -66,6 +66,20 @@ def _fix_config(config: MutableMapping[str, Any], cls: type, owner: Any) -> None
                 _fix_config(value["init_args"], sub, getattr(owner, key, None) if owner is not None else None)
 
 
+class IndexDataset(torch.utils.data.Dataset):
+    """The positions ``0 .. n - 1`` as a map-style dataset: the loaders of the recommendation and
+    retrieval DataModules batch positions and let their collate functions build the batches."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
 class WorkerGenerator:
     """The random stream of a collate function, safe with ``DataLoader(num_workers > 0)``.
 

@@ -6,9 +6,14 @@ model and into a loss that owns a head, so recipes never hard-code them:
 * ``data.num_classes`` -> ``model.init_args.num_classes`` and ``model.init_args.loss.init_args.num_classes``
 * ``data.num_users`` / ``data.num_items`` / ``data.input_dim`` / ``data.in_chans`` -> the model's arguments of the same name
 * ``model.init_args.embedding_dim`` -> ``model.init_args.loss.init_args.embedding_dim`` (a head's input width)
+* ``data.class_counts`` (per-class training counts, where the DataModule has them: the digits, MNIST
+  and image-folder classification DataModules) -> ``model.init_args.loss.init_args.class_counts``
+  and, normalised to sum to 1, ``model.init_args.loss.init_args.class_prior``, for losses built
+  from the training label distribution: a plain list (ints / floats), or a tensor where the loss's
+  constructor hints the argument as a tensor (:func:`adapt_to_hint`)
 
-A link whose target the chosen class does not take is skipped, so one CLI serves every
-benchmark. CPU is the default accelerator. Every run ends with a short table of the logged
+A link whose target the chosen class does not take is skipped, and so is a link from an attribute
+the chosen DataModule does not have, so one CLI serves every benchmark. CPU is the default accelerator. Every run ends with a short table of the logged
 metrics and the output folder (:class:`~lightning_modules.summary.MetricsSummary`), printed
 last and once: ``validate`` and ``test`` do not print Lightning's own results table as well
 (``--verbose=true`` brings it back).
@@ -38,7 +43,9 @@ import re
 import sys
 import traceback
 import warnings
-from typing import Iterator, List, Optional, Tuple
+import collections.abc
+import typing
+from typing import Any, Iterator, List, Optional, Tuple
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -48,7 +55,7 @@ from pytorch_lightning.cli import LightningCLI  # noqa: E402
 
 import losses as _losses  # noqa: E402
 
-from .base import BenchmarkDataModule, BenchmarkModule  # noqa: E402
+from .base import BenchmarkDataModule, BenchmarkModule, _import_class  # noqa: E402
 from .summary import MetricsSummary  # noqa: E402
 
 SIZE_LINKS = ("num_users", "num_items", "input_dim", "in_chans")
@@ -77,8 +84,71 @@ def _ignore(rules) -> None:
         warnings.filterwarnings("ignore", message=message, category=category)
 
 
+def counts_list(counts) -> List[int]:
+    """``data.class_counts`` as the plain list of ints linked into a loss's ``class_counts``."""
+    return [int(c) for c in (counts.tolist() if hasattr(counts, "tolist") else counts)]
+
+
+def prior_list(counts) -> List[float]:
+    """``data.class_counts`` normalised to sum to 1: the class prior linked into a loss's ``class_prior``."""
+    values = counts_list(counts)
+    total = sum(values)
+    if total <= 0:
+        raise ValueError(f"class_prior: the training split has no labelled example (got class counts {values}); "
+                         "check the DataModule's training split")
+    return [c / total for c in values]
+
+
+def _wants_tensor(hint: Any) -> bool:
+    """Whether a constructor type hint takes a tensor and no plain sequence (``Tensor``,
+    ``Optional[Tensor]``); a hint that also takes a list (``Sequence[float]``, a union with one) or
+    no hint at all gets the list."""
+    import torch
+
+    if isinstance(hint, type):
+        return issubclass(hint, torch.Tensor)
+    if typing.get_origin(hint) is typing.Union:
+        members = [a for a in typing.get_args(hint) if a is not type(None)]
+        if any(typing.get_origin(a) in (list, tuple, collections.abc.Sequence) or a in (list, tuple) for a in members):
+            return False
+        return any(_wants_tensor(a) for a in members)
+    return False
+
+
+def adapt_to_hint(cls: Optional[type], arg: str, values: List[Any]) -> Any:
+    """``values`` (a plain list) in the form the constructor argument ``arg`` of ``cls`` is type-hinted
+    with: a float32 / int64 tensor for a tensor hint, else the list itself."""
+    if cls is None:
+        return values
+    try:
+        hint = typing.get_type_hints(cls.__init__).get(arg)
+    except Exception:  # unresolvable annotations: the plain list
+        return values
+    if _wants_tensor(hint):
+        import torch
+
+        return torch.tensor(values, dtype=torch.float32 if any(isinstance(v, float) for v in values) else torch.int64)
+    return values
+
+
 class LossCLI(LightningCLI):
-    """LightningCLI with the size links described in the module docstring."""
+    """LightningCLI with the size and class-count links described in the module docstring."""
+
+    _loss_class: Optional[type] = None  #: the chosen loss class, read before the classes are built
+
+    def before_instantiate_classes(self) -> None:  # noqa: D102
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        try:
+            path = config.get("model.init_args.loss.class_path")
+        except (KeyError, AttributeError):
+            path = None
+        self._loss_class = _import_class(path) if isinstance(path, str) else None
+
+    def _linked_counts(self, counts) -> Any:
+        return adapt_to_hint(self._loss_class, "class_counts", counts_list(counts))
+
+    def _linked_prior(self, counts) -> Any:
+        return adapt_to_hint(self._loss_class, "class_prior", prior_list(counts))
 
     def add_arguments_to_parser(self, parser) -> None:  # noqa: D102
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
@@ -90,6 +160,11 @@ class LossCLI(LightningCLI):
         parser.link_arguments(
             "model.init_args.embedding_dim", "model.init_args.loss.init_args.embedding_dim", apply_on="parse"
         )
+        # the training label distribution (losses built from it: a class prior, class counts)
+        parser.link_arguments("data.class_counts", "model.init_args.loss.init_args.class_counts",
+                              compute_fn=self._linked_counts, apply_on="instantiate")
+        parser.link_arguments("data.class_counts", "model.init_args.loss.init_args.class_prior",
+                              compute_fn=self._linked_prior, apply_on="instantiate")
 
     def _prepare_subcommand_parser(self, klass, subcommand: str, **kwargs):
         # validate / test: the MetricsSummary table replaces Lightning's results table by default
@@ -298,3 +373,4 @@ def main(args: Optional[List[str]] = None, *, run: bool = True) -> LossCLI:
     if run:
         _close_process_group()
     return cli
+

@@ -10,7 +10,8 @@ it does not:
   features over all pairs of the evaluated set, from per-class sums of normalised features.
 
 and functions: :func:`sparsemax_support_size`, :func:`predictive_probabilities` (the loss's own
-predictive distribution when it exposes ``predict_proba``, else softmax) and :func:`pgd_attack`
+predictive distribution when it exposes ``predict_proba``, else softmax; an alias of
+:func:`lightning_modules.routing.predict_proba`) and :func:`pgd_attack`
 (l-inf / l2 PGD on cross-entropy, for robust accuracy).
 """
 
@@ -23,6 +24,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassCalibrationError
+
+from .routing import predict_proba
 
 __all__ = [
     "PerClassAccuracy",
@@ -156,16 +159,9 @@ def sparsemax_support_size(logits: Tensor, dim: int = 1) -> Tensor:
     return cond.sum(-1)  # the condition holds exactly for k = 1..k*
 
 
-def predictive_probabilities(loss: Optional[nn.Module], logits: Tensor) -> Tensor:
-    """The predictive distribution over classes (dim 1) that the trained loss implies.
-
-    A loss that defines its own mapping exposes ``predict_proba(logits) -> probabilities``
-    (e.g. sparsemax / entmax losses: ``sparsemax(logits)``); otherwise softmax. No name checks.
-    """
-    fn = getattr(loss, "predict_proba", None)
-    if callable(fn):
-        return fn(logits)
-    return torch.softmax(logits.float(), dim=1)
+#: The loss's predictive distribution (its ``predict_proba`` where it has one, else softmax); its one
+#: home is :func:`lightning_modules.routing.predict_proba`, next to :func:`~lightning_modules.routing.predict_scores`.
+predictive_probabilities = predict_proba
 
 
 def pgd_attack(

@@ -8,14 +8,21 @@ losses.MarginSoftmaxLoss)``) routes as its parent, and a loss class registered w
 ``torch.nn.modules.loss._Loss``, e.g. ``torch.nn.CrossEntropyLoss``) take ``(input, target)``
 and are routed as logits losses; any other unregistered module is an error that says how to
 register it.
+
+Prediction has one home too: every module turns its model output into predictions with
+:func:`head_logits` (the loss's ``.logits(embeddings)`` when it owns the head, else the model's
+head), :func:`predict_scores` (top-k accuracy, argmax predictions, rankings) and
+:func:`predict_proba` (calibration): the loss's own ``predict_proba(input)`` where it has one, the
+softmax / order of the logits otherwise.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 import losses
 from losses import InputKind
@@ -101,3 +108,60 @@ def ddp_ignored_parameter_names(module: nn.Module) -> Tuple[str, ...]:
         if callable(fn):
             ignored.update(id(p) for p in fn())
     return tuple(name for name, p in module.named_parameters() if id(p) in ignored)
+
+
+# -- prediction: the one rule every module scores its metrics with ------------------------------
+def head_logits(loss: nn.Module, route: LossRoute, embeddings: Tensor,
+                head: Optional[Callable[[Tensor], Tensor]]) -> Tensor:
+    """The class logits of ``embeddings``: the loss's ``.logits(embeddings)`` when it owns the head
+    (``route.owns_head``), else the model's own ``head(embeddings)``."""
+    if route.owns_head:
+        return loss.logits(embeddings)
+    if head is None:
+        raise RuntimeError(f"head_logits: the model has no head and {route.loss_name} owns none "
+                           "(got head=None, owns_head=False); build the model's head when the loss does not own it")
+    return head(embeddings)
+
+
+def has_own_prediction(loss: Optional[nn.Module]) -> bool:
+    """Whether ``loss`` defines its own prediction rule (a callable ``predict_proba(input)``)."""
+    return callable(getattr(loss, "predict_proba", None))
+
+
+def predict_proba(loss: Optional[nn.Module], logits: Tensor, dim: int = 1) -> Tensor:
+    """The predictive distribution over classes (``dim``) that the trained loss implies.
+
+    ``logits`` are what the loss takes as its input (for a loss that owns a head: its
+    ``.logits(embeddings)``, :func:`head_logits`). A loss with its own rule exposes
+    ``predict_proba(input) -> probabilities`` (sparsemax / entmax: ``sparsemax(input)``; a
+    logit-adjusted loss: the softmax of the unadjusted input) and that is used; otherwise the
+    softmax of ``logits``. No name checks.
+    """
+    if has_own_prediction(loss):
+        return loss.predict_proba(logits)
+    return torch.softmax(logits.float(), dim=dim)
+
+
+def predict_scores(loss: Optional[nn.Module], logits: Tensor, dim: int = 1) -> Tensor:
+    """Scores over classes (``dim``) whose order is the loss's prediction: the input of top-k
+    accuracy, argmax predictions and rankings in every benchmark module.
+
+    Without a rule of its own (no ``predict_proba``) these are ``logits`` unchanged, so top-1 is
+    their argmax. With one, classes are ordered by ``loss.predict_proba(logits)``, ties (e.g. the
+    zeros of a sparse distribution) broken by ``logits``, and the scores are ``C - rank`` (float,
+    larger = better, strictly ordered; ``C`` the number of classes); for a rule that is
+    non-decreasing in the logits (softmax, sparsemax, entmax) this is exactly the order of the
+    logits, so every metric keeps its value.
+    """
+    if not has_own_prediction(loss):
+        return logits
+    logits = logits.detach()
+    probs = loss.predict_proba(logits).detach()
+    n = logits.shape[dim]
+    by_logits = logits.float().argsort(dim=dim, descending=True, stable=True)
+    order = by_logits.gather(dim, probs.float().gather(dim, by_logits).argsort(dim=dim, descending=True, stable=True))
+    shape = [1] * logits.dim()
+    shape[dim] = n
+    ranks = torch.arange(n, device=logits.device).view(shape).expand_as(order)
+    rank = torch.empty_like(order).scatter_(dim, order, ranks)
+    return (n - rank).to(torch.float32)

@@ -94,7 +94,7 @@ class DigitsDataModule(ClassificationVariantsDataModule):
     Batches are ``(images (B, 1, S, S) float32 in [0, 1], target)``; target is ``(B,)`` int64 or,
     with ``soft_targets``, ``(B, C)`` float32. ``tail_classes`` lists the classes whose training
     count is in the lower half (digits-LT only; empty otherwise) for head/tail metrics;
-    ``class_counts`` holds the per-class training counts after ``setup``.
+    ``class_counts`` holds the per-class training counts (reading it runs ``setup`` first).
     """
 
     _name = "DigitsDataModule"

@@ -167,6 +167,19 @@ class ImageFolderDataModule(BenchmarkDataModule):
             if len(data) == 0:
                 _fail(f"the {name} split is empty", 0, "add images or change the fractions")
 
+    @property
+    def class_counts(self) -> torch.Tensor:
+        """Per-class counts of the training split: ``(num_classes,)`` int64 (reads the folder listing:
+        ``setup`` runs first if it has not; the CLI links it into a loss's ``class_counts`` /
+        ``class_prior`` before the model is built)."""
+        self.setup()
+        train = self._splits["train"]
+        if isinstance(train, Subset):
+            targets = torch.as_tensor(train.dataset.targets, dtype=torch.long)[torch.as_tensor(train.indices)]
+        else:
+            targets = torch.as_tensor(train.targets, dtype=torch.long)
+        return torch.bincount(targets, minlength=self.num_classes)
+
     def split_sizes(self) -> Dict[str, int]:
         self.setup()
         return {k: len(v) for k, v in self._splits.items()}

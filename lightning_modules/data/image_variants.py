@@ -311,7 +311,7 @@ class ClassificationVariantsDataModule(ImageSplitsDataModule):
         self.num_classes = n_cls
         # LT: n_c decreases with c, so the tail is the upper half of the class ids
         self.tail_classes: List[int] = list(range(n_cls - n_cls // 2, n_cls)) if self.imbalance_factor > 1.0 else []
-        self.class_counts: Optional[Tensor] = None
+        self._class_counts: Optional[Tensor] = None
         self.noise_mask: Optional[Tensor] = None  # True where a training label was changed
 
     def _build(self, images, labels, split, g):
@@ -335,7 +335,7 @@ class ClassificationVariantsDataModule(ImageSplitsDataModule):
         clean = labels[train].clone()
         noisy = self._add_noise(clean, g)
         self.noise_mask = noisy != clean
-        self.class_counts = torch.bincount(noisy, minlength=n_cls)
+        self._class_counts = torch.bincount(noisy, minlength=n_cls)
 
         x = {k: _upsample(images[v], self.image_size) for k, v in (("train", train), ("val", split["val"]),
                                                                     ("test", split["test"]))}
@@ -348,6 +348,16 @@ class ClassificationVariantsDataModule(ImageSplitsDataModule):
             "val": TensorDataset(x["val"], labels[split["val"]]),
             "test": TensorDataset(x["test"], labels[split["test"]]),
         }
+
+    @property
+    def class_counts(self) -> Tensor:
+        """Per-class counts of the training split as trained on (after subsampling, the long tail and
+        label noise): ``(num_classes,)`` int64. Read before ``setup`` (the CLI links it into a loss's
+        ``class_counts`` / ``class_prior`` before the model is built), it runs ``setup`` first."""
+        if self._class_counts is None:
+            self.setup()
+        assert self._class_counts is not None
+        return self._class_counts
 
     def _add_noise(self, y: Tensor, g: torch.Generator) -> Tensor:
         n_cls = self.num_classes

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from ..base import BenchmarkDataModule, WorkerGenerator
+from ..base import BenchmarkDataModule, IndexDataset, WorkerGenerator
 from .embedding_cache import package_file
 
 __all__ = ["RECBOLE_PIP", "movielens_file", "load_ml100k", "leave_last_out", "random_split", "MovieLensSplit",
@@ -251,17 +251,6 @@ def sample_negatives(users: torch.Tensor, num_negatives: int, exclude: torch.Ten
     return neg
 
 
-class _Range(torch.utils.data.Dataset):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return i
-
-
 class _PairCollate:
     def __init__(self, split: MovieLensSplit, num_negatives: int, seed: int, negative_sharing: str = "row",
                  false_negatives: float = 0.0) -> None:
@@ -455,17 +444,17 @@ class MovieLensDataModule(BenchmarkDataModule):
 
     def train_dataloader(self) -> DataLoader:
         if self.train_view == "pairs":
-            return self._loader(_Range(len(self.split.train_users)),
+            return self._loader(IndexDataset(len(self.split.train_users)),
                                 _PairCollate(self.split, self.num_negatives, self.seed + 1, self.negative_sharing,
                                              self.false_negatives),
                                 self.batch_size, True)
         users = torch.nonzero(self.split.train_mask.any(1)).squeeze(1)
-        return self._loader(_Range(len(users)), _UserCollate(self.split, users), self.batch_size, True)
+        return self._loader(IndexDataset(len(users)), _UserCollate(self.split, users), self.batch_size, True)
 
     def val_dataloader(self) -> DataLoader:
         collate = _EvalCollate(self.split, "val", self.rare_items)
-        return self._loader(_Range(len(collate.users)), collate, self.eval_batch_size, False)
+        return self._loader(IndexDataset(len(collate.users)), collate, self.eval_batch_size, False)
 
     def test_dataloader(self) -> DataLoader:
         collate = _EvalCollate(self.split, "test", self.rare_items, self.debiased_test)
-        return self._loader(_Range(len(collate.users)), collate, self.eval_batch_size, False)
+        return self._loader(IndexDataset(len(collate.users)), collate, self.eval_batch_size, False)

@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch.utils.data import DataLoader
 
-from ..base import BenchmarkDataModule, WorkerGenerator
+from ..base import BenchmarkDataModule, IndexDataset, WorkerGenerator
 from ..progress import progress_bar, progress_note
 from .embedding_cache import MINILM_DIM, MiniLMEncoder, cached_encode, default_cache_dir, package_dir
 
@@ -258,17 +258,6 @@ def split_queries(num_queries: int, val_size: int, test_size: int, seed: int) ->
     return {"train": train.sort().values, "val": val.sort().values, "test": test.sort().values}
 
 
-class _Indices(torch.utils.data.Dataset):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return i
-
-
 class _TrainCollate:
     """Builds an in-batch (plus sampled negatives) training batch from query positions."""
 
@@ -470,15 +459,15 @@ class RetrievalDataModule(BenchmarkDataModule):
 
     def train_dataloader(self) -> DataLoader:
         self.setup("fit")
-        return self._loader(_Indices(len(self._split_queries["train"])), shuffle=True,
+        return self._loader(IndexDataset(len(self._split_queries["train"])), shuffle=True,
                             collate=_TrainCollate(self), batch_size=self.batch_size)
 
     def val_dataloader(self) -> DataLoader:
         self.setup("validate")
-        return self._loader(_Indices(len(self._split_queries["val"])), shuffle=False,
+        return self._loader(IndexDataset(len(self._split_queries["val"])), shuffle=False,
                             collate=_EvalCollate(self, "val"), batch_size=self.eval_batch_size)
 
     def test_dataloader(self) -> DataLoader:
         self.setup("test")
-        return self._loader(_Indices(len(self._split_queries["test"])), shuffle=False,
+        return self._loader(IndexDataset(len(self._split_queries["test"])), shuffle=False,
                             collate=_EvalCollate(self, "test"), batch_size=self.eval_batch_size)

@@ -10,7 +10,9 @@ rejected.
 Logged metrics (``val/`` and ``test/``):
 
 * ``top1``, ``top5``: closed-set identification over all ``num_classes`` identities (the held-out
-  samples of the training identities);
+  samples of the training identities), ranked by the loss's own prediction rule
+  (:func:`~lightning_modules.routing.predict_scores`: its ``predict_proba`` where it has one, else
+  the logits);
 * ``open_rank1``, ``open_tar_far``: open-set 1:N search of the probes of held-out identities
   against their gallery by cosine of the embeddings
   (:func:`~lightning_modules.data.identities.identification_metrics`; TAR at FAR ``far``);
@@ -42,6 +44,7 @@ from losses import InputKind
 from ..base import BenchmarkModule
 from ..data.identities import identification_metrics
 from ..optim import build_optimizer
+from ..routing import head_logits, predict_scores
 
 __all__ = ["IdentityEmbedder", "current_rss_mb", "peak_rss_mb"]
 
@@ -157,7 +160,9 @@ class IdentityEmbedder(BenchmarkModule):
         return self.net(x)
 
     def logits(self, embeddings: Tensor) -> Tensor:
-        return self.loss.logits(embeddings) if self.route.owns_head else self.head(embeddings)
+        """Closed-set logits: the loss's ``.logits`` when it owns the head, else the model's head
+        (:func:`~lightning_modules.routing.head_logits`)."""
+        return head_logits(self.loss, self.route, embeddings, self.head)
 
     def configure_optimizers(self) -> Any:
         # a loss with sparse_grad=True (Partial FC's centres) gets SparseAdam / plain SGD for those rows
@@ -174,7 +179,7 @@ class IdentityEmbedder(BenchmarkModule):
     def training_step(self, batch, batch_idx: int) -> Tensor:
         x, y = batch
         emb = self(x)
-        loss = self.loss(emb, y) if self.route.owns_head else self.loss(self.head(emb), y)
+        loss = self.loss(emb, y) if self.route.owns_head else self.loss(self.logits(emb), y)
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=y.numel())
         return loss
 
@@ -228,8 +233,8 @@ class IdentityEmbedder(BenchmarkModule):
     def _eval_step(self, stage: str, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         if dataloader_idx == 0:
             x, y = batch
-            logits = self.logits(self(x))
-            top = logits.topk(min(5, logits.shape[1]), dim=1).indices
+            scores = predict_scores(self.loss, self.logits(self(x)))  # the loss's own rule, else the logits
+            top = scores.topk(min(5, scores.shape[1]), dim=1).indices
             hit = top == y[:, None]
             self.eval_metrics[stage]["top1"].update(hit[:, 0].float())
             self.eval_metrics[stage]["top5"].update(hit.any(1).float())

@@ -16,7 +16,9 @@ never by its name:
   training items as positives) the scores are s(u, every item) with the multi-hot target; with
   the ``"pairs"`` view they are ``[s(u, i⁺), s(u, i⁻_1..N)]`` with the positive in column 0.
 
-Evaluation ranks every item for each user with the user's other known items masked and reports
+Evaluation ranks every item for each user by the loss's own prediction rule
+(:func:`~lightning_modules.routing.predict_scores`: its ``predict_proba`` where it has one, else the
+scores) with the user's other known items masked and reports
 Recall@20, NDCG@20, HR@10 and NDCG@10 (:mod:`lightning_modules.retrieval_metrics`), with separate
 metric objects for validation and test; every held-out item of the user is a positive (recall =
 the share of the user's held-out items in the top k, averaged over users).
@@ -48,6 +50,7 @@ from torch import Tensor, nn
 from losses import InputKind
 
 from ..base import BenchmarkModule
+from ..routing import has_own_prediction, head_logits, predict_scores
 from ..retrieval_metrics import candidates_from_scores, recommendation_metrics
 from torchmetrics import MetricCollection
 from torchmetrics.retrieval import RetrievalHitRate, RetrievalNormalizedDCG, RetrievalRecall
@@ -143,13 +146,25 @@ class Recommender(BenchmarkModule):
     def user_vectors(self, users: Tensor) -> Tensor:
         return self.user_embedding(users)
 
-    def all_item_scores(self, users: Tensor) -> Tensor:
-        """Scores of every item for ``users``: ``(B, num_items)``."""
-        u = self.user_vectors(users)
-        if self.route.owns_head:
-            return self.loss.logits(u)
+    def _item_table_scores(self, u: Tensor) -> Tensor:
+        """The model's own head: ``s(u, every item)`` from its item table (and item bias)."""
         scores = self._prep(u) @ self._prep(self.item_embedding.weight).T
         return scores if self.item_bias is None else scores + self.item_bias
+
+    def all_item_scores(self, users: Tensor) -> Tensor:
+        """Scores of every item for ``users``: ``(B, num_items)``; the loss's ``.logits`` when it owns
+        the head (:func:`~lightning_modules.routing.head_logits`)."""
+        head = None if self.item_embedding is None else self._item_table_scores
+        return head_logits(self.loss, self.route, self.user_vectors(users), head)
+
+    def ranking_scores(self, users: Tensor) -> Tensor:
+        """Item scores whose order is the loss's prediction (:func:`~lightning_modules.routing.predict_scores`):
+        :meth:`all_item_scores` for a loss without a rule of its own; else the loss's
+        ``predict_proba`` of what it takes as input (``logit_scale`` times the scores for a logits loss)."""
+        scores = self.all_item_scores(users)
+        if not has_own_prediction(self.loss):
+            return scores
+        return predict_scores(self.loss, self.logit_scale * scores if self.route.kind == InputKind.LOGITS else scores)
 
     def forward(self, users: Tensor) -> Tensor:
         return self.all_item_scores(users)
@@ -217,7 +232,7 @@ class Recommender(BenchmarkModule):
 
     def _eval_step(self, stage: str, batch: Dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         metrics, extra = self.eval_metrics[stage], self.eval_extra[stage]
-        scores = self.all_item_scores(batch["user"])
+        scores = self.ranking_scores(batch["user"])
         users, n = batch["user"], batch["user"].numel()
         preds, target, indexes = candidates_from_scores(scores, batch["target"], users, k=self._extra_k,
                                                         exclude=batch.get("exclude"))

@@ -18,7 +18,9 @@ mask. The loss is routed by its registry declaration (never by name):
 
 Evaluation (validation and test): at the start of each epoch the corpus of the stage
 (``datamodule.corpus_embeddings(stage)``) is passed through the document tower, L2-normalised
-and put in a ``faiss.IndexFlatIP``; each query batch is searched exactly and scored with R@1,
+and put in a ``faiss.IndexFlatIP``; each query batch is searched exactly (by cosine; a loss with its own
+prediction rule, ``predict_proba``, ranks the corpus by that rule instead:
+:func:`~lightning_modules.routing.predict_scores`) and scored with R@1,
 R@10, MRR@10 and nDCG@10 (every positive counts; :mod:`lightning_modules.retrieval_metrics`).
 """
 
@@ -33,6 +35,7 @@ from torch import Tensor, nn
 from losses import InputKind
 
 from ..base import BenchmarkModule
+from ..routing import has_own_prediction, predict_scores
 from ..retrieval_metrics import FaissIndex, candidates_from_search, retrieval_metrics
 
 __all__ = ["DualEncoderRetriever"]
@@ -94,6 +97,7 @@ class DualEncoderRetriever(BenchmarkModule):
                                            for stage in ("val", "test")})
         self.eval_k = 10
         self._index: Optional[FaissIndex] = None
+        self._corpus: Optional[Tensor] = None
 
     # -- towers -------------------------------------------------------------------------------
     def _prep(self, x: Tensor) -> Tensor:
@@ -140,7 +144,22 @@ class DualEncoderRetriever(BenchmarkModule):
         corpus = corpus.to(self.device)
         vecs = torch.cat([self.encode_documents(corpus[i:i + chunk]) for i in range(0, len(corpus), chunk)])
         self._index = FaissIndex(vecs)
+        # a loss with its own prediction rule ranks the whole corpus itself (search)
+        self._corpus = F.normalize(vecs.float(), dim=1) if has_own_prediction(self.loss) else None
         return self._index
+
+    @torch.no_grad()
+    def search(self, queries: Tensor, k: int):
+        """``(scores, ids)`` of the top ``k`` documents of the indexed corpus for encoded ``queries``,
+        by cosine (the exact FAISS search); for a loss with its own prediction rule, by
+        :func:`~lightning_modules.routing.predict_scores` of what the loss takes as input (the
+        cosines, times ``logit_scale`` for a logits loss) over the whole corpus."""
+        if self._corpus is None:
+            return self._index.search(queries, k)
+        cos = F.normalize(queries.float(), dim=1) @ self._corpus.to(queries.device).T
+        scores = predict_scores(self.loss, self.logit_scale * cos if self.route.kind == InputKind.LOGITS else cos)
+        top = scores.topk(min(int(k), scores.shape[1]), dim=1)
+        return top.values.cpu(), top.indices.cpu()
 
     def _index_stage(self, stage: str) -> None:
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
@@ -160,7 +179,7 @@ class DualEncoderRetriever(BenchmarkModule):
     def _eval_step(self, stage: str, batch: Dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         metrics = self.eval_metrics[stage]
         q = self.encode_queries(batch["query"])
-        scores, ids = self._index.search(q, self.eval_k)
+        scores, ids = self.search(q, self.eval_k)
         preds, target, indexes = candidates_from_search(scores, ids, batch["positives"].cpu(), batch["query_ids"].cpu())
         metrics.update(preds.to(self.device), target.to(self.device), indexes=indexes.to(self.device))
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=q.shape[0])

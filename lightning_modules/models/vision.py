@@ -25,10 +25,9 @@ from ..metrics import (
     PerClassAccuracy,
     classification_metrics,
     pgd_attack,
-    predictive_probabilities,
     sparsemax_support_size,
 )
-from ..routing import LossRoute, loss_route
+from ..routing import LossRoute, head_logits, loss_route, predict_proba, predict_scores
 from .pretrained import load_pretrained_file
 
 __all__ = ["VisionClassifier", "VisionSegmenter", "ClassifierNet"]
@@ -126,9 +125,14 @@ class VisionClassifier(BenchmarkModule):
     Embedding losses (kind ``"embeddings"``, main or auxiliary) receive class ids; soft targets are
     reduced to their argmax for them, and for every metric. Logits losses get the target as given.
 
+    Predictions follow the loss's own rule (:func:`~lightning_modules.routing.predict_scores`):
+    ``top1``, ``top5``, ``balanced_acc``, the per-class and robust accuracies rank the classes by the
+    loss's ``predict_proba`` where it has one (ties broken by the logits), else by the logits (the
+    model's head, or the loss's ``.logits`` when it owns the head).
+
     Metrics (``<stage>/<name>``): ``loss`` (total; also ``main_loss``/``aux_loss`` with an
     auxiliary loss), ``top1``; in val/test also ``top5``, ``balanced_acc``, ``ece`` (of the
-    loss's predictive distribution, see :func:`~lightning_modules.metrics.predictive_probabilities`),
+    loss's predictive distribution, see :func:`~lightning_modules.routing.predict_proba`),
     ``acc_class_<c>``, ``acc_head``/``acc_tail`` (when the DataModule has ``tail_classes``),
     ``robust_acc``, ``sparsemax_support`` (mean support size of ``sparsemax(logits)``),
     ``support`` (mean support of the loss's own distribution, when it exposes
@@ -304,10 +308,9 @@ class VisionClassifier(BenchmarkModule):
 
     # -- model ----------------------------------------------------------------------------------
     def logits_from_features(self, features: Tensor) -> Tensor:
-        """Evaluation logits: the loss's head when it owns one, else the model's head."""
-        if self.route.owns_head:
-            return self.loss.logits(features)
-        return self.net.head(features)
+        """Evaluation logits: the loss's head when it owns one, else the model's head
+        (:func:`~lightning_modules.routing.head_logits`)."""
+        return head_logits(self.loss, self.route, features, self.net.head)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.logits_from_features(self.net.features(x))
@@ -325,19 +328,19 @@ class VisionClassifier(BenchmarkModule):
             main = self.loss(self.net, x, target)
             if self.aux_loss is not None:  # the auxiliary loss needs features with a graph
                 features = self.net.features(x)
-                logits = self.net.head(features)
+                logits = self.logits_from_features(features)
             else:  # features and logits for the metrics only
                 with torch.no_grad():
                     features = self.net.features(x)
-                    logits = self.net.head(features)
+                    logits = self.logits_from_features(features)
         else:
             features = self.net.features(x)
             if self.route.owns_head:
                 main = self.loss(features, ids)
                 with torch.no_grad():
-                    logits = self.loss.logits(features)
+                    logits = self.logits_from_features(features)
             else:
-                logits = self.net.head(features)
+                logits = self.logits_from_features(features)
                 main = self.loss(logits, target)
         aux = None
         if self.aux_loss is not None:
@@ -361,7 +364,7 @@ class VisionClassifier(BenchmarkModule):
         x, target = batch
         main, aux, _, logits = self._losses(x, target)
         total = self._log_losses("train", main, aux, x.shape[0])
-        self.train_metrics.update(logits.detach(), _hard_target(target))
+        self.train_metrics.update(predict_scores(self.loss, logits.detach()), _hard_target(target))
         self.log_dict(self.train_metrics, on_step=False, on_epoch=True)
         return total
 
@@ -376,12 +379,13 @@ class VisionClassifier(BenchmarkModule):
         else:
             main, aux, features, logits = self._losses(x, target)
         self._log_losses(stage, main, aux, x.shape[0])
-        probs = predictive_probabilities(self.loss, logits)
+        probs = predict_proba(self.loss, logits)
+        scores = predict_scores(self.loss, logits)  # the loss's own prediction rule, else the logits
         metrics, stats = self.eval_metrics[stage], self.eval_stats[stage]
         for name, m in metrics.items(keep_base=True):
-            m.update(probs if name.endswith("ece") else logits, ids)
+            m.update(probs if name.endswith("ece") else scores, ids)
         self.log_dict(metrics, on_step=False, on_epoch=True)
-        stats["per_class"].update(logits, ids)
+        stats["per_class"].update(scores, ids)
         stats["feature_cos"].update(features, ids)
         sm = stats["sparsemax_support"]
         sm.update(sparsemax_support_size(logits).float())
@@ -394,7 +398,7 @@ class VisionClassifier(BenchmarkModule):
             g = torch.Generator().manual_seed(self.pgd_seed + batch_idx)
             x_adv = pgd_attack(self, x, ids, generator=g, **self.pgd)
             robust = stats["robust"]
-            robust.update(self(x_adv), ids)
+            robust.update(predict_scores(self.loss, self(x_adv)), ids)
             self.log(f"{stage}/robust_acc", robust, on_step=False, on_epoch=True)
 
     def _eval_epoch_end(self, stage: str) -> None:
@@ -450,7 +454,9 @@ class VisionSegmenter(BenchmarkModule):
     Metrics: ``loss``; ``dice`` (torchmetrics ``DiceScore``: per-class Dice over the whole set,
     macro mean, background included) in every stage; in val/test also ``dice_fg`` (without
     background), ``pixel_acc`` and ``ece`` (pixel-level expected calibration error of the
-    loss's predictive distribution). Metrics compare with the hard map (argmax of soft labels).
+    loss's predictive distribution). Metrics compare with the hard map (argmax of soft labels); the
+    predicted map is the argmax of :func:`~lightning_modules.routing.predict_scores` (the loss's
+    own ``predict_proba`` where it has one, else the logits).
     """
 
     loss_example = "losses.SoftDiceLoss()"
@@ -531,13 +537,13 @@ class VisionSegmenter(BenchmarkModule):
         self.log(f"{stage}/loss", loss.detach(), on_step=stage == "train", on_epoch=True, prog_bar=True,
                  batch_size=x.shape[0], sync_dist=True)
         ids = _hard_target(target)
-        preds = logits.detach().argmax(1)
+        preds = predict_scores(self.loss, logits.detach()).argmax(1)  # the loss's own rule, else the logits'
         metrics = self.train_metrics if stage == "train" else self.eval_metrics[stage]
         probs = None
         for name, m in metrics.items(keep_base=True):
             if name.endswith("ece"):
                 if probs is None:
-                    probs = predictive_probabilities(self.loss, logits.detach())
+                    probs = predict_proba(self.loss, logits.detach())
                 m.update(probs.movedim(1, -1).reshape(-1, self.num_classes), ids.reshape(-1))
             elif name.endswith("pixel_acc"):
                 m.update(preds.reshape(-1), ids.reshape(-1))

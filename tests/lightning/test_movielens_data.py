@@ -185,10 +185,10 @@ def test_shared_negative_pool_masks_each_users_training_items(split):
 
 
 def _negatives_per_epoch(split, num_workers, epochs=2):
-    from lightning_modules.data.movielens import _Range
+    from lightning_modules.base import IndexDataset
 
     collate = _PairCollate(split, 6, seed=3)
-    loader = torch.utils.data.DataLoader(_Range(64), batch_size=16, shuffle=False, collate_fn=collate,
+    loader = torch.utils.data.DataLoader(IndexDataset(64), batch_size=16, shuffle=False, collate_fn=collate,
                                          num_workers=num_workers, generator=torch.Generator().manual_seed(0))
     return [[b["neg_items"] for b in loader] for _ in range(epochs)]
 
