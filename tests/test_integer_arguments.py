@@ -46,6 +46,14 @@ def _ids(args):
     return args[:-1] + (target,), target, k
 
 
+def _example_ignoring(spec):
+    """The entry's float64 example, made to ignore a real class id ``k`` (see :func:`_ids`)."""
+    args, kwargs = example(spec, dtype=torch.float64)
+    args, target, k = _ids(args)
+    assert k is not None, f"{spec.name}: its example target holds no class ids"
+    return args, kwargs, target, k
+
+
 def _variants(k: int):
     return {"numpy int64": np.int64(k), "numpy int32": np.int32(k), "0-dim tensor": torch.tensor(k),
             "one-element tensor": torch.tensor([k]), "int32 tensor": torch.tensor(k, dtype=torch.int32)}
@@ -53,10 +61,7 @@ def _variants(k: int):
 
 @pytest.mark.parametrize("spec", IGNORING, ids=lambda s: s.name)
 def test_module_ignore_index_accepts_torch_and_numpy_integers(spec):
-    args, kwargs = example(spec, dtype=torch.float64)
-    args, target, k = _ids(args)
-    if k is None:
-        pytest.skip(f"{spec.name}: its example target holds no class ids")
+    args, kwargs, target, k = _example_ignoring(spec)
     ref = call(build(spec, ignore_index=k), args, kwargs)
     for label, v in _variants(k).items():
         module = build(spec, ignore_index=v)
@@ -69,10 +74,7 @@ def test_module_ignore_index_accepts_torch_and_numpy_integers(spec):
 
 @pytest.mark.parametrize("spec", IGNORING_FN, ids=lambda s: s.name)
 def test_function_ignore_index_accepts_torch_and_numpy_integers(spec):
-    args, kwargs = example(spec, dtype=torch.float64)
-    args, target, k = _ids(args)
-    if k is None:
-        pytest.skip(f"{spec.name}: its example target holds no class ids")
+    args, kwargs, target, k = _example_ignoring(spec)
     fkw = {key: v for key, v in spec.example_kwargs.items() if _takes(spec.function, key)}
     fkw.update(spec.function_kwargs)
     torch.manual_seed(0)
