@@ -23,12 +23,41 @@ SPECS = losses.list_losses()
 NAMES = [s.name for s in SPECS]
 BY_NAME = {s.name: s for s in SPECS}
 
-#: Losses whose maths is a softmax / log-sum-exp over the classes of a logits input.
-LOGIT_SOFTMAX = ("cross_entropy", "logz_penalty", "comp_sum", "sparsemax", "entmax15", "entmax_bisect")
-#: Candidate (scores) losses with a softmax over candidates; they take ``mask=``.
-CANDIDATE_SOFTMAX = ("decoupled_softmax", "infonce", "soft_topk")
+# Every list below is read from the registry records (``losses.register``), never written by
+# name, so a new entry joins the checks its record declares.
+
+#: Logits losses whose ``-inf`` logits remove a class (registry ``masks`` holds ``"neg_inf"``).
+LOGIT_SOFTMAX = tuple(n for n in NAMES if BY_NAME[n].kind == "logits" and "neg_inf" in BY_NAME[n].masks)
+#: Candidate (scores) losses that take ``mask=`` (and ``-inf`` scores) to exclude candidates.
+CANDIDATE_SOFTMAX = tuple(n for n in NAMES if BY_NAME[n].kind == "scores" and "mask" in BY_NAME[n].masks)
+#: Logits losses with an explicit ``mask=`` of positions (the Dice family).
+LOGIT_POSITION_MASK = tuple(n for n in NAMES if BY_NAME[n].kind == "logits" and "mask" in BY_NAME[n].masks)
+#: Losses that normalise over the classes of logits (also through a model): one class is an error.
+CLASS_SOFTMAX = tuple(n for n in NAMES if BY_NAME[n].softmax and BY_NAME[n].kind in ("logits", "model"))
+#: Logits losses that also take class probabilities (checked to sum to 1).
+SOFT_TARGETS = tuple(n for n in NAMES if BY_NAME[n].soft_targets)
+#: Losses that take a per-class ``weight=``.
+CLASS_WEIGHTED = tuple(n for n in NAMES if BY_NAME[n].class_weight)
+#: Losses whose target holds class ids only: a float target is a ``TypeError``.
+ID_TARGETS = tuple(n for n in NAMES if BY_NAME[n].inputs[-1] == "target" and (
+    BY_NAME[n].kind in ("embeddings", "model") or (BY_NAME[n].kind == "logits" and not BY_NAME[n].dense_targets)))
+#: Entries with a documented exact +inf on extreme inputs.
+DOCUMENTED_INF = frozenset(n for n in NAMES if BY_NAME[n].documented_inf)
 #: Modules that own a generator (``seed=``); their state_dict must carry it.
-SEEDED = ("partial_fc", "adversarial_comp_sum", "decoupled_softmax", "soft_topk")
+SEEDED = tuple(n for n in NAMES if BY_NAME[n].seeded)
+
+
+def _bool_flags():
+    out = []
+    for n in NAMES:
+        for key, p in inspect.signature(BY_NAME[n].module.__init__).parameters.items():
+            if isinstance(p.default, bool) or p.annotation in ("bool", "Optional[bool]", bool):
+                out.append((n, key))
+    return out
+
+
+#: Every constructor flag (a ``bool`` keyword) of every entry: a non-bool value is a ``TypeError``.
+FLAGS = _bool_flags()
 
 
 def grads_of(out, leaves):

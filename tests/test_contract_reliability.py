@@ -24,9 +24,14 @@ from losses.testing import AUTOCAST_TOL, MODEL_AUTOCAST_TOL, check_loss
 from tests.reliability_utils import (
     BY_NAME,
     CANDIDATE_SOFTMAX,
+    CLASS_SOFTMAX,
+    CLASS_WEIGHTED,
+    FLAGS,
+    ID_TARGETS,
     LOGIT_SOFTMAX,
     NAMES,
     SEEDED,
+    SOFT_TARGETS,
     assert_documented_error,
     build,
     call,
@@ -365,7 +370,7 @@ def test_all_ignored_batch_with_infs_is_exact_zero(name):
 
 
 @pytest.mark.parametrize("shape", [(4, 1), (2, 1, 3)], ids=["N1", "N1d"])
-@pytest.mark.parametrize("name", LOGIT_SOFTMAX + ("adversarial_comp_sum",))
+@pytest.mark.parametrize("name", CLASS_SOFTMAX)
 def test_single_class_logits_are_a_value_error(name, shape):
     spec = BY_NAME[name]
     x = torch.randn(shape, dtype=torch.float64)
@@ -379,10 +384,7 @@ def test_single_class_logits_are_a_value_error(name, shape):
     assert "bce_with_logits" in str(info.value), str(info.value)
 
 
-SOFT_TARGET_LOSSES = ("cross_entropy", "sparsemax", "entmax15", "entmax_bisect")
-
-
-@pytest.mark.parametrize("name", SOFT_TARGET_LOSSES)
+@pytest.mark.parametrize("name", SOFT_TARGETS)
 def test_soft_targets_must_sum_to_one(name):
     spec = BY_NAME[name]
     g = torch.Generator().manual_seed(7)
@@ -400,11 +402,8 @@ def test_soft_targets_must_sum_to_one(name):
         call(build(spec), (x, bad))
 
 
-CLASS_WEIGHT_LOSSES = ("cross_entropy", "bce_with_logits", "gol", "dice_semimetric", "jaccard_metric", "soft_dice")
-
-
 @pytest.mark.parametrize("weight", ["negative", "all_zero"])
-@pytest.mark.parametrize("name", CLASS_WEIGHT_LOSSES)
+@pytest.mark.parametrize("name", CLASS_WEIGHTED)
 def test_bad_class_weights_are_a_value_error(name, weight):
     spec = BY_NAME[name]
     args, kwargs = example(spec, dtype=torch.float64)
@@ -423,11 +422,7 @@ def test_bad_class_weights_are_a_value_error(name, weight):
 # one exception type per mistake
 # --------------------------------------------------------------------------------------
 
-ID_TARGET_LOSSES = [n for n in NAMES if BY_NAME[n].inputs[-1] == "target" and BY_NAME[n].inputs[0] in
-                    ("embeddings", "model")] + ["z_loss", "logz_penalty", "comp_sum"]
-
-
-@pytest.mark.parametrize("name", sorted(ID_TARGET_LOSSES))
+@pytest.mark.parametrize("name", sorted(ID_TARGETS))
 def test_float_labels_are_a_type_error(name):
     spec = BY_NAME[name]
     args, kwargs = example(spec)
@@ -437,23 +432,6 @@ def test_float_labels_are_a_type_error(name):
     assert_documented_error(spec, info.value, (TypeError,))
     # float labels may be soft targets: casting them with .long() would silently corrupt them
     assert ".long()" not in str(info.value), str(info.value)
-
-
-FLAGS = [
-    ("logz_penalty", "return_penalty"),
-    ("opl", "return_stats"),
-    ("decoupled_softmax", "weighted"),
-    ("decoupled_softmax", "sample_one_positive"),
-    ("psl", "bounded_scores"),
-    ("psl", "include_positive"),
-    ("sampled_softmax", "include_positive"),
-    ("dice_semimetric", "log_loss"),
-    ("jaccard_metric", "log_loss"),
-    ("linear_cross_entropy", "bias"),
-    ("nbc_softmax", "bias"),
-    ("infonce", "gather_distributed"),
-    ("partial_fc", "distributed"),
-]
 
 
 @pytest.mark.parametrize("value", [1, "yes"], ids=["int", "str"])

@@ -463,6 +463,12 @@ register(
     unit_weights=position_unit_weights,
     arxiv="",
     paper="Softmax cross-entropy (torch.nn.functional.cross_entropy)",
+    softmax=True,
+    masks=("neg_inf",),
+    soft_targets=True,
+    class_weight=True,
+    weighted_mean=True,
+    tensor_args=("weight",),
 )
 register(
     "bce_with_logits",
@@ -473,4 +479,7 @@ register(
     unit_weights=element_unit_weights,
     arxiv="",
     paper="Sigmoid binary cross-entropy (torch.nn.functional.binary_cross_entropy_with_logits)",
+    dense_targets=True,
+    class_weight=True,
+    tensor_args=("weight",),
 )

@@ -156,4 +156,7 @@ register(
     arxiv="2304.07288",
     paper="A. Mao, M. Mohri, Y. Zhong, Cross-Entropy Loss Functions: Theoretical Analysis and Applications, ICML 2023",
     example_kwargs={"tau": 0.5},
+    softmax=True,
+    masks=("neg_inf",),
+    documented_inf=True,  # tau < 1: exp((1 - tau) * ce) overflows to +inf on logits x1e4
 )

@@ -587,4 +587,7 @@ register(
     unit_weights=_element_unit_weights,
     arxiv="2207.10936",
     paper="Alexandridis et al., Long-tailed Instance Segmentation using Gumbel Optimized Loss, ECCV 2022",
+    dense_targets=True,
+    class_weight=True,
+    tensor_args=("weight",),
 )

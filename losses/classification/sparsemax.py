@@ -698,10 +698,10 @@ _ENTMAX_PAPER = "B. Peters, V. Niculae, A. F. T. Martins, Sparse Sequence-to-Seq
 
 register("sparsemax", function=sparsemax_loss, module=SparsemaxLoss, inputs="logits", unit="position",
          unit_weights=position_unit_weights, arxiv="1602.02068", paper=_SPARSEMAX_PAPER,
-         example_inputs=_example_inputs)
+         example_inputs=_example_inputs, softmax=True, masks=("neg_inf",), soft_targets=True)
 register("entmax15", function=entmax15_loss, module=Entmax15Loss, inputs="logits", unit="position",
          unit_weights=position_unit_weights, arxiv="1905.05702", paper=_ENTMAX_PAPER,
-         example_inputs=_example_inputs)
+         example_inputs=_example_inputs, softmax=True, masks=("neg_inf",), soft_targets=True)
 register("entmax_bisect", function=entmax_bisect_loss, module=EntmaxBisectLoss, inputs="logits", unit="position",
          unit_weights=position_unit_weights, arxiv="1905.05702", paper=_ENTMAX_PAPER,
-         example_inputs=_example_inputs)
+         example_inputs=_example_inputs, softmax=True, masks=("neg_inf",), soft_targets=True)

@@ -531,4 +531,6 @@ register(
     unit_weights=position_unit_weights,
     arxiv="2204.02311",
     paper="A. Chowdhery et al., PaLM: Scaling Language Modeling with Pathways, JMLR 2023",
+    softmax=True,
+    masks=("neg_inf",),
 )

@@ -347,5 +347,6 @@ register(
     arxiv="2411.09009",
     paper="Chunked linear + softmax cross-entropy (many-class path; cf. Wijmans et al., ICLR 2025)",
     owns_head=True,
+    softmax=True,
     example_kwargs={"embedding_dim": 8, "num_classes": 5},
 )

@@ -354,5 +354,6 @@ register(
     paper="Kulatilleke, Chandra, Portmann, NBC-Softmax: Darkweb Author fingerprinting and migration tracking, "
           "arXiv 2022",
     owns_head=True,
+    softmax=True,
     example_kwargs={"embedding_dim": 8, "num_classes": 5},
 )

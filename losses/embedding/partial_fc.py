@@ -601,5 +601,6 @@ register(
     arxiv="2010.05222",
     paper="X. An et al., Partial FC: Training 10 Million Identities on a Single Machine, ICCV Workshops 2021",
     owns_head=True,
+    softmax=True,
     example_kwargs={"embedding_dim": 8, "num_classes": 5, "sample_rate": 0.5, "seed": 0},
 )

@@ -500,6 +500,8 @@ register(
     module=DecoupledSoftmaxLoss,
     inputs="scores",
     query_keys=True,  # forward(query, keys, target) scores in-batch too
+    softmax=True,
+    masks=("neg_inf", "mask"),
     unit="row",
     unit_weights=_row_unit_weights,
     arxiv="2310.10636",
@@ -512,6 +514,8 @@ register(
     module=InfoNCELoss,
     inputs="scores",
     query_keys=True,  # forward(query, keys, target) scores in-batch too
+    softmax=True,
+    masks=("neg_inf", "mask"),
     unit="row",
     unit_weights=_row_unit_weights,
     arxiv="1807.03748",

@@ -641,6 +641,7 @@ register(
     example_inputs=_example_pairs,
     arxiv="2411.00163",
     paper="Sampled softmax (SSM), the baseline of W. Yang et al., PSL, NeurIPS 2024",
+    softmax=True,
 )
 register(
     "bpr",

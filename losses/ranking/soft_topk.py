@@ -386,6 +386,8 @@ register(
     module=SoftTopKLoss,
     inputs="scores",
     query_keys=True,  # forward(query, keys, target) scores in-batch too
+    softmax=True,
+    masks=("neg_inf", "mask"),
     unit="row",
     unit_weights=_row_unit_weights,
     arxiv="2310.10636",
