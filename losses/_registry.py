@@ -445,6 +445,36 @@ def loss_names() -> List[str]:
     return sorted(_REGISTRY)
 
 
+def export_modules(package: str, path: List[str], namespace: Dict[str, Any]) -> List[str]:
+    """Import every public module of a loss sub-package and re-export its ``__all__``; returns the
+    package's ``__all__``. A kind's ``__init__`` is just::
+
+        __all__ = export_modules(__name__, __path__, globals())
+
+    so a new ``losses/<kind>/<family>.py`` registers and exports its losses by being there. The
+    modules are imported in name order (skipping ``_private`` ones, which the family modules import
+    themselves); a name exported by two modules must be the same object (a family module may
+    re-export a sibling's public function)."""
+    import importlib
+    import pkgutil
+
+    exported: List[str] = []
+    for info in sorted(pkgutil.iter_modules(path), key=lambda i: i.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{package}.{info.name}")
+        for name in getattr(module, "__all__", ()):
+            obj = getattr(module, name)
+            if name in namespace and name in exported:
+                if namespace[name] is not obj:
+                    raise ImportError(f"export_modules: two modules of {package} export different objects under "
+                                      f"one name (got {name!r} from {module.__name__}); rename one of them")
+                continue
+            namespace[name] = obj
+            exported.append(name)
+    return exported
+
+
 def id_unit_weights(*args: Any, ignore_index: int = -100, **_: Any) -> Tensor:
     """Unit weights of losses with one unit per class id (the last positional argument, e.g.
     ``(embeddings, target)`` or ``(model, inputs, target)``): 1 where the id is not
