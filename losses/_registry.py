@@ -22,6 +22,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
+from ._core import check_bool
+
 __all__ = [
     "LossSpec", "InputKind", "INPUT_KINDS", "UNITS", "MASKS", "register", "unregister", "create_loss", "list_losses",
     "get_loss_spec", "spec_for_module", "loss_names",
@@ -171,11 +173,6 @@ class LossSpec:
 _REGISTRY: Dict[str, LossSpec] = {}
 
 
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"register: {name} must be a bool (got {value!r}); pass True or False")
-
-
 def _check_mapping(name: str, value: Any) -> None:
     if value is not None and not isinstance(value, Mapping):
         raise TypeError(f"register: {name} must be a dict or None (got {type(value).__name__}); "
@@ -288,7 +285,7 @@ def register(
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         err = ValueError if isinstance(name, str) else TypeError
         raise err(f"register: name must be a lower-case identifier (got {name!r}); e.g. 'my_loss'")
-    _check_bool("replace", replace)
+    check_bool("register", "replace", replace)
     if name in _REGISTRY and not replace:
         raise ValueError(f"register: loss name already registered (got {name!r}); pick a new name or pass "
                          "replace=True")
@@ -317,7 +314,7 @@ def register(
                         ("query_keys", query_keys), ("softmax", softmax), ("soft_targets", soft_targets),
                         ("dense_targets", dense_targets), ("class_weight", class_weight),
                         ("weighted_mean", weighted_mean), ("documented_inf", documented_inf)):
-        _check_bool(flag, value)
+        check_bool("register", flag, value)
     ctor = inspect.signature(module.__init__).parameters
     if isinstance(masks, str) or not isinstance(masks, (tuple, list)):
         raise TypeError(f"register: masks must be a tuple of names (got {masks!r}); e.g. masks=('neg_inf',)")
@@ -473,6 +470,23 @@ def export_modules(package: str, path: List[str], namespace: Dict[str, Any]) -> 
             namespace[name] = obj
             exported.append(name)
     return exported
+
+
+def position_unit_weights(input: Tensor, target: Tensor, *, ignore_index: int = -100, **_: Any) -> Tensor:
+    """Unit weights of position-level logits losses without class weights: 1 where ``target`` is a
+    valid id (or for every position of a float target), else 0; shaped ``(N, d1..dk)``."""
+    if target.is_floating_point():
+        return torch.ones((input.shape[0],) + tuple(input.shape[2:]), dtype=torch.float64)
+    return (target != ignore_index).double()
+
+
+def element_unit_weights(input: Tensor, target: Tensor, *, ignore_index: int = -100, **_: Any) -> Tensor:
+    """Unit weights of element-level logits losses: 1 per element of every non-ignored position (float
+    targets: every element), shaped like ``input``."""
+    if target.is_floating_point():
+        return torch.ones(input.shape, dtype=torch.float64)
+    valid = (target != ignore_index).double().unsqueeze(1)
+    return valid.expand(input.shape).clone()
 
 
 def id_unit_weights(*args: Any, ignore_index: int = -100, **_: Any) -> Tensor:

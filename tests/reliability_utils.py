@@ -114,8 +114,13 @@ def function_of_module(spec, module, args: Sequence[Any], kwargs: Dict[str, Any]
         return fn(emb, t, module.weight, bias=module.bias, chunk_size=module.chunk_size,
                   label_smoothing=module.label_smoothing, logz_coef=module.logz_coef, **red)
     params = inspect.signature(fn).parameters
+    # keyword-only hyperparameters, and required tensors after the forward inputs (e.g. a class
+    # prior the module keeps as a buffer), passed by name
+    after_inputs = list(params)[len(args):]
     fkw = {k: getattr(module, k) for k in params
-           if params[k].kind is params[k].KEYWORD_ONLY and hasattr(module, k) and k not in ("generator",)}
+           if (params[k].kind is params[k].KEYWORD_ONLY or (params[k].kind is params[k].POSITIONAL_OR_KEYWORD
+                                                             and k in after_inputs))
+           and hasattr(module, k) and k not in ("generator",)}
     fkw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in fkw.items()}
     fkw.update(spec.function_kwargs)
     fkw.update(kwargs)

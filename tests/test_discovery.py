@@ -64,8 +64,8 @@ def test_a_new_family_file_is_discovered(tmp_path):
         from torch import nn
 
         from .._core import auto_extra_repr
-        from .._registry import register
-        from .baselines import cross_entropy_loss, position_unit_weights
+        from .._registry import position_unit_weights, register
+        from .baselines import cross_entropy_loss
 
         __all__ = ["zz_probe_loss", "ZZProbeLoss"]
 

@@ -22,8 +22,7 @@ from .._core import (
     upcast,
     zero_rows,
 )
-from .._registry import register
-from .baselines import position_unit_weights
+from .._registry import position_unit_weights, register
 from ._comp_sum_kernel import CompSumFunction
 from ._targets import class_ids
 

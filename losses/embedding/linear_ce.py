@@ -26,7 +26,8 @@ from .._core import (
     value_error,
 )
 from .._heads import check_head_embeddings, check_softmax_classes, drop_rows
-from .._precision import matmul, no_autocast
+from .._core import no_autocast
+from .._precision import matmul
 from .._registry import id_unit_weights, register
 from .._softcap import apply_softcap, check_softcap
 

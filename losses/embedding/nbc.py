@@ -34,7 +34,8 @@ from .._core import (
 )
 from .._distributed import all_gather_no_grad, all_gather_with_grad
 from .._heads import check_embeddings_and_target, check_head_embeddings, check_softmax_classes, drop_rows
-from .._precision import matmul, no_autocast
+from .._core import no_autocast
+from .._precision import matmul
 from .._registry import register
 
 __all__ = ["nbc_loss", "nbc_softmax_loss", "NBCSoftmaxLoss"]
