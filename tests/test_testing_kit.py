@@ -224,7 +224,7 @@ def test_example_custom_loss_registers_and_checks():
                          text=True, cwd=ROOT, timeout=300,
                          env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().endswith("check_loss('focal'): every contract property holds"), out.stdout
+    assert out.stdout.strip().endswith("check_loss('my_poly1'): every contract property holds"), out.stdout
 
 
 # --------------------------------------------------------------------------------------
