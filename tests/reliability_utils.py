@@ -60,6 +60,27 @@ def _bool_flags():
 FLAGS = _bool_flags()
 
 
+def per_class_args(spec) -> Tuple[str, ...]:
+    """The entry's required per-class tensors: registry ``tensor_args`` without a default in the
+    constructor (e.g. a class prior), which fix the number of classes the module takes."""
+    params = inspect.signature(spec.module.__init__).parameters
+    return tuple(a for a in spec.tensor_args if params[a].default is inspect.Parameter.empty)
+
+
+def class_kwargs(spec, c: int, keep: Optional[torch.Tensor] = None) -> Dict[str, Any]:
+    """Constructor keywords of the entry's required per-class tensors for ``c`` classes: the example
+    values where they have ``c`` entries, else ``1, 2, ..., c`` (positive and distinct); ``keep``
+    (bool ``(c,)``) keeps those classes only, for the loss on an input with classes removed."""
+    out: Dict[str, Any] = {}
+    for name in per_class_args(spec):
+        example_value = spec.example_kwargs.get(name)
+        v = None if example_value is None else torch.as_tensor(example_value, dtype=torch.float64)
+        if v is None or v.dim() != 1 or v.numel() != c:
+            v = torch.arange(1, c + 1, dtype=torch.float64)
+        out[name] = v if keep is None else v[keep]
+    return out
+
+
 def grads_of(out, leaves):
     return torch.autograd.grad(out, leaves, allow_unused=True)
 

@@ -34,6 +34,7 @@ import losses  # noqa: F401
 from tests.reliability_utils import (
     BY_NAME,
     CLASS_WEIGHTED,
+    class_kwargs,
     LOGIT_POSITION_MASK,
     LOGIT_SOFTMAX,
     NAMES,
@@ -98,7 +99,7 @@ def _draw_logits(data, spec, g, dtype, magnitude):
     n = data.draw(_sizes(6), label="N")
     c = data.draw(st.integers(1, 6), label="C")
     spatial = data.draw(st.sampled_from([(), (2,)]), label="spatial") if name not in DICE else ()
-    ctor = {}
+    ctor = class_kwargs(spec, c)  # per-class tensors the module needs (e.g. a class prior), for C classes
     fwd = {}
     if name in DICE:
         h, w = data.draw(st.integers(1, 3), label="H"), data.draw(st.integers(1, 3), label="W")
