@@ -2,12 +2,14 @@
 
     python examples/custom_loss.py
 
-The focal loss (T.-Y. Lin et al., Focal Loss for Dense Object Detection, ICCV 2017,
-arXiv:1708.02002) is not part of the library: this file defines it in user code, registers it
-with ``losses.register`` (as a class decorator), builds it by name with ``losses.create_loss``
-and runs ``losses.testing.check_loss`` on it, the checks every built-in loss passes
-(``docs/contributing.md``, Adding a loss). A registered loss is also routed by the Lightning
-modules (``lightning_modules/routing.py``) by its declared ``inputs``.
+The Poly-1 loss (Z. Leng et al., PolyLoss: A Polynomial Expansion Perspective of Classification
+Loss Functions, ICLR 2022, arXiv:2204.12511), cross-entropy plus ``epsilon (1 - p_t)``, is not
+part of the library: this file defines it in user code, registers it under the name
+``my_poly1`` (user entries take a name of their own, e.g. with a ``my_`` prefix, so that no
+library loss ever takes it) with ``losses.register`` (as a class decorator), builds it by name
+with ``losses.create_loss`` and runs ``losses.testing.check_loss`` on it, the checks every
+built-in loss passes (``docs/contributing.md``, Adding a loss). A registered loss is also routed
+by the Lightning modules (``lightning_modules/routing.py``) by its declared ``inputs``.
 """
 
 from __future__ import annotations
@@ -22,25 +24,25 @@ from losses.testing import check_loss
 REDUCTIONS = ("none", "mean", "sum")
 
 
-def focal_unit_weights(input: Tensor, target: Tensor, *, ignore_index: int = -100, **_: object) -> Tensor:
+def poly1_unit_weights(input: Tensor, target: Tensor, *, ignore_index: int = -100, **_: object) -> Tensor:
     """One unit per position, weight 1 unless the target is ``ignore_index``."""
     return (target != ignore_index).double()
 
 
-def focal_loss(input: Tensor, target: Tensor, *, gamma: float = 2.0, ignore_index: int = -100,
+def poly1_loss(input: Tensor, target: Tensor, *, epsilon: float = 1.0, ignore_index: int = -100,
                reduction: str = "mean") -> Tensor:
-    """``-(1 - p_t)^gamma · log p_t`` per position, ``p_t = softmax(input, dim=1)[target]``.
+    """``-log p_t + epsilon · (1 - p_t)`` per position, ``p_t = softmax(input, dim=1)[target]``.
 
     ``input``: logits ``(N, C)`` or ``(N, C, d1, ...)``; ``target``: class ids ``(N,)`` or
     ``(N, d1, ...)``. Ignored positions have unit weight 0: they give 0 and leave the ``"mean"``
     denominator; an all-ignored batch gives a graph-attached 0 with zero gradients.
     """
     if reduction not in REDUCTIONS:
-        raise ValueError(f"focal_loss: reduction must be one of {REDUCTIONS} (got {reduction!r}); use 'mean'")
-    if gamma < 0:
-        raise ValueError(f"focal_loss: gamma must be >= 0 (got {gamma}); gamma=0 is cross-entropy")
+        raise ValueError(f"poly1_loss: reduction must be one of {REDUCTIONS} (got {reduction!r}); use 'mean'")
+    if epsilon < -1:
+        raise ValueError(f"poly1_loss: epsilon must be >= -1 (got {epsilon}); epsilon=0 is cross-entropy")
     if target.is_floating_point():
-        raise TypeError(f"focal_loss: target must hold class ids (got {target.dtype}); pass an integer tensor")
+        raise TypeError(f"poly1_loss: target must hold class ids (got {target.dtype}); pass an integer tensor")
     # compute in float32 (float64 for float64 inputs), also under autocast
     dtype = torch.float64 if input.dtype == torch.float64 else torch.float32
     with torch.autocast(device_type=input.device.type, enabled=False):
@@ -48,7 +50,7 @@ def focal_loss(input: Tensor, target: Tensor, *, gamma: float = 2.0, ignore_inde
         # ignored positions get zero logits before any exp / log: no NaN from their values
         x = input.to(dtype).masked_fill(~valid.unsqueeze(1), 0.0)
         logp = torch.log_softmax(x, dim=1).gather(1, target.clamp_min(0).unsqueeze(1)).squeeze(1)
-        per = -((1 - logp.exp()) ** gamma) * logp
+        per = -logp - epsilon * torch.expm1(logp)  # 1 - p_t = -expm1(log p_t), exact near p_t = 1
         none = torch.where(valid, per, torch.zeros_like(per))
         if reduction == "none":
             return none
@@ -58,40 +60,42 @@ def focal_loss(input: Tensor, target: Tensor, *, gamma: float = 2.0, ignore_inde
 
 
 @losses.register(
-    "focal",
-    function=focal_loss,
+    "my_poly1",
+    function=poly1_loss,
     inputs=losses.InputKind.LOGITS,  # forward(input, target)
     unit="position",
-    unit_weights=focal_unit_weights,
-    arxiv="1708.02002",
-    paper="T.-Y. Lin, P. Goyal, R. Girshick, K. He, P. Dollár, Focal Loss for Dense Object Detection, ICCV 2017",
-    example_kwargs={"gamma": 2.0},
+    unit_weights=poly1_unit_weights,
+    arxiv="2204.12511",
+    paper="Z. Leng et al., PolyLoss: A Polynomial Expansion Perspective of Classification Loss Functions, ICLR 2022",
+    example_kwargs={"epsilon": 1.0},
+    softmax=True,  # the registry record's facts: see docs/contributing.md
 )
-class FocalLoss(nn.Module):
-    """Module form of :func:`focal_loss`."""
+class Poly1Loss(nn.Module):
+    """Module form of :func:`poly1_loss`."""
 
-    def __init__(self, gamma: float = 2.0, ignore_index: int = -100, reduction: str = "mean") -> None:
+    def __init__(self, epsilon: float = 1.0, ignore_index: int = -100, reduction: str = "mean") -> None:
         super().__init__()
         if reduction not in REDUCTIONS:
-            raise ValueError(f"FocalLoss: reduction must be one of {REDUCTIONS} (got {reduction!r}); use 'mean'")
-        self.gamma, self.ignore_index, self.reduction = float(gamma), ignore_index, reduction
+            raise ValueError(f"Poly1Loss: reduction must be one of {REDUCTIONS} (got {reduction!r}); use 'mean'")
+        self.epsilon, self.ignore_index, self.reduction = float(epsilon), ignore_index, reduction
 
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
-        return focal_loss(input, target, gamma=self.gamma, ignore_index=self.ignore_index, reduction=self.reduction)
+        return poly1_loss(input, target, epsilon=self.epsilon, ignore_index=self.ignore_index,
+                          reduction=self.reduction)
 
     def extra_repr(self) -> str:
-        return f"gamma={self.gamma}, ignore_index={self.ignore_index}, reduction={self.reduction!r}"
+        return f"epsilon={self.epsilon}, ignore_index={self.ignore_index}, reduction={self.reduction!r}"
 
 
 def main() -> None:
-    loss = losses.create_loss("focal", gamma=1.0)
+    loss = losses.create_loss("my_poly1", epsilon=2.0)
     x, t = torch.randn(4, 5), torch.tensor([0, 3, -100, 1])
-    # gamma = 0 is cross-entropy
-    torch.testing.assert_close(focal_loss(x, t, gamma=0.0), F.cross_entropy(x, t))
+    # epsilon = 0 is cross-entropy
+    torch.testing.assert_close(poly1_loss(x, t, epsilon=0.0), F.cross_entropy(x, t))
     print(loss, float(loss(x, t)))
-    check_loss("focal")  # raises AssertionError naming the property that fails
-    check_loss("focal", properties=["compile"])  # torch.compile (aot_eager backend), optional
-    print("check_loss('focal'): every contract property holds")
+    check_loss("my_poly1")  # raises AssertionError naming the property that fails
+    check_loss("my_poly1", properties=["compile"])  # torch.compile (aot_eager backend), optional
+    print("check_loss('my_poly1'): every contract property holds")
 
 
 if __name__ == "__main__":

@@ -598,11 +598,25 @@ def upcast(x: Tensor, dtype: torch.dtype) -> Tensor:
     return x if x.dtype == dtype else x.to(dtype)
 
 
-def no_autocast(device_type: str):
-    """A context that switches autocast off (the maths then runs in the dtypes chosen by
-    :func:`compute_dtype`, float32 or wider, as ``F.cross_entropy`` does under autocast)."""
+def no_autocast(*where: object):
+    """A context that switches autocast off, so that a loss called inside an autocast region runs
+    its maths in the dtypes chosen by :func:`compute_dtype` (float32 or wider), as
+    ``F.cross_entropy`` does under autocast: the inputs keep their dtypes, the loss upcasts them
+    itself, and autograd returns each input's gradient in its own dtype.
+
+    ``where``: a device type (``"cuda"``) or tensors; the first one given (a string, or a tensor's
+    device type) is used, CPU if none. A plain context manager, so ``torch.compile(fullgraph=True)``
+    traces through it."""
+    dev = "cpu"
+    for w in where:
+        if isinstance(w, str):
+            dev = w
+            break
+        if isinstance(w, Tensor):
+            dev = w.device.type
+            break
     try:
-        return torch.autocast(device_type=device_type, enabled=False)
+        return torch.autocast(device_type=dev, enabled=False)
     except RuntimeError:  # pragma: no cover - device type without autocast support
         return contextlib.nullcontext()
 
@@ -632,6 +646,14 @@ def move_class_dim_last(input: Tensor) -> Tensor:
     return input.movedim(1, -1).reshape(-1, c)
 
 
+def check_logits_dim(fn: str, input: Tensor) -> None:
+    """``input`` must have ``F.cross_entropy``'s layout, ``(N, C)`` or ``(N, C, d1, ..., dk)`` with
+    the classes on dim 1 (``ValueError`` otherwise)."""
+    if input.dim() < 2:
+        raise value_error(fn, "input must have shape (N, C) or (N, C, d1, ..., dk) with classes on dim 1",
+                          f"shape {tuple(input.shape)}", "add a batch dimension with input.unsqueeze(0)")
+
+
 def flatten_logits_and_target(fn: str, input: Tensor, target: Tensor) -> tuple[Tensor, Tensor, tuple[int, ...]]:
     """Check ``F.cross_entropy``-style shapes and flatten to ``(M, C)`` and ``(M,)``.
 
@@ -639,13 +661,7 @@ def flatten_logits_and_target(fn: str, input: Tensor, target: Tensor) -> tuple[T
     shaped ``(N,)`` or ``(N, d1, ..., dk)``. Returns the flattened pair and the ``"none"``
     output shape ``(N, d1, ..., dk)``.
     """
-    if input.dim() < 2:
-        raise value_error(
-            fn,
-            "input must have shape (N, C) or (N, C, d1, ..., dk) with classes on dim 1",
-            f"shape {tuple(input.shape)}",
-            "add a batch dimension with input.unsqueeze(0)",
-        )
+    check_logits_dim(fn, input)
     expected = check_target_shape(fn, input, target)
     return move_class_dim_last(input), target.reshape(-1), expected
 

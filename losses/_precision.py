@@ -1,4 +1,4 @@
-"""Precision helpers shared by the losses: exact softplus and the autocast guard.
+"""Precision helpers shared by the losses: exact softplus and an autocast-proof matmul.
 
 * :func:`softplus` is ``max(x, 0) + log1p(exp(-|x|))`` (``docs/conventions.md``, Numerics),
   evaluated as ``logaddexp(x, 0)``. Unlike ``torch.nn.functional.softplus`` it has no linear
@@ -7,32 +7,23 @@
 * :func:`matmul` is ``a @ b`` for 2-D tensors whose backward also runs with autocast off: the
   backward of a plain ``@`` re-enters autocast when ``loss.backward()`` is called inside an
   autocast region and would then compute the gradients in bfloat16/float16.
-* :func:`no_autocast` switches ``torch.autocast`` off for the device of the given tensors, so that
-  a loss called inside an autocast region runs its maths in float32 (or float64) as the
-  docstrings state, as ``F.cross_entropy`` does under autocast: the inputs keep their dtypes,
-  the loss upcasts them itself, and autograd returns each input's gradient in its own dtype.
+
+The autocast guard itself is :func:`losses._core.no_autocast`.
 """
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 
-__all__ = ["softplus", "no_autocast", "matmul"]
+from ._core import no_autocast
+
+__all__ = ["softplus", "matmul"]
 
 
 def softplus(x: Tensor) -> Tensor:
     """``log(1 + e^x) = max(x, 0) + log1p(e^{-|x|})``, exact in every dtype (no cut-off)."""
     return torch.logaddexp(x, torch.zeros((), dtype=x.dtype, device=x.device))
-
-
-def no_autocast(*tensors: Optional[Tensor]) -> torch.autocast:
-    """``torch.autocast(enabled=False)`` for the device type of the first tensor (CPU if none);
-    a plain context manager, so ``torch.compile(fullgraph=True)`` traces through it."""
-    dev = next((t.device.type for t in tensors if isinstance(t, Tensor)), "cpu")
-    return torch.autocast(device_type=dev, enabled=False)
 
 
 class _MatMul(torch.autograd.Function):

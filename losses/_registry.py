@@ -22,8 +22,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
+from ._core import check_bool
+
 __all__ = [
-    "LossSpec", "InputKind", "INPUT_KINDS", "UNITS", "register", "unregister", "create_loss", "list_losses",
+    "LossSpec", "InputKind", "INPUT_KINDS", "UNITS", "MASKS", "register", "unregister", "create_loss", "list_losses",
     "get_loss_spec", "spec_for_module", "loss_names",
 ]
 
@@ -55,6 +57,12 @@ INPUT_KINDS: Dict[str, Tuple[str, ...]] = {
 
 #: What one ``reduction="none"`` value is computed for.
 UNITS = ("position", "element", "row", "pair", "class", "batch")
+
+#: The masks a loss may honour (the ``masks`` of :func:`register`): ``"neg_inf"``, a ``-inf``
+#: logit (or score) marks a class (or candidate) that does not exist, so the value equals the loss
+#: on the input without it and its gradient is exactly 0; ``"mask"``, an explicit ``mask=``
+#: keyword of ``forward`` (``True`` = excluded).
+MASKS = ("neg_inf", "mask")
 
 #: ``example_inputs(generator=..., dtype=..., case=...) -> (args, kwargs)`` builds inputs for
 #: ``module(*args, **kwargs)``; ``case`` is ``"random"``, ``"extreme"`` (x1e4 logits, -inf masks
@@ -90,6 +98,23 @@ class LossSpec:
         function_kwargs: extra keywords that make ``function`` compute what the module computes.
         query_keys: (``"scores"`` kind) ``forward`` also takes ``(query, keys, target)`` and
             scores the pairs itself (``losses.in_batch_scores``).
+        softmax: the maths normalises over the classes (logits) or the candidates (scores): a
+            softmax / log-sum-exp or a sparse relative of it (sparsemax, entmax), so a single class is a ``ValueError`` (it would train nothing).
+        masks: the masks the loss honours, a subset of :data:`MASKS` (``"neg_inf"``: ``-inf``
+            logits remove a class; ``"mask"``: an explicit ``mask=`` keyword of ``forward``).
+        soft_targets: (``"logits"``) the target may also be class probabilities shaped like the
+            input, checked to sum to 1 over the classes.
+        dense_targets: (``"logits"``) the target may be a float tensor shaped like the input (soft
+            or multi-hot); ``False``: class ids only, a float target is a ``TypeError``. Implied by
+            ``soft_targets``.
+        class_weight: the module takes a per-class ``weight=`` tensor of shape ``(C,)`` (negative
+            or all-zero weights are a ``ValueError``).
+        weighted_mean: with class weights, ``"mean"`` divides by the summed weights of the valid
+            targets, as ``F.cross_entropy`` does (``"none"`` already carries ``weight[target]``).
+        documented_inf: the loss documents an exact ``+inf`` (never NaN) on extreme inputs with
+            its example keywords (e.g. comp-sum with ``tau < 1`` on logits x1e4).
+        tensor_args: constructor arguments that take tensors, stored as the module's own
+            parameters or buffers and therefore not shown in its ``repr``.
     """
 
     name: str
@@ -107,6 +132,14 @@ class LossSpec:
     example_inputs: Optional[ExampleInputs] = None
     function_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     query_keys: bool = False
+    softmax: bool = False
+    masks: Tuple[str, ...] = ()
+    soft_targets: bool = False
+    dense_targets: bool = False
+    class_weight: bool = False
+    weighted_mean: bool = False
+    documented_inf: bool = False
+    tensor_args: Tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         # one short line per entry (the dataclass default prints every function and mapping)
@@ -114,6 +147,12 @@ class LossSpec:
         return (f"LossSpec({self.name!r}, kind={self.kind!r}, function={self.function.__name__}, "
                 f"module={self.module.__name__}" + "".join(f", {f}=True" for f in flags)
                 + (f", arxiv={self.arxiv!r}" if self.arxiv else "") + ")")
+
+    @property
+    def seeded(self) -> bool:
+        """The module owns a random generator (a ``seed`` constructor keyword); its state travels
+        in the ``state_dict``."""
+        return "seed" in inspect.signature(self.module.__init__).parameters
 
     @property
     def kind(self) -> str:
@@ -132,11 +171,6 @@ class LossSpec:
 
 
 _REGISTRY: Dict[str, LossSpec] = {}
-
-
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"register: {name} must be a bool (got {value!r}); pass True or False")
 
 
 def _check_mapping(name: str, value: Any) -> None:
@@ -162,6 +196,14 @@ def register(
     example_inputs: Optional[ExampleInputs] = None,
     function_kwargs: Optional[Mapping[str, Any]] = None,
     query_keys: bool = False,
+    softmax: bool = False,
+    masks: Tuple[str, ...] = (),
+    soft_targets: bool = False,
+    dense_targets: bool = False,
+    class_weight: bool = False,
+    weighted_mean: bool = False,
+    documented_inf: bool = False,
+    tensor_args: Tuple[str, ...] = (),
     replace: bool = False,
 ) -> Any:
     """Register a loss under a stable ``name``, so that ``create_loss(name)``, the LightningCLI
@@ -187,6 +229,22 @@ def register(
             the registry's inputs of that kind (``N=6``, ``C=5``, ``D=8``, ``L=7``).
         function_kwargs: extra keywords that make ``function`` compute what the module computes.
         query_keys: (``"scores"``) ``forward`` also takes ``(query, keys, target)``.
+        softmax: the maths is a softmax / log-sum-exp over the classes or candidates (one class is
+            a ``ValueError``).
+        masks: the masks the loss honours, a tuple from :data:`MASKS`: ``"neg_inf"`` (a ``-inf``
+            logit or score removes that class or candidate: the value without it, gradient 0) and
+            ``"mask"`` (``forward`` takes ``mask=``).
+        soft_targets: (``"logits"``) also takes class probabilities shaped like the input, checked
+            to sum to 1.
+        dense_targets: (``"logits"``) takes a float target shaped like the input (soft or
+            multi-hot); implied by ``soft_targets``.
+        class_weight: the module takes a per-class ``weight=`` tensor ``(C,)``.
+        weighted_mean: with class weights ``"mean"`` is ``Σ none / Σ weight[target]`` (as
+            ``F.cross_entropy``), not ``Σ w·none / Σ w`` with the unit weights.
+        documented_inf: the loss documents an exact ``+inf`` (never NaN) on the extreme example
+            inputs (:func:`losses.testing.check_loss` then accepts it).
+        tensor_args: constructor arguments that take tensors (kept as the module's parameters or
+            buffers, so its ``repr`` leaves them out).
         replace: overwrite an entry of the same name (else registering it twice is an error).
 
     Returns:
@@ -219,13 +277,15 @@ def register(
         rest = dict(inputs=inputs, unit=unit, unit_weights=unit_weights, arxiv=arxiv, paper=paper,
                     owns_head=owns_head, auxiliary=auxiliary, experimental=experimental,
                     example_kwargs=example_kwargs, example_inputs=example_inputs,
-                    function_kwargs=function_kwargs, query_keys=query_keys, replace=replace)
+                    function_kwargs=function_kwargs, query_keys=query_keys, softmax=softmax, masks=masks,
+                    soft_targets=soft_targets, dense_targets=dense_targets, class_weight=class_weight,
+                    weighted_mean=weighted_mean, documented_inf=documented_inf, tensor_args=tensor_args, replace=replace)
         return decorator
 
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         err = ValueError if isinstance(name, str) else TypeError
         raise err(f"register: name must be a lower-case identifier (got {name!r}); e.g. 'my_loss'")
-    _check_bool("replace", replace)
+    check_bool("register", "replace", replace)
     if name in _REGISTRY and not replace:
         raise ValueError(f"register: loss name already registered (got {name!r}); pick a new name or pass "
                          "replace=True")
@@ -251,8 +311,30 @@ def register(
     if not isinstance(paper, str):
         raise TypeError(f"register: paper must be a str (got {type(paper).__name__}); e.g. 'A. Author, Title, 2024'")
     for flag, value in (("owns_head", owns_head), ("auxiliary", auxiliary), ("experimental", experimental),
-                        ("query_keys", query_keys)):
-        _check_bool(flag, value)
+                        ("query_keys", query_keys), ("softmax", softmax), ("soft_targets", soft_targets),
+                        ("dense_targets", dense_targets), ("class_weight", class_weight),
+                        ("weighted_mean", weighted_mean), ("documented_inf", documented_inf)):
+        check_bool("register", flag, value)
+    ctor = inspect.signature(module.__init__).parameters
+    if isinstance(masks, str) or not isinstance(masks, (tuple, list)):
+        raise TypeError(f"register: masks must be a tuple of names (got {masks!r}); e.g. masks=('neg_inf',)")
+    if any(m not in MASKS for m in masks):
+        raise ValueError(f"register: masks must be names from {MASKS} (got {tuple(masks)!r}); drop the others")
+    if isinstance(tensor_args, str) or not isinstance(tensor_args, (tuple, list)):
+        raise TypeError(f"register: tensor_args must be a tuple of names (got {tensor_args!r}); "
+                        "e.g. tensor_args=('weight',)")
+    unknown = [a for a in tensor_args if a not in ctor]
+    if unknown:
+        raise ValueError(f"register: tensor_args must name constructor arguments of {module.__name__} (got "
+                         f"{unknown}); list the tensor keywords of __init__")
+    if (soft_targets or dense_targets) and inputs != InputKind.LOGITS:
+        raise ValueError(f"register: soft_targets / dense_targets apply to inputs='logits' only (got "
+                         f"inputs={inputs!r}); leave them False")
+    if soft_targets and not dense_targets:
+        dense_targets = True  # probabilities are dense targets
+    if class_weight and "weight" not in ctor:
+        raise ValueError(f"register: class_weight=True but {module.__name__} takes no weight= (got "
+                         f"class_weight={class_weight}); add the keyword or leave class_weight=False")
     if owns_head and not callable(getattr(module, "logits", None)):
         raise ValueError(f"register: owns_head=True but {module.__name__} has no .logits(embeddings) (got "
                          f"owns_head={owns_head}); add the method or leave owns_head=False")
@@ -280,6 +362,14 @@ def register(
         example_inputs=example_inputs or default_example_inputs(inputs),
         function_kwargs=dict(function_kwargs or {}),
         query_keys=query_keys,
+        softmax=softmax,
+        masks=tuple(masks),
+        soft_targets=soft_targets,
+        dense_targets=dense_targets,
+        class_weight=class_weight,
+        weighted_mean=weighted_mean,
+        documented_inf=documented_inf,
+        tensor_args=tuple(tensor_args),
     )
     _REGISTRY[name] = spec
     return spec
@@ -350,6 +440,53 @@ def loss_names() -> List[str]:
     True
     """
     return sorted(_REGISTRY)
+
+
+def export_modules(package: str, path: List[str], namespace: Dict[str, Any]) -> List[str]:
+    """Import every public module of a loss sub-package and re-export its ``__all__``; returns the
+    package's ``__all__``. A kind's ``__init__`` is just::
+
+        __all__ = export_modules(__name__, __path__, globals())
+
+    so a new ``losses/<kind>/<family>.py`` registers and exports its losses by being there. The
+    modules are imported in name order (skipping ``_private`` ones, which the family modules import
+    themselves); a name exported by two modules must be the same object (a family module may
+    re-export a sibling's public function)."""
+    import importlib
+    import pkgutil
+
+    exported: List[str] = []
+    for info in sorted(pkgutil.iter_modules(path), key=lambda i: i.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{package}.{info.name}")
+        for name in getattr(module, "__all__", ()):
+            obj = getattr(module, name)
+            if name in namespace and name in exported:
+                if namespace[name] is not obj:
+                    raise ImportError(f"export_modules: two modules of {package} export different objects under "
+                                      f"one name (got {name!r} from {module.__name__}); rename one of them")
+                continue
+            namespace[name] = obj
+            exported.append(name)
+    return exported
+
+
+def position_unit_weights(input: Tensor, target: Tensor, *, ignore_index: int = -100, **_: Any) -> Tensor:
+    """Unit weights of position-level logits losses without class weights: 1 where ``target`` is a
+    valid id (or for every position of a float target), else 0; shaped ``(N, d1..dk)``."""
+    if target.is_floating_point():
+        return torch.ones((input.shape[0],) + tuple(input.shape[2:]), dtype=torch.float64)
+    return (target != ignore_index).double()
+
+
+def element_unit_weights(input: Tensor, target: Tensor, *, ignore_index: int = -100, **_: Any) -> Tensor:
+    """Unit weights of element-level logits losses: 1 per element of every non-ignored position (float
+    targets: every element), shaped like ``input``."""
+    if target.is_floating_point():
+        return torch.ones(input.shape, dtype=torch.float64)
+    valid = (target != ignore_index).double().unsqueeze(1)
+    return valid.expand(input.shape).clone()
 
 
 def id_unit_weights(*args: Any, ignore_index: int = -100, **_: Any) -> Tensor:

@@ -69,10 +69,6 @@ PROPERTIES: Tuple[str, ...] = (
 #: What ``check_loss(name)`` runs when ``properties`` is ``None`` (``"compile"`` is opt-in: it is slow).
 DEFAULT_PROPERTIES: Tuple[str, ...] = tuple(p for p in PROPERTIES if p != "compile")
 
-#: Built-in entries with a documented exact infinity on extreme inputs (comp-sum with tau < 1
-#: overflows to +inf on logits x1e4; the registry example uses tau = 0.5).
-_DOCUMENTED_INF = frozenset({"comp_sum"})
-
 #: Inside autocast the loss's maths runs in fp32 (as ``F.cross_entropy``): equal to the fp32 run
 #: up to summation order; a model argument runs in bf16 itself, hence the wider tolerance.
 AUTOCAST_TOL = {"rtol": 1e-5, "atol": 1e-6}
@@ -498,8 +494,8 @@ def check_loss(
             (``"aot_eager"``: tests the graph capture and the autograd trace without a C++
             compiler; ``"inductor"`` also compiles kernels).
         documented_inf: the loss documents an exact ``+inf`` on extreme inputs (then the
-            ``"finite"`` check asks only for no NaN there); ``None``: only for the built-in
-            ``comp_sum``.
+            ``"finite"`` check asks only for no NaN there); ``None``: the entry's registry
+            record (``documented_inf=`` of :func:`losses.register`).
 
     Raises:
         AssertionError: ``"check_loss: property '<property>' failed for '<name>': <what>"``,
@@ -520,7 +516,7 @@ def check_loss(
         if unknown:
             raise ValueError(f"check_loss: unknown properties (got {unknown}); choose from {list(PROPERTIES)}")
     if documented_inf is None:
-        documented_inf = spec.name in _DOCUMENTED_INF
+        documented_inf = spec.documented_inf
     for prop in wanted:
         with torch.random.fork_rng(devices=[]):
             try:

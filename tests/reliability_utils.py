@@ -23,12 +23,62 @@ SPECS = losses.list_losses()
 NAMES = [s.name for s in SPECS]
 BY_NAME = {s.name: s for s in SPECS}
 
-#: Losses whose maths is a softmax / log-sum-exp over the classes of a logits input.
-LOGIT_SOFTMAX = ("cross_entropy", "logz_penalty", "comp_sum", "sparsemax", "entmax15", "entmax_bisect")
-#: Candidate (scores) losses with a softmax over candidates; they take ``mask=``.
-CANDIDATE_SOFTMAX = ("decoupled_softmax", "infonce", "soft_topk")
+# Every list below is read from the registry records (``losses.register``), never written by
+# name, so a new entry joins the checks its record declares.
+
+#: Logits losses whose ``-inf`` logits remove a class (registry ``masks`` holds ``"neg_inf"``).
+LOGIT_SOFTMAX = tuple(n for n in NAMES if BY_NAME[n].kind == "logits" and "neg_inf" in BY_NAME[n].masks)
+#: Candidate (scores) losses that take ``mask=`` (and ``-inf`` scores) to exclude candidates.
+CANDIDATE_SOFTMAX = tuple(n for n in NAMES if BY_NAME[n].kind == "scores" and "mask" in BY_NAME[n].masks)
+#: Logits losses with an explicit ``mask=`` of positions (the Dice family).
+LOGIT_POSITION_MASK = tuple(n for n in NAMES if BY_NAME[n].kind == "logits" and "mask" in BY_NAME[n].masks)
+#: Losses that normalise over the classes of logits (also through a model): one class is an error.
+CLASS_SOFTMAX = tuple(n for n in NAMES if BY_NAME[n].softmax and BY_NAME[n].kind in ("logits", "model"))
+#: Logits losses that also take class probabilities (checked to sum to 1).
+SOFT_TARGETS = tuple(n for n in NAMES if BY_NAME[n].soft_targets)
+#: Losses that take a per-class ``weight=``.
+CLASS_WEIGHTED = tuple(n for n in NAMES if BY_NAME[n].class_weight)
+#: Losses whose target holds class ids only: a float target is a ``TypeError``.
+ID_TARGETS = tuple(n for n in NAMES if BY_NAME[n].inputs[-1] == "target" and (
+    BY_NAME[n].kind in ("embeddings", "model") or (BY_NAME[n].kind == "logits" and not BY_NAME[n].dense_targets)))
+#: Entries with a documented exact +inf on extreme inputs.
+DOCUMENTED_INF = frozenset(n for n in NAMES if BY_NAME[n].documented_inf)
 #: Modules that own a generator (``seed=``); their state_dict must carry it.
-SEEDED = ("partial_fc", "adversarial_comp_sum", "decoupled_softmax", "soft_topk")
+SEEDED = tuple(n for n in NAMES if BY_NAME[n].seeded)
+
+
+def _bool_flags():
+    out = []
+    for n in NAMES:
+        for key, p in inspect.signature(BY_NAME[n].module.__init__).parameters.items():
+            if isinstance(p.default, bool) or p.annotation in ("bool", "Optional[bool]", bool):
+                out.append((n, key))
+    return out
+
+
+#: Every constructor flag (a ``bool`` keyword) of every entry: a non-bool value is a ``TypeError``.
+FLAGS = _bool_flags()
+
+
+def per_class_args(spec) -> Tuple[str, ...]:
+    """The entry's required per-class tensors: registry ``tensor_args`` without a default in the
+    constructor (e.g. a class prior), which fix the number of classes the module takes."""
+    params = inspect.signature(spec.module.__init__).parameters
+    return tuple(a for a in spec.tensor_args if params[a].default is inspect.Parameter.empty)
+
+
+def class_kwargs(spec, c: int, keep: Optional[torch.Tensor] = None) -> Dict[str, Any]:
+    """Constructor keywords of the entry's required per-class tensors for ``c`` classes: the example
+    values where they have ``c`` entries, else ``1, 2, ..., c`` (positive and distinct); ``keep``
+    (bool ``(c,)``) keeps those classes only, for the loss on an input with classes removed."""
+    out: Dict[str, Any] = {}
+    for name in per_class_args(spec):
+        example_value = spec.example_kwargs.get(name)
+        v = None if example_value is None else torch.as_tensor(example_value, dtype=torch.float64)
+        if v is None or v.dim() != 1 or v.numel() != c:
+            v = torch.arange(1, c + 1, dtype=torch.float64)
+        out[name] = v if keep is None else v[keep]
+    return out
 
 
 def grads_of(out, leaves):
@@ -85,8 +135,13 @@ def function_of_module(spec, module, args: Sequence[Any], kwargs: Dict[str, Any]
         return fn(emb, t, module.weight, bias=module.bias, chunk_size=module.chunk_size,
                   label_smoothing=module.label_smoothing, logz_coef=module.logz_coef, **red)
     params = inspect.signature(fn).parameters
+    # keyword-only hyperparameters, and required tensors after the forward inputs (e.g. a class
+    # prior the module keeps as a buffer), passed by name
+    after_inputs = list(params)[len(args):]
     fkw = {k: getattr(module, k) for k in params
-           if params[k].kind is params[k].KEYWORD_ONLY and hasattr(module, k) and k not in ("generator",)}
+           if (params[k].kind is params[k].KEYWORD_ONLY or (params[k].kind is params[k].POSITIONAL_OR_KEYWORD
+                                                             and k in after_inputs))
+           and hasattr(module, k) and k not in ("generator",)}
     fkw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in fkw.items()}
     fkw.update(spec.function_kwargs)
     fkw.update(kwargs)

@@ -453,7 +453,8 @@ def test_register_signature():
     assert all(q.kind is inspect.Parameter.KEYWORD_ONLY for q in p[1:])
     assert [q.name for q in p[1:]] == [
         "function", "module", "inputs", "unit", "unit_weights", "arxiv", "paper", "owns_head", "auxiliary",
-        "experimental", "example_kwargs", "example_inputs", "function_kwargs", "query_keys", "replace"]
+        "experimental", "example_kwargs", "example_inputs", "function_kwargs", "query_keys", "softmax", "masks",
+        "soft_targets", "dense_targets", "class_weight", "weighted_mean", "documented_inf", "tensor_args", "replace"]
     assert {q.name for q in p if q.default is inspect.Parameter.empty} == {"name", "inputs", "unit", "unit_weights"}
     sig = inspect.signature(losses.testing.check_loss).parameters
     assert list(sig) == ["name_or_spec", "properties", "compile_backend", "documented_inf"]

@@ -24,12 +24,18 @@ from losses.testing import AUTOCAST_TOL, MODEL_AUTOCAST_TOL, check_loss
 from tests.reliability_utils import (
     BY_NAME,
     CANDIDATE_SOFTMAX,
+    CLASS_SOFTMAX,
+    CLASS_WEIGHTED,
+    FLAGS,
+    ID_TARGETS,
     LOGIT_SOFTMAX,
     NAMES,
     SEEDED,
+    SOFT_TARGETS,
     assert_documented_error,
     build,
     call,
+    class_kwargs,
     example,
     function_of_module,
     grads_of,
@@ -141,18 +147,19 @@ def test_neg_inf_logits_mask_equals_reduced_input(name, extra):
     spec = BY_NAME[name]
     x, t, mask = _logit_case()
     xm = x.masked_fill(mask, -math.inf).requires_grad_(True)
-    module = build(spec, reduction="none", **extra)
+    module = build(spec, reduction="none", **extra, **class_kwargs(spec, C_MASK))
     out = call(module, (xm, t))  # data checks on: -inf is a mask here, not "non-finite input"
     assert out.shape == (N_MASK,)
     (grad,) = torch.autograd.grad(out.sum(), xm)
     assert torch.all(grad[mask] == 0), "gradient at a masked class must be exactly 0"
     for i, (xi, ti) in enumerate(_reduced_rows(x, t, mask)):
         xi = xi.clone().requires_grad_(True)
-        ref = call(build(spec, reduction="none", **extra), (xi, ti))
+        # the per-class tensors of the removed classes go with them
+        ref = call(build(spec, reduction="none", **extra, **class_kwargs(spec, C_MASK, keep=~mask[i])), (xi, ti))
         torch.testing.assert_close(out[i], ref[0], rtol=1e-10, atol=1e-12)
         (gi,) = torch.autograd.grad(ref.sum(), xi)
         torch.testing.assert_close(grad[i, ~mask[i]], gi[0], rtol=1e-9, atol=1e-12)
-    mean = call(build(spec, **extra), (xm, t))
+    mean = call(build(spec, **extra, **class_kwargs(spec, C_MASK)), (xm, t))
     torch.testing.assert_close(mean, out.mean(), rtol=1e-10, atol=1e-12)
 
 
@@ -252,12 +259,13 @@ def test_row_without_a_finite_entry_is_a_value_error(name):
         x = x.clone()
         x[2] = -math.inf
         args = (x, t)
+    ckw = class_kwargs(spec, C_MASK) if spec.kind == "logits" else {}
     with pytest.raises(ValueError) as info:
-        call(build(spec), args)
+        call(build(spec, **ckw), args)
     assert_documented_error(spec, info.value, (ValueError,))
     with losses.validation(False):  # a data check: off with validation
         try:
-            call(build(spec), args)
+            call(build(spec, **ckw), args)
         except ValueError as exc:  # pragma: no cover - the failure message says what ran
             pytest.fail(f"data check ran with validation off: {exc}")
 
@@ -270,7 +278,7 @@ def test_target_on_a_masked_class_is_inf_or_names_the_row(name):
     xm[1, int(t[1])] = -math.inf
     xm = xm.requires_grad_(True)
     try:
-        out = call(build(spec, reduction="none"), (xm, t))
+        out = call(build(spec, reduction="none", **class_kwargs(spec, C_MASK)), (xm, t))
     except ValueError as exc:
         assert_documented_error(spec, exc, (ValueError,))
         assert "row" in str(exc), str(exc)
@@ -297,7 +305,7 @@ def test_pos_inf_and_nan_are_still_rejected(name, value):
         x[1, 1] = value
         args = (x, t)
     with pytest.raises(ValueError) as info:
-        call(build(spec), args)
+        call(build(spec, **(class_kwargs(spec, C_MASK) if spec.kind == "logits" else {})), args)
     assert_documented_error(spec, info.value, (ValueError,))
 
 
@@ -365,7 +373,7 @@ def test_all_ignored_batch_with_infs_is_exact_zero(name):
 
 
 @pytest.mark.parametrize("shape", [(4, 1), (2, 1, 3)], ids=["N1", "N1d"])
-@pytest.mark.parametrize("name", LOGIT_SOFTMAX + ("adversarial_comp_sum",))
+@pytest.mark.parametrize("name", CLASS_SOFTMAX)
 def test_single_class_logits_are_a_value_error(name, shape):
     spec = BY_NAME[name]
     x = torch.randn(shape, dtype=torch.float64)
@@ -374,37 +382,32 @@ def test_single_class_logits_are_a_value_error(name, shape):
         if spec.inputs[0] == "model":
             spec.function(x, x.clone(), t, nu=1.0)
         else:
-            call(build(spec), (x, t))
+            call(build(spec, **class_kwargs(spec, shape[1])), (x, t))
     assert_documented_error(spec, info.value, (ValueError,))
     assert "bce_with_logits" in str(info.value), str(info.value)
 
 
-SOFT_TARGET_LOSSES = ("cross_entropy", "sparsemax", "entmax15", "entmax_bisect")
-
-
-@pytest.mark.parametrize("name", SOFT_TARGET_LOSSES)
+@pytest.mark.parametrize("name", SOFT_TARGETS)
 def test_soft_targets_must_sum_to_one(name):
     spec = BY_NAME[name]
     g = torch.Generator().manual_seed(7)
     x = torch.randn(5, 4, generator=g, dtype=torch.float64)
     q = torch.softmax(torch.randn(5, 4, generator=g, dtype=torch.float64), dim=1)
-    ok = call(build(spec), (x, q))  # a proper distribution is accepted
+    ckw = class_kwargs(spec, 4)
+    ok = call(build(spec, **ckw), (x, q))  # a proper distribution is accepted
     assert torch.isfinite(ok)
     bad = q.clone()
     bad[3] *= 0.5
     with pytest.raises(ValueError) as info:
-        call(build(spec), (x, bad))
+        call(build(spec, **ckw), (x, bad))
     assert_documented_error(spec, info.value, (ValueError,))
     assert ".long()" not in str(info.value), "hint must not suggest casting soft targets to ids"
     with losses.validation(False):  # a data check
-        call(build(spec), (x, bad))
-
-
-CLASS_WEIGHT_LOSSES = ("cross_entropy", "bce_with_logits", "gol", "dice_semimetric", "jaccard_metric", "soft_dice")
+        call(build(spec, **ckw), (x, bad))
 
 
 @pytest.mark.parametrize("weight", ["negative", "all_zero"])
-@pytest.mark.parametrize("name", CLASS_WEIGHT_LOSSES)
+@pytest.mark.parametrize("name", CLASS_WEIGHTED)
 def test_bad_class_weights_are_a_value_error(name, weight):
     spec = BY_NAME[name]
     args, kwargs = example(spec, dtype=torch.float64)
@@ -423,11 +426,7 @@ def test_bad_class_weights_are_a_value_error(name, weight):
 # one exception type per mistake
 # --------------------------------------------------------------------------------------
 
-ID_TARGET_LOSSES = [n for n in NAMES if BY_NAME[n].inputs[-1] == "target" and BY_NAME[n].inputs[0] in
-                    ("embeddings", "model")] + ["z_loss", "logz_penalty", "comp_sum"]
-
-
-@pytest.mark.parametrize("name", sorted(ID_TARGET_LOSSES))
+@pytest.mark.parametrize("name", sorted(ID_TARGETS))
 def test_float_labels_are_a_type_error(name):
     spec = BY_NAME[name]
     args, kwargs = example(spec)
@@ -437,23 +436,6 @@ def test_float_labels_are_a_type_error(name):
     assert_documented_error(spec, info.value, (TypeError,))
     # float labels may be soft targets: casting them with .long() would silently corrupt them
     assert ".long()" not in str(info.value), str(info.value)
-
-
-FLAGS = [
-    ("logz_penalty", "return_penalty"),
-    ("opl", "return_stats"),
-    ("decoupled_softmax", "weighted"),
-    ("decoupled_softmax", "sample_one_positive"),
-    ("psl", "bounded_scores"),
-    ("psl", "include_positive"),
-    ("sampled_softmax", "include_positive"),
-    ("dice_semimetric", "log_loss"),
-    ("jaccard_metric", "log_loss"),
-    ("linear_cross_entropy", "bias"),
-    ("nbc_softmax", "bias"),
-    ("infonce", "gather_distributed"),
-    ("partial_fc", "distributed"),
-]
 
 
 @pytest.mark.parametrize("value", [1, "yes"], ids=["int", "str"])

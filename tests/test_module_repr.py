@@ -15,13 +15,21 @@ from losses._core import auto_extra_repr
 MODULES = sorted({s.module for s in losses.list_losses() if s.module is not None}, key=lambda m: m.__name__)
 
 
+def _specs_of(module):
+    return [s for s in losses.list_losses() if s.module is module]
+
+
 def _build(module):
-    sig = inspect.signature(module.__init__).parameters
-    args = [8, 5] if "embedding_dim" in sig else []
-    kwargs = {"nu": 0.5} if "nu" in sig else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return module(*args, **kwargs)
+        return _specs_of(module)[0].create(**_specs_of(module)[0].example_kwargs)
+
+
+def _may_be_hidden(module):
+    """Constructor arguments the repr leaves out: the registry's ``tensor_args`` (the module's own
+    tensors), the class's ``_repr_skip`` and, while unset, its ``_repr_omit_none``."""
+    hidden = {a for s in _specs_of(module) for a in s.tensor_args}
+    return hidden | set(getattr(module, "_repr_skip", ())) | set(getattr(module, "_repr_omit_none", ()))
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
@@ -32,7 +40,7 @@ def test_repr_lists_the_constructor_hyperparameters_in_order(module):
     names = [part.split("=", 1)[0] for part in text.split(", ") if "=" in part]
     sig = [n for n in inspect.signature(module.__init__).parameters if n != "self"]
     assert names == [n for n in sig if n in names], f"{module.__name__}: not in signature order: {text}"
-    skipped = set(sig) - set(names) - {"weight", "softcap", "process_group"}
+    skipped = set(sig) - set(names) - _may_be_hidden(module)
     assert not skipped, f"{module.__name__}: hyperparameters missing from the repr: {sorted(skipped)}"
 
 

@@ -20,6 +20,7 @@ CPU cores) and ``long`` (many more random examples), chosen with
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 
@@ -32,6 +33,9 @@ from hypothesis import strategies as st
 import losses  # noqa: F401
 from tests.reliability_utils import (
     BY_NAME,
+    CLASS_WEIGHTED,
+    class_kwargs,
+    LOGIT_POSITION_MASK,
     LOGIT_SOFTMAX,
     NAMES,
     assert_documented_error,
@@ -55,8 +59,8 @@ if PROFILE not in ("ci", "long"):
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 MAGNITUDES = [1.0, 1e-2, 10.0, 1e2, 1e3, 1e4]
-CLASS_WEIGHTED = ("cross_entropy", "bce_with_logits", "gol", "dice_semimetric", "jaccard_metric", "soft_dice")
-DICE = ("dice_semimetric", "jaccard_metric", "soft_dice")
+#: Logits losses with a ``mask=`` of positions (registry ``masks``): drawn on (N, C, H, W).
+DICE = LOGIT_POSITION_MASK
 
 
 class Case:
@@ -95,7 +99,7 @@ def _draw_logits(data, spec, g, dtype, magnitude):
     n = data.draw(_sizes(6), label="N")
     c = data.draw(st.integers(1, 6), label="C")
     spatial = data.draw(st.sampled_from([(), (2,)]), label="spatial") if name not in DICE else ()
-    ctor = {}
+    ctor = class_kwargs(spec, c)  # per-class tensors the module needs (e.g. a class prior), for C classes
     fwd = {}
     if name in DICE:
         h, w = data.draw(st.integers(1, 3), label="H"), data.draw(st.integers(1, 3), label="W")
@@ -103,7 +107,8 @@ def _draw_logits(data, spec, g, dtype, magnitude):
         t = _ids(g, (n, h, w), c, data.draw(st.sampled_from([0.0, 0.3, 1.0]), label="p_ignore"))
         if data.draw(st.booleans(), label="mask"):
             fwd["mask"] = torch.rand((n, h, w), generator=g) < 0.7
-        ctor["aggregate"] = data.draw(st.sampled_from(["dataset", "image", "class"]), label="aggregate")
+        if "aggregate" in inspect.signature(spec.module.__init__).parameters:
+            ctor["aggregate"] = data.draw(st.sampled_from(["dataset", "image", "class"]), label="aggregate")
     else:
         x = _values(g, (n, c) + spatial, magnitude, dtype)
         t = _ids(g, (n,) + spatial, c, data.draw(st.sampled_from([0.0, 0.3, 1.0]), label="p_ignore"))
@@ -117,10 +122,12 @@ def _draw_logits(data, spec, g, dtype, magnitude):
     if name in CLASS_WEIGHTED and data.draw(st.booleans(), label="class_weight"):
         ctor["weight"] = (torch.rand(c, generator=g, dtype=torch.float64) * 2 + 0.05).to(_weight_dtype(dtype))
     may_be_inf = False
-    if name == "comp_sum":
-        tau = data.draw(st.sampled_from([0.0, 0.5, 1.0, 1.5, 2.0]), label="tau")
-        ctor["tau"] = tau
-        may_be_inf = tau < 1  # exp((1 - tau) * ce) leaves the float range: +inf, never NaN
+    if spec.documented_inf:  # registry: an exact +inf (never NaN) is documented on extreme inputs
+        may_be_inf = True
+        if "tau" in inspect.signature(spec.module.__init__).parameters:  # comp-sum: only for tau < 1
+            tau = data.draw(st.sampled_from([0.0, 0.5, 1.0, 1.5, 2.0]), label="tau")
+            ctor["tau"] = tau
+            may_be_inf = tau < 1  # exp((1 - tau) * ce) leaves the float range: +inf, never NaN
     return Case((x, t), fwd, ctor, may_be_inf)
 
 
@@ -308,7 +315,7 @@ def test_registry_property(name, data):
     atol = rtol * float((w * nd.abs()).sum()) + 1e-12
     assert abs(total - ref_sum) <= atol + rtol * abs(ref_sum), (total, ref_sum)
     wsum = float(w.sum())
-    if name == "cross_entropy" and "weight" in case.ctor:
+    if spec.weighted_mean and "weight" in case.ctor:
         # F.cross_entropy's class-weighted mean: "none" already carries weight[target], and the
         # mean divides by the summed weight of the valid targets
         t = case.args[1]

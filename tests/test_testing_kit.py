@@ -224,7 +224,7 @@ def test_example_custom_loss_registers_and_checks():
                          text=True, cwd=ROOT, timeout=300,
                          env={**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().endswith("check_loss('focal'): every contract property holds"), out.stdout
+    assert out.stdout.strip().endswith("check_loss('my_poly1'): every contract property holds"), out.stdout
 
 
 # --------------------------------------------------------------------------------------
@@ -282,6 +282,17 @@ def _bad_register_cases():
         ("arxiv", {"arxiv": "arXiv:1708.02002"}, ValueError, r"^register: arxiv must be an arXiv id"),
         ("example_kwargs", {"example_kwargs": [("a", 1)]}, TypeError, r"^register: example_kwargs must be a dict"),
         ("replace", {"replace": "yes"}, TypeError, r"^register: replace must be a bool \(got 'yes'\)"),
+        ("softmax flag", {"softmax": 1}, TypeError, r"^register: softmax must be a bool \(got 1\)"),
+        ("masks kind", {"masks": "neg_inf"}, TypeError, r"^register: masks must be a tuple of names"),
+        ("masks value", {"masks": ("neg_inf", "nan")}, ValueError,
+         r"^register: masks must be names from \('neg_inf', 'mask'\) \(got \('neg_inf', 'nan'\)\)"),
+        ("tensor_args kind", {"tensor_args": "weight"}, TypeError, r"^register: tensor_args must be a tuple of names"),
+        ("tensor_args value", {"tensor_args": ("prior",)}, ValueError,
+         r"^register: tensor_args must name constructor arguments of KitCELoss \(got \['prior'\]\)"),
+        ("soft targets kind", {"inputs": "scores", "soft_targets": True}, ValueError,
+         r"^register: soft_targets / dense_targets apply to inputs='logits' only"),
+        ("class weight", {"class_weight": True}, ValueError,
+         r"^register: class_weight=True but KitCELoss takes no weight="),
     ], ok
 
 
@@ -293,6 +304,17 @@ def test_register_checks_its_arguments(what, bad, err, match):
     with pytest.raises(err, match=match):
         losses.register("kit_bad", **{**OK_REGISTER, **bad})
     assert "kit_bad" not in {s.name for s in losses.list_losses()}
+
+
+def test_register_records_the_facts():
+    spec = losses.register("kit_facts", **{**OK_REGISTER, "softmax": True, "masks": ["neg_inf"],
+                                           "soft_targets": True, "documented_inf": True})
+    try:
+        assert spec.softmax and spec.masks == ("neg_inf",) and spec.documented_inf
+        assert spec.soft_targets and spec.dense_targets  # probabilities are dense targets
+        assert not spec.class_weight and not spec.weighted_mean and spec.tensor_args == () and not spec.seeded
+    finally:
+        losses.unregister("kit_facts")
 
 
 def test_register_checks_the_name():

@@ -6,6 +6,12 @@ defines it. The lists come from ``losses.__all__``, ``losses.functional.__all__`
 the ``__all__`` of the :mod:`lightning_modules` packages, so a new public function, class or
 registry entry appears in the reference without editing these pages (tests/test_repository_hygiene.py
 checks it).
+
+Loss family pages: a module that defines a registered loss and has a hand-written page (mapped in
+:data:`FAMILY_PAGES`) links to it; any other gets a page generated from its docstrings and its
+registry records (:func:`generated_family_pages`), added to the site's files and, like every page
+under ``docs/losses/`` missing from ``mkdocs.yml``, to the "Loss families" section of the
+navigation. A new loss therefore reaches the site from its registration alone.
 """
 
 from __future__ import annotations
@@ -13,11 +19,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import os
 import re
 import warnings
 from typing import Dict, List, Tuple
 
-#: family page of each defining module (the API reference links back to the maths)
+#: the hand-written family page of a defining module (the API reference links back to the maths);
+#: a module without one gets a generated page (:func:`family_pages`)
 FAMILY_PAGES: Dict[str, Tuple[str, str]] = {
     "losses._core": ("Validation switch and warnings", "conventions.md"),
     "losses.classification.baselines": ("Baselines: cross-entropy and BCE", "losses/baselines.md"),
@@ -49,6 +57,70 @@ LIGHTNING_PACKAGES = ("lightning_modules.models", "lightning_modules.data")
 LIGHTNING_MODULES = ("lightning_modules.cli", "lightning_modules.base", "lightning_modules.optim",
                      "lightning_modules.routing", "lightning_modules.metrics", "lightning_modules.retrieval_metrics",
                      "lightning_modules.summary", "lightning_modules.progress", "lightning_modules.models.pretrained")
+
+
+#: the navigation section that lists the loss family pages
+FAMILY_SECTION = "Loss families"
+_DOCS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _rst_rewrite():
+    """``rewrite`` of the griffe extension (docstring reST idioms -> Markdown), loaded by path."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "griffe_rst.py")
+    spec = importlib.util.spec_from_file_location("_docs_griffe_rst", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.rewrite
+
+
+def _first_line(doc: str) -> str:
+    line = inspect.cleandoc(doc or "").split("\n", 1)[0].strip()
+    line = re.sub(r"\s*\(docs/[^)]*\)", "", line)  # a pointer to a docs page, in brackets
+    return line.rstrip(".") or "Loss family"
+
+
+def generated_family_pages() -> Dict[str, Tuple[str, str, str]]:
+    """``module -> (title, page path under docs/, Markdown)`` for every module that defines a
+    registered loss and has no hand-written page: the module's docstring, a table of its registry
+    records and the links to its API entries."""
+    losses = _import("losses")
+    by_module: Dict[str, list] = {}
+    for spec in losses.list_losses():
+        mod = _defining_module(spec.module, "losses")
+        if mod not in FAMILY_PAGES:
+            by_module.setdefault(mod, []).append(spec)
+    if not by_module:
+        return {}
+    rewrite = _rst_rewrite()
+    out = {}
+    for mod, specs in sorted(by_module.items()):
+        module = _import(mod)
+        title = _first_line(module.__doc__)
+        page = f"losses/{mod.rsplit('.', 1)[-1]}.md"
+        rows = ["| registry name | function and module | inputs | unit | paper |", "|---|---|---|---|---|"]
+        for spec in specs:
+            fmod = _defining_module(spec.function, "losses")
+            paper = spec.paper + (f" ([arXiv {spec.arxiv}](https://arxiv.org/abs/{spec.arxiv}))" if spec.arxiv else "")
+            rows.append(f"| `{spec.name}` | [`{spec.function.__name__}`][{fmod}.{spec.function.__name__}], "
+                        f"[`{spec.module.__name__}`][{mod}.{spec.module.__name__}] | {spec.kind} | {spec.unit} | "
+                        f"{paper} |")
+        body = [f"# {title}\n",
+                "*This page is generated from the docstrings and the registry records of "
+                f"`{mod}`; the API entries are in the [API reference](../api/losses.md).*\n",
+                rewrite(inspect.cleandoc(module.__doc__ or "")) + "\n",
+                "## Registered losses\n", "\n".join(rows) + "\n"]
+        for spec in specs:
+            body.append(f"## `{spec.name}`\n")
+            body.append(rewrite(inspect.cleandoc(spec.function.__doc__ or "")) + "\n")
+        out[mod] = (title, page, "\n".join(body))
+    return out
+
+
+def family_pages() -> Dict[str, Tuple[str, str]]:
+    """``module -> (title, page)`` of every family: the hand-written pages and the generated ones."""
+    pages = dict(FAMILY_PAGES)
+    pages.update({mod: (title, page) for mod, (title, page, _) in generated_family_pages().items()})
+    return pages
 
 
 def _import(name: str):
@@ -84,11 +156,12 @@ def losses_page() -> str:
     for path, _ in losses_objects():
         groups.setdefault(path.rsplit(".", 1)[0], []).append(path)
     parts = []
-    order = list(FAMILY_PAGES) + sorted(set(groups) - set(FAMILY_PAGES))
+    pages = family_pages()
+    order = list(pages) + sorted(set(groups) - set(pages))
     for mod in order:
         if mod not in groups:
             continue
-        title, page = FAMILY_PAGES.get(mod, (mod, None))
+        title, page = pages.get(mod, (mod, None))
         parts.append(f"## {title}\n")
         if page:
             parts.append(f"Maths, defaults and results: [{page}](../{page}). Defined in `{mod}`.\n")
@@ -140,10 +213,11 @@ def registry_page() -> str:
     parts = [_directive(f"losses._registry.{n}") for n in REGISTRY_NAMES]
     losses = _import("losses")
     rows = ["| registry name | function and module | inputs | unit | family |", "|---|---|---|---|---|"]
+    pages = family_pages()
     for spec in losses.list_losses():
         fmod = _defining_module(spec.function, "losses")
         mmod = _defining_module(spec.module, "losses")
-        title, page = FAMILY_PAGES.get(mmod, (None, None))
+        title, page = pages.get(mmod, (None, None))
         link = f"[{title}](../{page})" if page else "—"
         rows.append(
             f"| `{spec.name}` | [`{spec.function.__name__}`][{fmod}.{spec.function.__name__}], "
@@ -192,3 +266,59 @@ _MARKER = re.compile(r"<!--\s*api:(\w+)\s*-->")
 
 def on_page_markdown(markdown: str, page=None, config=None, files=None) -> str:
     return _MARKER.sub(lambda m: GENERATORS[m.group(1)](), markdown)
+
+
+def _nav_pages(nav) -> List[str]:
+    out: List[str] = []
+    for item in nav or []:
+        value = item if isinstance(item, str) else next(iter(item.values())) if isinstance(item, dict) else None
+        if isinstance(value, list):
+            out += _nav_pages(value)
+        elif isinstance(value, str):
+            out.append(value)
+    return out
+
+
+def nav_additions(nav) -> List[Tuple[str, str]]:
+    """``(title, page)`` to append to the "Loss families" section: the generated family pages and
+    any hand-written ``docs/losses/*.md`` page the configured navigation does not list yet."""
+    listed = set(_nav_pages(nav))
+    extra = []
+    for title, page, _ in generated_family_pages().values():
+        if page not in listed:
+            extra.append((title, page))
+    folder = os.path.join(_DOCS, "losses")
+    for fname in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        page = f"losses/{fname}"
+        if fname.endswith(".md") and page not in listed and page not in {p for _, p in extra}:
+            with open(os.path.join(folder, fname), encoding="utf-8") as fh:
+                head = fh.readline().lstrip("# ").strip()
+            extra.append((head or fname[:-3], page))
+    return extra
+
+
+def on_config(config):
+    """Append the family pages the navigation does not list to its "Loss families" section."""
+    nav = config.get("nav")
+    if not nav:
+        return config
+    extra = nav_additions(nav)
+    if not extra:
+        return config
+    for item in nav:
+        if isinstance(item, dict) and FAMILY_SECTION in item and isinstance(item[FAMILY_SECTION], list):
+            item[FAMILY_SECTION].extend({title: page} for title, page in extra)
+            break
+    else:
+        nav.append({FAMILY_SECTION: [{title: page} for title, page in extra]})
+    return config
+
+
+def on_files(files, config):
+    """Add the generated family pages to the site's files."""
+    from mkdocs.structure.files import File
+
+    for _, page, markdown in generated_family_pages().values():
+        if files.get_file_from_path(page) is None:
+            files.append(File.generated(config, page, content=markdown))
+    return files

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._core import (
+    check_logits_dim,
     check_class_target,
     check_softmax_classes,
     flatten_logits_and_target,
@@ -60,13 +61,7 @@ def elementwise_targets(
 ) -> Tuple[Tensor, Tensor]:
     """Return ``(y, unit_weight)``, both shaped like ``input`` and in ``dtype``."""
     check_tensor(fn, "target", target)
-    if input.dim() < 2:
-        raise value_error(
-            fn,
-            "input must have shape (N, C) or (N, C, d1, ..., dk) with classes on dim 1",
-            f"shape {tuple(input.shape)}",
-            "add a batch dimension with input.unsqueeze(0)",
-        )
+    check_logits_dim(fn, input)
     c = input.shape[1]
     if check_class_target(fn, input, target, soft=True, soft_name="labels in [0, 1]"):
         check_finite(fn, "target", target)

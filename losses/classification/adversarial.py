@@ -382,4 +382,6 @@ register(
           "ICML 2023 (smooth adversarial comp-sum; experimental reconstruction)",
     experimental=True,
     example_kwargs={"nu": 1.0},
+    softmax=True,
+    masks=("neg_inf",),  # the functional form: -inf in both logits tensors removes the class
 )

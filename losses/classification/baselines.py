@@ -18,38 +18,26 @@ from .._core import (
     once_differentiable,
     check_ignore_index,
     auto_extra_repr,
-    check_class_target,
     check_class_weight,
-    check_distribution,
     check_finite,
     check_floating,
-    check_ids_in_range,
-    check_masked_logits,
     check_number,
     check_reduction,
-    check_softmax_classes,
-    check_tensor,
-    check_unit_interval,
     _compiling,
     compute_dtype,
-    flatten_logits_and_target,
     move_class_dim_last,
     no_autocast,
     reduce_loss,
     upcast,
-    value_error,
     zero_rows,
 )
-from .._registry import register
-from .._softcap import apply_softcap, check_softcap
+from .._precision import softplus
+from .._registry import element_unit_weights, position_unit_weights, register
+from .._softcap import check_softcap
+from ._cross_entropy import softmax_cross_entropy
 from ._targets import broadcast_class_weight, elementwise_targets, integer_targets
 
 __all__ = ["cross_entropy_loss", "bce_with_logits_loss", "CrossEntropyLoss", "BCEWithLogitsLoss"]
-
-
-def _class_view(w: Tensor, input: Tensor) -> Tensor:
-    """``(C,)`` class weights viewed to broadcast against ``input (N, C, d1..dk)``."""
-    return w.view((1, -1) + (1,) * (input.dim() - 2))
 
 
 def cross_entropy_loss(
@@ -103,68 +91,8 @@ def cross_entropy_loss(
     ...                    torch.nn.functional.cross_entropy(x, torch.tensor([0]))))
     True
     """
-    fn = "cross_entropy_loss"
-    check_floating(fn, "input", input)
-    check_tensor(fn, "target", target)
-    check_reduction(fn, reduction)
-    eps = check_number(fn, "label_smoothing", label_smoothing, low=0.0, high=1.0)
-    if input.dim() < 2:
-        raise value_error(fn, "input must have shape (N, C) or (N, C, d1, ..., dk) with classes on dim 1",
-                          f"shape {tuple(input.shape)}", "add a batch dimension with input.unsqueeze(0)")
-    c = input.shape[1]
-    check_softmax_classes(fn, c)
-    check_class_weight(fn, weight, c)
-    cap = check_softcap(fn, softcap)
-    soft = check_class_target(fn, input, target, soft=True, soft_name="probabilities")
-    dtype = compute_dtype(input, weight, target)  # float64 soft targets count; ids never do
-    with no_autocast(input.device.type):
-        x = apply_softcap(upcast(input, dtype), cap)
-        w = None if weight is None else upcast(weight, dtype).to(x.device)
-        zero = torch.zeros((), dtype=dtype, device=x.device)
-        if soft:
-            check_finite(fn, "target", target)
-            check_unit_interval(fn, "target", target)
-            check_distribution(fn, "target", target, dim=1, tol=1e-3,
-                               hint="normalise it (target / target.sum(1, keepdim=True)) or pass integer class ids")
-            check_masked_logits(fn, "input", input)
-            q = target.to(dtype)
-            lp = torch.log_softmax(x, dim=1)
-            if eps > 0:
-                finite = x > -math.inf
-                n_fin = finite.sum(dim=1, keepdim=True).clamp_min(1).to(dtype)
-                q = q * (1.0 - eps) + torch.where(finite, eps / n_fin, zero)
-            wq = q if w is None else q * _class_view(w, x)
-            # a class without target mass contributes exactly 0 (never 0 * -inf), before the product
-            values = -(wq * torch.where(wq != 0, lp, zero)).sum(dim=1)
-            return reduce_loss(values, None, reduction)
-        flatten_logits_and_target(fn, input, target)  # shape check only
-        check_ids_in_range(fn, target, c, ignore_index)
-        valid = target != ignore_index
-        if not check_masked_logits(fn, "input", input, active=valid):
-            x = torch.where(valid.unsqueeze(1), x, zero)  # ignored positions: no +-inf/NaN reaches the maths
-        safe = torch.where(valid, target, torch.zeros_like(target)).long()
-        if eps == 0:
-            values = F.cross_entropy(x, target.long(), weight=w, ignore_index=ignore_index, reduction="none")
-        else:
-            lp = torch.log_softmax(x, dim=1)
-            nll = -lp.gather(1, safe.unsqueeze(1)).squeeze(1)
-            finite = x > -math.inf
-            n_fin = finite.sum(dim=1).clamp_min(1).to(dtype)
-            wl = lp if w is None else lp * _class_view(w, x)
-            smooth = -torch.where(finite, wl, zero).sum(dim=1) / n_fin
-            if w is not None:
-                nll = nll * w[safe]
-            values = torch.where(valid, (1.0 - eps) * nll + eps * smooth, zero)
-        unit = valid.to(dtype)
-        if w is not None:
-            unit = unit * w[safe]
-        if reduction == "none":
-            return values
-        total = values.sum()
-        if reduction == "sum":
-            return total
-        denom = unit.sum()
-        return total / torch.where(denom > 0, denom, torch.ones_like(denom))
+    return softmax_cross_entropy("cross_entropy_loss", input, target, label_smoothing=label_smoothing,
+                                 weight=weight, ignore_index=ignore_index, reduction=reduction, softcap=softcap)
 
 
 def bce_with_logits_loss(
@@ -243,11 +171,6 @@ def _bce_values(x: Tensor, y: Tensor, zero: Tensor) -> Tensor:
     return torch.logaddexp(torch.where(pos, -x, x), zero) + torch.where(pos, (1 - y) * x, -y * x)
 
 
-def _softplus_exact(x: Tensor) -> Tensor:
-    """``max(x, 0) + log1p(exp(-|x|))``: softplus without linearisation (exact in float64 at any |x|)."""
-    return x.abs().neg_().exp_().log1p_().add_(x.clamp(min=0))
-
-
 class _BCEIdsFunction(torch.autograd.Function):
     """Per-row sums of the binary cross-entropy against smoothed one-hot ids, fused.
 
@@ -295,7 +218,7 @@ def _bce_id_terms(x: Tensor, ids: Tensor, eps: float) -> Tensor:
     the smoothed one-hot ``y`` of ``ids``, each without cancellation (a new tensor)."""
     c = x.shape[1]
     if x.dtype == torch.float64:  # softplus(x_j), the term of a label 0, exact at any magnitude
-        sp = _softplus_exact(x)
+        sp = softplus(x)
     else:  # one fused pass; its linearisation above 20 is below float32 rounding (e^-20 / 20)
         sp = F.softplus(x)
     if eps > 0:
@@ -303,7 +226,7 @@ def _bce_id_terms(x: Tensor, ids: Tensor, eps: float) -> Tensor:
     # the target's own term, softplus(-x_y) + eps (1 - 1/C) x_y, written in place (not subtracted
     # from the row sum, which would cancel softplus(x_y) ~ x_y in float32 at confident logits)
     xy = x.gather(1, ids.unsqueeze(1))
-    tgt = _softplus_exact(-xy)
+    tgt = softplus(-xy)
     if eps > 0:
         tgt = tgt + (eps * (1.0 - 1.0 / c)) * xy
         tgt = torch.where(xy == -math.inf, math.inf, tgt)  # a positive label on a logit of -inf
@@ -438,22 +361,6 @@ class BCEWithLogitsLoss(nn.Module):
 # --------------------------------------------------------------------------------------
 
 
-def position_unit_weights(input: Tensor, target: Tensor, *, ignore_index: int = -100, **_: object) -> Tensor:
-    """Unit weights of position-level losses without class weights: 1 where ``target`` is a
-    valid id (or for every position of a float target), else 0; shaped ``(N, d1..dk)``."""
-    if target.is_floating_point():
-        return torch.ones((input.shape[0],) + tuple(input.shape[2:]), dtype=torch.float64)
-    return (target != ignore_index).double()
-
-
-def element_unit_weights(input: Tensor, target: Tensor, *, ignore_index: int = -100, **_: object) -> Tensor:
-    """Unit weights of element-level losses: 1 per element of non-ignored rows, shaped like input."""
-    if target.is_floating_point():
-        return torch.ones(input.shape, dtype=torch.float64)
-    valid = (target != ignore_index).double().unsqueeze(1)
-    return valid.expand(input.shape).clone()
-
-
 register(
     "cross_entropy",
     function=cross_entropy_loss,
@@ -463,6 +370,12 @@ register(
     unit_weights=position_unit_weights,
     arxiv="",
     paper="Softmax cross-entropy (torch.nn.functional.cross_entropy)",
+    softmax=True,
+    masks=("neg_inf",),
+    soft_targets=True,
+    class_weight=True,
+    weighted_mean=True,
+    tensor_args=("weight",),
 )
 register(
     "bce_with_logits",
@@ -473,4 +386,7 @@ register(
     unit_weights=element_unit_weights,
     arxiv="",
     paper="Sigmoid binary cross-entropy (torch.nn.functional.binary_cross_entropy_with_logits)",
+    dense_targets=True,
+    class_weight=True,
+    tensor_args=("weight",),
 )

@@ -22,8 +22,7 @@ from .._core import (
     upcast,
     zero_rows,
 )
-from .._registry import register
-from .baselines import position_unit_weights
+from .._registry import position_unit_weights, register
 from ._comp_sum_kernel import CompSumFunction
 from ._targets import class_ids
 
@@ -156,4 +155,7 @@ register(
     arxiv="2304.07288",
     paper="A. Mao, M. Mohri, Y. Zhong, Cross-Entropy Loss Functions: Theoretical Analysis and Applications, ICML 2023",
     example_kwargs={"tau": 0.5},
+    softmax=True,
+    masks=("neg_inf",),
+    documented_inf=True,  # tau < 1: exp((1 - tau) * ce) overflows to +inf on logits x1e4
 )

@@ -700,6 +700,10 @@ for _name, _fn, _module, _kind, _arxiv, _paper in (
         arxiv=_arxiv,
         paper=_paper,
         example_inputs=_example_inputs,
+        masks=("mask",),
+        dense_targets=True,
+        class_weight=True,
+        tensor_args=("weight",),
     )
 del _name, _fn, _module, _kind, _arxiv, _paper
 

@@ -11,7 +11,6 @@ also writes the gradient, so the backward is a single multiplication.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Optional, Tuple
 
@@ -20,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    check_logits_dim,
     once_differentiable,
     check_ignore_index,
     _compiling,
@@ -31,12 +31,13 @@ from .._core import (
     check_reduction,
     check_tensor,
     compute_dtype,
+    no_autocast,
     reduce_loss,
     type_error,
     upcast,
     value_error,
 )
-from .._registry import register
+from .._registry import element_unit_weights, register
 from ._targets import broadcast_class_weight, elementwise_targets, integer_targets
 
 __all__ = [
@@ -63,18 +64,6 @@ def _cap(dtype: torch.dtype) -> float:
     # (-log(1 - eta) = q + u/2 rounds to q; its derivative 1 - u/2 rounds to 1); the y*u terms
     # there are below 1e-36 (fp32) / 1e-304 (fp64).
     return 700.0 if dtype == torch.float64 else 85.0
-
-
-@contextlib.contextmanager
-def _no_autocast(device_type: str):
-    # Both variants compute in fp32 or wider, outside autocast (autocast rejects the
-    # probability-space BCE of the reference variant).
-    try:
-        ctx = torch.autocast(device_type=device_type, enabled=False)
-    except RuntimeError:  # pragma: no cover - device type without autocast support
-        ctx = contextlib.nullcontext()
-    with ctx:
-        yield
 
 
 # --------------------------------------------------------------------------------------
@@ -321,7 +310,7 @@ class _GumbelBCEFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, y, ids, valid, w, smoothing, lo, hi, reduction):  # type: ignore[override]
         need_grad = bool(ctx.needs_input_grad[0])
-        with _no_autocast(x.device.type), torch.no_grad():
+        with no_autocast(x.device.type), torch.no_grad():
             out, grad = _paper_forward(x, y, ids, valid, w, smoothing, lo, hi, reduction, need_grad)
         if need_grad:
             ctx.save_for_backward(x, y, ids, valid, w)
@@ -340,7 +329,7 @@ class _GumbelBCEFunction(torch.autograd.Function):
                 grad = grad.mul_(grad_out)  # (loss.backward() seeds 1: nothing to scale)
         else:
             x, y, ids, valid, w = ctx.saved_tensors
-            with _no_autocast(x.device.type), torch.no_grad():
+            with no_autocast(x.device.type), torch.no_grad():
                 _, grad = _paper_forward(x, y, ids, valid, w, *ctx.options, True)
             grad = grad * grad_out
         return grad, None, None, None, None, None, None, None, None
@@ -452,9 +441,7 @@ def gumbel_bce_loss(
     check_choice(fn, "variant", variant, _VARIANTS)
     smoothing = check_number(fn, "label_smoothing", label_smoothing, low=0.0, high=1.0, high_inclusive=False)
     clamp_ = _check_clamp(fn, clamp)
-    if input.dim() < 2:
-        raise value_error(fn, "input must have shape (N, C) or (N, C, d1, ..., dk) with classes on dim 1",
-                          f"shape {tuple(input.shape)}", "add a batch dimension with input.unsqueeze(0)")
+    check_logits_dim(fn, input)
     if target.dtype == torch.bool or target.is_complex():
         raise type_error(fn, "target must hold integer class ids or float labels in [0, 1]", str(target.dtype),
                          "pass target.float() for multi-hot labels")
@@ -482,7 +469,7 @@ def gumbel_bce_loss(
 
     if variant == "reference":
         lo, hi = clamp_ if clamp_ is not None else _REFERENCE_CLAMP
-        with _no_autocast(x.device.type):
+        with no_autocast(x.device.type):
             q = x.clamp(lo, hi)
             if lo < _FLOOR:
                 q = q.clamp(min=_FLOOR)
@@ -571,20 +558,16 @@ class GumbelBCELoss(nn.Module):
 GOLLoss = GumbelBCELoss
 
 
-def _element_unit_weights(input: Tensor, target: Tensor, *, ignore_index: int = -100, **_: object) -> Tensor:
-    """1 per element of every non-ignored row (float targets: every element), shaped like input."""
-    if target.is_floating_point():
-        return torch.ones(input.shape, dtype=torch.float64)
-    return (target != ignore_index).double().unsqueeze(1).expand(input.shape).clone()
-
-
 register(
     "gol",
     function=gumbel_bce_loss,
     module=GumbelBCELoss,
     inputs="logits",
     unit="element",
-    unit_weights=_element_unit_weights,
+    unit_weights=element_unit_weights,
     arxiv="2207.10936",
     paper="Alexandridis et al., Long-tailed Instance Segmentation using Gumbel Optimized Loss, ECCV 2022",
+    dense_targets=True,
+    class_weight=True,
+    tensor_args=("weight",),
 )

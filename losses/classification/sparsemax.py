@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from .._core import (
+    check_logits_dim,
     as_index,
     check_ignore_index,
     auto_extra_repr,
@@ -46,9 +47,8 @@ from .._core import (
     value_error,
     zero_rows,
 )
-from .._registry import N_EXAMPLE, C_EXAMPLE, register
+from .._registry import N_EXAMPLE, C_EXAMPLE, position_unit_weights, register
 from ._entmax_ops import EntmaxBisectFunction, ExactEntmaxFunction, FYLossFunction
-from .baselines import position_unit_weights
 
 __all__ = [
     "sparsemax",
@@ -334,9 +334,7 @@ def _fy_loss(
     check_reduction(fn, reduction)
     if alpha is not None:
         _check_alpha(fn, alpha)
-    if input.dim() < 2:
-        raise value_error(fn, "input must have shape (N, C) or (N, C, d1, ..., dk) with classes on dim 1",
-                          f"shape {tuple(input.shape)}", "add a batch dimension with input.unsqueeze(0)")
+    check_logits_dim(fn, input)
     c = input.shape[1]
     if c == 0:
         raise value_error(fn, "input needs at least one class on dim 1", f"shape {tuple(input.shape)}",
@@ -698,10 +696,10 @@ _ENTMAX_PAPER = "B. Peters, V. Niculae, A. F. T. Martins, Sparse Sequence-to-Seq
 
 register("sparsemax", function=sparsemax_loss, module=SparsemaxLoss, inputs="logits", unit="position",
          unit_weights=position_unit_weights, arxiv="1602.02068", paper=_SPARSEMAX_PAPER,
-         example_inputs=_example_inputs)
+         example_inputs=_example_inputs, softmax=True, masks=("neg_inf",), soft_targets=True)
 register("entmax15", function=entmax15_loss, module=Entmax15Loss, inputs="logits", unit="position",
          unit_weights=position_unit_weights, arxiv="1905.05702", paper=_ENTMAX_PAPER,
-         example_inputs=_example_inputs)
+         example_inputs=_example_inputs, softmax=True, masks=("neg_inf",), soft_targets=True)
 register("entmax_bisect", function=entmax_bisect_loss, module=EntmaxBisectLoss, inputs="logits", unit="position",
          unit_weights=position_unit_weights, arxiv="1905.05702", paper=_ENTMAX_PAPER,
-         example_inputs=_example_inputs)
+         example_inputs=_example_inputs, softmax=True, masks=("neg_inf",), soft_targets=True)

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from .._core import (
+    check_logits_dim,
     once_differentiable,
     check_ignore_index,
     auto_extra_repr,
@@ -44,11 +45,10 @@ from .._core import (
     value_error,
     zero_rows,
 )
-from .._registry import register
+from .._registry import position_unit_weights, register
 from .._softcap import apply_softcap, check_softcap
 from .._precision import softplus
 from ._targets import class_ids, row_max_logsum
-from .baselines import position_unit_weights
 
 __all__ = [
     "z_loss",
@@ -344,9 +344,7 @@ def logz_penalty(
     check_floating(fn, "input", input)
     check_reduction(fn, reduction)
     coef = check_number(fn, "coef", coef, low=0.0)
-    if input.dim() < 2:
-        raise value_error(fn, "input must have shape (N, C) or (N, C, d1, ..., dk) with classes on dim 1",
-                          f"shape {tuple(input.shape)}", "add a batch dimension with input.unsqueeze(0)")
+    check_logits_dim(fn, input)
     c = input.shape[1]
     if c < 1:
         raise value_error(fn, "input needs at least one class", f"C={c}", "pass logits with C >= 1")
@@ -531,4 +529,6 @@ register(
     unit_weights=position_unit_weights,
     arxiv="2204.02311",
     paper="A. Chowdhery et al., PaLM: Scaling Language Modeling with Pathways, JMLR 2023",
+    softmax=True,
+    masks=("neg_inf",),
 )

@@ -26,7 +26,8 @@ from .._core import (
     value_error,
 )
 from .._heads import check_head_embeddings, check_softmax_classes, drop_rows
-from .._precision import matmul, no_autocast
+from .._core import no_autocast
+from .._precision import matmul
 from .._registry import id_unit_weights, register
 from .._softcap import apply_softcap, check_softcap
 
@@ -347,5 +348,6 @@ register(
     arxiv="2411.09009",
     paper="Chunked linear + softmax cross-entropy (many-class path; cf. Wijmans et al., ICLR 2025)",
     owns_head=True,
+    softmax=True,
     example_kwargs={"embedding_dim": 8, "num_classes": 5},
 )

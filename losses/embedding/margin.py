@@ -39,7 +39,8 @@ from .._core import (
     value_error,
 )
 from .._heads import check_head_embeddings, check_head_sizes, check_softmax_classes, drop_rows
-from .._precision import matmul, no_autocast
+from .._core import no_autocast
+from .._precision import matmul
 from .._registry import id_unit_weights, register
 
 __all__ = ["margin_logits", "margin_softmax_loss", "MarginSoftmaxLoss"]
@@ -518,6 +519,7 @@ register(
     arxiv="1801.07698",
     paper="J. Deng et al., ArcFace: Additive Angular Margin Loss for Deep Face Recognition, CVPR 2019",
     owns_head=True,
+    softmax=True,
     example_kwargs={"embedding_dim": 8, "num_classes": 5},
 )
 register(
@@ -531,6 +533,7 @@ register(
     paper="F. Wang et al., NormFace: L2 Hypersphere Embedding for Face Verification, ACM MM 2017 "
           "(margin softmax with margin (1, 0, 0))",
     owns_head=True,
+    softmax=True,
     example_kwargs={"embedding_dim": 8, "num_classes": 5, "margin": (1.0, 0.0, 0.0)},
     function_kwargs={"margin": (1.0, 0.0, 0.0)},
 )

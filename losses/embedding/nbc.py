@@ -34,7 +34,8 @@ from .._core import (
 )
 from .._distributed import all_gather_no_grad, all_gather_with_grad
 from .._heads import check_embeddings_and_target, check_head_embeddings, check_softmax_classes, drop_rows
-from .._precision import matmul, no_autocast
+from .._core import no_autocast
+from .._precision import matmul
 from .._registry import register
 
 __all__ = ["nbc_loss", "nbc_softmax_loss", "NBCSoftmaxLoss"]
@@ -354,5 +355,6 @@ register(
     paper="Kulatilleke, Chandra, Portmann, NBC-Softmax: Darkweb Author fingerprinting and migration tracking, "
           "arXiv 2022",
     owns_head=True,
+    softmax=True,
     example_kwargs={"embedding_dim": 8, "num_classes": 5},
 )

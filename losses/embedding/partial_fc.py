@@ -43,7 +43,7 @@ from .._distributed import all_gather_no_grad, all_gather_with_grad, all_reduce_
 from .._distributed import rank as _rank
 from .._distributed import world_size as _world_size
 from .._heads import check_head_embeddings, check_head_sizes, check_softmax_classes, drop_rows
-from .._precision import no_autocast
+from .._core import no_autocast
 from .._random import GeneratorStateMixin
 from .._registry import id_unit_weights, register
 from .margin import (
@@ -601,5 +601,6 @@ register(
     arxiv="2010.05222",
     paper="X. An et al., Partial FC: Training 10 Million Identities on a Single Machine, ICCV Workshops 2021",
     owns_head=True,
+    softmax=True,
     example_kwargs={"embedding_dim": 8, "num_classes": 5, "sample_rate": 0.5, "seed": 0},
 )

@@ -304,5 +304,6 @@ register(
     arxiv="2305.18732",
     paper="B. Han, Wrapped Cauchy Distributed Angular Softmax for Long-Tailed Visual Recognition, ICML 2023",
     owns_head=True,
+    softmax=True,
     example_kwargs={"embedding_dim": 8, "num_classes": 5},
 )

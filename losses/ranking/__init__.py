@@ -1,10 +1,8 @@
-"""Ranking / retrieval losses: scores ``(B, L)`` + positives, or positive / negative scores."""
+"""Ranking / retrieval losses: scores ``(B, L)`` + positives, or positive / negative scores.
 
-__all__: list = []
+Every public module here is imported on import and its ``__all__`` re-exported (so into ``losses``
+and ``losses.functional`` too): a new family file needs no line in this file."""
 
-from .decoupled import *  # noqa: F401,F403,E402
-from .decoupled import __all__ as _decoupled_all  # noqa: E402
-from .psl import *  # noqa: F401,F403,E402
-from .psl import __all__ as _psl_all  # noqa: E402
+from .._registry import export_modules
 
-__all__ += [*_decoupled_all, *_psl_all]
+__all__ = export_modules(__name__, __path__, globals())

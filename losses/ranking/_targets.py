@@ -19,7 +19,6 @@ from .._core import (
     check_ignore_index,
     check_seed,
     check_int,
-    check_bool,
     _checking,
     check_finite,
     check_floating,
@@ -42,10 +41,6 @@ _PAPER_DEXML = "N. Gupta et al., Dual-Encoders for Extreme Multi-label Classific
 # --------------------------------------------------------------------------------------
 # argument checks
 # --------------------------------------------------------------------------------------
-
-
-def _check_bool(fn: str, name: str, value: object, *, allow_none: bool = False) -> None:
-    check_bool(fn, name, value, allow_none=allow_none)
 
 
 def _check_mask_value(fn: str, value: object) -> None:

@@ -50,7 +50,8 @@ from .._core import (
     zero_rows,
 )
 from .._masks import check_finite_or_masked
-from .._precision import no_autocast, softplus
+from .._core import check_bool, no_autocast
+from .._precision import softplus
 from .._registry import register
 from ._targets import (
     VARIANTS,
@@ -58,7 +59,6 @@ from ._targets import (
     _PAPER_DEXML,
     _SeededModule,
     _available,
-    _check_bool,
     _check_candidate_mask,
     _check_candidates,
     _check_id_shape,
@@ -256,9 +256,9 @@ def decoupled_softmax_loss(
     fn = "decoupled_softmax_loss"
     check_reduction(fn, reduction)
     check_number(fn, "temperature", temperature, low=0.0, low_inclusive=False)
-    _check_bool(fn, "weighted", weighted)
+    check_bool(fn, "weighted", weighted)
     check_choice(fn, "variant", variant, VARIANTS)
-    _check_bool(fn, "sample_one_positive", sample_one_positive, allow_none=True)
+    check_bool(fn, "sample_one_positive", sample_one_positive, allow_none=True)
     _check_mask_value(fn, mask_value)
     sample, mask_fill = _decoupled_flags(variant, sample_one_positive, mask_value)
     with no_autocast(scores):
@@ -377,12 +377,12 @@ class DecoupledSoftmaxLoss(_SeededModule):
         super().__init__()
         fn = "DecoupledSoftmaxLoss"
         check_number(fn, "temperature", temperature, low=0.0, low_inclusive=False)
-        _check_bool(fn, "weighted", weighted)
+        check_bool(fn, "weighted", weighted)
         check_choice(fn, "variant", variant, VARIANTS)
-        _check_bool(fn, "sample_one_positive", sample_one_positive, allow_none=True)
+        check_bool(fn, "sample_one_positive", sample_one_positive, allow_none=True)
         _check_mask_value(fn, mask_value)
         _check_seed(fn, seed)
-        _check_bool(fn, "gather_distributed", gather_distributed)
+        check_bool(fn, "gather_distributed", gather_distributed)
         check_reduction(fn, reduction)
         self.temperature = float(temperature)
         self.weighted = weighted
@@ -456,7 +456,7 @@ class InfoNCELoss(nn.Module):
         fn = "InfoNCELoss"
         check_number(fn, "temperature", temperature, low=0.0, low_inclusive=False)
         check_choice(fn, "positive_normalization", positive_normalization, POSITIVE_NORMALIZATIONS)
-        _check_bool(fn, "gather_distributed", gather_distributed)
+        check_bool(fn, "gather_distributed", gather_distributed)
         check_reduction(fn, reduction)
         self.temperature = float(temperature)
         self.positive_normalization = positive_normalization
@@ -500,6 +500,8 @@ register(
     module=DecoupledSoftmaxLoss,
     inputs="scores",
     query_keys=True,  # forward(query, keys, target) scores in-batch too
+    softmax=True,
+    masks=("neg_inf", "mask"),
     unit="row",
     unit_weights=_row_unit_weights,
     arxiv="2310.10636",
@@ -512,6 +514,8 @@ register(
     module=InfoNCELoss,
     inputs="scores",
     query_keys=True,  # forward(query, keys, target) scores in-batch too
+    softmax=True,
+    masks=("neg_inf", "mask"),
     unit="row",
     unit_weights=_row_unit_weights,
     arxiv="1807.03748",

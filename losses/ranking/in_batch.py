@@ -29,8 +29,9 @@ from .._core import (
     value_error,
 )
 from .._distributed import all_gather_no_grad, all_gather_with_grad, is_distributed, rank, world_size
-from .._precision import matmul, no_autocast
-from ._targets import _check_bool, _check_not_a_mask, _ranking_targets, _rows_list
+from .._core import check_bool, no_autocast
+from .._precision import matmul
+from ._targets import _check_not_a_mask, _ranking_targets, _rows_list
 
 __all__ = ["in_batch_scores"]
 
@@ -87,7 +88,7 @@ def _in_batch_scores(query: Tensor, keys: Tensor, target: Tensor, *, gather_dist
     check_floating(fn, "query", query)
     check_floating(fn, "keys", keys)
     check_tensor(fn, "target", target)
-    _check_bool(fn, "gather_distributed", gather_distributed)
+    check_bool(fn, "gather_distributed", gather_distributed)
     check_ignore_index(fn, ignore_index)
     if query.dim() != 2 or keys.dim() != 2 or query.shape[1] != keys.shape[1]:
         raise value_error(fn, "query and keys must have shapes (B, D) and (K, D) with the same D",

@@ -43,7 +43,8 @@ from .._core import (
     value_error,
 )
 from .._masks import check_finite_or_masked
-from .._precision import no_autocast, softplus
+from .._core import no_autocast
+from .._precision import softplus
 from .._registry import register
 
 __all__ = [
@@ -69,19 +70,15 @@ _SCALE_BOUND = {"relu": 0.5, "atan": math.tan(1.0) / 2.0}
 # --------------------------------------------------------------------------------------
 
 
-def _check_bool(fn: str, name: str, value: object, *, allow_none: bool = False) -> None:
-    check_bool(fn, name, value, allow_none=allow_none)
-
-
 def _check_psl_hparams(fn: str, *, temperature: float, activation: str, score_scale: float, variant: str,
                        include_positive: Optional[bool], normalization: str, bounded_scores: bool) -> None:
     check_number(fn, "temperature", temperature, low=0.0, low_inclusive=False)
     check_choice(fn, "activation", activation, ACTIVATIONS)
     check_number(fn, "score_scale", score_scale, low=0.0, low_inclusive=False)
     check_choice(fn, "variant", variant, VARIANTS)
-    _check_bool(fn, "include_positive", include_positive, allow_none=True)
+    check_bool(fn, "include_positive", include_positive, allow_none=True)
     check_choice(fn, "normalization", normalization, NORMALIZATIONS)
-    _check_bool(fn, "bounded_scores", bounded_scores)
+    check_bool(fn, "bounded_scores", bounded_scores)
     if bounded_scores and activation in _SCALE_BOUND and float(score_scale) > _SCALE_BOUND[activation]:
         raise value_error(
             fn,
@@ -348,7 +345,7 @@ def sampled_softmax_loss(
     check_number(fn, "temperature", temperature, low=0.0, low_inclusive=False)
     check_number(fn, "score_scale", score_scale, low=0.0, low_inclusive=False)
     check_choice(fn, "variant", variant, VARIANTS)
-    _check_bool(fn, "include_positive", include_positive, allow_none=True)
+    check_bool(fn, "include_positive", include_positive, allow_none=True)
     check_reduction(fn, reduction)
     inc = (variant == "paper") if include_positive is None else include_positive
     with no_autocast(pos_scores, neg_scores):
@@ -502,7 +499,7 @@ class SampledSoftmaxLoss(nn.Module):
         check_number(fn, "temperature", temperature, low=0.0, low_inclusive=False)
         check_number(fn, "score_scale", score_scale, low=0.0, low_inclusive=False)
         check_choice(fn, "variant", variant, VARIANTS)
-        _check_bool(fn, "include_positive", include_positive, allow_none=True)
+        check_bool(fn, "include_positive", include_positive, allow_none=True)
         check_reduction(fn, reduction)
         self.temperature = float(temperature)
         self.score_scale = float(score_scale)
@@ -641,6 +638,7 @@ register(
     example_inputs=_example_pairs,
     arxiv="2411.00163",
     paper="Sampled softmax (SSM), the baseline of W. Yang et al., PSL, NeurIPS 2024",
+    softmax=True,
 )
 register(
     "bpr",

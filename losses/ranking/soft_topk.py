@@ -30,7 +30,8 @@ from .._core import (
     value_error,
 )
 from .._masks import check_finite_or_masked
-from .._precision import no_autocast, softplus
+from .._core import check_bool, no_autocast
+from .._precision import softplus
 from .._registry import register
 from ._targets import (
     VARIANTS,
@@ -38,7 +39,6 @@ from ._targets import (
     _PAPER_DEXML,
     _SeededModule,
     _available,
-    _check_bool,
     _check_candidate_mask,
     _check_k,
     _check_n_iter,
@@ -335,7 +335,7 @@ class SoftTopKLoss(_SeededModule):
         _check_n_iter(fn, n_iter)
         check_choice(fn, "variant", variant, VARIANTS)
         _check_seed(fn, seed)
-        _check_bool(fn, "gather_distributed", gather_distributed)
+        check_bool(fn, "gather_distributed", gather_distributed)
         check_reduction(fn, reduction)
         self.k = k
         self.alpha = float(alpha)
@@ -386,6 +386,8 @@ register(
     module=SoftTopKLoss,
     inputs="scores",
     query_keys=True,  # forward(query, keys, target) scores in-batch too
+    softmax=True,
+    masks=("neg_inf", "mask"),
     unit="row",
     unit_weights=_row_unit_weights,
     arxiv="2310.10636",

@@ -1,0 +1,124 @@
+"""Softmax cross-entropy with the library's checks, shared by the losses built on it
+(:func:`losses.cross_entropy_loss`, the logit-adjusted and balanced-softmax losses): one body, its
+error messages named after the calling function."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .._core import (
+    check_class_target,
+    check_class_weight,
+    check_distribution,
+    check_finite,
+    check_floating,
+    check_ids_in_range,
+    check_logits_dim,
+    check_masked_logits,
+    check_number,
+    check_reduction,
+    check_softmax_classes,
+    check_tensor,
+    check_unit_interval,
+    compute_dtype,
+    flatten_logits_and_target,
+    no_autocast,
+    reduce_loss,
+    upcast,
+)
+from .._softcap import apply_softcap, check_softcap
+
+__all__ = ["softmax_cross_entropy", "class_view"]
+
+
+def class_view(w: Tensor, input: Tensor) -> Tensor:
+    """``(C,)`` class values viewed to broadcast against ``input (N, C, d1..dk)``."""
+    return w.view((1, -1) + (1,) * (input.dim() - 2))
+
+
+
+def softmax_cross_entropy(
+    fn: str,
+    input: Tensor,
+    target: Tensor,
+    *,
+    label_smoothing: float = 0.0,
+    weight: Optional[Tensor] = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    softcap: Optional[float] = None,
+    logit_shift: Optional[Tensor] = None,
+) -> Tensor:
+    """:func:`losses.cross_entropy_loss` (see there for the maths, masks, units and dtypes) with
+    the errors of ``fn``. ``logit_shift``: an already validated ``(C,)`` tensor added to the
+    (soft-capped, upcast) logits of every position before the softmax; a ``-inf`` entry removes
+    that class like a ``-inf`` logit does. The dtype follows ``input``, ``weight`` and a float64
+    soft target, never the shift."""
+    check_floating(fn, "input", input)
+    check_tensor(fn, "target", target)
+    check_reduction(fn, reduction)
+    eps = check_number(fn, "label_smoothing", label_smoothing, low=0.0, high=1.0)
+    check_logits_dim(fn, input)
+    c = input.shape[1]
+    check_softmax_classes(fn, c)
+    check_class_weight(fn, weight, c)
+    cap = check_softcap(fn, softcap)
+    soft = check_class_target(fn, input, target, soft=True, soft_name="probabilities")
+    dtype = compute_dtype(input, weight, target)  # float64 soft targets count; ids never do
+    with no_autocast(input.device.type):
+        x = apply_softcap(upcast(input, dtype), cap)
+        if logit_shift is not None:
+            x = x + class_view(upcast(logit_shift, dtype).to(x.device), x)
+        w = None if weight is None else upcast(weight, dtype).to(x.device)
+        zero = torch.zeros((), dtype=dtype, device=x.device)
+        if soft:
+            check_finite(fn, "target", target)
+            check_unit_interval(fn, "target", target)
+            check_distribution(fn, "target", target, dim=1, tol=1e-3,
+                               hint="normalise it (target / target.sum(1, keepdim=True)) or pass integer class ids")
+            check_masked_logits(fn, "input", input)
+            q = target.to(dtype)
+            lp = torch.log_softmax(x, dim=1)
+            if eps > 0:
+                finite = x > -math.inf
+                n_fin = finite.sum(dim=1, keepdim=True).clamp_min(1).to(dtype)
+                q = q * (1.0 - eps) + torch.where(finite, eps / n_fin, zero)
+            wq = q if w is None else q * class_view(w, x)
+            # a class without target mass contributes exactly 0 (never 0 * -inf), before the product
+            values = -(wq * torch.where(wq != 0, lp, zero)).sum(dim=1)
+            return reduce_loss(values, None, reduction)
+        flatten_logits_and_target(fn, input, target)  # shape check only
+        check_ids_in_range(fn, target, c, ignore_index)
+        valid = target != ignore_index
+        if not check_masked_logits(fn, "input", input, active=valid):
+            x = torch.where(valid.unsqueeze(1), x, zero)  # ignored positions: no +-inf/NaN reaches the maths
+        safe = torch.where(valid, target, torch.zeros_like(target)).long()
+        if eps == 0:
+            values = F.cross_entropy(x, target.long(), weight=w, ignore_index=ignore_index, reduction="none")
+        else:
+            lp = torch.log_softmax(x, dim=1)
+            nll = -lp.gather(1, safe.unsqueeze(1)).squeeze(1)
+            finite = x > -math.inf
+            n_fin = finite.sum(dim=1).clamp_min(1).to(dtype)
+            wl = lp if w is None else lp * class_view(w, x)
+            smooth = -torch.where(finite, wl, zero).sum(dim=1) / n_fin
+            if w is not None:
+                nll = nll * w[safe]
+            values = torch.where(valid, (1.0 - eps) * nll + eps * smooth, zero)
+        unit = valid.to(dtype)
+        if w is not None:
+            unit = unit * w[safe]
+        if reduction == "none":
+            return values
+        total = values.sum()
+        if reduction == "sum":
+            return total
+        denom = unit.sum()
+        return total / torch.where(denom > 0, denom, torch.ones_like(denom))
+
+
