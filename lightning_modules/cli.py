@@ -44,6 +44,7 @@ import sys
 import traceback
 import warnings
 import collections.abc
+import inspect
 import typing
 from typing import Any, Iterator, List, Optional, Tuple
 
@@ -144,11 +145,26 @@ class LossCLI(LightningCLI):
             path = None
         self._loss_class = _import_class(path) if isinstance(path, str) else None
 
-    def _linked_counts(self, counts) -> Any:
-        return adapt_to_hint(self._loss_class, "class_counts", counts_list(counts))
+    def _loss_takes(self, arg: str) -> bool:
+        cls = self._loss_class
+        if cls is None:
+            return False
+        try:
+            return arg in inspect.signature(cls).parameters
+        except (TypeError, ValueError):
+            return False
 
-    def _linked_prior(self, counts) -> Any:
-        return adapt_to_hint(self._loss_class, "class_prior", prior_list(counts))
+    def _linked_counts(self, data) -> Any:
+        # the DataModule itself is the link's source, so that its training counts (which need its
+        # setup) are read only for a loss that takes them; for any other loss the link is skipped
+        if not self._loss_takes("class_counts") or not hasattr(type(data), "class_counts"):
+            return None
+        return adapt_to_hint(self._loss_class, "class_counts", counts_list(data.class_counts))
+
+    def _linked_prior(self, data) -> Any:
+        if not self._loss_takes("class_prior") or not hasattr(type(data), "class_counts"):
+            return None
+        return adapt_to_hint(self._loss_class, "class_prior", prior_list(data.class_counts))
 
     def add_arguments_to_parser(self, parser) -> None:  # noqa: D102
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
@@ -161,9 +177,9 @@ class LossCLI(LightningCLI):
             "model.init_args.embedding_dim", "model.init_args.loss.init_args.embedding_dim", apply_on="parse"
         )
         # the training label distribution (losses built from it: a class prior, class counts)
-        parser.link_arguments("data.class_counts", "model.init_args.loss.init_args.class_counts",
+        parser.link_arguments("data", "model.init_args.loss.init_args.class_counts",
                               compute_fn=self._linked_counts, apply_on="instantiate")
-        parser.link_arguments("data.class_counts", "model.init_args.loss.init_args.class_prior",
+        parser.link_arguments("data", "model.init_args.loss.init_args.class_prior",
                               compute_fn=self._linked_prior, apply_on="instantiate")
 
     def _prepare_subcommand_parser(self, klass, subcommand: str, **kwargs):

@@ -1,7 +1,8 @@
 """Adding a loss is two files: a copy of the focal loss's source file and test file under a new
 name, dropped into a copy of the repository, is registered, exported, passes the contract kit,
-appears in the README table and the docs, and passes its own tests and the registry-wide tests
-filtered to it, with nothing else edited (docs/contributing.md, Adding a loss)."""
+appears in the README table and the docs, gets a generated smoke recipe that trains through the
+LightningCLI, and passes its own tests and the registry-wide tests filtered to it, with nothing
+else edited (docs/contributing.md, Adding a loss)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def _rename(text: str) -> str:
 
 def _copy_repository(dest) -> None:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", ".hypothesis")
-    for folder in ("losses", "tests", "docs", "scripts"):
+    for folder in ("losses", "lightning_modules", "configs", "tests", "docs", "scripts"):
         shutil.copytree(os.path.join(ROOT, folder), dest / folder, ignore=ignore)
     for name in ("mkdocs.yml", "README.md", "pyproject.toml"):
         shutil.copy(os.path.join(ROOT, name), dest / name)
@@ -104,3 +105,10 @@ def test_a_copied_loss_needs_only_its_two_files(tmp_path):
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
     ran = re.search(r"(\d+) passed", res.stdout)
     assert ran and int(ran.group(1)) >= 25, res.stdout[-2000:]  # the entry's registry-wide checks ran
+
+    # the Lightning layer: a smoke recipe generated from the registration, trained through the CLI
+    res = _run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k", NEW,
+                "tests/lightning/test_smoke_recipes.py", "tests/lightning/test_recipe_coverage.py"], tmp_path)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    ran = re.search(r"(\d+) passed", res.stdout)
+    assert ran and int(ran.group(1)) >= 2, res.stdout[-2000:]
