@@ -16,6 +16,9 @@ import pytest
 
 from lightning_modules.cli import DEBUG_ENV, error_message
 
+#: real CLI runs in subprocesses (a process start each), like the recipe tests
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CFG = lambda *p: os.path.join(ROOT, "configs", *p)  # noqa: E731
 

@@ -15,6 +15,9 @@ import warnings
 
 import pytest
 
+#: real CLI runs in subprocesses (a process start each), like the recipe tests
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = os.path.join(ROOT, "configs", "vision", "z_loss.yaml")
 TINY = ["--model.init_args.backbone=test_resnet", "--data.init_args.batch_size=16", "--trainer.log_every_n_steps=1"]
