@@ -334,6 +334,24 @@ def as_index(value: object) -> Optional[int]:
         return None
 
 
+def as_class_vector(fn: str, name: str, value: object, *, example: str, what: str) -> Tensor:
+    """A per-class constructor vector (class counts, a class prior) given as a tensor or a list of
+    numbers: a list becomes a float64 tensor (counts stay exact); any other kind, and a bool or
+    complex tensor, is ``TypeError``. ``example`` is a sample list such as ``"[500, 120, 8]"``,
+    ``what`` names the values in the hints (e.g. "the number of training samples of each class")."""
+    if isinstance(value, (list, tuple)):
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            raise type_error(fn, f"{name} must be a tensor or a list of numbers", repr(value),
+                             f"pass {what}, e.g. {example}")
+        return torch.tensor(value, dtype=torch.float64)
+    if not isinstance(value, Tensor):
+        raise type_error(fn, f"{name} must be a tensor or a list of numbers", type(value).__name__,
+                         f"pass {what}, e.g. torch.tensor({example})")
+    if value.dtype == torch.bool or value.is_complex():
+        raise type_error(fn, f"{name} must be real-valued", str(value.dtype), f"pass {what} as a real tensor")
+    return value
+
+
 def check_ignore_index(fn: str, ignore_index: object) -> int:
     """``ignore_index`` is an integer id (``TypeError`` for a float, bool, string or ``None``): a float
     such as ``-100.0`` would compare equal to integer ids but is rejected like in every other loss."""

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from .._core import (
+    as_class_vector,
     _checking,
     auto_extra_repr,
     check_floating,
@@ -21,7 +22,6 @@ from .._core import (
     check_softmax_classes,
     check_tensor,
     compute_dtype,
-    type_error,
     value_error,
 )
 from .._registry import position_unit_weights, register
@@ -33,20 +33,8 @@ CountsLike = Union[Tensor, Sequence[float]]
 
 
 def _as_counts(fn: str, class_counts: object) -> Tensor:
-    """A tensor of the counts (a list of numbers becomes a float64 tensor); ``TypeError`` for
-    another kind, a bool or complex tensor."""
-    if isinstance(class_counts, (list, tuple)):
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in class_counts):
-            raise type_error(fn, "class_counts must be a tensor or a list of numbers", repr(class_counts),
-                             "pass the number of training samples of each class, e.g. [500, 120, 8]")
-        return torch.tensor(class_counts, dtype=torch.float64)
-    if not isinstance(class_counts, Tensor):
-        raise type_error(fn, "class_counts must be a tensor or a list of numbers", type(class_counts).__name__,
-                         "pass the number of training samples of each class, e.g. torch.tensor([500, 120, 8])")
-    if class_counts.dtype == torch.bool or class_counts.is_complex():
-        raise type_error(fn, "class_counts must be real-valued", str(class_counts.dtype),
-                         "pass the counts as an integer or float tensor")
-    return class_counts
+    return as_class_vector(fn, "class_counts", class_counts, example="[500, 120, 8]",
+                           what="the number of training samples of each class")
 
 
 def _check_counts(fn: str, counts: Tensor, c: int) -> None:

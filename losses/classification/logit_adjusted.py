@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from .._core import (
+    as_class_vector,
     _checking,
     auto_extra_repr,
     check_floating,
@@ -21,7 +22,6 @@ from .._core import (
     check_reduction,
     check_softmax_classes,
     compute_dtype,
-    type_error,
     value_error,
 )
 from .._registry import position_unit_weights, register
@@ -37,20 +37,7 @@ def _check_tau(fn: str, tau: float) -> float:
 
 
 def _as_prior(fn: str, class_prior: object) -> Tensor:
-    """A tensor of the prior (a list of numbers becomes a float64 tensor); ``TypeError`` for
-    another kind, a bool or complex tensor."""
-    if isinstance(class_prior, (list, tuple)):
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in class_prior):
-            raise type_error(fn, "class_prior must be a tensor or a list of numbers", repr(class_prior),
-                             "pass the class frequencies, e.g. [0.5, 0.3, 0.2]")
-        return torch.tensor(class_prior, dtype=torch.float64)
-    if not isinstance(class_prior, Tensor):
-        raise type_error(fn, "class_prior must be a tensor or a list of numbers", type(class_prior).__name__,
-                         "pass the class frequencies, e.g. torch.tensor([0.5, 0.3, 0.2])")
-    if class_prior.dtype == torch.bool or class_prior.is_complex():
-        raise type_error(fn, "class_prior must be real-valued", str(class_prior.dtype),
-                         "pass the class frequencies as a float tensor")
-    return class_prior
+    return as_class_vector(fn, "class_prior", class_prior, example="[0.5, 0.3, 0.2]", what="the class frequencies")
 
 
 def _check_prior(fn: str, prior: Tensor, c: int) -> None:
