@@ -17,6 +17,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import statistics
 import sys
 
@@ -338,8 +339,9 @@ def test_reports_regenerate_from_the_committed_runs_without_running_anything(tmp
     _only_cached(monkeypatch)
     committed = os.path.join(ROOT, "results", "revision2")
     out, work = tmp_path / "out", tmp_path / "work"
+    # the revision-2 reports regenerate under the revision-2 claims file frozen beside their runs
     code = rr.main(["--claims", "nbc_softmax,pfc_arcface", "--runs-from", committed, "--out", str(out),
-                    "--workdir", str(work), "--jobs", "1"])
+                    "--workdir", str(work), "--jobs", "1", "--claims-file", os.path.join(committed, "claims.yaml")])
     assert code == 0
     claims = {c.key: c for c in CF.claims}
     for bench, key in (("retrieval", "nbc_softmax"), ("many_class", "pfc_arcface")):
@@ -516,7 +518,9 @@ def test_quick_reproduction_writes_everything(quick_out):
     assert not (out / "segmentation.md").exists()
     md = (out / "vision.md").read_text()
     assert "MNIST-5k" in md and "test_resnet" in md and "train_size=350" in md
-    assert "Verdict: not resolved" in md and "n/a (n < 2)" in md  # one seed: no CI, no verdict either way
+    # one seed: no CI, no verdict either way; after 2 batches an arm may also sit under its competence
+    # floor (chance), which makes the claim invalid rather than decided
+    assert re.search(r"Verdict: (not resolved|invalid \(arm .+ did not train\))", md) and "n/a (n < 2)" in md
     assert "OPL" in (out / "summary.md").read_text()
 
 
