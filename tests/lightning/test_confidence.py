@@ -97,3 +97,4 @@ def test_ood_auroc_against_pairs_and_the_scores():
     assert cm.energy_score(z).numpy() == pytest.approx(energy, abs=1e-12)
     assert cm.msp_score(torch.softmax(z, 1)).numpy() == pytest.approx(
         (np.exp(z.numpy()) / np.exp(z.numpy()).sum(1, keepdims=True)).max(1), abs=1e-12)
+
