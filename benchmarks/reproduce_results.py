@@ -15,7 +15,11 @@ metric), the seeds and each check's claimed direction or equivalence margin. Thi
 3. **compares** paired: per check, the per-seed differences family - baseline, their mean with a 95%
    CI (paired t by default; ``--ci bootstrap`` for a percentile bootstrap), the minimum detectable
    effect at 80% power for that n, and the verdict *reproduced* / *contradicted* / *not resolved*
-   (rules: ``benchmarks/stats.py``);
+   (rules: ``benchmarks/stats.py``). Under protocol revision 3 (the claims file's
+   ``statistics.revision``, or ``--revision``) the claim's primary check alone decides its verdict,
+   secondary checks are Holm-adjusted within the claim, sanity checks are reported apart, an arm
+   under the claim's competence floor makes it *invalid*, and "decidable at this n" replaces the
+   MDE (``stats.evaluate_claim``; docs/benchmarks.md, "Protocol, revision 3");
 4. **reports**: ``<out>/<benchmark>.md`` (per claim: the arms' mean +- sd, the chosen
    hyperparameters and the tuning table, the paired differences with CI, MDE and verdict),
    ``<out>/<benchmark>_forest.png`` (every paired check's CI against 0 and its margin),

@@ -25,6 +25,16 @@ architectures agree) the initial weights, so the unit of analysis is the per-see
     below the number of classes): the same rule on the CI of the mean itself.
 
 With fewer than two pairs there is no CI and the verdict is *not resolved*.
+
+Protocol revision 3 (:func:`evaluate_claim`) reads the same intervals differently: one **primary**
+check per claim decides it; the other checks are **secondary**, adjusted with Holm's step-down
+method within the claim (:func:`p_value` inverts the interval, :func:`holm` adjusts,
+:func:`holm_confidence` gives each rank's interval) and never decide it; ``did`` checks read the
+per-seed difference in differences (:func:`did_differences`); ``sanity`` checks (identities, levels
+met by construction) say *holds* / *fails* and never count; an arm under the claim's competence
+floor (:func:`competence_failures`) makes the claim *invalid*; a non-inferior result whose CI lies
+on the worse side of 0 is flagged (:func:`flag`); and :func:`decidable` (CI half-width against the
+margin, or the paper's effect) replaces the MDE in the reports.
 """
 
 from __future__ import annotations
