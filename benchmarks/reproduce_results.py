@@ -339,6 +339,9 @@ def validate_claims(cf: ClaimsFile) -> List[str]:
                 problems.append(f"{w}: family arm {ch.family!r} is not an arm of the claim")
             if ch.metric not in c.metrics:
                 problems.append(f"{w}: metric is not among the claim's reported metrics")
+            if ch.effect is not None and (isinstance(ch.effect, bool) or not isinstance(ch.effect, (int, float))
+                                          or not ch.effect > 0):
+                problems.append(f"{w}: effect (the paper's reported effect) must be a positive number (got {ch.effect!r})")
             if ch.transform is not None and ch.transform not in TRANSFORMS:
                 problems.append(f"{w}: transform {ch.transform!r} is not one of {TRANSFORMS}")
             if ch.kind == DID_KIND:
@@ -1300,7 +1303,9 @@ def plot_forest(benchmark: str, results: Sequence[dict], arms: Dict[str, Arm], p
     ax.axvline(0.0, color="k", lw=0.8)
     ax.set_yticks(range(len(items)))
     ax.set_yticklabels(list(reversed(labels)), fontsize=7)
-    ax.set_xlabel("family - baseline (paired over seeds): mean and 95% CI; shaded: declared margin")
+    rev3 = any(x.get("result") is not None for _, x in items)
+    ax.set_xlabel("family - baseline (paired over seeds): mean and 95% CI"
+                  + (" (secondary checks: Holm-adjusted CI)" if rev3 else "") + "; shaded: declared margin")
     finite = [v for _, x in items for v in (x["ci"].low, x["ci"].high, x["ci"].mean) if math.isfinite(v)]
     if finite:
         span = max(abs(min(finite)), abs(max(finite)), 1e-3) * 1.3

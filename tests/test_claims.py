@@ -225,11 +225,12 @@ def test_validator_rejects_broken_revision_3_claims():
     bad_checks = (dataclasses.replace(ch, kind="sanity", rule=None),
                   dataclasses.replace(ch, kind="did", margin=None),  # no clean side
                   dataclasses.replace(ch, kind="did", margin=None, clean_family="no_such_arm"),
-                  dataclasses.replace(ch, transform="square"))
+                  dataclasses.replace(ch, transform="square"),
+                  dataclasses.replace(ch, effect=-0.01))
     bad = dataclasses.replace(c, checks=bad_checks)
     text = "\n".join(rr.validate_claims(dataclasses.replace(CF, claims=(none, two, bad))))
     for fragment in ("exactly one check must be primary: true (the one that states the paper's main claim; got 0)",
                      "got 3)", "declare floors", "must be a number or a test/ column", "floor metric 'test/nope'",
                      "a sanity check needs a rule", "needs a clean side that differs", "clean arm 'no_such_arm'",
-                     "transform 'square'"):
+                     "transform 'square'", "effect (the paper's reported effect) must be a positive number"):
         assert fragment in text, fragment

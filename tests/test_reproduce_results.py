@@ -728,3 +728,4 @@ def test_revision_3_flags_not_worse_but_worse_in_every_table(tmp_path):
     assert f"0.01 (baseline sd {statistics.stdev(ce):.4f}; 1 - mean {1 - statistics.fmean(ce):.4f})" in md
     assert any("flagged: top1: Z-loss not worse than cross-entropy (at most 0.01 below): not worse by the margin, "
                "but worse" in line for line in rr.summary_rev3([res], CF.arms, meta))
+    assert rr.plot_forest("vision", [res], CF.arms, str(tmp_path / "f.png")) == 2  # the flag is in its labels too
