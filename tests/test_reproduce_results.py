@@ -697,6 +697,9 @@ def test_revision_3_sanity_claim_and_did_in_the_report(tmp_path):
         d.append((v["psl_tanh_fn"] - v["ssm_fn"]) - (v["psl_tanh_rs"] - v["ssm_rs"]))
     prim = res["rev3"].primary
     assert prim.ci.mean == pytest.approx(np.mean(d)) and prim.ci.n == 10 and res["verdict"] == "reproduced"
+    # read under revision 2 (--revision 2): every check at 95%, the did check by its claimed direction
+    old = rr.claim_results(fn, rows, seeds=list(range(10)), method="t", confidence=0.95, revision=2)
+    assert old["checks"][0]["ci"].mean == pytest.approx(np.mean(d)) and old["checks"][0]["verdict"] == "reproduced"
     meta = {**_meta({fn.key: list(range(10))}), "revision": 3}
     path = tmp_path / "rec.md"
     rr.write_markdown("recommendation", [fn], [res], rows, CF, {}, {}, meta, str(path), [])
