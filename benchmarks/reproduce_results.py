@@ -15,7 +15,11 @@ metric), the seeds and each check's claimed direction or equivalence margin. Thi
 3. **compares** paired: per check, the per-seed differences family - baseline, their mean with a 95%
    CI (paired t by default; ``--ci bootstrap`` for a percentile bootstrap), the minimum detectable
    effect at 80% power for that n, and the verdict *reproduced* / *contradicted* / *not resolved*
-   (rules: ``benchmarks/stats.py``);
+   (rules: ``benchmarks/stats.py``). Under protocol revision 3 (the claims file's
+   ``statistics.revision``, or ``--revision``) the claim's primary check alone decides its verdict,
+   secondary checks are Holm-adjusted within the claim, sanity checks are reported apart, an arm
+   under the claim's competence floor makes it *invalid*, and "decidable at this n" replaces the
+   MDE (``stats.evaluate_claim``; docs/benchmarks.md, "Protocol, revision 3");
 4. **reports**: ``<out>/<benchmark>.md`` (per claim: the arms' mean +- sd, the chosen
    hyperparameters and the tuning table, the paired differences with CI, MDE and verdict),
    ``<out>/<benchmark>_forest.png`` (every paired check's CI against 0 and its margin),
@@ -94,6 +98,10 @@ QUICK_GRID = 1  # grid points tuned in --quick (the selection itself is unit-tes
 DIRECTION_KINDS = ("higher", "lower")
 MARGIN_KINDS = ("equivalent", "not_worse")
 LEVEL_KINDS = ("below", "above")
+DID_KIND = "did"  # revision 3: difference in differences (robustness claims)
+SANITY_KIND = "sanity"  # revision 3: identities / levels a loss meets by construction
+TRANSFORMS = ("abs",)  # per-seed transforms of a metric a check may declare
+REVISIONS = (2, 3)
 INIT_SEED_MODELS = ("VisionClassifier", "VisionSegmenter", "Recommender", "IdentityEmbedder")  # models taking init_seed
 
 
@@ -146,7 +154,28 @@ class Check:
     baseline: Optional[str] = None
     margin: Optional[float] = None
     level: Optional[float] = None
-    better: str = "higher"  # for not_worse: which direction of the metric is good
+    better: str = "higher"  # for not_worse and did: which direction of the metric is good
+    # revision 3
+    primary: bool = False  # the one check that decides the claim
+    rule: Optional[str] = None  # kind: sanity -- the rule it is read with (higher ... above)
+    transform: Optional[str] = None  # "abs": the per-seed metric value is replaced by its absolute value
+    clean_metric: Optional[str] = None  # kind: did -- the clean column (default: metric)
+    clean_family: Optional[str] = None  # kind: did -- the clean arms (default: family / baseline)
+    clean_baseline: Optional[str] = None
+    effect: Optional[float] = None  # the effect the paper reports (absolute units), for "decidable at this n"
+
+    def rule_kind(self) -> str:
+        """The kind the verdict is read with: a sanity check's ``rule``, else the ``kind``."""
+        return (self.rule or "") if self.kind == SANITY_KIND else self.kind
+
+    def metric_text(self) -> str:
+        m = self.metric.split("/", 1)[-1]
+        return f"abs({m})" if self.transform == "abs" else m  # no "|": it would split a markdown table cell
+
+    def clean_arms(self) -> Tuple[str, ...]:
+        if self.kind != DID_KIND:
+            return ()
+        return tuple(a for a in (self.clean_family or self.family, self.clean_baseline or self.baseline) if a)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +192,19 @@ class Claim:
     checks: Tuple[Check, ...]
     notes: str = ""
     varies: Tuple[str, ...] = ()  # data arguments the arms deliberately differ in (e.g. label_type)
+    floors: Tuple[Tuple[str, Any], ...] = ()  # revision 3: (metric, a number or a floor column) per metric
+
+    def run_arms(self) -> Tuple[str, ...]:
+        """The claim's arms and the clean arms its difference-in-differences checks read (which may
+        belong to another claim), in order, each once: every one of them is run for the claim."""
+        out = list(self.arms)
+        for ch in self.checks:
+            out += [a for a in ch.clean_arms() if a not in out]
+        return tuple(out)
+
+    def primary(self) -> Optional[Check]:
+        prim = [ch for ch in self.checks if ch.primary]
+        return prim[0] if len(prim) == 1 else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +215,7 @@ class ClaimsFile:
     benchmarks: Dict[str, Dict[str, str]]
     arms: Dict[str, Arm]
     claims: Tuple[Claim, ...]
+    revision: int = 2  # the protocol revision the file declares (statistics.revision)
 
 
 def load_claims(path: str = CLAIMS_FILE) -> ClaimsFile:
@@ -192,17 +235,23 @@ def load_claims(path: str = CLAIMS_FILE) -> ClaimsFile:
     claims = []
     for c in raw.get("claims") or []:
         checks = tuple(Check(metric=ch["metric"], family=ch["family"], kind=ch["kind"], baseline=ch.get("baseline"),
-                             margin=ch.get("margin"), level=ch.get("level"), better=ch.get("better", "higher"))
+                             margin=ch.get("margin"), level=ch.get("level"), better=ch.get("better", "higher"),
+                             primary=bool(ch.get("primary", False)), rule=ch.get("rule"),
+                             transform=ch.get("transform"), clean_metric=ch.get("clean_metric"),
+                             clean_family=ch.get("clean_family"), clean_baseline=ch.get("clean_baseline"),
+                             effect=ch.get("effect"))
                        for ch in c.get("checks") or [])
         claims.append(Claim(key=c["key"], family=c["family"], benchmark=c["benchmark"], data=c.get("data", ""),
                             claim=c.get("claim", ""), arms=tuple(c.get("arms") or ()),
                             metrics=tuple(c.get("metrics") or ()), seeds=int(c.get("seeds", 0)),
                             plot=c.get("plot", ""), checks=checks, notes=c.get("notes", "") or "",
-                            varies=tuple(c.get("varies") or ())))
+                            varies=tuple(c.get("varies") or ()),
+                            floors=tuple((c.get("floors") or {}).items())))
     tuning = raw.get("tuning") or {}
     return ClaimsFile(path=path, statistics=dict(raw.get("statistics") or {}),
                       tuning_seeds=tuple(int(s) for s in tuning.get("seeds") or ()),
-                      benchmarks=dict(raw.get("benchmarks") or {}), arms=arms, claims=tuple(claims))
+                      benchmarks=dict(raw.get("benchmarks") or {}), arms=arms, claims=tuple(claims),
+                      revision=int((raw.get("statistics") or {}).get("revision", 2)))
 
 
 def _data_config(arm: Arm, varies: Sequence[str] = ()) -> dict:
@@ -221,6 +270,8 @@ def validate_claims(cf: ClaimsFile) -> List[str]:
     """Every problem of the claims file, as readable lines (empty: valid)."""
     problems: List[str] = []
     st = cf.statistics
+    if cf.revision not in REVISIONS:
+        problems.append(f"statistics.revision must be one of {REVISIONS} (got {cf.revision!r})")
     if st.get("ci", "t") not in stats.METHODS:
         problems.append(f"statistics.ci must be one of {stats.METHODS} (got {st.get('ci')!r})")
     if not cf.tuning_seeds:
@@ -276,29 +327,92 @@ def validate_claims(cf: ClaimsFile) -> List[str]:
             problems.append(f"{where}: {c.seeds} seeds; arms of about {max(a.seconds for a in arms):.0f} s need >= {need}")
         if c.plot not in c.metrics:
             problems.append(f"{where}: plot metric {c.plot!r} is not among its metrics")
+        if cf.revision >= 3:
+            n_primary = sum(ch.primary for ch in c.checks)
+            if n_primary != 1:
+                problems.append(f"{where}: exactly one check must be primary: true (the one that states the "
+                                f"paper's main claim; got {n_primary})")
+            problems += _validate_floors(c, where)
         for i, ch in enumerate(c.checks):
             w = f"{where}, check {i + 1} ({ch.metric})"
             if ch.family not in c.arms:
                 problems.append(f"{w}: family arm {ch.family!r} is not an arm of the claim")
             if ch.metric not in c.metrics:
                 problems.append(f"{w}: metric is not among the claim's reported metrics")
-            if ch.kind in DIRECTION_KINDS + MARGIN_KINDS:
+            if ch.effect is not None and (isinstance(ch.effect, bool) or not isinstance(ch.effect, (int, float))
+                                          or not ch.effect > 0):
+                problems.append(f"{w}: effect (the paper's reported effect) must be a positive number (got {ch.effect!r})")
+            if ch.transform is not None and ch.transform not in TRANSFORMS:
+                problems.append(f"{w}: transform {ch.transform!r} is not one of {TRANSFORMS}")
+            if ch.kind == DID_KIND:
+                problems += _validate_did(cf, c, ch, w)
+                continue
+            kind = ch.kind
+            if ch.kind == SANITY_KIND:
+                kind = ch.rule or ""
+                if kind not in stats.SANITY_RULES:
+                    problems.append(f"{w}: a sanity check needs a rule, one of {stats.SANITY_RULES} (got {ch.rule!r})")
+                    continue
+            if kind in DIRECTION_KINDS + MARGIN_KINDS:
                 if ch.baseline not in c.arms or ch.baseline == ch.family:
                     problems.append(f"{w}: baseline {ch.baseline!r} must be another arm of the claim")
-            if ch.kind in DIRECTION_KINDS:
+            if kind in DIRECTION_KINDS:
                 if ch.margin is not None:
                     problems.append(f"{w}: a direction claim takes no margin")
-            elif ch.kind in MARGIN_KINDS:
+            elif kind in MARGIN_KINDS:
                 if not isinstance(ch.margin, (int, float)) or not ch.margin > 0:
-                    problems.append(f"{w}: a {ch.kind} claim needs a positive margin declared up front")
+                    problems.append(f"{w}: a {kind} claim needs a positive margin declared up front")
                 if ch.better not in ("higher", "lower"):
                     problems.append(f"{w}: better must be 'higher' or 'lower'")
-            elif ch.kind in LEVEL_KINDS:
+            elif kind in LEVEL_KINDS:
                 if not isinstance(ch.level, (int, float)):
-                    problems.append(f"{w}: a {ch.kind} claim needs a level")
+                    problems.append(f"{w}: a {kind} claim needs a level")
             else:
-                problems.append(f"{w}: kind {ch.kind!r} is not one of {DIRECTION_KINDS + MARGIN_KINDS + LEVEL_KINDS}")
+                problems.append(f"{w}: kind {ch.kind!r} is not one of "
+                                f"{DIRECTION_KINDS + MARGIN_KINDS + LEVEL_KINDS + (DID_KIND, SANITY_KIND)}")
     return problems
+
+
+def _validate_did(cf: ClaimsFile, c: Claim, ch: Check, w: str) -> List[str]:
+    """A difference-in-differences check: stressed arms of the claim, clean arms declared anywhere in
+    the file (same benchmark and step budget), and something that differs between the two sides."""
+    out = []
+    if ch.baseline not in c.arms or ch.baseline == ch.family:
+        out.append(f"{w}: baseline {ch.baseline!r} must be another arm of the claim")
+    clean_f, clean_b = ch.clean_family or ch.family, ch.clean_baseline or ch.baseline
+    for a in (clean_f, clean_b):
+        if a not in cf.arms:
+            out.append(f"{w}: clean arm {a!r} is not declared under arms")
+        elif cf.arms[a].benchmark != c.benchmark or (ch.family in cf.arms and cf.arms[a].epochs != cf.arms[ch.family].epochs):
+            out.append(f"{w}: clean arm {a!r} must belong to benchmark {c.benchmark!r} with the same step budget")
+    if clean_f == clean_b:
+        out.append(f"{w}: the clean family and baseline must be two arms")
+    clean_metric = ch.clean_metric or ch.metric
+    if clean_metric not in c.metrics:
+        out.append(f"{w}: clean metric {clean_metric!r} is not among the claim's reported metrics")
+    if clean_metric == ch.metric and (clean_f, clean_b) == (ch.family, ch.baseline):
+        out.append(f"{w}: a did check needs a clean side that differs from the stressed one (clean_metric, or "
+                   "clean_family / clean_baseline)")
+    if ch.margin is not None:
+        out.append(f"{w}: a did check takes no margin (its claimed direction is given by better)")
+    if ch.better not in ("higher", "lower"):
+        out.append(f"{w}: better must be 'higher' or 'lower'")
+    return out
+
+
+def _validate_floors(c: Claim, where: str) -> List[str]:
+    """Revision 3: every claim declares a competence floor per metric -- a number, or a floor column
+    (``test/...``) that the same runs compute on the same split."""
+    out = []
+    if not c.floors:
+        out.append(f"{where}: declare floors (a competence floor per metric that every arm must beat)")
+    for metric, floor in c.floors:
+        if metric not in c.metrics:
+            out.append(f"{where}: floor metric {metric!r} is not among the claim's reported metrics")
+        if isinstance(floor, bool) or not (isinstance(floor, (int, float)) or
+                                           (isinstance(floor, str) and floor.startswith("test/"))):
+            out.append(f"{where}: the floor of {metric!r} must be a number or a test/ column (got {floor!r})")
+    return out
 
 
 # ------------------------------------------------------------------------------------------
@@ -695,9 +809,9 @@ def plan_status(claims: Sequence["Claim"], arms: Dict[str, Arm], tune_seeds: Seq
     tuning runs are (the chosen point names them); until then their declared time is left."""
     out = []
     for c in claims:
-        st = {"claim": c.key, "benchmark": c.benchmark, "arms": len(c.arms), "tune": 0, "eval": 0,
+        st = {"claim": c.key, "benchmark": c.benchmark, "arms": len(c.run_arms()), "tune": 0, "eval": 0,
               "tune_done": 0, "eval_done": 0, "seconds": 0.0, "seconds_left": 0.0, "open_arms": []}
-        for k in c.arms:
+        for k in c.run_arms():
             a = arms[k]
             tune = tuning_runs([a], tune_seeds, quick)
             rows = [cached_row(r, quick=quick, workdir=workdir) for r in tune]
@@ -760,14 +874,54 @@ def per_seed(rows: Sequence[dict], arm: str, metric: str) -> Dict[int, float]:
     return out
 
 
+def seed_values(rows: Sequence[dict], arm: str, metric: str, seeds: Sequence[int],
+                transform: Optional[str] = None) -> Dict[int, float]:
+    """``{seed: value}`` of one arm's evaluation runs over ``seeds``, the check's transform applied."""
+    vals = {s: v for s, v in per_seed(rows, arm, metric).items() if s in seeds}
+    if transform == "abs":
+        vals = {s: abs(v) for s, v in vals.items()}
+    return vals
+
+
+def check_sample(ch: Check, rows: Sequence[dict], seeds: Sequence[int]) -> Dict[int, float]:
+    """The per-seed sample a check is read from: the family's values (level rules), the differences
+    in differences (``did``) or the paired differences family - baseline."""
+    fam = seed_values(rows, ch.family, ch.metric, seeds, ch.transform)
+    if ch.rule_kind() in LEVEL_KINDS:
+        return fam
+    base = seed_values(rows, ch.baseline, ch.metric, seeds, ch.transform)
+    if ch.kind == DID_KIND:
+        cm = ch.clean_metric or ch.metric
+        return stats.did_differences(fam, base,
+                                     seed_values(rows, ch.clean_family or ch.family, cm, seeds, ch.transform),
+                                     seed_values(rows, ch.clean_baseline or ch.baseline, cm, seeds, ch.transform))
+    return stats.paired_differences(fam, base)
+
+
 def evaluate_check(ch: Check, rows: Sequence[dict], seeds: Sequence[int], *, method: str,
                    confidence: float) -> Tuple[str, "stats.Interval"]:
-    fam = {s: v for s, v in per_seed(rows, ch.family, ch.metric).items() if s in seeds}
+    """Revision 2: the verdict and interval of one check (a sanity check by its rule; a did check as
+    the claimed direction of its differences in differences)."""
+    if ch.kind == DID_KIND:
+        ci = stats.interval(list(check_sample(ch, rows, seeds).values()), method=method, confidence=confidence)
+        return stats.verdict("higher" if ch.better == "higher" else "lower", ci), ci
+    fam = seed_values(rows, ch.family, ch.metric, seeds, ch.transform)
     base = None
     if ch.baseline:
-        base = {s: v for s, v in per_seed(rows, ch.baseline, ch.metric).items() if s in seeds}
-    return stats.check(ch.kind, fam, base, better=ch.better, margin=ch.margin, level=ch.level, method=method,
+        base = seed_values(rows, ch.baseline, ch.metric, seeds, ch.transform)
+    return stats.check(ch.rule_kind(), fam, base, better=ch.better, margin=ch.margin, level=ch.level, method=method,
                        confidence=confidence)
+
+
+def competence(c: Claim, rows: Sequence[dict], seeds: Sequence[int]) -> List[Tuple[str, str, float, float]]:
+    """Revision 3: ``(arm, metric, arm mean, floor)`` for every arm of the claim (its clean arms
+    included) whose mean over ``seeds`` does not beat the claim's floor of a metric."""
+    out = []
+    for metric, floor in c.floors:
+        arms = {a: seed_values(rows, a, metric, seeds) for a in c.run_arms()}
+        fl = floor if not isinstance(floor, str) else {a: seed_values(rows, a, floor, seeds) for a in c.run_arms()}
+        out += [(a, metric, m, f) for a, m, f in stats.competence_failures(arms, fl)]
+    return out
 
 
 def fmt(m: float, s: float = float("nan"), digits: int = 4) -> str:
@@ -813,8 +967,16 @@ def _params_text(p: Dict[str, Any]) -> str:
 
 
 def check_text(ch: Check, arms: Dict[str, Arm]) -> str:
-    m = ch.metric.split("/", 1)[-1]
+    if ch.kind == SANITY_KIND:
+        return "sanity: " + check_text(dataclasses.replace(ch, kind=ch.rule_kind()), arms)
+    m = ch.metric_text()
     fam = arms[ch.family].label
+    if ch.kind == DID_KIND:
+        cm = ch.clean_metric.split("/", 1)[-1] if ch.clean_metric else m
+        cf_, cb = arms[ch.clean_family or ch.family].label, arms[ch.clean_baseline or ch.baseline].label
+        clean = f"{cm}: {cf_} - {cb}" if (cf_, cb) != (fam, arms[ch.baseline].label) else f"{cm}"
+        sign = ">" if ch.better == "higher" else "<"
+        return f"{m}: ({fam} - {arms[ch.baseline].label}) minus clean ({clean}) {sign} 0"
     if ch.kind in LEVEL_KINDS:
         return f"{m} of {fam} {'<' if ch.kind == 'below' else '>'} {ch.level:g}"
     base = arms[ch.baseline].label
@@ -877,12 +1039,25 @@ def _mean_sd(vals: Sequence[float]) -> Tuple[float, float]:
     return m, s
 
 
-def claim_results(c: Claim, rows: Sequence[dict], *, seeds: Sequence[int], method: str, confidence: float) -> dict:
-    checks = []
-    for ch in c.checks:
-        v, ci = evaluate_check(ch, rows, seeds, method=method, confidence=confidence)
-        checks.append({"check": ch, "verdict": v, "ci": ci})
-    return {"claim": c, "checks": checks, "verdict": stats.claim_verdict([x["verdict"] for x in checks])}
+def claim_results(c: Claim, rows: Sequence[dict], *, seeds: Sequence[int], method: str, confidence: float,
+                  revision: int = 2, n_boot: int = 10000) -> dict:
+    """The verdicts of one claim. Revision 2: every check at the nominal confidence, the claim
+    reproduced when every check is (:func:`stats.claim_verdict`). Revision 3: the primary check
+    decides, secondary checks are Holm-adjusted within the claim, sanity checks are reported apart
+    and an arm under its competence floor makes the claim invalid (:func:`stats.evaluate_claim`)."""
+    if revision < 3:
+        checks = []
+        for ch in c.checks:
+            v, ci = evaluate_check(ch, rows, seeds, method=method, confidence=confidence)
+            checks.append({"check": ch, "verdict": v, "ci": ci})
+        return {"claim": c, "checks": checks, "verdict": stats.claim_verdict([x["verdict"] for x in checks])}
+    inputs = [stats.CheckInput(name=f"{i}", kind=ch.kind, values=tuple(check_sample(ch, rows, seeds).values()),
+                               primary=ch.primary, rule=ch.rule, better=ch.better, margin=ch.margin, level=ch.level,
+                               effect=ch.effect) for i, ch in enumerate(c.checks)]
+    res = stats.evaluate_claim(inputs, invalid_arms=competence(c, rows, seeds), method=method, confidence=confidence,
+                               n_boot=n_boot)
+    checks = [{"check": ch, "verdict": r.verdict, "ci": r.reported_ci, "result": r} for ch, r in zip(c.checks, res.checks)]
+    return {"claim": c, "checks": checks, "verdict": res.verdict_text(), "rev3": res}
 
 
 def write_markdown(benchmark: str, claims: Sequence[Claim], results: Sequence[dict], rows: Sequence[dict],
@@ -894,12 +1069,23 @@ def write_markdown(benchmark: str, claims: Sequence[Claim], results: Sequence[di
     method = meta["ci"]
     ci_name = ("paired t interval" if method == "t" else
                f"percentile bootstrap of the mean ({meta['bootstrap_resamples']} resamples)")
+    rev3 = meta.get("revision", 2) >= 3
+    rule = ("`benchmarks/stats.py`: *reproduced* when the 95% CI of the paired difference lies on the claimed "
+            "side of 0 (or inside the declared margin), *contradicted* when it lies on the other side (or "
+            "entirely outside the margin), *not resolved* otherwise.")
+    if rev3:
+        rule += (" Protocol revision 3: the claim's **primary** check alone decides its verdict; the other checks "
+                 "are secondary, shown with Holm-adjusted p-values and intervals within the claim (the check "
+                 "ranked r of m by its p-value gets the 1 - 0.05 / (m - r + 1) interval; step-down order "
+                 "enforced) and never decide it; **sanity** checks (identities and levels a loss meets by "
+                 "construction) are listed in their own section and never count as reproductions; a claim with "
+                 "an arm whose mean is not above its declared floor is *invalid* (the arm did not train). "
+                 f"A non-inferior result whose CI lies below 0 is flagged \"{stats.NOT_WORSE_BUT_WORSE}\". "
+                 "\"Decidable at this n\": the CI half-width is smaller than the declared margin (or, without one, "
+                 "than the effect the paper reports).")
     lines = [f"# Reproduced results: {benchmark}", "",
              f"Generated by `python benchmarks/reproduce_results.py` from `{os.path.relpath(cf.path, ROOT)}` "
-             f"({meta['mode']}); every number is computed from `{benchmark}_runs.csv`. Verdicts follow "
-             "`benchmarks/stats.py`: *reproduced* when the 95% CI of the paired difference lies on the claimed "
-             "side of 0 (or inside the declared margin), *contradicted* when it lies on the other side (or "
-             "entirely outside the margin), *not resolved* otherwise.", "",
+             f"({meta['mode']}); every number is computed from `{benchmark}_runs.csv`. Verdicts follow " + rule, "",
              f"- command: `{meta['command']}`",
              f"- code: {meta['code']}; report generated {meta['date']}",
              f"- data: {bench.get('data', '?')}",
@@ -907,8 +1093,10 @@ def write_markdown(benchmark: str, claims: Sequence[Claim], results: Sequence[di
              f"- {_versions_text(v)}; {meta['cpus']} CPUs ({meta['cpu']}), "
              f"{meta['jobs']} run(s) at a time, {meta['threads']} torch thread(s) each",
              f"- statistics: per-seed differences family - baseline; mean with a {int(meta['confidence'] * 100)}% "
-             f"{ci_name}; MDE = the true difference a two-sided paired t test detects with "
-             f"{int(meta['power'] * 100)}% power at this n and the observed sd of the differences",
+             f"{ci_name}; " + ("decidable at this n = the CI half-width against the margin or the paper's effect"
+                               if rev3 else
+                               f"MDE = the true difference a two-sided paired t test detects with "
+                               f"{int(meta['power'] * 100)}% power at this n and the observed sd of the differences"),
              f"- protocol: every arm tuned over its declared grid on the validation split (tuning seeds "
              f"{', '.join(str(s) for s in meta['tuning_seeds'])}, one validation pass at the end of training; "
              "the test split is never used for selection), then the chosen setting trained on each evaluation "
@@ -926,7 +1114,7 @@ def write_markdown(benchmark: str, claims: Sequence[Claim], results: Sequence[di
                   f"({seeds[0]}..{seeds[-1]}).", ""]
         head = ["arm", "recipe", "chosen (val)", "steps", "n", *[m.split("/", 1)[-1] for m in c.metrics], "run s"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for k in c.arms:
+        for k in c.run_arms():
             a = arms[k]
             mine = [r for r in rows if r["arm"] == k and r["phase"] == "eval" and r["ok"] and r["seed"] in seeds]
             steps = sorted({int(r["steps"]) for r in mine})
@@ -938,9 +1126,14 @@ def write_markdown(benchmark: str, claims: Sequence[Claim], results: Sequence[di
                 cells.append(fmt(*_mean_sd([float(r[m]) for r in mine if r.get(m, "") not in ("", None)])))
             cells.append(fmt(_mean_sd([float(r["run_seconds"]) for r in mine])[0], digits=0))
             lines.append("| " + " | ".join(cells) + " |")
-        lines += ["", "| check | pairs | family | baseline | mean difference | 95% CI | MDE (80%) | verdict |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for x in res["checks"]:
+        if rev3:
+            lines += _rev3_check_lines(res, rows, seeds, arms)
+            if c.notes:
+                lines += [c.notes, ""]
+        else:
+            lines += ["", "| check | pairs | family | baseline | mean difference | 95% CI | MDE (80%) | verdict |",
+                      "|---|---|---|---|---|---|---|---|"]
+        for x in ([] if rev3 else res["checks"]):
             ch, ci = x["check"], x["ci"]
             fam = fmt(*_mean_sd([v for s, v in per_seed(rows, ch.family, ch.metric).items() if s in seeds]))
             if ch.baseline:
@@ -952,11 +1145,12 @@ def write_markdown(benchmark: str, claims: Sequence[Claim], results: Sequence[di
             mde = f"{ci.mde:.4f}" if math.isfinite(ci.mde) else "n/a"
             lines.append(f"| {check_text(ch, arms)} | {ci.n} | {fam} | {base} | {diff} | {ci_cell} | {mde} | "
                          f"{x['verdict']} |")
-        lines += ["", f"**Verdict: {res['verdict']}.**", ""]
-        if c.notes:
-            lines += [c.notes, ""]
+        if not rev3:
+            lines += ["", f"**Verdict: {res['verdict']}.**", ""]
+            if c.notes:
+                lines += [c.notes, ""]
         lines += ["Tuning (validation, mean over tuning seeds; chosen in bold):", ""]
-        for k in c.arms:
+        for k in c.run_arms():
             a = arms[k]
             cells = []
             for t in tables.get(k, []):
@@ -964,9 +1158,11 @@ def write_markdown(benchmark: str, claims: Sequence[Claim], results: Sequence[di
                 cells.append(f"**{txt}**" if t["params"] == chosen.get(k) else txt)
             lines.append(f"- {a.label} ({a.select}): " + "; ".join(cells))
         lines.append("")
-        edges = [f"{arms[k].label}: {', '.join(e)}" for k in c.arms if (e := grid_edges(arms[k], chosen.get(k, {})))]
+        edges = [f"{arms[k].label}: {', '.join(e)}" for k in c.run_arms() if (e := grid_edges(arms[k], chosen.get(k, {})))]
         if edges:
             lines += ["Chosen at an end of its grid (the optimum may lie outside it): " + "; ".join(edges) + ".", ""]
+    if rev3:
+        lines += _rev3_sanity_section(results, rows, meta, arms)
     lines += ["## Data", ""]
     seen = {}
     for r in rows:
@@ -984,6 +1180,94 @@ def write_markdown(benchmark: str, claims: Sequence[Claim], results: Sequence[di
         fh.write("\n".join(lines))
 
 
+def _margin_text(ch: Check, rows: Sequence[dict], seeds: Sequence[int]) -> str:
+    """A margin beside the baseline's own error: its seed sd and, for a higher-is-better metric in
+    [0, 1], its error 1 - mean (so a reader sees how large the margin is)."""
+    if ch.margin is None:
+        return "-"
+    m, s = _mean_sd(list(seed_values(rows, ch.baseline, ch.metric, seeds, ch.transform).values()))
+    parts = [f"baseline sd {s:.4f}" if math.isfinite(s) else "baseline sd n/a"]
+    if ch.better == "higher" and math.isfinite(m) and 0.0 <= m <= 1.0:
+        parts.append(f"1 - mean {1.0 - m:.4f}")
+    return f"{ch.margin:g} ({'; '.join(parts)})"
+
+
+def _verdict_cell(r: "stats.CheckResult") -> str:
+    return r.verdict + (f" ({r.flag})" if r.flag else "")
+
+
+def _ci_cell(ci: "stats.Interval", holm: bool) -> str:
+    if not math.isfinite(ci.low):
+        return "n/a (n < 2)"
+    conf = f"{ci.confidence * 100:.4g}%" + (", Holm" if holm else "")
+    return f"[{ci.low:+.4f}, {ci.high:+.4f}] ({conf})"
+
+
+def _decidable_cell(r: "stats.CheckResult") -> str:
+    word = {True: "yes", False: "no", None: "n/a"}[r.decidable]
+    return f"{word}: {r.decidable_text}"
+
+
+def _check_row(x: dict, rows: Sequence[dict], seeds: Sequence[int], arms: Dict[str, Arm]) -> str:
+    ch, r = x["check"], x["result"]
+    ci = r.reported_ci
+    fam = fmt(*_mean_sd(list(seed_values(rows, ch.family, ch.metric, seeds, ch.transform).values())))
+    if ch.baseline:
+        base = fmt(*_mean_sd(list(seed_values(rows, ch.baseline, ch.metric, seeds, ch.transform).values())))
+        diff = f"{r.ci.mean:+.4f}" if math.isfinite(r.ci.mean) else "n/a"
+    else:
+        base, diff = f"level {ch.level:g}", "-"
+    if r.role == "secondary":
+        role, p = f"secondary (Holm rank {r.rank})", f"{r.p:.4g} / {r.p_adjusted:.4g}"
+    else:
+        role, p = r.role, f"{r.p:.4g}"
+    p = p if math.isfinite(r.p) else "n/a"
+    return (f"| {check_text(ch, arms)} | {role} | {ci.n} | {fam} | {base} | {_margin_text(ch, rows, seeds)} | {diff} | "
+            f"{_ci_cell(ci, r.role == 'secondary')} | {p} | {_decidable_cell(r)} | {_verdict_cell(r)} |")
+
+
+CHECK_HEAD = ["| check | role | pairs | family | baseline | margin (baseline's error) | mean difference | CI | "
+              "p (Holm-adjusted) | decidable at this n | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+
+def _rev3_check_lines(res: dict, rows: Sequence[dict], seeds: Sequence[int], arms: Dict[str, Arm]) -> List[str]:
+    """Revision 3: the claim's primary and secondary checks, its floors and its verdict."""
+    c, r3 = res["claim"], res["rev3"]
+    lines = ["", *CHECK_HEAD]
+    lines += [_check_row(x, rows, seeds, arms) for x in res["checks"] if x["result"].role != "sanity" or r3.sanity]
+    lines.append("")
+    if c.floors:
+        lines.append("Competence floors (every arm's mean must be above): " + "; ".join(
+            f"{m.split('/', 1)[-1]} > {f if isinstance(f, str) else format(f, 'g')}" for m, f in c.floors)
+            + (". Under the floor: " + "; ".join(f"{arms[a].label} {m.split('/', 1)[-1]} {v:.4f} <= {f:.4f}"
+                                                 for a, m, v, f in r3.invalid_arms) if r3.invalid_arms else "") + ".")
+        lines.append("")
+    n_sanity = sum(x["result"].role == "sanity" for x in res["checks"])
+    if n_sanity and not r3.sanity:
+        lines += [f"{n_sanity} sanity check(s) of this claim: see *Sanity checks* below (never counted).", ""]
+    if r3.sanity:
+        lines += [f"**Sanity claim: {res['verdict']}** (never counted as a reproduction).", ""]
+    else:
+        lines += [f"**Verdict: {res['verdict']}** (the primary check's" + (", made invalid by the competence gate"
+                                                                          if r3.verdict == stats.INVALID else "")
+                  + ").", ""]
+    return lines
+
+
+def _rev3_sanity_section(results: Sequence[dict], rows: Sequence[dict], meta: dict, arms: Dict[str, Arm]) -> List[str]:
+    items = [(res, x) for res in results for x in res["checks"] if x["result"].role == "sanity"
+             or res["rev3"].sanity]
+    if not items:
+        return []
+    lines = ["## Sanity checks", "", "Identities and levels a loss meets by construction: they test the "
+             "implementation and the protocol, never count as reproductions, and take no part in the Holm "
+             "adjustment.", "", "| claim | " + CHECK_HEAD[0][2:], "|---" + CHECK_HEAD[1]]
+    for res, x in items:
+        lines.append(f"| `{res['claim'].key}` " + _check_row(x, rows, meta["seeds_of"][res["claim"].key], arms))
+    lines.append("")
+    return lines
+
+
 def _plt():
     import matplotlib
 
@@ -998,15 +1282,19 @@ def plot_forest(benchmark: str, results: Sequence[dict], arms: Dict[str, Arm], p
     plt = _plt()
     items = [(r["claim"], x) for r in results for x in r["checks"] if x["check"].baseline]
     fig, ax = plt.subplots(figsize=(8.5, 0.45 * max(1, len(items)) + 1.4))
-    colours = {stats.REPRODUCED: "tab:green", stats.CONTRADICTED: "tab:red", stats.NOT_RESOLVED: "0.45"}
+    colours = {stats.REPRODUCED: "tab:green", stats.CONTRADICTED: "tab:red", stats.NOT_RESOLVED: "0.45",
+               stats.HOLDS: "tab:green", stats.FAILS: "tab:red"}
     labels = []
     for i, (c, x) in enumerate(items):
         ch, ci = x["check"], x["ci"]
         y = len(items) - 1 - i
-        labels.append(f"{c.key}: {check_text(ch, arms)}")
+        r3 = x.get("result")
+        labels.append(f"{c.key}: {check_text(ch, arms)}" + (f" [{r3.flag}]" if r3 is not None and r3.flag else "")
+                      + (" (primary)" if r3 is not None and r3.role == "primary" else ""))
         if ch.margin:
-            lo = -ch.margin if ch.kind == "equivalent" or ch.better == "higher" else -math.inf
-            hi = ch.margin if ch.kind == "equivalent" or ch.better == "lower" else math.inf
+            kind = ch.rule_kind()
+            lo = -ch.margin if kind == "equivalent" or ch.better == "higher" else -math.inf
+            hi = ch.margin if kind == "equivalent" or ch.better == "lower" else math.inf
             ax.fill_betweenx([y - 0.35, y + 0.35], max(lo, -1.0), min(hi, 1.0), color="tab:blue", alpha=0.12, lw=0)
         if math.isfinite(ci.mean):
             if math.isfinite(ci.low):
@@ -1015,7 +1303,9 @@ def plot_forest(benchmark: str, results: Sequence[dict], arms: Dict[str, Arm], p
     ax.axvline(0.0, color="k", lw=0.8)
     ax.set_yticks(range(len(items)))
     ax.set_yticklabels(list(reversed(labels)), fontsize=7)
-    ax.set_xlabel("family - baseline (paired over seeds): mean and 95% CI; shaded: declared margin")
+    rev3 = any(x.get("result") is not None for _, x in items)
+    ax.set_xlabel("family - baseline (paired over seeds): mean and 95% CI"
+                  + (" (secondary checks: Holm-adjusted CI)" if rev3 else "") + "; shaded: declared margin")
     finite = [v for _, x in items for v in (x["ci"].low, x["ci"].high, x["ci"].mean) if math.isfinite(v)]
     if finite:
         span = max(abs(min(finite)), abs(max(finite)), 1e-3) * 1.3
@@ -1079,6 +1369,48 @@ def plot_per_class(rows: Sequence[dict], arms: Dict[str, Arm], keys: Sequence[st
 # ------------------------------------------------------------------------------------------
 # main
 # ------------------------------------------------------------------------------------------
+def summary_rev3(results: Sequence[dict], arms: Dict[str, Arm], meta: dict) -> List[str]:
+    """Revision 3 summary: claims counted by their primary verdict (invalid claims apart), then the
+    sanity claims and checks, which never count."""
+    claims = [r for r in results if not r["rev3"].sanity]
+    sanity = [(r, x) for r in results for x in r["checks"] if x["result"].role == "sanity" or r["rev3"].sanity]
+    counts = {}
+    for r in claims:
+        key = stats.INVALID if r["rev3"].verdict == stats.INVALID else r["verdict"]
+        counts[key] = counts.get(key, 0) + 1
+    order = [stats.REPRODUCED, stats.CONTRADICTED, stats.NOT_RESOLVED, stats.INVALID]
+    lines = [f"Protocol revision 3: each claim's verdict is its primary check's; {len(claims)} claims: "
+             + ", ".join(f"{counts.get(k, 0)} {k}" for k in order)
+             + f". {len(sanity)} sanity check(s) are listed apart and never counted.", "",
+             "| family | data | claim | primary check: mean difference [CI], decidable at this n | verdict | "
+             "secondary checks (Holm) | details |", "|---|---|---|---|---|---|---|"]
+    for res in claims:
+        c = res["claim"]
+        x = next(x for x in res["checks"] if x["result"].role == "primary")
+        r = x["result"]
+        ci = r.ci
+        first = f"{check_text(x['check'], arms)}: " + (
+            f"{ci.mean:+.4f} [{ci.low:+.4f}, {ci.high:+.4f}]; decidable: "
+            f"{ {True: 'yes', False: 'no', None: 'n/a'}[r.decidable]}" if math.isfinite(ci.low) else f"n = {ci.n}, no CI")
+        sec = [y["result"] for y in res["checks"] if y["result"].role == "secondary"]
+        sec_text = ", ".join(f"{sum(y.verdict == k for y in sec)} {k}" for k in order[:3] if any(y.verdict == k for y in sec))
+        flags = [f"{check_text(y['check'], arms)}: {y['result'].flag}" for y in res["checks"]
+                 if y["result"].flag and y["result"].role != "sanity"]
+        verdict = _verdict_cell(r) if res["rev3"].verdict != stats.INVALID else res["verdict"]
+        lines.append(f"| {c.family} | {c.data} | {c.claim} | {first} | {verdict} | {sec_text or '-'}"
+                     + (f"; flagged: {'; '.join(flags)}" if flags else "") + f" | [{c.benchmark}.md]({c.benchmark}.md) |")
+    lines.append("")
+    if sanity:
+        lines += ["Sanity checks (identities and levels met by construction; never counted as reproductions):", "",
+                  "| claim | check | mean [CI] | result |", "|---|---|---|---|"]
+        for res, x in sanity:
+            ci = x["result"].ci
+            cell = f"{ci.mean:+.4f} [{ci.low:+.4f}, {ci.high:+.4f}]" if math.isfinite(ci.low) else f"n = {ci.n}, no CI"
+            lines.append(f"| `{res['claim'].key}` | {check_text(x['check'], arms)} | {cell} | {_verdict_cell(x['result'])} |")
+        lines.append("")
+    return lines
+
+
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as fh:
@@ -1098,6 +1430,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--claims", default="", help="comma-separated claim keys (default: every claim of --benchmarks)")
     p.add_argument("--benchmarks", default="", help="comma-separated benchmarks (default: every one in the file)")
     p.add_argument("--ci", choices=stats.METHODS, default=None, help="CI method (default: the file's statistics.ci)")
+    p.add_argument("--revision", type=int, choices=REVISIONS, default=None,
+                   help="protocol revision of the verdicts and reports (default: the file's statistics.revision; "
+                        "2 without one)")
     p.add_argument("--quick", action="store_true", help="CI smoke run: 1 seed, the first grid point, 1 epoch of 2 batches "
                    "(numbers meaningless); needs --out outside results/")
     p.add_argument("--out", default=os.path.join(ROOT, "results"), help="output folder (default results/)")
@@ -1152,11 +1487,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise SystemExit("reproduce_results: --quick writes meaningless numbers; pass --out outside results/")
     claims = select_claims(cf, args.claims, args.benchmarks)
     method = args.ci or cf.statistics.get("ci", "t")
+    revision = args.revision or cf.revision
     confidence = float(cf.statistics.get("confidence", 0.95))
     seeds_of = {c.key: [0] if args.quick else list(range(c.seeds)) for c in claims}
     arm_seeds: Dict[str, set] = {}
     for c in claims:
-        for k in c.arms:
+        for k in c.run_arms():
             arm_seeds.setdefault(k, set()).update(seeds_of[c.key])
     arm_list = [cf.arms[k] for k in arm_seeds]
     tune_seeds = list(cf.tuning_seeds[:1] if args.quick else cf.tuning_seeds)
@@ -1221,7 +1557,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "cpus": cpus, "cpu": _cpu_name(), "jobs": jobs, "threads": threads, "ci": method, "confidence": confidence,
         "power": float(cf.statistics.get("power", 0.8)),
         "bootstrap_resamples": int(cf.statistics.get("bootstrap_resamples", 10000)),
-        "tuning_seeds": tune_seeds, "seeds_of": seeds_of,
+        "tuning_seeds": tune_seeds, "seeds_of": seeds_of, "revision": revision,
     }
     summary = []
     for b in cf.benchmarks:
@@ -1230,7 +1566,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             continue
         brows = [r for r in rows if r["benchmark"] == b]
         write_csv(brows, os.path.join(out, f"{b}_runs.csv"))
-        results = [claim_results(c, brows, seeds=seeds_of[c.key], method=method, confidence=confidence) for c in bc]
+        results = [claim_results(c, brows, seeds=seeds_of[c.key], method=method, confidence=confidence,
+                                 revision=revision, n_boot=meta["bootstrap_resamples"]) for c in bc]
         pngs = []
         if plot_forest(b, results, cf.arms, os.path.join(out, f"{b}_forest.png")):
             pngs.append(f"{b}_forest.png")
@@ -1248,22 +1585,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     lines = ["# Reproduced claims: summary", "",
              f"`{meta['command']}` ({meta['mode']}; code {meta['code']}; {meta['date']}): {len(rows)} runs "
              f"({len(tune_rows)} tuning, {len(eval_rows)} evaluation), {run_total / 60:.0f} min of run time; this "
-             f"invocation took {wall / 60:.1f} min. CI: {method}, {int(confidence * 100)}%.", "",
-             "| family | data | claim | first check: mean difference [95% CI], MDE | verdict | details |",
-             "|---|---|---|---|---|---|"]
-    for res in summary:
-        c = res["claim"]
-        x = res["checks"][0]
-        ci = x["ci"]
-        first = f"{check_text(x['check'], cf.arms)}: " + (
-            f"{ci.mean:+.4f} [{ci.low:+.4f}, {ci.high:+.4f}], MDE {ci.mde:.4f}" if math.isfinite(ci.low)
-            else f"n = {ci.n}, no CI")
-        lines.append(f"| {c.family} | {c.data} | {c.claim} | {first} | {res['verdict']} | "
-                     f"[{c.benchmark}.md]({c.benchmark}.md) |")
-    lines.append("")
+             f"invocation took {wall / 60:.1f} min. CI: {method}, {int(confidence * 100)}%.", ""]
+    if revision >= 3:
+        lines += summary_rev3(summary, cf.arms, meta)
+    else:
+        lines += ["| family | data | claim | first check: mean difference [95% CI], MDE | verdict | details |",
+                  "|---|---|---|---|---|---|"]
+        for res in summary:
+            c = res["claim"]
+            x = res["checks"][0]
+            ci = x["ci"]
+            first = f"{check_text(x['check'], cf.arms)}: " + (
+                f"{ci.mean:+.4f} [{ci.low:+.4f}, {ci.high:+.4f}], MDE {ci.mde:.4f}" if math.isfinite(ci.low)
+                else f"n = {ci.n}, no CI")
+            lines.append(f"| {c.family} | {c.data} | {c.claim} | {first} | {res['verdict']} | "
+                         f"[{c.benchmark}.md]({c.benchmark}.md) |")
+        lines.append("")
     edges: Dict[str, Tuple[str, List[str]]] = {}  # arm -> (its first claim, its grid ends)
     for res in summary:
-        for k in res["claim"].arms:
+        for k in res["claim"].run_arms():
             if k not in edges and (e := grid_edges(cf.arms[k], chosen.get(k, {}))):
                 edges[k] = (res["claim"].key, e)
     if edges:

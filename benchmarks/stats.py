@@ -25,6 +25,16 @@ architectures agree) the initial weights, so the unit of analysis is the per-see
     below the number of classes): the same rule on the CI of the mean itself.
 
 With fewer than two pairs there is no CI and the verdict is *not resolved*.
+
+Protocol revision 3 (:func:`evaluate_claim`) reads the same intervals differently: one **primary**
+check per claim decides it; the other checks are **secondary**, adjusted with Holm's step-down
+method within the claim (:func:`p_value` inverts the interval, :func:`holm` adjusts,
+:func:`holm_confidence` gives each rank's interval) and never decide it; ``did`` checks read the
+per-seed difference in differences (:func:`did_differences`); ``sanity`` checks (identities, levels
+met by construction) say *holds* / *fails* and never count; an arm under the claim's competence
+floor (:func:`competence_failures`) makes the claim *invalid*; a non-inferior result whose CI lies
+on the worse side of 0 is flagged (:func:`flag`); and :func:`decidable` (CI half-width against the
+margin, or the paper's effect) replaces the MDE in the reports.
 """
 
 from __future__ import annotations
@@ -219,3 +229,301 @@ def claim_verdict(verdicts: Sequence[str]) -> str:
     if any(v == CONTRADICTED for v in verdicts):
         return CONTRADICTED
     return NOT_RESOLVED
+
+
+# ------------------------------------------------------------------------------------------------
+# revision 3: one primary check per claim, Holm-adjusted secondary checks, non-inferiority flags,
+# difference-in-differences, sanity checks, the competence gate and "decidable at this n"
+# ------------------------------------------------------------------------------------------------
+INVALID = "invalid"
+HOLDS = "holds"  # sanity checks: the identity / level a loss meets by construction holds ...
+FAILS = "fails"  # ... or fails; never counted as a reproduction
+NOT_WORSE_BUT_WORSE = "not worse by the margin, but worse"
+WITHIN_BUT_DIFFERENT = "within the margin, but different"
+
+REV3_KINDS = KINDS + ("did", "sanity")
+SANITY_RULES = ("higher", "lower", "equivalent", "not_worse", "below", "above")
+
+
+def _boot_means(x: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
+    """The bootstrap means :func:`interval` draws for the same ``seed`` (the same resamples)."""
+    rng = np.random.default_rng(seed)
+    return x[rng.integers(0, x.size, size=(n_boot, x.size))].mean(axis=1)
+
+
+def _p_side(x: np.ndarray, c: float, side: str, method: str, n_boot: int, seed: int) -> float:
+    """The smallest ``alpha`` at which the two-sided ``1 - alpha`` interval of the mean of ``x`` lies
+    strictly above ``c`` (``side="above"``) or strictly below it (``"below"``), capped at 1.
+
+    Paired t: ``2 * P(T > (mean - c) / se)`` (above), ``2 * P(T < (mean - c) / se)`` (below), ``T`` t
+    with ``n - 1`` degrees of freedom; with ``sd == 0`` the interval is the point ``mean``: 0 when it
+    lies on that side, else 1. Bootstrap: twice the share of resampled means on the wrong side of
+    ``c`` (the percentile interval's tail)."""
+    n = x.size
+    m = float(x.mean())
+    if method == "bootstrap":
+        means = _boot_means(x, n_boot, seed)
+        wrong = float((means <= c).mean()) if side == "above" else float((means >= c).mean())
+        return min(1.0, 2.0 * wrong)
+    sd = float(x.std(ddof=1))
+    if sd == 0.0:
+        ok = m > c if side == "above" else m < c
+        return 0.0 if ok else 1.0
+    t = (m - c) / (sd / math.sqrt(n))
+    st = _t()
+    p = 2.0 * (st.t.sf(t, n - 1) if side == "above" else st.t.cdf(t, n - 1))
+    return float(min(1.0, p))
+
+
+def p_value(kind: str, xs: Sequence[float], *, margin: Optional[float] = None, level: Optional[float] = None,
+            method: str = "t", n_boot: int = 10000, seed: int = 0) -> float:
+    """The p-value of a check for its claimed side: the smallest ``alpha`` at which the ``1 - alpha``
+    interval of ``xs`` gives the verdict *reproduced* under the rule of ``kind`` (the interval
+    inverted, so ``p < alpha`` exactly when the ``1 - alpha`` interval reproduces). ``xs`` are the
+    paired differences (``higher``, ``lower``, ``equivalent``, ``not_worse``, ``not_worse_lower``)
+    or the family's values (``below`` / ``above`` a ``level``). ``nan`` with fewer than 2 values."""
+    x = np.asarray([v for v in xs if math.isfinite(float(v))], dtype=float)
+    if x.size < 2:
+        return float("nan")
+    args = dict(method=method, n_boot=n_boot, seed=seed)
+    if kind == "higher":
+        return _p_side(x, 0.0, "above", **args)
+    if kind == "lower":
+        return _p_side(x, 0.0, "below", **args)
+    if kind == "not_worse":
+        return _p_side(x, -float(margin), "above", **args)
+    if kind == "not_worse_lower":
+        return _p_side(x, float(margin), "below", **args)
+    if kind == "equivalent":
+        return max(_p_side(x, -float(margin), "above", **args), _p_side(x, float(margin), "below", **args))
+    if kind == "above":
+        return _p_side(x, float(level), "above", **args)
+    if kind == "below":
+        return _p_side(x, float(level), "below", **args)
+    raise ValueError(f"p_value: unknown kind {kind!r}")
+
+
+def holm(pvalues: Sequence[float]) -> Tuple[list, list]:
+    """Holm's step-down adjustment of ``m`` p-values: ``(adjusted, ranks)``.
+
+    The p-values are ordered ascending (ties: the given order), ``p_(1) <= ... <= p_(m)``; the
+    adjusted value of the ``r``-th is ``min(1, max_{j <= r} (m - j + 1) p_(j))``, so it never falls
+    along the order. ``ranks[i]`` is the 1-based rank of ``pvalues[i]``. ``nan`` p-values (no
+    interval) are ranked last and stay ``nan``."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: (not math.isfinite(pvalues[i]), pvalues[i] if math.isfinite(pvalues[i])
+                                            else 0.0, i))
+    adjusted = [float("nan")] * m
+    ranks = [0] * m
+    running = 0.0
+    for r, i in enumerate(order, start=1):
+        ranks[i] = r
+        p = pvalues[i]
+        if not math.isfinite(p):
+            continue
+        running = max(running, min(1.0, (m - r + 1) * p))
+        adjusted[i] = running
+    return adjusted, ranks
+
+
+def holm_confidence(rank: int, m: int, confidence: float = 0.95) -> float:
+    """The confidence of the Holm-adjusted interval of the check ranked ``rank`` (1-based) among
+    ``m``: ``1 - alpha / (m - rank + 1)`` with ``alpha = 1 - confidence``."""
+    return 1.0 - (1.0 - confidence) / (m - rank + 1)
+
+
+def did_differences(family_stress: Mapping[int, float], baseline_stress: Mapping[int, float],
+                    family_clean: Mapping[int, float], baseline_clean: Mapping[int, float]) -> Dict[int, float]:
+    """Difference in differences per seed: ``(family - baseline) under the stress minus (family -
+    baseline) clean``, over the seeds all four have (finite values). Positive: the family's
+    advantage grows (or its deficit shrinks) under the stress."""
+    stress = paired_differences(family_stress, baseline_stress)
+    clean = paired_differences(family_clean, baseline_clean)
+    return {s: stress[s] - clean[s] for s in sorted(set(stress) & set(clean))}
+
+
+def competence_failures(arms: Mapping[str, Mapping[int, float]], floor) -> list:
+    """The arms that do not beat ``floor``: ``[(arm, mean, floor mean)]``.
+
+    ``arms``: ``{arm: {seed: value}}`` of one metric (higher is better). ``floor``: a number, or
+    ``{arm: {seed: value}}`` of a no-training / fixed-projection result column computed by the same
+    run on the same split (each arm is compared with its own runs' floor column). An arm passes
+    when its mean over its seeds is strictly above the floor's mean; an arm without values (or
+    without floor values) is neither passed nor failed (it is not in the list: the check itself has
+    no data)."""
+    out = []
+    for arm, vals in arms.items():
+        v = [float(x) for x in vals.values() if math.isfinite(float(x))]
+        if not v:
+            continue
+        if isinstance(floor, Mapping):
+            fl = [float(x) for s, x in (floor.get(arm) or {}).items() if s in vals and math.isfinite(float(x))]
+            if not fl:
+                continue
+            f = sum(fl) / len(fl)
+        else:
+            f = float(floor)
+        m = sum(v) / len(v)
+        if not m > f:
+            out.append((arm, m, f))
+    return out
+
+
+def decidable(ci: Interval, *, margin: Optional[float] = None, effect: Optional[float] = None) -> Tuple[Optional[bool], str]:
+    """Whether this n can decide the check: the CI's half-width against the declared margin, or,
+    without one, against the effect the paper reports (``effect``). ``(None, reason)`` when there
+    is no interval or neither reference is declared; else ``(half < reference, text)``."""
+    if ci.n < 2 or not (math.isfinite(ci.low) and math.isfinite(ci.high)):
+        return None, "no interval"
+    half = (ci.high - ci.low) / 2.0
+    if margin is not None:
+        ref, name = abs(float(margin)), "margin"
+    elif effect is not None:
+        ref, name = abs(float(effect)), "paper's effect"
+    else:
+        return None, f"half-width {half:.4f}; no margin or paper effect declared"
+    ok = bool(half < ref)
+    return ok, f"half-width {half:.4f} {'<' if ok else '>='} {name} {ref:g}"
+
+
+def flag(kind: str, ci: Interval, *, better: str = "higher") -> Optional[str]:
+    """The note of a margin check whose interval passes the margin but excludes 0 on one side:
+    ``not_worse`` whose CI lies entirely on the worse side of 0 (:data:`NOT_WORSE_BUT_WORSE`),
+    ``equivalent`` whose CI excludes 0 (:data:`WITHIN_BUT_DIFFERENT`). ``None`` otherwise."""
+    if ci.n < 2 or not (math.isfinite(ci.low) and math.isfinite(ci.high)):
+        return None
+    if kind == "not_worse":
+        worse = ci.high < 0 if better == "higher" else ci.low > 0
+        return NOT_WORSE_BUT_WORSE if worse else None
+    if kind == "equivalent":
+        return WITHIN_BUT_DIFFERENT if (ci.high < 0 or ci.low > 0) else None
+    return None
+
+
+@dataclass(frozen=True)
+class CheckInput:
+    """One check of a claim, its sample already formed: the paired differences (``higher``,
+    ``lower``, ``equivalent``, ``not_worse``), the differences in differences (``did``) or the
+    family's values (``below`` / ``above``). ``kind="sanity"`` checks carry their ``rule`` (one of
+    :data:`SANITY_RULES`). ``better``: the direction of the metric that is good (``not_worse`` and
+    ``did``)."""
+
+    name: str
+    kind: str
+    values: Tuple[float, ...]
+    primary: bool = False
+    rule: Optional[str] = None
+    better: str = "higher"
+    margin: Optional[float] = None
+    level: Optional[float] = None
+    effect: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    kind: str
+    rule: str  # the rule the verdict is read with (higher | lower | equivalent | not_worse | ...)
+    role: str  # "primary" | "secondary" | "sanity"
+    verdict: str
+    ci: Interval  # at the nominal confidence
+    reported_ci: Interval  # the interval the verdict was read from (Holm-adjusted for secondary checks)
+    p: float
+    p_adjusted: float  # Holm within the claim's secondary checks; = p for primary and sanity checks
+    rank: int  # Holm rank among the secondary checks (0 for primary / sanity)
+    flag: Optional[str]
+    decidable: Optional[bool]
+    decidable_text: str
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    verdict: str  # the primary check's verdict, INVALID when an arm is under its floor
+    primary: Optional[CheckResult]
+    checks: Tuple[CheckResult, ...]
+    invalid_arms: Tuple[Tuple[str, str, float, float], ...]  # (arm, metric, its mean, the floor)
+    sanity: bool  # the primary check is a sanity check: a claim reported in the sanity section
+
+    def verdict_text(self) -> str:
+        if self.verdict == INVALID:
+            names = ", ".join(dict.fromkeys(a for a, *_ in self.invalid_arms))
+            return f"invalid (arm {names} did not train)"
+        return self.verdict
+
+
+def _rule(ch: CheckInput) -> str:
+    if ch.kind == "sanity":
+        return ch.rule or ""
+    if ch.kind == "did":
+        return "higher" if ch.better == "higher" else "lower"
+    return ch.kind
+
+
+def _verdict_kind(rule: str, better: str) -> str:
+    return "not_worse_lower" if rule == "not_worse" and better == "lower" else rule
+
+
+def _sample_interval(values: Sequence[float], conf: float, method: str, n_boot: int, seed: int) -> Interval:
+    return interval([v for v in values if math.isfinite(float(v))], method=method, confidence=conf,
+                    n_boot=n_boot, seed=seed)
+
+
+def evaluate_claim(checks: Sequence[CheckInput], *, invalid_arms: Sequence[Tuple[str, str, float, float]] = (),
+                   method: str = "t", confidence: float = 0.95, n_boot: int = 10000, seed: int = 0) -> ClaimResult:
+    """Revision-3 verdicts of one claim.
+
+    * The **primary** check (exactly one) decides the claim: its verdict at the nominal
+      ``confidence``. A claim with an arm under its competence floor (``invalid_arms``) is
+      :data:`INVALID` whatever its checks say.
+    * **Secondary** checks (every other check but sanity ones) are reported with Holm's step-down
+      adjustment within the claim: each check's p-value for its claimed side (:func:`p_value`) is
+      adjusted over the ``m`` secondary checks (:func:`holm`); the check ranked ``r`` is shown
+      with its interval at confidence ``1 - alpha / (m - r + 1)``. Its verdict: *reproduced* when
+      the adjusted p-value is below ``alpha`` (the step-down order enforced), *contradicted* when
+      its adjusted interval lies on the other side (or outside the margin), else *not resolved*.
+      They never decide the claim.
+    * **Sanity** checks (identities, levels met by construction) are read at the nominal
+      confidence and say :data:`HOLDS` / :data:`FAILS` / *not resolved*; they never count as
+      reproductions and take no part in Holm's adjustment. A claim whose primary check is a
+      sanity check is a sanity claim (``ClaimResult.sanity``).
+    """
+    primaries = [c for c in checks if c.primary]
+    if len(primaries) != 1:
+        raise ValueError(f"evaluate_claim: exactly one check must be primary (got {len(primaries)})")
+    alpha = 1.0 - confidence
+    secondary = [i for i, c in enumerate(checks) if not c.primary and c.kind != "sanity"]
+    pv = {}
+    for i, c in enumerate(checks):
+        rule = _rule(c)
+        pv[i] = p_value(_verdict_kind(rule, c.better), c.values, margin=c.margin, level=c.level, method=method,
+                        n_boot=n_boot, seed=seed)
+    adjusted, ranks = holm([pv[i] for i in secondary])
+    adj = {i: (a, r) for i, a, r in zip(secondary, adjusted, ranks)}
+    m = len(secondary)
+    out = []
+    for i, c in enumerate(checks):
+        rule = _rule(c)
+        vk = _verdict_kind(rule, c.better)
+        ci = _sample_interval(c.values, confidence, method, n_boot, seed)
+        role = "primary" if c.primary else "sanity" if c.kind == "sanity" else "secondary"
+        if role == "secondary":
+            p_adj, rank = adj[i]
+            shown = _sample_interval(c.values, holm_confidence(rank, m, confidence), method, n_boot, seed)
+            v = verdict(vk, shown, margin=c.margin, level=c.level)
+            if v == REPRODUCED and not (math.isfinite(p_adj) and p_adj < alpha):
+                v = NOT_RESOLVED  # Holm's step-down stopped before this check
+        else:
+            p_adj, rank, shown = pv[i], 0, ci
+            v = verdict(vk, ci, margin=c.margin, level=c.level)
+            if c.kind == "sanity":
+                v = HOLDS if v == REPRODUCED else FAILS if v == CONTRADICTED else NOT_RESOLVED
+        fl = flag(rule, shown, better=c.better) if v in (REPRODUCED, HOLDS) else None
+        dec, dec_text = decidable(ci, margin=c.margin, effect=c.effect)
+        out.append(CheckResult(c.name, c.kind, rule, role, v, ci, shown, pv[i], p_adj, rank, fl, dec, dec_text))
+    prim = next(r for r in out if r.role == "primary")
+    is_sanity = next(c for c in checks if c.primary).kind == "sanity"
+    if invalid_arms:
+        v = INVALID
+    else:
+        v = prim.verdict
+    return ClaimResult(v, prim, tuple(out), tuple(tuple(x) for x in invalid_arms), is_sanity)

@@ -52,8 +52,9 @@ def test_every_recommendation_and_retrieval_family_is_claimed():
         assert dict(CF.arms[k].overrides)["data.init_args.split"] == "random"
     for k in ("psl_tanh_rs", "ssm_rs", "psl_tanh_fn"):  # the temperature is tuned for every PSL / SSM arm
         assert "model.init_args.loss.init_args.temperature" in dict(CF.arms[k].grid)
-    # one positive per query: an equivalence with a declared margin
-    assert {ch.kind for ch in keys["decoupled_softmax_stdlib"].checks} == {"equivalent"}
+    # one positive per query: the two losses are the same function -- an equivalence with a declared
+    # margin, read as a sanity check (never counted as a reproduction)
+    assert {(ch.kind, ch.rule_kind()) for ch in keys["decoupled_softmax_stdlib"].checks} == {("sanity", "equivalent")}
     assert "train/softmax_classes" in keys["partial_fc_ml100k"].metrics
 
 
@@ -68,12 +69,15 @@ def test_every_check_has_a_direction_margin_or_level_and_every_arm_a_grid():
             if a.seconds < 60 and all(CF.arms[k].seconds < 60 for k in c.arms):
                 assert c.seeds >= 10, c.key
         for ch in c.checks:
-            if ch.kind in ("higher", "lower"):
+            kind = ch.rule_kind()  # a sanity check is read with its rule
+            if ch.kind == "did":
+                assert ch.baseline in c.arms and ch.margin is None and set(ch.clean_arms()) <= set(CF.arms)
+            elif kind in ("higher", "lower"):
                 assert ch.baseline in c.arms and ch.margin is None
-            elif ch.kind in ("equivalent", "not_worse"):
+            elif kind in ("equivalent", "not_worse"):
                 assert ch.baseline in c.arms and ch.margin > 0
             else:
-                assert ch.kind in ("below", "above") and ch.level is not None
+                assert kind in ("below", "above") and ch.level is not None
     assert min(CF.tuning_seeds) >= 100  # tuning seeds never coincide with evaluation seeds 0 .. n-1
 
 
@@ -165,3 +169,68 @@ def test_identical_runs_of_two_arms_share_one_key():
     assert rr._run_key(a, a.args(False)) == rr._run_key(b, b.args(False))
     c = rr.Run(ce, 0, "tune", tuple(p.items()))
     assert rr._run_key(a, a.args(False)) != rr._run_key(c, c.args(False))
+
+
+# ------------------------------------------------------------------------------------------------
+# protocol revision 3
+# ------------------------------------------------------------------------------------------------
+def test_revision_3_every_claim_has_one_primary_check_and_floors():
+    assert CF.revision == 3
+    for c in CF.claims:
+        assert sum(ch.primary for ch in c.checks) == 1, c.key
+        assert c.primary() is not None and c.floors, c.key
+        for metric, floor in c.floors:
+            assert metric in c.metrics and (isinstance(floor, (int, float)) or floor.startswith("test/")), c.key
+    keys = {c.key: c for c in CF.claims}
+    # the paper's main claim decides: top-k ranking for Z-loss, balanced accuracy for WCDAS, tail accuracy
+    # against the paper's baseline (BCE) for GOL
+    assert keys["z_loss"].primary().metric == "test/top5"
+    assert keys["wcdas"].primary().metric == "test/balanced_acc"
+    assert keys["gol"].primary().baseline == "bce_lt"
+
+
+def test_revision_3_check_kinds_in_the_claims_file():
+    keys = {c.key: c for c in CF.claims}
+    sanity = {(c.key, ch.metric) for c in CF.claims for ch in c.checks if ch.kind == "sanity"}
+    # identities and by-construction levels: never counted as reproductions
+    assert {("sparsemax", "test/support"), ("dice", "test/dice"), ("decoupled_softmax_stdlib", "test/r@1")} <= sanity
+    assert keys["decoupled_softmax_stdlib"].primary().kind == "sanity"
+    # ">=" claims are non-inferiority checks with a margin
+    for key in ("nbc_softmax", "psl", "opl", "dice"):
+        assert keys[key].primary().kind == "not_worse" and keys[key].primary().margin > 0, key
+    # robustness claims: difference in differences, primary
+    did = {c.key: c.primary() for c in CF.claims if c.primary().kind == "did"}
+    assert set(did) == {"comp_sum", "psl_popularity_shift", "psl_false_negatives"}
+    assert did["psl_popularity_shift"].clean_metric == "test/recall@20"
+    assert (did["psl_false_negatives"].clean_family, did["psl_false_negatives"].clean_baseline) == ("psl_tanh_rs", "ssm_rs")
+    assert keys["comp_sum"].run_arms() == ("comp_sum_noisy", "ce_noisy", "comp_sum_clean", "ce")
+    assert dict(CF.arms["comp_sum_clean"].overrides)["data.init_args.noise_rate"] == 0.0
+    # OPL's objective is |mean inter-class cosine| -> 0: the check compares absolute values
+    inter = next(ch for ch in keys["opl"].checks if ch.metric == "test/cos_inter")
+    assert inter.transform == "abs" and inter.kind == "lower"
+
+
+def test_revision_2_claims_file_is_frozen_beside_its_runs():
+    old = rr.load_claims(os.path.join(ROOT, "results", "revision2", "claims.yaml"))
+    assert old.revision == 2 and rr.validate_claims(old) == []
+    assert not any(ch.primary or ch.kind in ("did", "sanity") for c in old.claims for ch in c.checks)
+
+
+def test_validator_rejects_broken_revision_3_claims():
+    c = next(c for c in CF.claims if c.key == "opl")
+    ch = c.checks[0]
+    none = dataclasses.replace(c, checks=tuple(dataclasses.replace(x, primary=False) for x in c.checks), floors=())
+    two = dataclasses.replace(c, checks=tuple(dataclasses.replace(x, primary=True) for x in c.checks),
+                              floors=(("test/top1", "val/top1"), ("test/nope", 0.1)))
+    bad_checks = (dataclasses.replace(ch, kind="sanity", rule=None),
+                  dataclasses.replace(ch, kind="did", margin=None),  # no clean side
+                  dataclasses.replace(ch, kind="did", margin=None, clean_family="no_such_arm"),
+                  dataclasses.replace(ch, transform="square"),
+                  dataclasses.replace(ch, effect=-0.01))
+    bad = dataclasses.replace(c, checks=bad_checks)
+    text = "\n".join(rr.validate_claims(dataclasses.replace(CF, claims=(none, two, bad))))
+    for fragment in ("exactly one check must be primary: true (the one that states the paper's main claim; got 0)",
+                     "got 3)", "declare floors", "must be a number or a test/ column", "floor metric 'test/nope'",
+                     "a sanity check needs a rule", "needs a clean side that differs", "clean arm 'no_such_arm'",
+                     "transform 'square'", "effect (the paper's reported effect) must be a positive number"):
+        assert fragment in text, fragment

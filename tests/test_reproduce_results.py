@@ -17,6 +17,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import statistics
 import sys
 
@@ -338,8 +339,9 @@ def test_reports_regenerate_from_the_committed_runs_without_running_anything(tmp
     _only_cached(monkeypatch)
     committed = os.path.join(ROOT, "results", "revision2")
     out, work = tmp_path / "out", tmp_path / "work"
+    # the revision-2 reports regenerate under the revision-2 claims file frozen beside their runs
     code = rr.main(["--claims", "nbc_softmax,pfc_arcface", "--runs-from", committed, "--out", str(out),
-                    "--workdir", str(work), "--jobs", "1"])
+                    "--workdir", str(work), "--jobs", "1", "--claims-file", os.path.join(committed, "claims.yaml")])
     assert code == 0
     claims = {c.key: c for c in CF.claims}
     for bench, key in (("retrieval", "nbc_softmax"), ("many_class", "pfc_arcface")):
@@ -516,7 +518,9 @@ def test_quick_reproduction_writes_everything(quick_out):
     assert not (out / "segmentation.md").exists()
     md = (out / "vision.md").read_text()
     assert "MNIST-5k" in md and "test_resnet" in md and "train_size=350" in md
-    assert "Verdict: not resolved" in md and "n/a (n < 2)" in md  # one seed: no CI, no verdict either way
+    # one seed: no CI, no verdict either way; after 2 batches an arm may also sit under its competence
+    # floor (chance), which makes the claim invalid rather than decided
+    assert re.search(r"Verdict: (not resolved|invalid \(arm .+ did not train\))", md) and "n/a (n < 2)" in md
     assert "OPL" in (out / "summary.md").read_text()
 
 
@@ -607,3 +611,124 @@ def test_quick_recommendation_and_retrieval_claims_end_to_end(quick_rec_ret):
             line = next(line for line in md.splitlines() if line.startswith(f"| {label} |"))
             metric = "recall@20" if b == "recommendation" else "r@1"
             assert f"{float(ev[a][f'test/{metric}']):.4f}" in line
+
+
+# ------------------------------------------------------------------------------------------------
+# protocol revision 3 on hand-made runs (no training)
+# ------------------------------------------------------------------------------------------------
+def _rev3_cells(md, key):
+    block = md.split(f"(`{key}`)", 1)[1].split("\n## ", 1)[0]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in block.splitlines()
+            if line.startswith("| ") and ("| primary |" in line or "| secondary" in line)]
+
+
+def test_revision_3_report_primary_holm_and_competence_gate(tmp_path):
+    from scipy import stats as sst
+
+    rows = _synthetic_rows()
+    claim = next(c for c in CF.claims if c.key == "wcdas")
+    res = rr.claim_results(claim, rows, seeds=list(range(10)), method="t", confidence=0.95, revision=3)
+    meta = {**_meta({"wcdas": list(range(10))}), "revision": 3}
+    path = tmp_path / "vision.md"
+    rr.write_markdown("vision", [claim], [res], rows, CF, {}, {}, meta, str(path), [])
+    md = path.read_text()
+    cells = _rev3_cells(md, "wcdas")
+    assert [c[1].split(" (")[0] for c in cells] == ["secondary", "secondary", "primary", "secondary"]
+    # independent: two-sided paired t p-values of the secondary checks, Holm by hand
+    p = []
+    for ch in claim.checks:
+        fam = np.array([r[ch.metric] for r in rows if r["arm"] == ch.family])
+        base = np.array([r[ch.metric] for r in rows if r["arm"] == ch.baseline])
+        d = fam - base
+        t = d.mean() / (d.std(ddof=1) / math.sqrt(10))
+        p.append(2 * sst.t.sf(t, 9))
+    sec = [0, 1, 3]
+    order = sorted(sec, key=lambda i: p[i])
+    holm, running = {}, 0.0
+    for r, i in enumerate(order):
+        running = max(running, min(1.0, (3 - r) * p[i]))
+        holm[i] = running
+    for i in sec:
+        raw, adj = (float(x) for x in cells[i][8].split(" / "))
+        assert raw == pytest.approx(p[i], rel=1e-3) and adj == pytest.approx(holm[i], rel=1e-3)
+        assert f"Holm rank {order.index(i) + 1})" in cells[i][1]
+        assert cells[i][10].startswith("reproduced" if holm[i] < 0.05 else ("not resolved", "contradicted"))
+    # the primary (balanced accuracy vs CE: +0.025 per seed) decides
+    assert cells[2][10] == "reproduced" and res["verdict"] == "reproduced"
+    assert "**Verdict: reproduced** (the primary check's)." in md and "Competence floors" in md
+    assert "decidable at this n" in md and "MDE" not in md
+
+    # the competence gate: CE's balanced accuracy under its floor (0.1) makes the claim invalid
+    low = [dict(r, **{"test/balanced_acc": 0.05}) if r["arm"] == "ce_lt" else r for r in rows]
+    res = rr.claim_results(claim, low, seeds=list(range(10)), method="t", confidence=0.95, revision=3)
+    assert res["rev3"].primary.verdict == "reproduced" and res["verdict"] == "invalid (arm ce_lt did not train)"
+    lines = rr.summary_rev3([res], CF.arms, meta)
+    assert "1 claims: 0 reproduced, 0 contradicted, 0 not resolved, 1 invalid" in lines[0]
+    assert any("| invalid (arm ce_lt did not train) |" in line for line in lines)
+
+
+def test_revision_3_sanity_claim_and_did_in_the_report(tmp_path):
+    # decoupled softmax = InfoNCE with one positive: identical runs, a sanity claim; PSL false negatives:
+    # difference in differences against the clean arms of the psl claim
+    rows = []
+    for s in range(10):
+        for arm in ("dsm_stdlib", "infonce_stdlib"):
+            rows.append(_row(arm, "eval", s, **{"test/r@1": 0.6 + 0.01 * s, "test/ndcg@10": 0.7, "test/r@10": 0.9,
+                                                 "test/mrr@10": 0.65}))
+    sanity = next(c for c in CF.claims if c.key == "decoupled_softmax_stdlib")
+    res = rr.claim_results(sanity, rows, seeds=list(range(10)), method="t", confidence=0.95, revision=3)
+    assert res["rev3"].sanity and res["verdict"] == "holds"
+    lines = rr.summary_rev3([res], CF.arms, {"seeds_of": {sanity.key: list(range(10))}})
+    assert "0 claims" in lines[0] and any(line.startswith("| `decoupled_softmax_stdlib` | sanity: r@1") for line in lines)
+
+    fn = next(c for c in CF.claims if c.key == "psl_false_negatives")
+    rng = np.random.default_rng(0)
+    rows = []
+    for s in range(10):
+        base = 0.2 + rng.normal(0, 0.01)
+        vals = {"ssm_rs": base, "psl_tanh_rs": base + 0.003, "ssm_fn": base - 0.02, "psl_tanh_fn": base - 0.01}
+        for arm, v in vals.items():
+            rows.append(_row(arm, "eval", s, **{"test/recall@20": v + rng.normal(0, 0.001), "test/ndcg@20": v,
+                                                 "test/debiased_recall@20": v}))
+    res = rr.claim_results(fn, rows, seeds=list(range(10)), method="t", confidence=0.95, revision=3)
+    d = []
+    for s in range(10):
+        v = {r["arm"]: r["test/recall@20"] for r in rows if r["seed"] == s}
+        d.append((v["psl_tanh_fn"] - v["ssm_fn"]) - (v["psl_tanh_rs"] - v["ssm_rs"]))
+    prim = res["rev3"].primary
+    assert prim.ci.mean == pytest.approx(np.mean(d)) and prim.ci.n == 10 and res["verdict"] == "reproduced"
+    # read under revision 2 (--revision 2): every check at 95%, the did check by its claimed direction
+    old = rr.claim_results(fn, rows, seeds=list(range(10)), method="t", confidence=0.95, revision=2)
+    assert old["checks"][0]["ci"].mean == pytest.approx(np.mean(d)) and old["checks"][0]["verdict"] == "reproduced"
+    meta = {**_meta({fn.key: list(range(10))}), "revision": 3}
+    path = tmp_path / "rec.md"
+    rr.write_markdown("recommendation", [fn], [res], rows, CF, {}, {}, meta, str(path), [])
+    md = path.read_text()
+    assert "minus clean (recall@20: PSL tanh - sampled softmax) > 0" in md
+    # the clean arms run with the claim and appear in its arms table
+    assert f"| {CF.arms['ssm_rs'].label} |" in md
+
+
+def test_revision_3_flags_not_worse_but_worse_in_every_table(tmp_path):
+    # Z-loss top-1 below CE by 0.005 +- 0.001 on every seed: inside the 0.01 margin, but worse
+    claim = next(c for c in CF.claims if c.key == "z_loss")
+    rows = []
+    for s in range(10):
+        ce = 0.95 + 0.002 * (s % 3)
+        rows.append(_row("ce", "eval", s, **{"test/top1": ce, "test/top5": 0.99, "test/ece": 0.02}))
+        rows.append(_row("z_loss", "eval", s, **{"test/top1": ce - 0.005 + 0.001 * ((s % 2) - 0.5),
+                                                 "test/top5": 0.99 + 0.001 * (s % 2), "test/ece": 0.02}))
+    res = rr.claim_results(claim, rows, seeds=list(range(10)), method="t", confidence=0.95, revision=3)
+    top1 = next(x["result"] for x in res["checks"] if x["check"].metric == "test/top1")
+    assert top1.verdict == "reproduced" and top1.flag == "not worse by the margin, but worse"
+    meta = {**_meta({"z_loss": list(range(10))}), "revision": 3}
+    path = tmp_path / "vision.md"
+    rr.write_markdown("vision", [claim], [res], rows, CF, {}, {}, meta, str(path), [])
+    md = path.read_text()
+    assert "| reproduced (not worse by the margin, but worse) |" in md
+    # the margin beside the baseline's own error: CE's seed sd and 1 - mean
+    ce = [r["test/top1"] for r in rows if r["arm"] == "ce"]
+    assert f"0.01 (baseline sd {statistics.stdev(ce):.4f}; 1 - mean {1 - statistics.fmean(ce):.4f})" in md
+    assert any("flagged: top1: Z-loss not worse than cross-entropy (at most 0.01 below): not worse by the margin, "
+               "but worse" in line for line in rr.summary_rev3([res], CF.arms, meta))
+    assert rr.plot_forest("vision", [res], CF.arms, str(tmp_path / "f.png")) == 2  # the flag is in its labels too

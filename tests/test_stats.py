@@ -157,3 +157,156 @@ def test_claim_verdict():
     assert st.claim_verdict([st.REPRODUCED, st.CONTRADICTED]) == st.CONTRADICTED
     assert st.claim_verdict([st.REPRODUCED, st.NOT_RESOLVED]) == st.NOT_RESOLVED
     assert st.claim_verdict([]) == st.NOT_RESOLVED
+
+
+# ------------------------------------------------------------------------------------------------
+# revision 3: primary / Holm-adjusted secondary checks, flags, difference in differences, sanity
+# checks, the competence gate and "decidable at this n"
+# ------------------------------------------------------------------------------------------------
+def _t4_cdf(x):
+    """CDF of Student's t with 4 degrees of freedom in closed form (independent of scipy):
+    ``1/2 + (3/8) u (1 - v / 12)`` with ``u = x / sqrt(1 + x^2/4)``, ``v = x^2 / (1 + x^2/4)``."""
+    w = 1.0 + x * x / 4.0
+    return 0.5 + 0.375 * (x / math.sqrt(w)) * (1.0 - (x * x / w) / 12.0)
+
+
+def _five(mean, a=0.01):
+    """Five values ``mean + a * (-2, -1, 0, 1, 2)``: sd ``a sqrt(2.5)``, standard error ``a / sqrt(2)``."""
+    return [mean + a * k for k in (-2, -1, 0, 1, 2)]
+
+
+def test_p_value_inverts_the_interval_by_hand():
+    se = 0.01 / math.sqrt(2)
+    for m in (0.02, 0.03, 0.04):
+        p = st.p_value("higher", _five(m))
+        assert p == pytest.approx(2 * (1 - _t4_cdf(m / se)), abs=1e-9)
+        # the (1 - p) interval ends exactly at 0
+        assert st.interval(_five(m), confidence=1 - p).low == pytest.approx(0.0, abs=1e-9)
+    # hand values: t = 2.8284, 4.2426, 5.6569 (df 4) -> two-sided p 0.047421, 0.013234, 0.004812
+    assert [st.p_value("higher", _five(m)) for m in (0.02, 0.03, 0.04)] == pytest.approx(
+        [0.047421, 0.013234, 0.004812], abs=2e-6)
+    # lower / not_worse / equivalent / level sides
+    assert st.p_value("lower", _five(-0.03)) == pytest.approx(0.013234, abs=2e-6)
+    assert st.p_value("not_worse", _five(-0.01), margin=0.03) == pytest.approx(0.047421, abs=2e-6)  # -0.01 + 0.03
+    assert st.p_value("not_worse_lower", _five(0.01), margin=0.03) == pytest.approx(0.047421, abs=2e-6)
+    # equivalence within +-0.05 of mean 0.01: the worse side is 0.05 - 0.01 = 0.04 -> 0.004812
+    assert st.p_value("equivalent", _five(0.01), margin=0.05) == pytest.approx(0.004812, abs=2e-6)
+    assert st.p_value("below", _five(9.96), level=10.0) == pytest.approx(0.004812, abs=2e-6)
+    assert st.p_value("above", [1.0, 1.0, 1.0], level=0.5) == 0.0 and st.p_value("higher", [0.0, 0.0]) == 1.0
+    assert math.isnan(st.p_value("higher", [0.1]))
+
+
+def test_holm_step_down_by_hand():
+    # p = 0.01, 0.04, 0.03: ordered 0.01 (x3 = 0.03), 0.03 (x2 = 0.06), 0.04 (x1 = 0.04 -> max 0.06)
+    adjusted, ranks = st.holm([0.01, 0.04, 0.03])
+    assert adjusted == pytest.approx([0.03, 0.06, 0.06]) and ranks == [1, 3, 2]
+    assert st.holm([0.5, 0.4]) == ([0.8, 0.8], [2, 1])
+    assert st.holm([0.7, 0.6])[0] == [1.0, 1.0]  # capped at 1
+    adjusted, ranks = st.holm([float("nan"), 0.02])
+    assert math.isnan(adjusted[0]) and adjusted[1] == pytest.approx(0.02 * 2) and ranks == [2, 1]
+    assert st.holm_confidence(1, 3) == pytest.approx(1 - 0.05 / 3)
+    assert st.holm_confidence(2, 3) == pytest.approx(0.975) and st.holm_confidence(3, 3) == pytest.approx(0.95)
+
+
+def _ci(kind="higher", values=(), **kw):
+    return st.CheckInput(name=kw.pop("name", kind), kind=kind, values=tuple(values), **kw)
+
+
+def test_primary_decides_and_secondaries_are_holm_adjusted_by_hand():
+    # secondary p-values (hand, above): S1 0.047421, S2 0.047421, S3 0.004812; m = 3
+    # Holm: S3 0.014436 (rank 1, reproduced); S1, S2 0.094841 (ranks 2, 3): not resolved, although
+    # each one's own 95% interval excludes 0
+    checks = [_ci("higher", _five(-0.03), name="P", primary=True),
+              _ci("higher", _five(0.02), name="S1"), _ci("higher", _five(0.02), name="S2"),
+              _ci("higher", _five(0.04), name="S3")]
+    res = st.evaluate_claim(checks)
+    by = {r.name: r for r in res.checks}
+    assert res.verdict == st.CONTRADICTED == by["P"].verdict  # the primary alone decides
+    assert [by[k].role for k in ("P", "S1", "S2", "S3")] == ["primary", "secondary", "secondary", "secondary"]
+    assert by["S3"].p_adjusted == pytest.approx(3 * 0.004812, abs=1e-5) and by["S3"].verdict == st.REPRODUCED
+    assert by["S1"].p_adjusted == pytest.approx(2 * 0.047421, abs=1e-5) == by["S2"].p_adjusted
+    assert (by["S1"].rank, by["S2"].rank, by["S3"].rank) == (2, 3, 1)
+    assert by["S1"].verdict == by["S2"].verdict == st.NOT_RESOLVED
+    # rank 3 is read at 95%: its interval 0.02 +- 2.776445 * 0.01 / sqrt(2) excludes 0, but the
+    # step-down stopped at rank 2
+    half = T975[4] * 0.01 / math.sqrt(2)
+    assert (by["S2"].reported_ci.low, by["S2"].reported_ci.high) == pytest.approx((0.02 - half, 0.02 + half), abs=1e-7)
+    assert by["S1"].reported_ci.confidence == pytest.approx(0.975) and by["S1"].reported_ci.low < 0
+    assert by["S3"].reported_ci.confidence == pytest.approx(1 - 0.05 / 3)
+    # the primary check is read at the nominal level, unadjusted
+    assert by["P"].p_adjusted == by["P"].p and by["P"].reported_ci == by["P"].ci
+    with pytest.raises(ValueError, match="exactly one check must be primary"):
+        st.evaluate_claim(checks[1:])
+
+
+def test_not_worse_but_worse_flag_and_decidable_at_this_n():
+    # worse by 0.005 +- 0.001: CI [-0.0075, -0.0025] above -0.01 (not worse) and below 0 (worse)
+    d = [-0.005, -0.006, -0.004]
+    res = st.evaluate_claim([_ci("not_worse", d, primary=True, margin=0.01)])
+    r = res.primary
+    half = T975[2] * 0.001 / math.sqrt(3)
+    assert res.verdict == st.REPRODUCED and r.flag == st.NOT_WORSE_BUT_WORSE
+    assert r.decidable is True and f"half-width {half:.4f} < margin 0.01" == r.decidable_text
+    # lower is better: +0.005 is the worse side
+    r = st.evaluate_claim([_ci("not_worse", [0.005, 0.006, 0.004], primary=True, margin=0.01, better="lower")]).primary
+    assert r.verdict == st.REPRODUCED and r.flag == st.NOT_WORSE_BUT_WORSE
+    # a CI around 0 carries no flag; an equivalence away from 0 does
+    assert st.evaluate_claim([_ci("not_worse", [0.001, -0.001, 0.0], primary=True, margin=0.01)]).primary.flag is None
+    r = st.evaluate_claim([_ci("equivalent", [0.005, 0.006, 0.004], primary=True, margin=0.01)]).primary
+    assert r.verdict == st.REPRODUCED and r.flag == st.WITHIN_BUT_DIFFERENT
+    # without a margin the paper's effect is the reference; without either, no figure is given
+    wide = [0.01, 0.02, 0.03, 0.04, 0.05]  # half-width 2.776445 * 0.0158114 / sqrt(5) = 0.019632
+    assert st.decidable(st.interval(wide), effect=0.03) == (True, "half-width 0.0196 < paper's effect 0.03")
+    assert st.decidable(st.interval(wide), effect=0.01)[0] is False
+    assert st.decidable(st.interval(wide))[0] is None
+    assert st.decidable(st.interval([0.1]), margin=0.01) == (None, "no interval")
+
+
+def test_difference_in_differences_by_hand():
+    fs = {0: 0.70, 1: 0.72, 2: 0.68, 3: 0.71, 4: 0.5}  # seed 4 exists only under the stress: dropped
+    bs = {0: 0.60, 1: 0.61, 2: 0.60, 3: 0.62, 4: 0.4}
+    fc = {0: 0.90, 1: 0.91, 2: 0.89, 3: 0.90}
+    bc = {0: 0.88, 1: 0.88, 2: 0.87, 3: 0.89}
+    d = st.did_differences(fs, bs, fc, bc)
+    # stress (0.10, 0.11, 0.08, 0.09) - clean (0.02, 0.03, 0.02, 0.01) = (0.08, 0.08, 0.06, 0.08)
+    assert list(d) == [0, 1, 2, 3] and list(d.values()) == pytest.approx([0.08, 0.08, 0.06, 0.08])
+    res = st.evaluate_claim([_ci("did", d.values(), primary=True)])
+    half = 3.182446 * 0.01 / math.sqrt(4)  # t_{0.975, 3}; sd 0.01
+    ci = res.primary.ci
+    assert (ci.mean, ci.low, ci.high) == pytest.approx((0.075, 0.075 - half, 0.075 + half), abs=1e-7)
+    assert res.verdict == st.REPRODUCED and res.primary.rule == "higher"
+    # lower is better (e.g. an error rate): a growing difference contradicts the claimed robustness
+    assert st.evaluate_claim([_ci("did", d.values(), primary=True, better="lower")]).verdict == st.CONTRADICTED
+
+
+def test_competence_gate_makes_a_claim_invalid():
+    arms = {"family": {0: 0.95, 1: 0.96, 2: 0.97}, "baseline": {0: 0.10, 1: 0.08, 2: 0.09}}
+    # baseline mean 0.09 is not above the chance floor 0.1: the claim is invalid although its primary
+    # check (family > baseline by ~0.87) reproduces
+    bad = st.competence_failures(arms, 0.1)
+    assert [(a, round(m, 6), f) for a, m, f in bad] == [("baseline", 0.09, 0.1)]
+    d = st.paired_differences(arms["family"], arms["baseline"])
+    res = st.evaluate_claim([_ci("higher", d.values(), primary=True)],
+                            invalid_arms=[(a, "test/top1", m, f) for a, m, f in bad])
+    assert res.primary.verdict == st.REPRODUCED and res.verdict == st.INVALID
+    assert res.verdict_text() == "invalid (arm baseline did not train)"
+    # a floor column: each arm against its own runs' no-training result on the same split
+    floor = {"family": {0: 0.5, 1: 0.5, 2: 0.5}, "baseline": {0: 0.05, 1: 0.05, 2: 0.05}}
+    assert st.competence_failures(arms, floor) == []
+    floor["family"] = {0: 0.97, 1: 0.97, 2: 0.97}  # mean 0.96 is not above 0.97
+    assert [a for a, *_ in st.competence_failures(arms, floor)] == ["family"]
+    assert st.competence_failures({"x": {}}, 0.1) == []  # no values: no data, not a failure
+
+
+def test_sanity_checks_are_a_separate_kind():
+    same = [0.0] * 10  # identical runs: the identity holds exactly
+    res = st.evaluate_claim([_ci("sanity", same, primary=True, rule="equivalent", margin=0.01)])
+    assert res.sanity and res.verdict == st.HOLDS and res.primary.role == "primary"
+    # a sanity check beside a primary: HOLDS / FAILS, no Holm adjustment, not counted in m
+    res = st.evaluate_claim([_ci("higher", _five(0.02), primary=True, name="P"),
+                             _ci("sanity", [11.0, 11.2, 10.9], rule="below", level=10.0, name="support"),
+                             _ci("higher", _five(0.02), name="S")])
+    by = {r.name: r for r in res.checks}
+    assert not res.sanity and res.verdict == st.REPRODUCED
+    assert by["support"].verdict == st.FAILS and by["support"].role == "sanity" and by["support"].rank == 0
+    assert by["S"].rank == 1 and by["S"].p_adjusted == pytest.approx(by["S"].p)  # m = 1: no adjustment

@@ -23,17 +23,20 @@ import gzip
 import importlib.util
 import io
 import os
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from .image_variants import ClassificationVariantsDataModule, SegmentationVariantsDataModule
+from .image_variants import ClassificationVariantsDataModule, SegmentationVariantsDataModule, _upsample
 
 __all__ = ["MNISTDataModule", "MNISTSegmentationDataModule", "load_mnist5k_tensors", "mnist5k_path"]
 
 MNIST5K_FILE = ("data", "data", "mnist_5k.csv.gz")
+#: The out-of-distribution sets ``MNISTDataModule(ood=...)`` can declare (comma-separated).
+OOD_SETS = ("digits8x8", "uniform_noise")
+OOD_NOISE_SIZE = 1000  # images in the uniform-noise set
 MNIST5K_SIZE = 5000
 
 
@@ -87,6 +90,14 @@ class MNISTDataModule(ClassificationVariantsDataModule):
     ``val_fraction=0.1`` and ``test_fraction=0.2`` of each class's 500 images (50 / 100 per class),
     leaving 350 training images per class. ``imbalance_factor=50`` keeps
     ``n_c = floor(350 * 50 ** (-c / 9))`` = 350, 226, 146, 95, 61, 39, 25, 16, 10, 7 images.
+
+    ``ood``: out-of-distribution sets for the classifier's OOD metrics (``None``, the default: none,
+    and nothing extra is loaded or evaluated), comma-separated names of :data:`OOD_SETS`:
+    ``"digits8x8"`` -- scikit-learn's 1,797 bundled 8x8 digits (pixel values / 16), upscaled
+    bilinearly to ``image_size`` like MNIST (a near-OOD set: digits from another source and
+    resolution); ``"uniform_noise"`` -- 1,000 images of uniform ``[0, 1)`` pixels drawn from
+    ``seed`` (a far-OOD set). :meth:`ood_sets` returns them; the classifier scores them at the end of
+    every validation and test epoch.
     """
 
     _name = "MNISTDataModule"
@@ -108,7 +119,16 @@ class MNISTDataModule(ClassificationVariantsDataModule):
         shuffle: bool = True,
         num_workers: int = 0,
         seed: int = 0,
+        ood: Optional[str] = None,
     ) -> None:
+        names = [n.strip() for n in ood.split(",") if n.strip()] if ood else []
+        bad = [n for n in names if n not in OOD_SETS]
+        if bad or (ood is not None and not names):
+            raise ValueError(f"{self._name}: ood must be None or comma-separated names of {OOD_SETS} (got {ood!r}); "
+                             "e.g. ood='digits8x8,uniform_noise'")
+        self.ood = ood
+        self._ood_names = names
+        self._ood_cache: Optional[Dict[str, Tensor]] = None
         super().__init__(image_size=image_size, batch_size=batch_size, eval_batch_size=eval_batch_size,
                          val_fraction=val_fraction, test_fraction=test_fraction, train_fraction=train_fraction,
                          imbalance_factor=imbalance_factor, noise_rate=noise_rate, noise_type=noise_type,
@@ -118,6 +138,22 @@ class MNISTDataModule(ClassificationVariantsDataModule):
 
     def _load(self) -> Tuple[Tensor, Tensor]:
         return load_mnist5k_tensors()
+
+    def ood_sets(self) -> Dict[str, Tensor]:
+        """``{name: images (N, 1, image_size, image_size)}`` of the declared OOD sets, in declared order
+        (empty without ``ood``); built once and cached."""
+        if self._ood_cache is None:
+            out: Dict[str, Tensor] = {}
+            for name in self._ood_names:
+                if name == "digits8x8":
+                    from .digits import load_digits_tensors
+
+                    out[name] = _upsample(load_digits_tensors()[0], self.image_size)
+                else:
+                    g = torch.Generator().manual_seed(int(self.seed) * 1_000_003 + 77)
+                    out[name] = torch.rand(OOD_NOISE_SIZE, 1, self.image_size, self.image_size, generator=g)
+            self._ood_cache = out
+        return dict(self._ood_cache)
 
 
 class MNISTSegmentationDataModule(SegmentationVariantsDataModule):

@@ -19,6 +19,7 @@ from torchmetrics.segmentation import DiceScore
 from losses import InputKind
 
 from ..base import BenchmarkModule
+from ..confidence import aurc, energy_score, msp_score, negative_log_likelihood, ood_auroc
 from ..optim import build_optimizer, reset_parameter_state
 from ..metrics import (
     FeatureCosine,
@@ -137,7 +138,16 @@ class VisionClassifier(BenchmarkModule):
     ``robust_acc``, ``sparsemax_support`` (mean support size of ``sparsemax(logits)``),
     ``support`` (mean support of the loss's own distribution, when it exposes
     ``predict_proba``), ``cos_intra``/``cos_inter`` (mean cosine of features within / across
-    classes).
+    classes); the confidence metrics of :mod:`lightning_modules.confidence` over the whole
+    evaluated set: ``nll`` and ``nll_zero_frac`` (the predictive distribution's NLL with
+    probabilities clipped at ``1e-12``, and the fraction of targets it gave probability 0: sparse
+    mappings do), ``aurc`` (selective prediction by the maximum probability, the prediction being
+    the loss's own rule), and, when the DataModule declares OOD sets (``MNISTDataModule(ood=...)``),
+    ``ood_auroc_msp`` / ``ood_auroc_energy`` against ``digits8x8`` and ``ood_noise_auroc_msp`` /
+    ``ood_noise_auroc_energy`` against ``uniform_noise`` (scores: maximum predictive probability,
+    and ``logsumexp`` of the evaluation logits, higher = more in-distribution). ``ece`` is the
+    top-label ECE of 15 equal-width bins (torchmetrics; the same definition as
+    :func:`lightning_modules.confidence.expected_calibration_error`).
     """
 
     loss_kinds = (InputKind.LOGITS, InputKind.EMBEDDINGS, InputKind.MODEL)
@@ -228,6 +238,9 @@ class VisionClassifier(BenchmarkModule):
             "robust": MulticlassAccuracy(num_classes, average="micro"),
         }) for stage in ("val", "test")})
         self._tail_classes: List[int] = []
+        # per evaluation stage: probabilities, logits, predictions and targets of the epoch (the
+        # confidence metrics need the whole set); emptied at the end of each evaluation epoch
+        self._confidence_buffers: Dict[str, Dict[str, List[Tensor]]] = {"val": {}, "test": {}}
         # the head's initial values, restored at the start of stage 2 (two-stage protocol)
         self._head_init = {k: v.detach().clone() for k, v in self._head_parameters().items()}
 
@@ -394,6 +407,9 @@ class VisionClassifier(BenchmarkModule):
             sup = stats["support"]
             sup.update((probs > 0).sum(1).float())
             self.log(f"{stage}/support", sup, on_step=False, on_epoch=True)
+        buf = self._confidence_buffers[stage]
+        for key, value in (("probs", probs), ("logits", logits), ("pred", scores.argmax(1)), ("target", ids)):
+            buf.setdefault(key, []).append(value.detach())
         if self.robust_eval:
             g = torch.Generator().manual_seed(self.pgd_seed + batch_idx)
             x_adv = pgd_attack(self, x, ids, generator=g, **self.pgd)
@@ -421,6 +437,7 @@ class VisionClassifier(BenchmarkModule):
             if not torch.isnan(v):
                 out[f"{stage}/cos_{k}"] = v.float()
         cos_metric.reset()
+        out.update(self._confidence_metrics(stage))
         with torch.no_grad():  # a head's own scale / concentrations (WCDAS), as trained so far
             if callable(getattr(self.loss, "effective_scale", None)):
                 out[f"{stage}/loss_scale"] = self.loss.effective_scale().detach().float().reshape(())
@@ -433,6 +450,45 @@ class VisionClassifier(BenchmarkModule):
                     out[f"{stage}/loss_rho_{c}"] = v
         if out:  # already reduced over ranks by the metrics' own sync; sync_dist averages equal values
             self.log_dict(out, sync_dist=True)
+
+
+    # -- confidence metrics ---------------------------------------------------------------------
+    def _gathered(self, t: Tensor) -> Tensor:
+        """``t`` from every rank, concatenated (under DDP a DistributedSampler's padding repeats a few
+        samples); the tensor itself in one process."""
+        if self._trainer is None or self.trainer.world_size <= 1:
+            return t
+        g = self.all_gather(t)
+        return g.reshape(-1, *t.shape[1:])
+
+    OOD_PREFIX = {"digits8x8": "ood", "uniform_noise": "ood_noise"}
+
+    def _confidence_metrics(self, stage: str) -> Dict[str, Tensor]:
+        buf = self._confidence_buffers[stage]
+        self._confidence_buffers[stage] = {}
+        if not buf.get("target"):
+            return {}
+        probs = self._gathered(torch.cat(buf["probs"]))
+        logits = self._gathered(torch.cat(buf["logits"]))
+        pred = self._gathered(torch.cat(buf["pred"]))
+        target = self._gathered(torch.cat(buf["target"]))
+        nll, zero = negative_log_likelihood(probs, target)
+        out = {f"{stage}/nll": nll, f"{stage}/nll_zero_frac": zero,
+               f"{stage}/aurc": aurc(msp_score(probs), pred == target)}
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        sets = dm.ood_sets() if callable(getattr(dm, "ood_sets", None)) else {}
+        if sets:
+            msp_in, energy_in = msp_score(probs), energy_score(logits)
+            bs = int(getattr(dm, "eval_batch_size", None) or getattr(dm, "batch_size", 256) or 256)
+            with torch.no_grad():
+                for name, images in sets.items():
+                    chunks = [self(images[i:i + bs].to(self.device)) for i in range(0, images.shape[0], bs)]
+                    ood_logits = torch.cat(chunks)
+                    ood_probs = predict_proba(self.loss, ood_logits)
+                    prefix = self.OOD_PREFIX.get(name, f"ood_{name}")
+                    out[f"{stage}/{prefix}_auroc_msp"] = ood_auroc(msp_in, msp_score(ood_probs))
+                    out[f"{stage}/{prefix}_auroc_energy"] = ood_auroc(energy_in, energy_score(ood_logits))
+        return {k: torch.tensor(float(v), dtype=torch.float32, device=self.device) for k, v in out.items()}
 
 
 class VisionSegmenter(BenchmarkModule):

@@ -200,3 +200,22 @@ def test_sizes_and_bad_arguments():
     with pytest.raises(ValueError, match="MNISTSegmentationDataModule: label_type"):
         MNISTSegmentationDataModule(label_type="x")
     assert np.isclose(MNISTDataModule().val_fraction, 0.1)
+
+
+# ------------------------------------------------------------------------------------------------
+# the optional out-of-distribution sets (the classifier's ood_auroc_* metrics)
+# ------------------------------------------------------------------------------------------------
+def test_mnist_ood_sets_are_optional_and_shaped_like_the_inputs():
+    from lightning_modules.data import MNISTDataModule
+
+    assert MNISTDataModule().ood_sets() == {}  # default: off, nothing loaded
+    dm = MNISTDataModule(ood="digits8x8,uniform_noise", image_size=32, seed=3)
+    sets = dm.ood_sets()
+    assert list(sets) == ["digits8x8", "uniform_noise"]
+    assert sets["digits8x8"].shape == (1797, 1, 32, 32) and sets["uniform_noise"].shape == (1000, 1, 32, 32)
+    for x in sets.values():
+        assert 0.0 <= float(x.min()) and float(x.max()) <= 1.0
+    assert torch.equal(MNISTDataModule(ood="uniform_noise", seed=3).ood_sets()["uniform_noise"], sets["uniform_noise"])
+    with pytest.raises(ValueError, match="ood must be None or comma-separated names"):
+        MNISTDataModule(ood="cifar10")
+

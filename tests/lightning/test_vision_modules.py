@@ -7,6 +7,7 @@ import itertools
 import math
 import warnings
 
+import numpy as np
 import pytest
 import pytorch_lightning as pl
 import torch
@@ -270,3 +271,54 @@ def test_pgd_attack_stays_in_budget_and_raises_the_loss(norm):
     torch.testing.assert_close(same, x)
     with pytest.raises(ValueError, match="pgd_attack: norm must be"):
         pgd_attack(model, x, y, norm="l1")
+
+
+# ---------------------------------------------------------------------------------------------
+# confidence metrics (lightning_modules/confidence.py) logged by the classifier
+# ---------------------------------------------------------------------------------------------
+
+def test_classifier_logs_the_confidence_metrics_of_the_test_set():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # ~3,600 small forwards: one thread is ~10x cheaper on a busy 2-core machine
+    try:
+        _confidence_metrics_case()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _confidence_metrics_case():
+    import pytorch_lightning as pl
+
+    import losses
+    from lightning_modules.confidence import expected_calibration_error
+    from lightning_modules.data import MNISTDataModule
+    from lightning_modules.models import VisionClassifier
+
+    torch.manual_seed(0)
+    model = VisionClassifier(losses.SparsemaxLoss(), backbone="test_resnet", num_classes=10, embedding_dim=16,
+                             robust_eval=False)
+    dm = MNISTDataModule(ood="digits8x8,uniform_noise", image_size=16, eval_batch_size=200, seed=0)  # 16: cheap
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, limit_test_batches=2)
+    trainer.test(model, datamodule=dm, verbose=False)
+    m = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    # independent: the same 400 test images through the model, float64 numpy
+    model.eval()
+    xs, ys = zip(*[b for _, b in zip(range(2), dm.test_dataloader())])
+    x, y = torch.cat(xs), torch.cat(ys)
+    with torch.no_grad():
+        logits = model(x)
+        probs = model.loss.predict_proba(logits).double().numpy()
+    yn = y.numpy()
+    py = probs[np.arange(len(yn)), yn]
+    assert m["test/nll"] == pytest.approx(float(np.mean(-np.log(np.maximum(py, 1e-12)))), rel=1e-5)
+    assert m["test/nll_zero_frac"] == pytest.approx(float(np.mean(py == 0)), abs=1e-6)
+    assert m["test/ece"] == pytest.approx(expected_calibration_error(torch.tensor(probs), y), abs=1e-5)
+    assert 0.0 <= m["test/aurc"] <= 1.0
+    with torch.no_grad():
+        ood = model.loss.predict_proba(model(dm.ood_sets()["digits8x8"])).double().numpy().max(1)
+    msp = probs.max(1)
+    pairs = np.mean((msp[:, None] > ood[None, :]) + 0.5 * (msp[:, None] == ood[None, :]))
+    assert m["test/ood_auroc_msp"] == pytest.approx(float(pairs), abs=1e-5)
+    for k in ("test/ood_auroc_energy", "test/ood_noise_auroc_msp", "test/ood_noise_auroc_energy"):
+        assert 0.0 <= m[k] <= 1.0, k
