@@ -355,9 +355,9 @@ class LanguageModelDataModule(BenchmarkDataModule):
         return stream, used
 
     def prepare_data(self) -> None:
-        # rank 0 only: fill the caches so every rank's setup() just reads them
-        for split in SPLITS:
-            self._tokens(split)
+        # rank 0 only: fill the caches so every rank's setup() just reads them (this process keeps
+        # what it built)
+        self.setup()
 
     def setup(self, stage: Optional[str] = None) -> None:
         for split in SPLITS:

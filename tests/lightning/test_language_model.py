@@ -301,3 +301,10 @@ def test_every_recipe_trains_two_steps_through_the_cli(tmp_path, cache):
         with open(hparams[0]) as fh:
             logged = yaml.safe_load(fh)
         assert logged["data/train_tokens"] == 4096 and logged["data/tokenizer"] == "bpe", logged
+        if spec.owns_head:  # the checkpoint rebuilds the module (linked sizes included): the same numbers
+            ckpt = sorted(glob.glob(str(root / "**" / "*.ckpt"), recursive=True))[-1]
+            val = main(args=["validate", "--config", os.path.join(ROOT, recipe), f"--trainer.default_root_dir={root}",
+                             f"--ckpt_path={ckpt}", *small, *model, "--trainer.limit_val_batches=1",
+                             "--trainer.enable_progress_bar=false"])
+            again = {k: float(v) for k, v in val.trainer.callback_metrics.items()}
+            assert again["val/softmax_ppl"] == pytest.approx(metrics["val/softmax_ppl"], rel=1e-5)
