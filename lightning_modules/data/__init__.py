@@ -18,3 +18,5 @@ from .pairs import PairsDataModule  # noqa: E402
 __all__ += ["ImageFolderDataModule", "InteractionsDataModule", "PairsDataModule"]
 from .identities import IdentitiesDataModule  # noqa: E402  (synthetic many-class identities)
 __all__ += ["IdentitiesDataModule"]
+from .language_model import LanguageModelDataModule  # noqa: E402  (causal language modelling)
+__all__ += ["LanguageModelDataModule"]

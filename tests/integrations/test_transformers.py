@@ -91,6 +91,27 @@ def test_causal_lm_loss_equals_hand_computation_with_logz_and_softcap():
         assert torch.allclose(CausalLMLoss()(out, labels), ref_hf, rtol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["cross_entropy", "z_loss", "logz_penalty", "entmax15", "sparsemax"])
+def test_causal_lm_loss_takes_any_registry_logits_loss_on_hand_shifted_tokens(name):
+    """``loss=`` any registered logits loss (built with ``reduction="sum"``): the mean over the
+    non-ignored next tokens of that loss, shifted by hand here; cross-entropy also equals
+    ``F.cross_entropy`` on the hand-shifted logits."""
+    spec = losses.get_loss_spec(name)
+    model = _gpt2(seed=7).eval()
+    ids, att, labels = _lm_rows(seed=5)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=att).logits
+    got = CausalLMLoss(loss=losses.create_loss(name, reduction="sum"))({"logits": logits}, labels)
+    z, y = logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1)  # position t predicts token t + 1
+    keep = y != -100
+    ref = spec.function(z[keep], y[keep], **spec.function_kwargs)
+    assert keep.sum() < y.numel() and torch.allclose(got, ref, rtol=1e-5, atol=1e-6)
+    if name == "cross_entropy":
+        hand = torch.nn.functional.cross_entropy(z, y, ignore_index=-100)
+        assert torch.allclose(got, hand, rtol=1e-5) and torch.allclose(CausalLMLoss()({"logits": logits}, labels), hand,
+                                                                          rtol=1e-5)
+
+
 def test_linear_cross_entropy_head_equals_materialised_loss_value_and_gradient():
     model = _gpt2(hidden=True).eval()
     ids, att, labels = _lm_rows(seed=1)

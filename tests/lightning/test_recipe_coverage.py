@@ -32,6 +32,7 @@ RUN_BY = {
     "retrieval": "tests/lightning/test_rec_retrieval_recipes.py",
     "own_data": "tests/lightning/test_own_data.py",
     "ddp": "tests/lightning/test_ddp_recipe.py",
+    "language_model": "tests/lightning/test_language_model.py",
 }
 
 

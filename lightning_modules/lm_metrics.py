@@ -1,0 +1,160 @@
+"""Metrics of the language-model benchmark (:class:`~lightning_modules.models.LanguageModel`).
+
+* :class:`TokenMetrics` -- one ``torchmetrics.Metric`` with sum-reduced states (so it syncs across
+  DDP ranks) over the target tokens of an evaluation stage: the loss per token, the negative
+  log-likelihood under the loss's predictive distribution (``nll``; its exponential ``ppl``), the
+  same under the softmax of the same logits (``softmax_nll`` / ``softmax_ppl``), top-1 / top-5
+  accuracy, the mean support size of the predictive distribution and the fraction of target
+  tokens it gives probability 0 (``zero_prob``), and the mean and standard deviation of
+  ``log Z = logsumexp(logits)``.
+* :func:`sparse_target_stats` -- support sizes and zero-probability targets of a distribution.
+* :func:`logz_stats` -- mean and (population) standard deviation of ``log Z`` over tokens.
+* :class:`SpikeCounter` -- counts loss spikes: a step whose loss exceeds ``factor`` times the
+  median of the previous ``window`` step losses.
+* :func:`peak_memory_mb` -- the process's peak resident memory on CPU (``nan`` where the platform has
+  no ``resource`` module), ``torch.cuda.max_memory_allocated`` on a CUDA device.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import statistics
+import sys
+from typing import Deque, Dict, Optional, Tuple
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+__all__ = ["TokenMetrics", "SpikeCounter", "sparse_target_stats", "logz_stats", "peak_memory_mb"]
+
+
+def sparse_target_stats(probs: Tensor, target: Tensor, ignore_index: int = -100) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(support, zero_target, valid)`` for ``probs (N, C)`` and ``target (N,)``: the number of
+    classes with probability > 0 per row, whether the target class has probability exactly 0,
+    and the rows whose target is not ``ignore_index`` (the first two are 0 there)."""
+    valid = target != ignore_index
+    safe = torch.where(valid, target, torch.zeros_like(target))
+    support = (probs > 0).sum(-1)
+    zero = probs.gather(-1, safe.unsqueeze(-1)).squeeze(-1) <= 0
+    return support * valid, zero & valid, valid
+
+
+def logz_stats(logz: Tensor) -> Tuple[Tensor, Tensor]:
+    """Mean and population standard deviation of ``log Z`` values (float64); ``nan`` when empty."""
+    z = logz.detach().double().flatten()
+    if z.numel() == 0:
+        nan = torch.tensor(float("nan"), dtype=torch.float64)
+        return nan, nan
+    mean = z.mean()
+    return mean, ((z - mean) ** 2).mean().sqrt()
+
+
+class SpikeCounter:
+    """Loss spikes: a step whose loss exceeds ``factor`` x the median of the previous ``window``
+    losses counts as one (once ``min_history`` losses have been seen). Non-finite losses count as
+    spikes and are not added to the history. ``count`` is the number so far."""
+
+    def __init__(self, factor: float = 2.0, window: int = 50, min_history: int = 10) -> None:
+        if not (factor > 1.0 and math.isfinite(factor)):
+            raise ValueError(f"SpikeCounter: factor must be a finite float > 1 (got {factor!r}); e.g. 2.0")
+        if int(window) < 1 or int(min_history) < 1:
+            raise ValueError(f"SpikeCounter: window and min_history must be >= 1 (got {window!r}, {min_history!r})")
+        self.factor, self.window, self.min_history = float(factor), int(window), int(min_history)
+        self.history: Deque[float] = collections.deque(maxlen=self.window)
+        self.count = 0
+
+    def update(self, loss: float) -> bool:
+        """Record one step's loss; returns whether it was a spike."""
+        loss = float(loss)
+        if not math.isfinite(loss):
+            self.count += 1
+            return True
+        spike = len(self.history) >= self.min_history and loss > self.factor * statistics.median(self.history)
+        self.count += int(spike)
+        self.history.append(loss)
+        return spike
+
+    def reset(self) -> None:
+        self.history.clear()
+        self.count = 0
+
+
+def peak_memory_mb(device: Optional[torch.device] = None) -> float:
+    """Peak memory in MiB: ``torch.cuda.max_memory_allocated`` on a CUDA ``device``, else the
+    process's peak resident set size (``ru_maxrss``)."""
+    if device is not None and torch.device(device).type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2 ** 20
+    try:
+        import resource  # POSIX only
+    except ImportError:  # pragma: no cover - Windows: no peak RSS without extra packages
+        return float("nan")
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2 ** 20 if sys.platform == "darwin" else rss / 2 ** 10  # bytes on macOS, KiB on Linux
+
+
+class TokenMetrics(Metric):
+    """Per-token evaluation metrics of one stage (module docstring), accumulated as sums.
+
+    ``update(loss_sum, logits, probs, target, sparse=...)``: ``loss_sum`` the summed loss of the
+    batch's target tokens, ``logits (N, C)`` and ``probs (N, C)`` (the loss's predictive
+    distribution) of the same ``N`` tokens, ``target (N,)`` with ``ignore_index`` at padding.
+    ``compute()`` returns a dict: ``loss``, ``nll``, ``ppl``, ``softmax_nll``, ``softmax_ppl``,
+    ``top1``, ``top5``, ``logz_mean``, ``logz_std`` and, when a sparse distribution was seen,
+    ``support`` and ``zero_prob``. ``nll`` is ``inf`` when any target token got probability 0.
+    """
+
+    full_state_update = False
+
+    def __init__(self, ignore_index: int = -100, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.ignore_index = int(ignore_index)
+        for name in ("tokens", "loss_sum", "nll_sum", "softmax_nll_sum", "top1", "top5", "support", "zero",
+                     "logz_sum", "logz_sq", "sparse"):
+            self.add_state(name, default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, loss_sum: Tensor, logits: Tensor, probs: Tensor, target: Tensor, *, scores: Optional[Tensor] = None,
+               sparse: bool = False) -> None:
+        logits = logits.detach().float()
+        probs = probs.detach().float()
+        support, zero, valid = sparse_target_stats(probs, target, self.ignore_index)
+        safe = torch.where(valid, target, torch.zeros_like(target))
+        lse = torch.logsumexp(logits, -1)
+        softmax_nll = (lse - logits.gather(-1, safe.unsqueeze(-1)).squeeze(-1))[valid]
+        p_t = probs.gather(-1, safe.unsqueeze(-1)).squeeze(-1)[valid].double()
+        ranked = logits if scores is None else scores
+        k = min(5, ranked.shape[-1])
+        top = ranked.topk(k, dim=-1).indices
+        hit = top == safe.unsqueeze(-1)
+        self.tokens += valid.sum()
+        self.loss_sum += loss_sum.detach().double()
+        self.nll_sum += (-torch.log(p_t)).sum()  # +inf when a target has probability 0
+        self.softmax_nll_sum += softmax_nll.double().sum()
+        self.top1 += hit[:, 0][valid].sum()
+        self.top5 += hit.any(-1)[valid].sum()
+        self.logz_sum += lse[valid].double().sum()
+        self.logz_sq += (lse[valid].double() ** 2).sum()
+        if sparse:
+            self.sparse += 1
+            self.support += support.double().sum()
+            self.zero += zero.sum()
+
+    def compute(self) -> Dict[str, Tensor]:
+        n = self.tokens.clamp_min(1)
+        mean_lz = self.logz_sum / n
+        out = {
+            "loss": self.loss_sum / n,
+            "nll": self.nll_sum / n,
+            "softmax_nll": self.softmax_nll_sum / n,
+            "top1": self.top1 / n,
+            "top5": self.top5 / n,
+            "logz_mean": mean_lz,
+            "logz_std": (self.logz_sq / n - mean_lz ** 2).clamp_min(0).sqrt(),
+        }
+        out["ppl"] = out["nll"].exp()
+        out["softmax_ppl"] = out["softmax_nll"].exp()
+        if self.sparse > 0:
+            out["support"] = self.support / n
+            out["zero_prob"] = self.zero / n
+        return out
