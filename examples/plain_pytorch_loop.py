@@ -57,7 +57,7 @@ def ece(probs: torch.Tensor, y: torch.Tensor, bins: int = 15) -> float:
     return total
 
 
-def run(name: str, seed: int, epochs: int) -> dict:
+def run(name: str, seed: int, epochs: int, batch: int = 128) -> dict:
     xtr, ytr, xte, yte = load_digits_split(seed)
     spec = losses.get_loss_spec(name)
     torch.manual_seed(seed)
@@ -76,8 +76,8 @@ def run(name: str, seed: int, epochs: int) -> dict:
     t0 = time.perf_counter()
     for _ in range(epochs):
         perm = torch.randperm(len(ytr), generator=g)
-        for i in range(0, len(perm), 64):
-            b = perm[i:i + 64]
+        for i in range(0, len(perm), batch):
+            b = perm[i:i + batch]
             feats = body(xtr[b])
             loss = loss_fn(feats, ytr[b]) if spec.kind == "embeddings" else loss_fn(head(feats), ytr[b])
             opt.zero_grad()
@@ -99,13 +99,14 @@ def main() -> None:
     p.add_argument("--losses", nargs="+", default=DEFAULT)
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=15)
+    p.add_argument("--batch", type=int, default=128)
     p.add_argument("--threads", type=int, default=1, help="torch threads (the MLP is tiny: 1 is fastest)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"digits (sklearn), MLP 64-128-32, {args.epochs} epochs, seeds 0..{args.seeds - 1}, torch {torch.__version__}")
+    print(f"digits (sklearn), MLP 64-128-32, {args.epochs} epochs of batch {args.batch}, seeds 0..{args.seeds - 1}, torch {torch.__version__}")
     print(f"{'loss':<22} {'test acc':>15} {'balanced acc':>15} {'ECE (softmax)':>15} {'s/run':>7}")
     for name in args.losses:
-        runs = [run(name, s, args.epochs) for s in range(args.seeds)]
+        runs = [run(name, s, args.epochs, args.batch) for s in range(args.seeds)]
 
         def ms(key):
             v = [r[key] for r in runs]
