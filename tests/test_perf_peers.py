@@ -80,24 +80,25 @@ def test_peers_suite_small_runs_and_reports_every_peer(tmp_path):
 
 @pytest.mark.slow
 def test_existing_suite_runs_interleaved(tmp_path):
-    _run(["--suite", "sparsemax", "--classes", "10", "--threads", "1", "--clock", "cpu", "--repeats", "3",
-          "--skip-memory"], tmp_path)
+    """Timed interleaved, and each row's peak memory measured in its own fresh process."""
+    _run(["--suite", "sparsemax", "--classes", "10", "--threads", "1", "--clock", "cpu", "--repeats", "3"], tmp_path)
     with open(tmp_path / "sparsemax.csv") as f:
         rows = list(csv.DictReader(f))
     assert {r["loss"] for r in rows} >= {"F.cross_entropy", "sparsemax (sort)", "entmax15 (sort)"}
     for r in rows:
         assert not r["error"], r
         assert float(r["q1"]) <= float(r["ms"]) <= float(r["q3"]) and int(r["n"]) == 3
-        assert float(r["x_ce"]) > 0
+        assert float(r["x_ce"]) > 0 and float(r["peak_mb"]) >= 0
     assert "CPU time of the process" in (tmp_path / "sparsemax.md").read_text()
 
 
 @pytest.mark.slow
 def test_partial_fc_suite_times_the_optimiser_step_dense_and_sparse(tmp_path):
-    """``--suite partial_fc`` at a small C, memory included: the loss alone, with a dense AdamW step
-    and with ``sparse_grad=True`` + SparseAdam, every row timed and measured."""
-    _run(["--suite", "partial_fc", "--classes", "2000", "--threads", "1", "--clock", "cpu", "--repeats", "3"],
-         tmp_path)
+    """``--suite partial_fc`` at a small C: the loss alone, with a dense AdamW step and with
+    ``sparse_grad=True`` + SparseAdam, every row timed (the memory measurement, a fresh process per
+    row, is exercised by the sparsemax suite's test above)."""
+    _run(["--suite", "partial_fc", "--classes", "2000", "--threads", "1", "--clock", "cpu", "--repeats", "3",
+          "--skip-memory"], tmp_path)
     with open(tmp_path / "partial_fc.csv") as f:
         rows = {r["loss"]: r for r in csv.DictReader(f)}
     assert set(rows) == {"linear+F.cross_entropy", "margin_softmax", "partial_fc (rate 0.1)", "partial_fc (rate 1.0)",
@@ -105,7 +106,7 @@ def test_partial_fc_suite_times_the_optimiser_step_dense_and_sparse(tmp_path):
                          "partial_fc (rate 1.0) + AdamW", "partial_fc (rate 0.1, sparse_grad) + SparseAdam"}
     for label, r in rows.items():
         assert not r["error"], r
-        assert int(r["n"]) == 3 and float(r["ms"]) > 0 and float(r["peak_mb"]) >= 0, r
+        assert int(r["n"]) == 3 and float(r["ms"]) > 0, r
     assert "+ SparseAdam" in (tmp_path / "partial_fc.md").read_text()
 
 

@@ -1,8 +1,10 @@
 """The operator-profile script (benchmarks/profile_losses.py) runs for real at its smoke size.
 
-``--small`` profiles every case of the full run at C = 10 (eager and compiled, with inductor's
-kernel profiling on) and writes ``profile.md`` / ``profile.csv`` / ``profile_units.csv``: a section
-per case with its operators by self CPU time, and the unit-cost table of elementwise passes.
+``--small`` profiles every eager case of the full run at C = 10, and compiled (inductor, kernel
+profiling on) ``F.cross_entropy`` and one loss (``SMALL_COMPILED_LOSSES``: each compile costs
+seconds of C++ builds; the full run's compiled losses share that code path), and writes
+``profile.md`` / ``profile.csv`` / ``profile_units.csv``: a section per case with its operators by
+self CPU time, and the unit-cost table of elementwise passes.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from tests.lightning.test_cli_quiet import assert_quiet_and_summary_last
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -81,9 +83,10 @@ def checkout(tmp_path):
     return tmp_path
 
 
-def _run_shell(block: str, cwd, timeout: int = 900) -> subprocess.CompletedProcess:
-    res = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=cwd, capture_output=True, text=True,
-                         timeout=timeout)
+def _run_shell(block: str, cwd, timeout: int = 900, merged: bool = False) -> subprocess.CompletedProcess:
+    streams = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT) if merged else dict(capture_output=True)
+    res = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=cwd, text=True, timeout=timeout,
+                         env=dict(os.environ, PYTHONUNBUFFERED="1"), **streams)
     assert res.returncode == 0, f"README block failed ({res.returncode}):\n{block}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
     return res
 
@@ -118,6 +121,11 @@ def test_readme_example_and_recipe_commands_run_as_written(checkout):
     for block in bash:
         if any(block.startswith(h) for h in SETUP):
             continue
-        res = _run_shell(block, checkout)
-        assert "test/top1" in res.stdout + res.stderr  # the test run's summary
+        res = _run_shell(block, checkout, merged=True)  # one stream, as a terminal shows it
+        assert "test/top1" in res.stdout  # the test run's summary
+        # quiet runs: each command's output holds its own summary once, last, and no third-party noise
+        folder = res.stdout.index("\noutput folder: ") + 1  # the fit's last line ...
+        cut = res.stdout.index("\n", folder) + 1  # ... ends the fit's output; the test's follows
+        assert_quiet_and_summary_last(res.stdout[:cut], "fit")
+        assert_quiet_and_summary_last(res.stdout[cut:], "test")
     assert list(checkout.glob("runs/z_loss/lightning_logs/version_*/checkpoints/*.ckpt"))
