@@ -4,7 +4,7 @@ checkpoint round trip through ``load_from_checkpoint`` for recipes whose loss ow
 
 Recipes run unchanged except for the CI shortening of ``run_recipe``, no sanity-check pass and,
 for recommendation, batch sizes of 256 (training) and 64 (evaluation).
-The stdlib recipes run on a fixed 600-query subset of their pairs (``max_queries``). The retrieval
+The stdlib recipes run on a fixed 300-query subset of their pairs (``max_queries``). The retrieval
 recipes share the test session's embedding cache (``tests/conftest.py`` points
 ``$LOSSES_CACHE_DIR`` at a temporary folder), which the first of them fills.
 """
@@ -45,7 +45,7 @@ def _extra_metrics(recipe: str, stage: str) -> set:
 
 #: the stdlib recipes run on a fixed subset of the pairs (the full set is 5,472 pairs, 10,944 texts
 #: to encode once with MiniLM, minutes on 2 cores); the recipe itself is unchanged
-STDLIB_SUBSET = {"max_queries": 600, "val_size": 100, "test_size": 100}
+STDLIB_SUBSET = {"max_queries": 300, "val_size": 50, "test_size": 50}
 
 
 def _data_overrides(recipe: str) -> dict:
