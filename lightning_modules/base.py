@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
-from typing import Any, ClassVar, Dict, Mapping, MutableMapping, Optional, Tuple
+from typing import Any, ClassVar, Dict, Iterator, Mapping, MutableMapping, Optional, Tuple
 
 import pytorch_lightning as pl
 import torch
@@ -15,6 +16,17 @@ from torch import nn
 
 from .optim import build_optimizer
 from .routing import LossRoute, ddp_ignored_parameter_names, loss_route
+
+
+@contextlib.contextmanager
+def seeded_init(init_seed: Optional[int]) -> Iterator[None]:
+    """Build the weights created inside from ``torch.manual_seed(init_seed)``, with the global CPU
+    RNG restored afterwards, so that the arms of a paired comparison start from the same weights;
+    ``None``: the global RNG as it is (nothing forked or restored)."""
+    with torch.random.fork_rng(devices=[], enabled=init_seed is not None):
+        if init_seed is not None:
+            torch.manual_seed(int(init_seed))
+        yield
 
 
 def _import_class(path: str) -> Optional[type]:

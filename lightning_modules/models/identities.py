@@ -41,7 +41,7 @@ from torchmetrics import MeanMetric
 
 from losses import InputKind
 
-from ..base import BenchmarkModule
+from ..base import BenchmarkModule, seeded_init
 from ..data.identities import identification_metrics
 from ..optim import build_optimizer
 from ..routing import head_logits, predict_scores
@@ -134,9 +134,7 @@ class IdentityEmbedder(BenchmarkModule):
         self.momentum = float(momentum)
         self.init_seed = init_seed
         self.far = float(far)
-        with torch.random.fork_rng(devices=[], enabled=init_seed is not None):
-            if init_seed is not None:
-                torch.manual_seed(int(init_seed))
+        with seeded_init(init_seed):  # the same start for every loss (paired comparisons)
             layers: List[nn.Module] = []
             width = input_dim
             for _ in range(int(depth)):

@@ -51,7 +51,7 @@ from torch import Tensor, nn
 import losses
 from losses import InputKind
 
-from ..base import BenchmarkModule
+from ..base import BenchmarkModule, seeded_init
 from ..lm_metrics import SpikeCounter, TokenMetrics, logz_stats, peak_memory_mb
 from ..routing import has_own_prediction, predict_proba, predict_scores
 
@@ -205,9 +205,7 @@ class LanguageModel(BenchmarkModule):
                 if got != want:
                     raise ValueError(f"{owner}: the loss's {name} is {got} but the model's is {want} (got {got} != "
                                      f"{want}); leave the loss's sizes to the CLI links or pass matching ones")
-        with torch.random.fork_rng(devices=[], enabled=init_seed is not None):
-            if init_seed is not None:
-                torch.manual_seed(int(init_seed))
+        with seeded_init(init_seed):  # the same start for every loss (paired comparisons)
             self.decoder = DecoderLM(num_classes, embedding_dim, num_layers, num_heads, context_length, dropout,
                                      head=not owns, tie_weights=tie_weights and not owns)
         if owns and self.tie_weights:

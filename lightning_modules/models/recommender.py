@@ -49,7 +49,7 @@ from torch import Tensor, nn
 
 from losses import InputKind
 
-from ..base import BenchmarkModule
+from ..base import BenchmarkModule, seeded_init
 from ..routing import has_own_prediction, head_logits, predict_scores
 from ..retrieval_metrics import candidates_from_scores, recommendation_metrics
 from torchmetrics import MetricCollection
@@ -114,9 +114,7 @@ class Recommender(BenchmarkModule):
         self.loss = loss
         self.score = score
         self.logit_scale = float(logit_scale)
-        with torch.random.fork_rng(devices=[], enabled=init_seed is not None):
-            if init_seed is not None:  # the same start for every loss (paired comparisons)
-                torch.manual_seed(int(init_seed))
+        with seeded_init(init_seed):  # the same start for every loss (paired comparisons)
             self.user_embedding = nn.Embedding(num_users, embedding_dim)
             nn.init.normal_(self.user_embedding.weight, std=init_std)
             # a head-owning loss holds the item centres itself

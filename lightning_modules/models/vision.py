@@ -18,7 +18,7 @@ from torchmetrics.segmentation import DiceScore
 
 from losses import InputKind
 
-from ..base import BenchmarkModule
+from ..base import BenchmarkModule, seeded_init
 from ..confidence import aurc, energy_score, msp_score, negative_log_likelihood, ood_auroc
 from ..optim import build_optimizer, reset_parameter_state
 from ..metrics import (
@@ -212,9 +212,7 @@ class VisionClassifier(BenchmarkModule):
         self.pgd_seed = int(pgd_seed)
 
         timm = _timm()
-        with torch.random.fork_rng(devices=[], enabled=init_seed is not None):
-            if init_seed is not None:  # the same start for every loss (paired comparisons)
-                torch.manual_seed(int(init_seed))
+        with seeded_init(init_seed):  # the same start for every loss (paired comparisons)
             body = timm.create_model(backbone, pretrained=False, in_chans=in_chans, num_classes=0,
                                      **(backbone_kwargs or {}))
             projection = nn.Linear(body.num_features, embedding_dim)
@@ -541,9 +539,7 @@ class VisionSegmenter(BenchmarkModule):
         _positive(cls, "num_classes", num_classes, "link it from the DataModule (the CLI does) or pass it")
         _positive(cls, "in_chans", in_chans, "digits images have 1 channel")
         timm = _timm()
-        with torch.random.fork_rng(devices=[], enabled=init_seed is not None):
-            if init_seed is not None:  # the same start for every loss (paired comparisons)
-                torch.manual_seed(int(init_seed))
+        with seeded_init(init_seed):  # the same start for every loss (paired comparisons)
             self.backbone = timm.create_model(backbone, pretrained=False, in_chans=in_chans, features_only=True,
                                               out_indices=(feature_index,), **(backbone_kwargs or {}))
             self.head = nn.Conv2d(self.backbone.feature_info.channels()[-1], num_classes, kernel_size=1)
