@@ -41,6 +41,8 @@ __all__ = [
     "package_dir",
     "package_file",
     "default_cache_dir",
+    "cache_folder",
+    "atomic_write",
     "MiniLMEncoder",
     "cached_encode",
     "cache_key",
@@ -93,10 +95,32 @@ def package_file(import_name: str, relpath: str, *, dist: str, pip: str, what: s
     return path
 
 
+def atomic_write(path: Path, write: Callable[[str], None]) -> None:
+    """Write a cache file so that readers never see a partial one: ``write(tmp)`` fills a temporary
+    file beside ``path`` (its folder is created), which then replaces ``path`` in one rename (mode
+    0o644); the temporary file is removed if ``write`` fails."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def default_cache_dir() -> Path:
     """``$LOSSES_CACHE_DIR`` if set, else ``~/.cache/softmax-losses``."""
     env = os.environ.get("LOSSES_CACHE_DIR")
     return Path(env).expanduser() if env else Path("~/.cache/softmax-losses").expanduser()
+
+
+def cache_folder(cache_dir: Optional[str] = None) -> Path:
+    """The cache folder a DataModule was given (``cache_dir``, ``~`` expanded), else
+    :func:`default_cache_dir`."""
+    return Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
 
 
 class MiniLMEncoder:
@@ -222,7 +246,7 @@ def cached_encode(
     texts = [str(t) for t in texts]
     version = str(getattr(encoder, "version"))
     key = cache_key(texts, version)
-    directory = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    directory = cache_folder(cache_dir)
     path = directory / f"{name}-{key[:20]}.pt"
     mem = _MEMORY.get(str(path))
     if mem is not None and path.is_file():
@@ -267,15 +291,6 @@ def cached_encode(
         "sys_version": sys.version,
         **(meta or {}),
     }
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=directory)
-    os.close(fd)
-    try:
-        torch.save({"key": key, "embeddings": emb, "meta": info}, tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_write(path, lambda tmp: torch.save({"key": key, "embeddings": emb, "meta": info}, tmp))
     _MEMORY[str(path)] = (emb, info)
     return emb, {**info, "path": str(path), "from_cache": False}

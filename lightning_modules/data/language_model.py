@@ -33,20 +33,19 @@ of theirs, at least one file each) and ``max_tokens`` / ``max_eval_tokens`` (tok
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 import sysconfig
-import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..base import BenchmarkDataModule
 from ..progress import progress_bar, progress_note
-from .embedding_cache import default_cache_dir, package_file
+from .embedding_cache import atomic_write, cache_folder, package_file
+from .retrieval import _stdlib_files
 
 __all__ = ["LanguageModelDataModule", "stdlib_source_files", "split_of", "TOKENIZERS", "SPLITS"]
 
@@ -75,12 +74,6 @@ def _require_tokenizers():
     return tokenizers
 
 
-def _skip(name: str, exclude_tests: bool) -> bool:
-    if name in ("site-packages", "__pycache__", "idlelib"):
-        return True
-    return exclude_tests and name.startswith("test")
-
-
 def stdlib_source_files(root: Optional[str] = None, *, exclude_tests: bool = True) -> List[str]:
     """The ``.py`` files under ``root`` (default: this interpreter's standard library), relative to
     it with ``/`` separators, sorted; ``site-packages``, ``idlelib`` and ``__pycache__`` are
@@ -88,13 +81,7 @@ def stdlib_source_files(root: Optional[str] = None, *, exclude_tests: bool = Tru
     root = root or sysconfig.get_paths()["stdlib"]
     if not os.path.isdir(root):
         raise FileNotFoundError(f"stdlib_source_files: no standard library at {root!r}; pass the folder to read")
-    out: List[str] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not _skip(d, exclude_tests))
-        for fn in sorted(filenames):
-            if fn.endswith(".py") and not _skip(fn, exclude_tests):
-                out.append(os.path.relpath(os.path.join(dirpath, fn), root).replace(os.sep, "/"))
-    return sorted(out)
+    return sorted(rel.replace(os.sep, "/") for rel in _stdlib_files(root, exclude_tests))
 
 
 def _path_hash(rel: str) -> int:
@@ -119,19 +106,6 @@ def _read(path: str) -> Optional[str]:
             return fh.read()
     except (OSError, UnicodeDecodeError, ValueError):
         return None
-
-
-def _atomic_write(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 class _Windows(Dataset):
@@ -267,7 +241,7 @@ class LanguageModelDataModule(BenchmarkDataModule):
         return h.hexdigest()
 
     def _cache_root(self) -> Path:
-        return Path(self.cache_dir).expanduser() if self.cache_dir is not None else default_cache_dir()
+        return cache_folder(self.cache_dir)
 
     # -- tokenizer --------------------------------------------------------------------------------
     def _build_tokenizer(self):
@@ -297,7 +271,7 @@ class LanguageModelDataModule(BenchmarkDataModule):
                           f"{len(self.files['train']):,} training files; cache file: {path}")
             texts = (t for t in (_read(os.path.join(self.root, r)) for r in self.files["train"]) if t)
             tok.train_from_iterator(texts, trainer=trainer)
-            _atomic_write(path, lambda tmp: tok.save(tmp))
+            atomic_write(path, lambda tmp: tok.save(tmp))
         self.pad_id, self.sep_id = tok.token_to_id(BPE_SPECIALS[1]), tok.token_to_id(BPE_SPECIALS[0])
         return tok
 
@@ -351,7 +325,7 @@ class LanguageModelDataModule(BenchmarkDataModule):
         stream = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int32)
         if budget is not None:
             stream = stream[:budget]
-        _atomic_write(path, lambda tmp: torch.save({"ids": stream, "files": used}, tmp))
+        atomic_write(path, lambda tmp: torch.save({"ids": stream, "files": used}, tmp))
         return stream, used
 
     def prepare_data(self) -> None:

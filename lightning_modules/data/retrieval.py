@@ -24,9 +24,7 @@ import json
 import os
 import sys
 import sysconfig
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -34,7 +32,7 @@ from torch.utils.data import DataLoader
 
 from ..base import BenchmarkDataModule, IndexDataset, WorkerGenerator
 from ..progress import progress_bar, progress_note
-from .embedding_cache import MINILM_DIM, MiniLMEncoder, cached_encode, default_cache_dir, package_dir
+from .embedding_cache import MINILM_DIM, MiniLMEncoder, atomic_write, cache_folder, cached_encode, package_dir
 
 __all__ = [
     "RetrievalCorpus",
@@ -67,17 +65,19 @@ def _summary(doc: str) -> str:
     return " ".join(doc.strip().split("\n\n")[0].split())
 
 
-def _skip_name(name: str) -> bool:
-    return name.startswith("test") or name in ("idlelib", "site-packages", "__pycache__")
+def _skip_name(name: str, exclude_tests: bool = True) -> bool:
+    return name in ("idlelib", "site-packages", "__pycache__") or (exclude_tests and name.startswith("test"))
 
 
-def _stdlib_files(root: str) -> List[str]:
-    """The ``.py`` files the extraction reads, in walk order (sorted), relative to ``root``."""
+def _stdlib_files(root: str, exclude_tests: bool = True) -> List[str]:
+    """The ``.py`` files under ``root`` in walk order (folders and files sorted), relative to it:
+    ``site-packages``, ``idlelib`` and ``__pycache__`` skipped, ``test*`` files and folders too
+    unless ``exclude_tests=False`` (the files the extraction reads)."""
     out: List[str] = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not _skip_name(d))
+        dirnames[:] = sorted(d for d in dirnames if not _skip_name(d, exclude_tests))
         for fn in sorted(filenames):
-            if fn.endswith(".py") and not _skip_name(fn):
+            if fn.endswith(".py") and not _skip_name(fn, exclude_tests):
                 out.append(os.path.relpath(os.path.join(dirpath, fn), root))
     return out
 
@@ -116,7 +116,7 @@ def stdlib_code_search_pairs(
         for rel in rel_files:
             st = os.stat(os.path.join(root, rel))
             h.update(f"|{rel}|{st.st_size}|{st.st_mtime_ns}".encode())
-        directory = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+        directory = cache_folder(cache_dir)
         path = directory / f"stdlib-pairs-{h.hexdigest()[:20]}.json"
         if path.is_file():
             try:
@@ -166,16 +166,11 @@ def stdlib_code_search_pairs(
         "documents": len(docs),
     }
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        def write(tmp: str) -> None:
+            with open(tmp, "w", encoding="utf-8") as fh:
                 json.dump({"queries": queries, "documents": docs, "meta": meta}, fh)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+
+        atomic_write(path, write)
     return RetrievalCorpus("stdlib", tuple(queries), tuple(docs), tuple((i,) for i in range(len(queries))), meta)
 
 
