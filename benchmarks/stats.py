@@ -148,9 +148,7 @@ def interval(xs: Sequence[float], *, method: str = "t", confidence: float = 0.95
     if method == "t":
         half = _t().t.ppf(1.0 - alpha / 2.0, n - 1) * s / math.sqrt(n)
         return Interval(n, m, s, m - half, m + half, method, confidence, mde)
-    x = np.asarray(list(xs), dtype=float)
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, n, size=(n_boot, n))].mean(axis=1)
+    means = _boot_means(np.asarray(list(xs), dtype=float), n_boot, seed)
     low, high = np.quantile(means, [alpha / 2.0, 1.0 - alpha / 2.0])
     return Interval(n, m, s, float(low), float(high), method, confidence, mde)
 
@@ -246,7 +244,8 @@ SANITY_RULES = ("higher", "lower", "equivalent", "not_worse", "below", "above")
 
 
 def _boot_means(x: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
-    """The bootstrap means :func:`interval` draws for the same ``seed`` (the same resamples)."""
+    """``n_boot`` means of resamples (with replacement) of ``x`` drawn from ``seed``: the draws of
+    :func:`interval`'s percentile bootstrap, which :func:`p_value` inverts with the same resamples."""
     rng = np.random.default_rng(seed)
     return x[rng.integers(0, x.size, size=(n_boot, x.size))].mean(axis=1)
 

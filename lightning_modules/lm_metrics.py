@@ -11,8 +11,9 @@
 * :func:`logz_stats` -- mean and (population) standard deviation of ``log Z`` over tokens.
 * :class:`SpikeCounter` -- counts loss spikes: a step whose loss exceeds ``factor`` times the
   median of the previous ``window`` step losses.
-* :func:`peak_memory_mb` -- the process's peak resident memory on CPU (``nan`` where the platform has
-  no ``resource`` module), ``torch.cuda.max_memory_allocated`` on a CUDA device.
+* :func:`peak_memory_mb` -- the process's peak resident memory on CPU (:func:`~lightning_modules.metrics.peak_rss_mb`, ``nan``
+  where the platform has no ``resource`` module), ``torch.cuda.max_memory_allocated`` on a CUDA
+  device.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from __future__ import annotations
 import collections
 import math
 import statistics
-import sys
 from typing import Deque, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
 from torchmetrics import Metric
+
+from .metrics import peak_rss_mb
 
 __all__ = ["TokenMetrics", "SpikeCounter", "sparse_target_stats", "logz_stats", "peak_memory_mb"]
 
@@ -86,12 +88,8 @@ def peak_memory_mb(device: Optional[torch.device] = None) -> float:
     process's peak resident set size (``ru_maxrss``)."""
     if device is not None and torch.device(device).type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2 ** 20
-    try:
-        import resource  # POSIX only
-    except ImportError:  # pragma: no cover - Windows: no peak RSS without extra packages
-        return float("nan")
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / 2 ** 20 if sys.platform == "darwin" else rss / 2 ** 10  # bytes on macOS, KiB on Linux
+    return peak_rss_mb()
+
 
 
 class TokenMetrics(Metric):

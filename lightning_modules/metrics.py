@@ -12,11 +12,13 @@ it does not:
 and functions: :func:`sparsemax_support_size`, :func:`predictive_probabilities` (the loss's own
 predictive distribution when it exposes ``predict_proba``, else softmax; an alias of
 :func:`lightning_modules.routing.predict_proba`) and :func:`pgd_attack`
-(l-inf / l2 PGD on cross-entropy, for robust accuracy).
+(l-inf / l2 PGD on cross-entropy, for robust accuracy), and :func:`peak_rss_mb` (the process's peak
+resident memory, which the identity and language-model benchmarks report).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Callable, Dict, Optional, Sequence
 
 import torch
@@ -35,6 +37,7 @@ __all__ = [
     "predictive_probabilities",
     "pgd_attack",
     "classification_metrics",
+    "peak_rss_mb",
 ]
 
 
@@ -225,3 +228,14 @@ def pgd_attack(
                     x = x.clamp(*clip)
             x = x.detach()
     return x.detach()
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, in MiB (``getrusage`` ``ru_maxrss``: KiB on
+    Linux, bytes on macOS); ``nan`` where the platform has no ``resource`` module (Windows)."""
+    try:
+        import resource  # POSIX only
+    except ImportError:  # pragma: no cover - Windows: no peak RSS without extra packages
+        return float("nan")
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2 ** 20 if sys.platform == "darwin" else rss / 2 ** 10

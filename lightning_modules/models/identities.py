@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 import os
-import resource
 import time
 from typing import Any, Dict, List, Optional
 
@@ -43,6 +42,7 @@ from losses import InputKind
 
 from ..base import BenchmarkModule, seeded_init
 from ..data.identities import identification_metrics
+from ..metrics import peak_rss_mb
 from ..optim import build_optimizer
 from ..routing import head_logits, predict_scores
 
@@ -61,11 +61,6 @@ def current_rss_mb() -> float:
         return pages * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
     except (OSError, ValueError, IndexError):
         return 0.0
-
-
-def peak_rss_mb() -> float:
-    """Peak resident set size of this process so far, in MiB (``ru_maxrss``, KiB on Linux)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 class IdentityEmbedder(BenchmarkModule):

@@ -285,15 +285,18 @@ class LanguageModel(BenchmarkModule):
     # -- evaluation ----------------------------------------------------------------------------
     def _eval_step(self, stage: str, batch: Dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         hidden = self.decoder(batch["input"])
-        loss, _ = self._loss(hidden, batch["target"])
+        loss, full = self._loss(hidden, batch["target"])
         h = hidden.reshape(-1, hidden.shape[-1])
         y = batch["target"].reshape(-1)
         n = int((y != IGNORE_INDEX).sum())
         metric = self.eval_metrics[stage]
         own = has_own_prediction(self.loss)
         first = True
-        for hc, yc in zip(h.split(self.eval_chunk_tokens), y.split(self.eval_chunk_tokens)):
-            logits = self._logits(hc).float()
+        # a logits loss already materialised the logits; a head-owning loss's come in row chunks
+        chunks = full.split(self.eval_chunk_tokens) if full is not None else \
+            (self._logits(hc) for hc in h.split(self.eval_chunk_tokens))
+        for logits, yc in zip(chunks, y.split(self.eval_chunk_tokens)):
+            logits = logits.float()
             scores = predict_scores(self.loss, logits, dim=-1) if own else None
             metric.update(loss.detach() * n if first else loss.new_zeros(()), logits,
                           predict_proba(self.loss, logits, dim=-1), yc, scores=scores, sparse=own)

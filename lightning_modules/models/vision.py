@@ -471,12 +471,12 @@ class VisionClassifier(BenchmarkModule):
         pred = self._gathered(torch.cat(buf["pred"]))
         target = self._gathered(torch.cat(buf["target"]))
         nll, zero = negative_log_likelihood(probs, target)
-        out = {f"{stage}/nll": nll, f"{stage}/nll_zero_frac": zero,
-               f"{stage}/aurc": aurc(msp_score(probs), pred == target)}
+        msp_in = msp_score(probs)
+        out = {f"{stage}/nll": nll, f"{stage}/nll_zero_frac": zero, f"{stage}/aurc": aurc(msp_in, pred == target)}
         dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         sets = dm.ood_sets() if callable(getattr(dm, "ood_sets", None)) else {}
         if sets:
-            msp_in, energy_in = msp_score(probs), energy_score(logits)
+            energy_in = energy_score(logits)
             bs = int(getattr(dm, "eval_batch_size", None) or getattr(dm, "batch_size", 256) or 256)
             with torch.no_grad():
                 for name, images in sets.items():
