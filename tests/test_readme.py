@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.lightning.test_cli_quiet import assert_quiet_and_summary_last
+from tests.lightning.recipe_utils import assert_quiet_and_summary_last
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -3,6 +3,8 @@
 ``run_recipe(config, tmp_path)`` runs ``fit`` with one short epoch (2 train / 2 val / 2 test
 batches; not ``fast_dev_run``, which writes no checkpoint), then ``validate`` and ``test`` from
 the checkpoint that run saved, and returns the three CLI objects' logged metrics.
+``assert_quiet_and_summary_last(output, stage)`` checks what a CLI command printed: no third-party
+noise, the project's summary once and last.
 """
 
 from __future__ import annotations
@@ -65,3 +67,23 @@ def assert_same_state(a, b, where: str) -> None:
             assert_same_state(x, y, f"{where}[{i}]")
     else:
         assert a == b, where
+
+
+#: what a quiet CLI run never prints
+NOISE = (
+    "tensorboardX", "Tip:", "litlogger", "litmodels", "LeafSpec",  # Lightning's notices and tips, torch's warning
+    "dirpath has changed",  # the checkpoint callback, when validate / test write a new version folder
+    "Test metric", "Validate metric", "DataLoader 0",  # Lightning's own results table
+)
+
+
+def assert_quiet_and_summary_last(output: str, stage: str) -> None:
+    for noise in NOISE:
+        assert noise not in output, (noise, output[-4000:])
+    lines = [line.rstrip() for line in output.splitlines() if line.strip()]
+    heads = [i for i, line in enumerate(lines) if line.startswith(f"{stage} done: ")]
+    assert len(heads) == 1, output[-4000:]  # exactly once
+    block = lines[heads[0]:]  # ... and the last block: its rows, then the output folder, then nothing
+    assert block[-1].startswith("output folder: "), block
+    assert all(line.startswith("  ") and len(line.split()) == 2 for line in block[1:-1]), block
+    assert len(block) > 3

@@ -16,17 +16,14 @@ import warnings
 
 import pytest
 
+from tests.lightning.recipe_utils import assert_quiet_and_summary_last
+
 #: real CLI runs in subprocesses (a process start each), like the recipe tests
 pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPE = os.path.join(ROOT, "configs", "vision", "z_loss.yaml")
 TINY = ["--model.init_args.backbone=test_resnet", "--data.init_args.batch_size=16", "--trainer.log_every_n_steps=1"]
-NOISE = (
-    "tensorboardX", "Tip:", "litlogger", "litmodels", "LeafSpec",  # Lightning's notices and tips, torch's warning
-    "dirpath has changed",  # the checkpoint callback, when validate / test write a new version folder
-    "Test metric", "Validate metric", "DataLoader 0",  # Lightning's own results table
-)
 
 
 def _env() -> dict:
@@ -37,18 +34,6 @@ def _env() -> dict:
 def _cmd(sub, root, *extra):
     return [sys.executable, "-m", "lightning_modules", sub, "--config", RECIPE, f"--trainer.default_root_dir={root}",
             *TINY, *extra]
-
-
-def assert_quiet_and_summary_last(output: str, stage: str) -> None:
-    for noise in NOISE:
-        assert noise not in output, (noise, output[-4000:])
-    lines = [line.rstrip() for line in output.splitlines() if line.strip()]
-    heads = [i for i, line in enumerate(lines) if line.startswith(f"{stage} done: ")]
-    assert len(heads) == 1, output[-4000:]  # exactly once
-    block = lines[heads[0]:]  # ... and the last block: its rows, then the output folder, then nothing
-    assert block[-1].startswith("output folder: "), block
-    assert all(line.startswith("  ") and len(line.split()) == 2 for line in block[1:-1]), block
-    assert len(block) > 3
 
 
 def test_validate_prints_only_its_summary_last(tmp_path):
