@@ -29,9 +29,13 @@ import sys
 import time
 from typing import Callable, Dict, List, Sequence, Tuple
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+for _path in (ROOT, HERE):  # the project's losses; perf_losses (the CPU harness) beside this script
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+from perf_losses import _quantile, paired_ratio  # noqa: E402
 
 #: the logits losses timed by default (registry names; each built with its registry defaults)
 DEFAULT_LOSSES = ("cross_entropy", "z_loss", "logz_penalty", "comp_sum", "gol", "bce_with_logits", "sparsemax",
@@ -93,23 +97,16 @@ def check_losses(names: Sequence[str]) -> None:
             raise SystemExit(f"perf_device: --losses: {name!r} does not build with its defaults ({exc})") from None
 
 
-def _quantile(v: List[float], q: float) -> float:
-    s = sorted(v)
-    pos = q * (len(s) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
 def summarize(times: Dict[str, List[float]], ref: str, floor: str) -> Dict[str, Dict[str, float]]:
-    """Median / quartiles per case and the paired ratios to ``ref`` and ``floor`` (the median of the
-    per-repetition ratios; repetitions are aligned by index)."""
+    """Median / quartiles per case (milliseconds) and the paired ratios to ``ref`` and ``floor``
+    (:func:`perf_losses.paired_ratio`: the median of the per-repetition ratios, repetitions aligned
+    by index)."""
     out = {}
     for case, t in times.items():
         row = {"ms": statistics.median(t), "q1": _quantile(t, 0.25), "q3": _quantile(t, 0.75), "n": len(t)}
         for col, other in (("x_ce", ref), ("x_copy", floor)):
-            o = times.get(other)
-            row[col] = statistics.median(a / b for a, b in zip(t, o)) if o and all(b > 0 for b in o) else None
+            pr = paired_ratio(t, times[other]) if other in times else None
+            row[col] = pr["ratio"] if pr else None
         out[case] = row
     return out
 
