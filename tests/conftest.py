@@ -16,8 +16,12 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # two xdist workers on two cores: one intra-op thread each
+    # two xdist workers on two cores: one intra-op thread each, and one for every process a test
+    # starts (CLI runs, the README's commands, distributed ranks): a child with torch's default of
+    # one thread per core would spin against the other worker (measured: the README's commands
+    # took 164 s beside a busy worker, 40 s alone)
     torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 _FILE_TIMES: dict = collections.defaultdict(float)
 _SESSION_CACHE = None
