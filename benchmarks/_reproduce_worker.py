@@ -1,4 +1,5 @@
-"""One recipe run for ``benchmarks/reproduce_results.py``, in a fresh process.
+"""One recipe run for ``benchmarks/reproduce_results.py``, in a process of its own (a fresh
+interpreter, or a process forked from the driver's fork server: :func:`forked_main`).
 
 ``python benchmarks/_reproduce_worker.py SPEC.json OUT.json`` where ``SPEC.json`` holds
 ``{"config": path, "root": dir, "fit_args": [...], "test_args": [...], "fit": bool, "test": bool}``.
@@ -137,6 +138,28 @@ def main_cli(argv) -> int:
         json.dump(result, fh, indent=1, sort_keys=True)
     os.replace(tmp, out_path)
     return 0 if result.get("ok") else 1
+
+
+def forked_main(spec_path: str, out_path: str, log_path: str, env: dict, root: str) -> None:
+    """The same run in a process forked from ``reproduce_results``' fork server (which imported
+    torch, Lightning and the CLI before forking): output to ``log_path``, the run's environment
+    variables set, the repository as the working folder, warnings off as ``PYTHONWARNINGS=ignore``
+    does for a fresh interpreter. Exits with :func:`main_cli`'s status."""
+    import warnings
+
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.environ.update(env)
+    os.chdir(root)
+    warnings.simplefilter("ignore")
+    code = main_cli([__file__, spec_path, out_path])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code)
 
 
 if __name__ == "__main__":

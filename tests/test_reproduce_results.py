@@ -524,6 +524,24 @@ def test_quick_reproduction_writes_everything(quick_out):
     assert "OPL" in (out / "summary.md").read_text()
 
 
+def test_a_forked_run_equals_a_fresh_interpreter_run(quick_out, tmp_path):
+    """The quick reproduction forks its runs from a server that imported torch and Lightning once
+    (the default ``--isolation fork``); the same run in a fresh interpreter (``process``) gives the
+    same metrics, bit for bit (one thread, seeded: nothing carries over from the server)."""
+    out, _ = quick_out
+    with open(out / "vision_runs.csv", newline="") as fh:
+        forked = next(r for r in csv.DictReader(fh) if r["arm"] == "ce_lowdata" and r["phase"] == "eval")
+    run = rr.Run(arm=CF.arms["ce_lowdata"], seed=int(forked["seed"]), phase="eval",
+                 params=tuple(sorted(json.loads(forked["params"]).items())))
+    fresh = rr.execute(run, quick=True, workdir=str(tmp_path), threads=1, fresh=True, timeout=600,
+                       isolation="process")
+    assert fresh["ok"], fresh["error"]
+    metrics = [k for k in fresh if k.startswith("test/")]
+    assert len(metrics) >= 10 and "test/loss" in metrics
+    assert {k: str(fresh[k]) for k in metrics} == {k: forked[k] for k in metrics}
+    assert fresh["key"] == forked["key"]  # the same run: isolation is not part of what a run is
+
+
 def test_quick_csv_phases_and_markdown_agree(quick_out):
     out, _ = quick_out
     with open(out / "vision_runs.csv", newline="") as fh:
