@@ -129,7 +129,7 @@ def test_run_args_pair_the_arms():
                     quick=False)
     assert "--model.init_args.two_stage_epoch=15" in t and "--model.init_args.loss.init_args.scale=16.0" in t
     assert "--trainer.check_val_every_n_epoch=20" in t and "--trainer.limit_val_batches=0" not in t
-    adv = rr.run_args(CF.arms["adv"], 2, {}, phase="eval", quick=False)
+    adv = rr.run_args(CF.arms["adv_eps01"], 2, {}, phase="eval", quick=False)
     assert "--model.init_args.loss.init_args.seed=2" in adv  # the attack's own seed follows the run's
 
 
@@ -162,8 +162,10 @@ def test_every_arm_parses_through_the_cli():
 
 
 def test_identical_runs_of_two_arms_share_one_key():
-    """ce and ce_robust differ only in their selection metric: a shared setting is one run, not two."""
-    ce, ce_r = CF.arms["ce"], CF.arms["ce_robust"]
+    """ce and ce_robust (revision 2's adversarial baseline) differ only in their selection metric: a
+    shared setting is one run, not two."""
+    r2 = rr.load_claims(os.path.join(ROOT, "results", "revision2", "claims.yaml"))
+    ce, ce_r = r2.arms["ce"], r2.arms["ce_robust"]
     p = ce.grid_points()[1]
     a, b = rr.Run(ce, 0, "eval", tuple(p.items())), rr.Run(ce_r, 0, "eval", tuple(p.items()))
     assert rr._run_key(a, a.args(False)) == rr._run_key(b, b.args(False))

@@ -7,7 +7,8 @@ says what the loss's ``forward`` takes (``docs/conventions.md``, Registry) and t
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+import math
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -78,6 +79,42 @@ class ClassifierNet(nn.Module):
         return self.head(self.features(x))
 
 
+def _robust_key(eps: float) -> str:
+    """Name of the robust accuracy at radius ``eps`` (a ModuleDict key cannot hold '.' or '@'):
+    ``robust_at_0p1``; logged as ``robust_acc@0.1``."""
+    return f"robust_at_{eps:g}".replace(".", "p")
+
+
+def _robust_epsilons(cls: str, values: Sequence[float], robust_eval: bool) -> List[float]:
+    out = []
+    for v in values or ():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ValueError(f"{cls}: robust_epsilons must be positive finite radii (got {list(values)!r}); "
+                             "pass e.g. [0.1, 0.2, 0.3]")
+        out.append(float(v))
+    if out and not robust_eval:
+        raise ValueError(f"{cls}: robust_epsilons needs robust_eval=true (got robust_eval=false); "
+                         "turn robust evaluation on or drop robust_epsilons")
+    return out
+
+
+def _train_pgd(cls: str, epsilon: float, steps: int, step_size: Optional[float], route) -> Optional[Dict[str, float]]:
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not math.isfinite(epsilon) or epsilon < 0:
+        raise ValueError(f"{cls}: train_pgd_epsilon must be a finite radius >= 0 (got {epsilon!r}); 0 turns "
+                         "adversarial training off, MNIST's usual radii are 0.1-0.3")
+    if epsilon == 0:
+        return None
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"{cls}: train_pgd_steps must be a positive integer (got {steps!r}); pass e.g. 10")
+    if route.kind == InputKind.MODEL:
+        raise ValueError(f"{cls}: train_pgd_epsilon is for losses that take logits or embeddings; the loss "
+                         f"{route.name!r} runs its own attack (set train_pgd_epsilon: 0)")
+    size = 2.5 * epsilon / steps if step_size is None else float(step_size)
+    if not math.isfinite(size) or size <= 0:
+        raise ValueError(f"{cls}: train_pgd_step_size must be positive (got {step_size!r}); None gives 2.5 * eps / steps")
+    return dict(epsilon=float(epsilon), step_size=size, steps=int(steps))
+
+
 class VisionClassifier(BenchmarkModule):
     """Image classifier for the digits benchmarks, trained with any registered loss.
 
@@ -101,6 +138,17 @@ class VisionClassifier(BenchmarkModule):
         robust_eval: compute robust accuracy under PGD in validation and test (``pgd_steps``
             steps of ``pgd_step_size`` within the l-inf ball ``pgd_epsilon``, random start from
             ``pgd_seed``; the defaults are PGD-10, eps 8/255, step 2/255).
+        robust_epsilons: further l-inf radii at which validation and test also report robust
+            accuracy, as ``{stage}/robust_acc@{eps}`` (e.g. ``[0.1, 0.2, 0.3]``, the usual MNIST
+            radii), each with ``pgd_steps`` steps of ``eps * pgd_step_size / pgd_epsilon`` (the
+            main attack's step-to-radius ratio). Needs ``robust_eval``.
+        train_pgd_epsilon: PGD adversarial training (Madry et al., ICLR 2018) for any loss that
+            takes logits or embeddings: each training batch is replaced by its adversarial
+            examples against the current model, ``train_pgd_steps`` steps of
+            ``train_pgd_step_size`` (``None``: ``2.5 * eps / steps``) inside the l-inf ball of this
+            radius, random start, crafted with the model in eval mode (as the adversarial comp-sum
+            loss crafts its own); the loss then trains on them. ``0`` (default): off. Not with a
+            loss that runs its own attack (``"model"`` kind).
         ece_bins: bins of the expected calibration error.
         init_seed: when set, the backbone, the projection and the model's own head are initialised
             from ``torch.manual_seed(init_seed)`` (the global RNG is restored afterwards), so arms
@@ -172,6 +220,10 @@ class VisionClassifier(BenchmarkModule):
         pgd_step_size: float = 2 / 255,
         pgd_steps: int = 10,
         pgd_seed: int = 0,
+        robust_epsilons: Sequence[float] = (),
+        train_pgd_epsilon: float = 0.0,
+        train_pgd_steps: int = 10,
+        train_pgd_step_size: Optional[float] = None,
         ece_bins: int = 15,
         backbone_kwargs: Optional[Dict[str, Any]] = None,
         init_seed: Optional[int] = None,
@@ -210,6 +262,8 @@ class VisionClassifier(BenchmarkModule):
         self.robust_eval = bool(robust_eval)
         self.pgd = dict(epsilon=float(pgd_epsilon), step_size=float(pgd_step_size), steps=int(pgd_steps))
         self.pgd_seed = int(pgd_seed)
+        self.robust_epsilons = _robust_epsilons(cls, robust_epsilons, self.robust_eval)
+        self.train_pgd = _train_pgd(cls, train_pgd_epsilon, train_pgd_steps, train_pgd_step_size, self.route)
 
         timm = _timm()
         with seeded_init(init_seed):  # the same start for every loss (paired comparisons)
@@ -234,6 +288,7 @@ class VisionClassifier(BenchmarkModule):
             "sparsemax_support": MeanMetric(),
             "support": MeanMetric(),
             "robust": MulticlassAccuracy(num_classes, average="micro"),
+            **{_robust_key(eps): MulticlassAccuracy(num_classes, average="micro") for eps in self.robust_epsilons},
         }) for stage in ("val", "test")})
         self._tail_classes: List[int] = []
         # per evaluation stage: probabilities, logits, predictions and targets of the epoch (the
@@ -371,8 +426,23 @@ class VisionClassifier(BenchmarkModule):
         return total
 
     # -- steps ----------------------------------------------------------------------------------
+    def _adversarial_batch(self, x: Tensor, target: Tensor) -> Tensor:
+        """PGD adversarial examples of a training batch (``train_pgd_epsilon``), crafted with every
+        submodule in eval mode (batch-norm statistics untouched) and the modes restored after; the
+        random start is seeded by ``pgd_seed`` and the global step (reproducible runs)."""
+        modes = [(m, m.training) for m in self.modules()]
+        self.eval()
+        try:
+            g = torch.Generator().manual_seed(self.pgd_seed + 1_000_003 + int(self.global_step))
+            return pgd_attack(self, x, _hard_target(target), generator=g, **self.train_pgd)
+        finally:
+            for m, mode in modes:
+                m.training = mode
+
     def training_step(self, batch, batch_idx: int) -> Tensor:
         x, target = batch
+        if self.train_pgd is not None:
+            x = self._adversarial_batch(x, target)
         main, aux, _, logits = self._losses(x, target)
         total = self._log_losses("train", main, aux, x.shape[0])
         self.train_metrics.update(predict_scores(self.loss, logits.detach()), _hard_target(target))
@@ -414,6 +484,14 @@ class VisionClassifier(BenchmarkModule):
             robust = stats["robust"]
             robust.update(predict_scores(self.loss, self(x_adv)), ids)
             self.log(f"{stage}/robust_acc", robust, on_step=False, on_epoch=True)
+            for eps in self.robust_epsilons:
+                key = _robust_key(eps)
+                ratio = self.pgd["step_size"] / self.pgd["epsilon"] if self.pgd["epsilon"] > 0 else 0.25
+                g = torch.Generator().manual_seed(self.pgd_seed + batch_idx)
+                x_eps = pgd_attack(self, x, ids, generator=g, epsilon=eps, step_size=eps * ratio,
+                                   steps=self.pgd["steps"])
+                stats[key].update(predict_scores(self.loss, self(x_eps)), ids)
+                self.log(f"{stage}/robust_acc@{eps:g}", stats[key], on_step=False, on_epoch=True)
 
     def _eval_epoch_end(self, stage: str) -> None:
         per_class_metric = self.eval_stats[stage]["per_class"]

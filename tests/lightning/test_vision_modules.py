@@ -156,6 +156,59 @@ def test_fit_logs_every_metric_with_robust_accuracy():
     assert "val/support" not in m  # cross-entropy exposes no predict_proba
 
 
+@pytest.mark.slow
+def test_pgd_adversarial_training_and_robust_accuracy_at_several_radii():
+    """``train_pgd_epsilon``: the batch a training step sees is its PGD adversarial version, inside
+    the l-inf ball and the image range, crafted in eval mode (batch-norm statistics untouched, modes
+    restored) and seeded; ``robust_epsilons``: one robust accuracy per radius, and the radius of the
+    main attack reproduces ``robust_acc`` exactly (the same attack, the same seeds)."""
+    torch.manual_seed(0)
+    eps = 0.1
+    model = VisionClassifier(losses.CrossEntropyLoss(), **{**TINY, "robust_eval": True, "pgd_steps": 2,
+                                                            "robust_epsilons": [8 / 255, 0.3],
+                                                            "train_pgd_epsilon": eps, "train_pgd_steps": 3})
+    assert model.train_pgd == {"epsilon": eps, "step_size": pytest.approx(2.5 * eps / 3), "steps": 3}
+    model.train()
+    x = torch.rand(16, 1, 32, 32)
+    y = torch.randint(0, 10, (16,))
+    bn = {k: v.clone() for k, v in model.state_dict().items() if "running" in k}
+    adv = model._adversarial_batch(x, y)
+    assert model.training and all(m.training for m in model.modules())
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in bn.items())
+    assert (adv - x).abs().max() <= eps + 1e-6 and adv.min() >= 0 and adv.max() <= 1
+    assert not torch.equal(adv, x) and torch.equal(adv, model._adversarial_batch(x, y))  # seeded
+    with torch.no_grad():
+        model.eval()
+        clean, attacked = (F.cross_entropy(model(t), y).item() for t in (x, adv))
+    assert attacked > clean  # the ascent raised the loss it attacks
+
+    model.train()
+    dm = DigitsDataModule(batch_size=32)
+    trainer = _trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=1)
+    trainer.fit(model, datamodule=dm)
+    m = trainer.callback_metrics
+    assert float(m[f"val/robust_acc@{8 / 255:g}"]) == float(m["val/robust_acc"])
+    assert 0 <= float(m["val/robust_acc@0.3"]) <= 1 and math.isfinite(float(m["train/loss"]))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"train_pgd_epsilon": -0.1}, "train_pgd_epsilon must be a finite radius"),
+    ({"train_pgd_epsilon": float("nan")}, "train_pgd_epsilon must be a finite radius"),
+    ({"train_pgd_epsilon": 0.1, "train_pgd_steps": 0}, "train_pgd_steps must be a positive integer"),
+    ({"robust_epsilons": [0.1, 0.0], "robust_eval": True}, "robust_epsilons must be positive"),
+    ({"robust_epsilons": [0.1]}, "robust_epsilons needs robust_eval=true"),
+])
+def test_adversarial_options_refuse_bad_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        VisionClassifier(losses.CrossEntropyLoss(), **{**TINY, **kwargs})
+
+
+def test_pgd_training_refuses_a_loss_with_its_own_attack():
+    loss = losses.AdversarialCompSumLoss(tau=1.0, rho=1.0, nu=1.0, epsilon=0.1, steps=1, step_size=0.1, seed=0)
+    with pytest.raises(ValueError, match="runs its own attack"):
+        VisionClassifier(loss, **{**TINY, "train_pgd_epsilon": 0.1})
+
+
 def test_segmenter_shapes_metrics_and_targets():
     torch.manual_seed(0)
     model = VisionSegmenter(losses.CrossEntropyLoss(), backbone="test_resnet", num_classes=11).eval()
