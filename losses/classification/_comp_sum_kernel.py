@@ -53,8 +53,7 @@ class CompSumFunction(torch.autograd.Function):
         if ctx.divisor is not None:  # reduced in the forward (no ignored row): one scalar gradient
             g = g / ctx.divisor
         k = (r - log_s) + torch.log(g.abs())  # -inf where g == 0
-        grad = torch.sub(x, m.unsqueeze(1))
-        grad.add_(k.unsqueeze(1)).exp_()  # |g| exp(r + lp_j)
+        grad = torch.sub(x, (m - k).unsqueeze(1)).exp_()  # |g| exp(r + lp_j): two passes
         if ctx.tau_below_one:  # only then can r (and k) be +inf
             grad.masked_fill_(x == float("-inf"), 0.0)  # masks: exp(-inf + inf) is NaN, the answer 0
         idx = y.unsqueeze(1)

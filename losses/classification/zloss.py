@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from .._core import (
+    _compiling,
     check_logits_dim,
     once_differentiable,
     check_ignore_index,
@@ -312,9 +313,16 @@ class _CrossEntropyLogZFunction(torch.autograd.Function):
 
 
 def _ce_logz_grad(x: Tensor, y: Tensor, m: Tensor, log_s: Tensor, g_ce: Tensor, g_p: Tensor) -> Tensor:
-    """``softmax(x) * g_p - onehot(y) * g_ce`` per row, written in one pass over ``(M, C)``."""
-    grad = torch.sub(x, m.unsqueeze(1))
-    grad.sub_(log_s.unsqueeze(1)).exp_().mul_(g_p.unsqueeze(1))
+    """``softmax(x) * g_p - onehot(y) * g_ce`` per row, written in one pass over ``(M, C)``.
+
+    When every ``g_p >= 0`` is seen on the host (CPU, eager: the usual case, ``loss.backward()``
+    of a mean or sum) the factor goes into the exponent, ``exp(x - (log Z - log g_p))``: two
+    passes over ``(M, C)`` instead of four (``g_p = 0`` gives ``exp(-inf) = 0``)."""
+    if (x.device.type == "cpu" and not _compiling() and g_p.numel() > 0 and bool((g_p >= 0).all())):
+        grad = torch.sub(x, ((m + log_s) - torch.log(g_p)).unsqueeze(1)).exp_()
+    else:
+        grad = torch.sub(x, m.unsqueeze(1))
+        grad.sub_(log_s.unsqueeze(1)).exp_().mul_(g_p.unsqueeze(1))
     grad.scatter_add_(1, y.unsqueeze(1), (-g_ce).expand(y.shape).unsqueeze(1))
     return grad
 
