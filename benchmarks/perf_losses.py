@@ -267,6 +267,17 @@ def _zero(tensors: Dict) -> None:
         t.grad = None
 
 
+#: glibc settings of the timing workers. With glibc's dynamic mmap threshold, whether a freed
+#: block of 1-32 MB goes back to the OS (and its pages fault in again at the next call) depends on
+#: the process's allocation history: ``F.cross_entropy`` at (256, 1e3) took 468-718 minor page
+#: faults per step in some worker processes (0.9-1.2 ms) and none in others (0.5 ms), a wobble of
+#: the reference larger than the differences being measured. A fixed threshold of 32 MB (glibc's
+#: own upper bound for the dynamic one, so blocks above it are mapped and unmapped as before) and
+#: no trimming of the heap keep every implementation's steady state free of page faults below that
+#: size; larger blocks (the (256, 1e5) logits) are mapped per call for every implementation alike.
+TIMING_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(2**30)}
+
+
 def _run_case(case: Dict, timeout: float = 1800.0) -> Dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(case["threads"]), PYTHONPATH=ROOT)
     if case["mode"] == "memory":
@@ -274,6 +285,8 @@ def _run_case(case: Dict, timeout: float = 1800.0) -> Dict:
         # peak RSS is the peak of live memory rather than of the allocator's cached free blocks
         # (with glibc's dynamic threshold the same run varied between 147 and 265 MB).
         env["MALLOC_MMAP_THRESHOLD_"] = "131072"
+    else:
+        env.update(TIMING_MALLOC_ENV)
     proc = subprocess.run(
         [sys.executable, __file__, "--worker", json.dumps(case)],
         capture_output=True, text=True, timeout=timeout, env=env,
@@ -401,12 +414,17 @@ def suite_cases(suite: str, classes: List[int]) -> List[Dict]:
                           "C": c, "D": 128, "kind": "embeddings",
                           "kwargs": {"sample_rate": 0.1, "seed": 0, "sparse_grad": True}, "optimizer": "sparse_adam"})
     elif suite == "targets":
-        # the first performance targets, each next to its reference in the same run
+        # the performance targets, each next to its reference in the same run. Every loss row is
+        # what a user calls: the registry's module built with its default arguments (a head loss
+        # with embedding_dim / num_classes), called on (input, target) with data checks off.
+        cases.append({"name": "F.cross_entropy", "B": 64, "C": 100, "kind": "ref"})
+        cases.append({"name": "cross_entropy", "B": 64, "C": 100, "kind": "logits", "kwargs": {}})
         for c in (1000, 100000):
             cases.append({"name": "F.cross_entropy", "B": 256, "C": c, "kind": "ref"})
             cases.append({"name": "linear+F.cross_entropy", "B": 256, "C": c, "D": 128, "kind": "ref"})
-            for name in SINGLE_PASS + ("sparsemax", "entmax15", "margin_softmax"):
-                cases.append({"name": name, "B": 256, "C": c, "D": 128, "kind": "logits", "kwargs": {}})
+            for name in ("cross_entropy",) + SINGLE_PASS + ("sparsemax", "entmax15"):
+                cases.append({"name": name, "B": 256, "C": c, "kind": "logits", "kwargs": {}})
+            cases.append({"name": "margin_softmax", "B": 256, "C": c, "D": 128, "kind": "embeddings", "kwargs": {}})
         cases.append({"name": "sparsemax", "label": "sparsemax (top-k 100)", "B": 256, "C": 100000, "kind": "logits",
                       "kwargs": {"k": 100}})
         cases.append({"name": "linear+F.cross_entropy", "B": 256, "C": 1000000, "D": 128, "kind": "ref"})
@@ -639,20 +657,19 @@ def _write(rows: List[Dict], suite: str, out: str, meta: Dict) -> None:
 
 #: (description, loss label, B, C, reference label, metric ("x" time or "mem"), bound)
 TARGETS = [
-    *[(f"{n} <= 2x F.cross_entropy at (256, 1e3)", n, 256, 1000, "F.cross_entropy", "x", 2.0) for n in SINGLE_PASS],
+    *[(f"{n} <= 1.2x F.cross_entropy at (256, 1e3)", n, 256, 1000, "F.cross_entropy", "x", 1.2)
+      for n in ("z_loss", "logz_penalty", "comp_sum")],
+    ("gol <= 1.5x F.cross_entropy at (256, 1e3)", "gol", 256, 1000, "F.cross_entropy", "x", 1.5),
+    ("margin softmax <= 1.3x linear + CE at (256, 1e3, D=128)", "margin_softmax", 256, 1000,
+     "linear+F.cross_entropy", "x", 1.3),
+    ("sparsemax <= 2x F.cross_entropy at (256, 1e3)", "sparsemax", 256, 1000, "F.cross_entropy", "x", 2.0),
+    ("entmax-1.5 <= 3x F.cross_entropy at (256, 1e3)", "entmax15", 256, 1000, "F.cross_entropy", "x", 3.0),
     *[(f"{n} <= 1.5x F.cross_entropy at (256, 1e5)", n, 256, 100000, "F.cross_entropy", "x", 1.5)
       for n in SINGLE_PASS],
-    ("gol <= 1.5x F.cross_entropy at (256, 1e3)", "gol", 256, 1000, "F.cross_entropy", "x", 1.5),
     ("gol <= 1.2x F.cross_entropy at (256, 1e5)", "gol", 256, 100000, "F.cross_entropy", "x", 1.2),
-    ("sparsemax (k=None, automatic exact search) <= 5x F.cross_entropy at (256, 1e3)", "sparsemax", 256, 1000,
-     "F.cross_entropy", "x", 5.0),
     ("sparsemax (top-k) <= 2x F.cross_entropy at (256, 1e5)", "sparsemax (top-k 100)", 256, 100000,
      "F.cross_entropy", "x", 2.0),
     ("entmax-1.5 <= 2x F.cross_entropy at (256, 1e5)", "entmax15", 256, 100000, "F.cross_entropy", "x", 2.0),
-    ("margin softmax <= 1.5x linear + CE at (256, 1e3, D=128)", "margin_softmax", 256, 1000,
-     "linear+F.cross_entropy", "x", 1.5),
-    ("margin softmax <= 1.3x linear + CE at (256, 1e3, D=128)", "margin_softmax", 256, 1000,
-     "linear+F.cross_entropy", "x", 1.3),
     ("margin softmax <= 1.5x linear + CE at (256, 1e5, D=128)", "margin_softmax", 256, 100000,
      "linear+F.cross_entropy", "x", 1.5),
     ("Partial FC (0.1) <= 0.2x time of full margin softmax at C=1e6, D=128", "partial_fc (rate 0.1)", 256, 1000000,

@@ -633,6 +633,12 @@ def no_autocast(*where: object):
         if isinstance(w, Tensor):
             dev = w.device.type
             break
+    if not _compiling():
+        try:
+            if not torch.is_autocast_enabled(dev):  # nothing to switch off (eager): no context to build
+                return contextlib.nullcontext()
+        except (RuntimeError, TypeError):  # pragma: no cover - device type without autocast support
+            pass
     try:
         return torch.autocast(device_type=dev, enabled=False)
     except RuntimeError:  # pragma: no cover - device type without autocast support
@@ -649,11 +655,17 @@ def zero_rows(x: Tensor, keep: Tensor, *, verified_finite: bool = False) -> Tens
     identity, and skipping it saves a pass over ``(M, C)`` forward and another backward. Otherwise
     (GPU or compiled, with validation off or ``-inf`` masks present) the rows are always replaced,
     with no host sync."""
-    if verified_finite:
-        return x
-    if keep.device.type == "cpu" and not _compiling() and (keep.numel() == 0 or bool(keep.all())):
+    if verified_finite or all_kept(keep):
         return x
     return torch.where(keep.unsqueeze(1), x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def all_kept(keep: Tensor) -> bool:
+    """True when ``keep`` (bool) is known to be all True without a device sync: on CPU outside
+    ``torch.compile`` one look at it (a host read is free there). False when some entry is False,
+    or on another device / while compiling, where it is not looked at. Losses use it to take their
+    no-ignored-position path (no zeroing pass, no weighted reduction)."""
+    return keep.device.type == "cpu" and not _compiling() and (keep.numel() == 0 or bool(keep.all()))
 
 
 def move_class_dim_last(input: Tensor) -> Tensor:

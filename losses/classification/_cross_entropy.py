@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._core import (
+    all_kept,
     check_class_target,
     check_class_weight,
     check_distribution,
@@ -26,7 +27,7 @@ from .._core import (
     check_tensor,
     check_unit_interval,
     compute_dtype,
-    flatten_logits_and_target,
+    check_target_shape,
     no_autocast,
     reduce_loss,
     upcast,
@@ -75,8 +76,8 @@ def softmax_cross_entropy(
         if logit_shift is not None:
             x = x + class_view(upcast(logit_shift, dtype).to(x.device), x)
         w = None if weight is None else upcast(weight, dtype).to(x.device)
-        zero = torch.zeros((), dtype=dtype, device=x.device)
         if soft:
+            zero = torch.zeros((), dtype=dtype, device=x.device)
             check_finite(fn, "target", target)
             check_unit_interval(fn, "target", target)
             check_distribution(fn, "target", target, dim=1, tol=1e-3,
@@ -92,10 +93,17 @@ def softmax_cross_entropy(
             # a class without target mass contributes exactly 0 (never 0 * -inf), before the product
             values = -(wq * torch.where(wq != 0, lp, zero)).sum(dim=1)
             return reduce_loss(values, None, reduction)
-        flatten_logits_and_target(fn, input, target)  # shape check only
+        check_target_shape(fn, input, target)
         check_ids_in_range(fn, target, c, ignore_index)
         valid = target != ignore_index
-        if not check_masked_logits(fn, "input", input, active=valid):
+        finite = check_masked_logits(fn, "input", input, active=valid)
+        kept = all_kept(valid)  # nothing ignored (one look at the ids, on CPU): no zeroing pass
+        if kept and eps == 0 and w is None and reduction != "none" and valid.numel() > 0:
+            # no weights: F.cross_entropy's own reduction is the unit-weight one (the mean over the
+            # positions), without the per-position values and the masked sums
+            return F.cross_entropy(x, target.long(), reduction=reduction)
+        zero = torch.zeros((), dtype=dtype, device=x.device)
+        if not (kept or finite):
             x = torch.where(valid.unsqueeze(1), x, zero)  # ignored positions: no +-inf/NaN reaches the maths
         safe = torch.where(valid, target, torch.zeros_like(target)).long()
         if eps == 0:

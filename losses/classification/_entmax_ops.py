@@ -20,9 +20,15 @@ Conventions shared by every kernel:
     Newton's method from the left on the convex ``f(tau) = sum_j [x_j - tau]_+^(1/(alpha-1)) - 1``
     identifies the support, and ``tau`` is the sort formula's closed form on that support -
     the same result without sorting. A CPU ``torch.sort`` of a (256, 1000) batch costs about
-    20x ``F.cross_entropy``; this search about 2x. It host-syncs a few times (free on CPU), so
-    it is the default on CPU outside ``torch.compile``; the sort is used elsewhere and as the
-    fallback after ``NEWTON_MAX_ITER`` steps.
+    20x ``F.cross_entropy``; this search about 2x. It host-syncs a few times (free on CPU); the
+    sort is used off CPU and as the fallback after ``NEWTON_MAX_ITER`` steps.
+  - ``"dense"`` (the CPU default for mid-width rows): the same Newton search without packing the
+    candidates (packing cost a ``nonzero`` and index building per call), over whole rows from a
+    lower bound: the threshold of a subset of a row's scores is at most the row's, so the exact
+    thresholds of the rows' chunk maxima (:func:`bucket_max`; the sort on 16 of them, then Newton on
+    128) start it, usually one to three passes from the root; finished rows leave the search. Its
+    last pass is ``[x - tau]_+`` itself, so the probabilities and the loss value cost no further
+    pass over the scores.
 
 * What differs between the mappings (threshold, probabilities, Fenchel-Young value, backward)
   lives in one small object each, :data:`MAPPINGS` ``"sparsemax"``, ``"entmax15"`` (exact
@@ -36,7 +42,7 @@ Conventions shared by every kernel:
 * Choice of the search on CPU outside ``torch.compile`` (:func:`auto_search`): all three are
   exact, so the fastest for the batch shape ``(M, C)`` is used, from one-thread measurements
   (benchmarks/perf_losses.py, docs/performance.md): top-k (with the doubling above) for wide
-  rows (``C > 2048``) and for small batches of narrow rows, Newton in between, the sort for
+  rows (``C > 2048``) and for small batches of narrow rows, the dense search in between, the sort for
   entmax-1.5 rows of at most 32 classes. Every ``k`` takes that choice on CPU (a given ``k`` was
   measured slower than the choice wherever they differ, e.g. sparsemax at (256, 1e4) with
   ``k=128`` 1.14x ``F.cross_entropy`` against 0.50x); on GPU a given ``k`` is the first top-k size.
@@ -61,8 +67,7 @@ __all__: list = []
 
 def row_max(z: Tensor) -> Tensor:
     """``(M, 1)`` row maxima, 0 for rows without a finite score (all ``-inf``)."""
-    m = z.amax(dim=-1, keepdim=True)
-    return torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    return torch.nan_to_num(z.amax(dim=-1, keepdim=True), nan=0.0, posinf=0.0, neginf=0.0)
 
 
 # --------------------------------------------------------------------------------------
@@ -207,6 +212,154 @@ def _compact_candidates(zs: Tensor, lower: Union[float, Tensor]) -> Tensor:
     return out
 
 
+def bucket_max(x: Tensor, width: int) -> Tensor:
+    """``(M, w)``, ``w <= width``: the row split into ``ceil(C / w)`` consecutive chunks of ``w``
+    columns and the chunks' element-wise maximum (the last, shorter chunk on its first columns), so
+    every entry is one of the row's own scores. One read of ``x``, vectorised across the chunk."""
+    rows, c = x.shape
+    groups = -(-c // width)
+    w = -(-c // groups)
+    full = (groups - 1) * w
+    if groups == 1:
+        return x
+    out = x[:, :full].view(rows, groups - 1, w).amax(dim=1)
+    r = c - full
+    torch.maximum(out[:, :r], x[:, full:], out=out[:, :r])
+    return out
+
+
+class _DenseRows:
+    """Bookkeeping of a dense search that drops finished rows: ``out`` holds the result of every
+    row of the batch (filled as rows finish), ``rows`` the batch indices of the rows still searched
+    (``None``: all of them, in order)."""
+
+    __slots__ = ("out", "rows")
+
+    def __init__(self):
+        self.out, self.rows = None, None
+
+    def store(self, values: tuple) -> None:
+        if self.rows is None:
+            self.out = list(values)
+        else:
+            for o, v in zip(self.out, values):
+                o.index_copy_(0, self.rows, v)
+
+    def keep(self, done: Tensor) -> Tensor:
+        """Local indices of the unfinished rows (``done (R, 1)`` bool); the batch indices follow."""
+        local = (~done).squeeze(1).nonzero().squeeze(1)
+        self.rows = local if self.rows is None else self.rows[local]
+        return local
+
+
+def sparsemax_tau_dense(x: Tensor, tau: Tensor, src: Optional[Tensor], max_iter: int, drop_rows: bool = True):
+    """Exact sparsemax threshold of the shifted scores ``x (M, K)`` (max 0) by Newton's method from
+    the left over whole rows, from a lower bound ``tau`` (``f(tau) >= 0``, e.g. -1). ``src``: the
+    support size whose closed form ``tau`` already is (``None``: unknown). Each step is one pass:
+    ``d = [x - tau]_+``, its sum and its support size ``|S|``; ``tau' = tau + (sum d - 1)/|S|`` is the
+    sort formula on ``S``, exact once the next pass finds the same ``|S|``; finished rows leave the
+    search (later passes run on the others only). Returns ``(tau, d, sum d, |S|)`` at the exact
+    ``tau``, or ``None`` after ``max_iter`` passes."""
+    book = _DenseRows()
+    for _ in range(max_iter):
+        d = torch.sub(x, tau).clamp_(min=0)
+        s1 = d.sum(dim=-1, keepdim=True)
+        cnt = d.sign().sum(dim=-1, keepdim=True)
+        if src is not None:
+            done = cnt == src
+            if not drop_rows:
+                if torch.equal(cnt, src):
+                    return tau, d, s1, cnt
+            else:
+                book.store((tau, d, s1, cnt))
+                if bool(done.all()):
+                    return tuple(book.out)
+            if drop_rows and bool(done.any()):
+                local = book.keep(done)
+                x, tau, s1, cnt = x[local], tau[local], s1[local], cnt[local]
+        # rows without a finite score (cnt = 0) keep tau = -1
+        tau = torch.where(cnt > 0, tau + (s1 - 1) / cnt.clamp(min=1), tau)
+        src = cnt
+    return None
+
+
+def entmax15_tau_dense(x: Tensor, tau: Tensor, src: Optional[Tensor], max_iter: int, drop_rows: bool = True):
+    """Exact entmax-1.5 threshold of ``x = (z - max)/2 (M, K)`` over whole rows, from a lower bound
+    ``tau`` (``f(tau) = sum [x - tau]_+^2 - 1 >= 0``); ``src`` as in :func:`sparsemax_tau_dense`.
+
+    One pass at ``tau`` gives ``d = [x - tau]_+``, ``s1 = sum d``, ``s2 = sum d^2`` and ``|S|``. A row
+    left of the root (``s2 >= 1``, ``S`` holds the support) moves to the closed form on ``S``,
+    ``tau + (s1 - sqrt(s1^2 - |S| (s2 - 1)))/|S|`` (the root itself when ``S`` is the support, else
+    past it); a row past the root (its ``S`` inside the support) returns to the larger of its last
+    left point's Newton step and the closed form on its own ``S`` (both lower bounds). A row is done
+    when a pass finds the same ``|S|`` as the closed form it evaluates (or its point no longer moves,
+    rounding at the root) and leaves the search. Returns ``(tau, d, s1, s2, |S|)`` or ``None`` after
+    ``max_iter`` passes."""
+    book = _DenseRows()
+    left = tau
+    for _ in range(max_iter):
+        d = torch.sub(x, tau).clamp_(min=0)
+        s1 = d.sum(dim=-1, keepdim=True)
+        s2 = torch.linalg.vector_norm(d, dim=-1, keepdim=True).square_()
+        cnt = d.sign().sum(dim=-1, keepdim=True)
+        if src is not None:
+            done = cnt == src
+            if not drop_rows:
+                if bool(done.all()):
+                    return tau, d, s1, s2, cnt
+            else:
+                book.store((tau, d, s1, s2, cnt))
+                if bool(done.all()):
+                    return tuple(book.out)
+            if drop_rows and bool(done.any()):
+                local = book.keep(done)
+                x, tau, left, s1, s2, cnt = x[local], tau[local], left[local], s1[local], s2[local], cnt[local]
+        k = cnt.clamp(min=1)
+        cf = tau + (s1 - (s1 * s1 - k * (s2 - 1)).clamp_(min=0).sqrt_()) / k
+        is_left = s2 >= 1
+        newton = tau + (s2 - 1) / (2 * s1.clamp(min=1e-30))
+        left = torch.where(is_left, newton, torch.maximum(left, cf))
+        nxt = torch.where(is_left, cf, left)
+        if src is not None and not drop_rows:
+            nxt = torch.where(done, tau, nxt)
+        src = torch.where(nxt == tau, cnt, torch.where(is_left, cnt, -1.0))
+        tau = nxt
+    return None
+
+
+#: chunk count of the first (narrow) level of the dense search: the rows' chunk maxima
+#: (:func:`bucket_max`) give a lower bound of the threshold (the threshold of a subset of the
+#: scores is at most the row's) and usually most of the support
+DENSE_BUCKETS = 128
+#: chunk count of the level below it, whose threshold is found by sorting
+SORTED_BUCKETS = 16
+
+
+def _threshold_dense(kind: str, z: Tensor, max_iter: int) -> Optional[Threshold]:
+    """The ``"dense"`` search: the mapping's exact Newton search (:func:`sparsemax_tau_dense`,
+    :func:`entmax15_tau_dense`) first on the chunk maxima of each row (a lower bound and its
+    support size), then over the whole rows from there, usually one to three passes. ``None``
+    if a level needs more than ``max_iter`` passes (the caller sorts)."""
+    mapping = _exact(kind)
+    m = row_max(z)
+    zs = torch.sub(z, m)
+    x = zs if mapping.scale == 1.0 else zs * mapping.scale
+    tau, src = torch.full_like(m, -1.0), None
+    if x.shape[-1] > 2 * DENSE_BUCKETS:
+        narrow = bucket_max(x, DENSE_BUCKETS)
+        # the narrow level starts from the sort formula on its own chunk maxima (a few columns)
+        top = torch.sort(bucket_max(narrow, SORTED_BUCKETS), dim=-1, descending=True).values
+        tau, kstar = mapping.tau_sorted(top / mapping.scale)
+        found = mapping.tau_dense(narrow, tau, kstar.to(x.dtype), max_iter, drop_rows=False)
+        if found is None:
+            return None
+        tau, src = found[0], found[-1]
+    found = mapping.tau_dense(x, tau, src, max_iter)
+    if found is None:
+        return None
+    return Threshold(m, found[0], zs, zs=zs, d=found[1], sums=tuple(found[2:-1]))
+
+
 class Threshold:
     """Result of a threshold search on ``z (M, C)``.
 
@@ -215,14 +368,18 @@ class Threshold:
     ``-inf`` padding allowed), so the probabilities on the support are
     ``MAPPINGS[kind].probs(vals, tau)``; ``zs`` the dense shifted scores ``z - m`` when the
     search built them; ``top_idx`` (M, k) the columns of ``vals`` for the top-k path (``None``
-    otherwise).
+    otherwise). The dense search (``"dense"``) also leaves ``d = [x - tau]_+`` (M, C) at the exact
+    ``tau`` (``x`` the shifted scores in the mapping's scale) and its row sums ``sums``
+    (``(sum d, sum d^2)``, the second ``None`` for sparsemax): the probabilities and the loss value
+    then need no further pass over the scores.
     """
 
-    __slots__ = ("m", "tau", "vals", "zs", "top_idx")
+    __slots__ = ("m", "tau", "vals", "zs", "top_idx", "d", "sums")
 
     def __init__(self, m: Tensor, tau: Tensor, vals: Tensor, zs: Optional[Tensor] = None,
-                 top_idx: Optional[Tensor] = None):
+                 top_idx: Optional[Tensor] = None, d: Optional[Tensor] = None, sums: Optional[tuple] = None):
         self.m, self.tau, self.vals, self.zs, self.top_idx = m, tau, vals, zs, top_idx
+        self.d, self.sums = d, sums
 
     def shifted(self, z: Tensor) -> Tensor:
         return self.zs if self.zs is not None else z - self.m
@@ -238,7 +395,7 @@ AUTO_TOPK = {"sparsemax": (8, 32), "entmax15": (32, 128)}
 
 def auto_search(kind: str, m: int, c: int) -> Tuple[str, Optional[int]]:
     """``(method, k)`` of the fastest exact search for an ``(m, c)`` batch on one CPU thread:
-    ``("topk", k0)``, ``("newton", None)`` or ``("sort", None)`` (measured crossovers)."""
+    ``("topk", k0)``, ``("dense", None)`` or ``("sort", None)`` (measured crossovers)."""
     narrow, wide = AUTO_TOPK[kind]
     if c > 2048:
         return "topk", wide
@@ -248,10 +405,10 @@ def auto_search(kind: str, m: int, c: int) -> Tuple[str, Optional[int]]:
             return "sort", None
         if c <= 128:
             return "topk", narrow
-        return ("topk", wide) if small else ("newton", None)
+        return ("topk", wide) if small else ("dense", None)
     if c <= 128 and small:
         return "topk", narrow
-    return "newton", None
+    return "dense", None
 
 
 def _eager_threshold(z: Tensor, kind: str) -> Tuple[Tensor, Tensor]:
@@ -287,7 +444,8 @@ def threshold(kind: str, z: Tensor, k: Optional[int], method: Optional[str] = No
 
     ``k`` given (and ``< C``): top-k partial sort, the batch redone with ``2k`` while some row's
     support reaches ``k``. ``k=None``: ``method="sort"`` sorts every row; ``method="newton"``
-    uses the sort-free exact Newton search (falling back to the sort after ``max_iter`` steps).
+    (packed candidates) and ``method="dense"`` (whole rows from the chunk maxima's threshold) use
+    the sort-free exact Newton search (falling back to the sort after ``max_iter`` steps).
     The default (``None``) is :func:`auto_search` on CPU, which then decides whatever ``k`` says
     (under ``torch.compile`` the search runs as the opaque operator above), and the sort (or the
     given ``k``'s top-k) elsewhere (no host syncs, one static graph).
@@ -310,6 +468,10 @@ def threshold(kind: str, z: Tensor, k: Optional[int], method: Optional[str] = No
         return _threshold_topk(kind, z, int(k))
     if method is None:
         method = "sort"
+    if method == "dense" and z.shape[0] > 0:
+        th = _threshold_dense(kind, z, max_iter)
+        if th is not None:
+            return th
     if method == "newton" and z.shape[0] > 0:
         m = row_max(z)
         zs = z - m
@@ -343,6 +505,8 @@ def dense_probs(kind: str, z: Tensor, th: Threshold) -> Tensor:
     probs = _exact(kind).probs
     if th.top_idx is not None:
         return torch.zeros_like(z).scatter_(-1, th.top_idx, probs(th.vals, th.tau))
+    if th.d is not None:
+        return _exact(kind).probs_from_d(th.d)
     return probs(th.shifted(z), th.tau)
 
 
@@ -452,6 +616,19 @@ class _Sparsemax:
     name = "sparsemax"
     alpha = 2.0  # the Tsallis exponent of the Fenchel-Young loss
     exact = True  # a closed-form threshold (sort / Newton / top-k), not bisection
+    scale = 1.0  # the dense search runs on x = scale * (z - max)
+    tau_dense = staticmethod(sparsemax_tau_dense)
+
+    @staticmethod
+    def probs_from_d(d: Tensor) -> Tensor:
+        """Probabilities from the dense search's ``d = [z' - tau]_+`` (they are ``d``)."""
+        return d
+
+    @staticmethod
+    def omega_dense(p: Tensor, d: Tensor, tau: Tensor, sums: tuple) -> Tensor:
+        """:meth:`omega` from the dense probabilities ``p = d`` and ``sums[0] = sum p``."""
+        sq = torch.linalg.vector_norm(p, dim=-1, keepdim=True).square()
+        return (tau * sums[0] + 1) + 0.5 * (sq - 1)
 
     @staticmethod
     def tau_sorted(s: Tensor) -> Tuple[Tensor, Tensor]:
@@ -490,6 +667,19 @@ class _Entmax15:
     name = "entmax15"
     alpha = 1.5
     exact = True
+    scale = 0.5
+    tau_dense = staticmethod(entmax15_tau_dense)
+
+    @staticmethod
+    def probs_from_d(d: Tensor) -> Tensor:
+        """Probabilities from the dense search's ``d = [z'/2 - tau]_+``: ``d^2``."""
+        return d * d
+
+    @staticmethod
+    def omega_dense(p: Tensor, d: Tensor, tau: Tensor, sums: tuple) -> Tensor:
+        """:meth:`omega` from ``p = d^2``, ``sums = (sum d, sum d^2 = sum p)``: ``sum p^1.5 = <p, d>``."""
+        p15 = torch.linalg.vecdot(p, d, dim=-1).unsqueeze(-1)
+        return 2 * (tau * sums[1] + 1) + (2.0 / 3.0) * (p15 - 1)
 
     @staticmethod
     def tau_sorted(s: Tensor) -> Tuple[Tensor, Tensor]:
@@ -636,8 +826,9 @@ class FYLossFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, z, y, q, alpha, kind, k, n_iter, alpha_float):
+    def forward(ctx, z, y, q, alpha, kind, k, n_iter, alpha_float, divisor=None):
         mapping = MAPPINGS[kind]
+        ctx.divisor = divisor
         ctx.kind = kind
         ctx.has_y = y is not None
         zs = tau = top_i = p = None
@@ -649,10 +840,14 @@ class FYLossFunction(torch.autograd.Function):
             # value from tau and the support only (th.vals holds it); no dense pass here
             th = threshold(kind, z, k)
             m, tau, zs = th.m, th.tau, th.zs
-            ps = mapping.probs(th.vals, tau)
-            omega = mapping.omega(ps, tau)
-            if th.top_idx is not None:
-                p, top_i = ps, th.top_idx
+            if th.d is not None:  # the dense search: p from its last pass, kept for the backward
+                p = mapping.probs_from_d(th.d)
+                omega = mapping.omega_dense(p, th.d, tau, th.sums)
+            else:
+                ps = mapping.probs(th.vals, tau)
+                omega = mapping.omega(ps, tau)
+                if th.top_idx is not None:
+                    p, top_i = ps, th.top_idx
         if y is not None:
             loss = omega - (z.gather(-1, y.unsqueeze(-1)) - m)
         else:
@@ -664,6 +859,9 @@ class FYLossFunction(torch.autograd.Function):
         ctx.topk = top_i is not None
         # backward: bisect keeps p; top-k keeps p on the top k; else p is rebuilt from zs and tau
         ctx.save_for_backward(p, top_i, zs if p is None else None, tau, y, q, alpha, z, m)
+        if divisor is not None:  # every position has unit weight 1: the reduction is done here
+            total = loss.sum()
+            return total if divisor == 1 else total / divisor
         return loss
 
     @staticmethod
@@ -671,6 +869,8 @@ class FYLossFunction(torch.autograd.Function):
     def backward(ctx, grad):
         mapping = MAPPINGS[ctx.kind]
         p, top_i, zs, tau, y, q, alpha, z, m = ctx.saved_tensors
+        if ctx.divisor is not None:  # one scalar gradient for every row
+            grad = (grad / ctx.divisor).expand(z.shape[0])
         g = grad.unsqueeze(-1)
         if ctx.topk:
             dz = torch.zeros_like(z).scatter_(-1, top_i, p * g)
@@ -695,4 +895,4 @@ class FYLossFunction(torch.autograd.Function):
             da = dH * g
             if da.shape != alpha.shape:
                 da = da.sum(dim=0, keepdim=True)
-        return dz, None, dq, da, None, None, None, None
+        return dz, None, dq, da, None, None, None, None, None

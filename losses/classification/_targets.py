@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._core import (
+    all_kept,
     check_logits_dim,
     check_class_target,
     check_softmax_classes,
@@ -100,12 +101,15 @@ def row_max_logsum(x: Tensor) -> Tuple[Tensor, Tensor]:
     return m, e.sum(dim=1).log()
 
 
-def class_ids(fn: str, input: Tensor, target: Tensor, ignore_index: int, *, softmax: bool = True):
+def class_ids(fn: str, input: Tensor, target: Tensor, ignore_index: int, *, softmax: bool = True,
+              none_if_all_kept: bool = False):
     """Shape checks, flattening and safe ids shared by the position-level losses.
 
     Returns ``(x2d, safe_ids, valid, out_shape)`` with ``x2d`` of shape ``(M, C)`` (not yet
     upcast), ``safe_ids`` long ``(M,)`` with ignored positions mapped to class 0 and ``valid``
     bool ``(M,)``. ``softmax``: a single class is an error (the loss would be identically 0).
+    ``none_if_all_kept``: ``valid`` is ``None`` when no position is ignored and that is known on
+    the host (:func:`losses._core.all_kept`: CPU, eager), and the ids are then used as they are.
     """
     x2d, t, out_shape = flatten_logits_and_target(fn, input, target)
     c = input.shape[1]
@@ -115,5 +119,27 @@ def class_ids(fn: str, input: Tensor, target: Tensor, ignore_index: int, *, soft
         check_softmax_classes(fn, c)
     check_ids_in_range(fn, target, c, ignore_index)
     valid = t != ignore_index
+    if none_if_all_kept and all_kept(valid):
+        return x2d, t.long(), None, out_shape
     safe = torch.where(valid, t, torch.zeros_like(t)).long()
     return x2d, safe, valid, out_shape
+
+
+def fused_divisor(valid: Optional[Tensor], reduction: str, m: int) -> Optional[int]:
+    """The divisor of a reduction a loss's autograd Function can do itself, or ``None``.
+
+    With no ignored position (``valid is None``, see :func:`class_ids`) the unit-weight reduction
+    is a plain sum (divisor 1) or mean (divisor ``M``, the number of positions), so the Function
+    can return ``values.sum() / divisor`` and receive one scalar gradient, without the per-position
+    values, the weighted sums of :func:`losses._core.reduce_loss` and their autograd nodes."""
+    if valid is not None or reduction == "none" or m == 0:
+        return None
+    return 1 if reduction == "sum" else m
+
+
+def reduced_sum(values: Tensor, divisor: Optional[int]) -> Tensor:
+    """``values`` as they are (``divisor is None``), else ``values.sum() / divisor`` (the sum for 1)."""
+    if divisor is None:
+        return values
+    total = values.sum()
+    return total if divisor == 1 else total / divisor

@@ -24,7 +24,7 @@ from .._core import (
 )
 from .._registry import position_unit_weights, register
 from ._comp_sum_kernel import CompSumFunction
-from ._targets import class_ids
+from ._targets import class_ids, fused_divisor
 
 __all__ = ["comp_sum_loss", "CompSumLoss"]
 
@@ -97,11 +97,17 @@ def comp_sum_loss(
     check_integer_target(fn, target)
     check_reduction(fn, reduction)
     tau = _check_tau(fn, tau)
-    x2d, y, valid, out_shape = class_ids(fn, input, target, ignore_index)
+    x2d, y, valid, out_shape = class_ids(fn, input, target, ignore_index, none_if_all_kept=True)
     finite = check_masked_logits(fn, "input", x2d, active=valid)
     dtype = compute_dtype(input)
     with no_autocast(input.device.type):
-        values = CompSumFunction.apply(zero_rows(upcast(x2d, dtype), valid, verified_finite=finite), y, tau)
+        x = upcast(x2d, dtype)
+        divisor = fused_divisor(valid, reduction, y.numel())
+        if divisor is not None:  # nothing ignored, "mean" / "sum": reduced inside the Function
+            return CompSumFunction.apply(x, y, tau, divisor)
+        if valid is None:
+            return reduce_loss(CompSumFunction.apply(x, y, tau).reshape(out_shape), None, reduction)
+        values = CompSumFunction.apply(zero_rows(x, valid, verified_finite=finite), y, tau)
         return reduce_loss(values.reshape(out_shape), valid.reshape(out_shape).to(dtype), reduction)
 
 

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from .._core import (
+    all_kept,
     check_logits_dim,
     as_index,
     check_ignore_index,
@@ -49,6 +50,7 @@ from .._core import (
 )
 from .._registry import N_EXAMPLE, C_EXAMPLE, position_unit_weights, register
 from ._entmax_ops import EntmaxBisectFunction, ExactEntmaxFunction, FYLossFunction
+from ._targets import fused_divisor
 
 __all__ = [
     "sparsemax",
@@ -356,16 +358,23 @@ def _fy_loss(
         check_ids_in_range(fn, target, c, ignore_index)
         valid = t2 != ignore_index
         finite = check_masked_logits(fn, "input", input, active=valid)
-        z2 = zero_rows(move_class_dim_last(upcast(input, dtype)), valid, verified_finite=finite)
-        y2 = torch.where(valid, t2, torch.zeros_like(t2)).long()
+        z2 = move_class_dim_last(upcast(input, dtype))
         q2 = None
-        weights = valid.to(dtype)
+        if all_kept(valid):  # no ignored position (seen on the host): ids as they are, unit weights 1
+            y2, weights = t2.long(), None
+        else:
+            z2 = zero_rows(z2, valid, verified_finite=finite)
+            y2 = torch.where(valid, t2, torch.zeros_like(t2)).long()
+            weights = valid.to(dtype)
     a2 = None if alpha is None else _alpha_rows_loss(fn, alpha, input, out_shape, dtype)
     with no_autocast(input.device.type):
+        a_float = None if alpha is None or isinstance(alpha, Tensor) else float(alpha)
+        divisor = fused_divisor(None if weights is None else weights, reduction, z2.shape[0])
+        if divisor is not None:  # unit weights 1, "mean" / "sum": reduced inside the Function
+            return FYLossFunction.apply(z2, y2, q2, a2, kind, k, n_iter, a_float, divisor)
         if z2.shape[0] == 0:
             values = z2.sum(dim=-1)
         else:
-            a_float = None if alpha is None or isinstance(alpha, Tensor) else float(alpha)
             values = FYLossFunction.apply(z2, y2, q2, a2, kind, k, n_iter, a_float)
         values = values.reshape(out_shape)
         if weights is not None:

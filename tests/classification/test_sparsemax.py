@@ -284,11 +284,40 @@ def test_exact_search_methods_agree(kind, scale, dtype, tol):
     x[4] = -torch.logspace(-6, 0.5, 37, dtype=torch.float64)  # clustered at the max
     x = x.to(dtype)
     ref = ops.dense_probs(kind, x, ops.threshold(kind, x, None, method="sort"))
-    for kw in ({"method": "newton"}, {"method": "newton", "max_iter": 1}, {"method": None}):
+    for kw in ({"method": "newton"}, {"method": "newton", "max_iter": 1}, {"method": "dense"},
+               {"method": "dense", "max_iter": 1}, {"method": None}):
         th = ops.threshold(kind, x, None, **kw)
         torch.testing.assert_close(ops.dense_probs(kind, x, th), ref, rtol=0, atol=tol)
     expected = oracle_activation(kind, x.double())
     torch.testing.assert_close(ref.double(), expected, rtol=0, atol=max(tol, 1e-12))
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-13), (torch.float32, 2e-6)])
+@pytest.mark.parametrize("kind", ["sparsemax", "entmax15"])
+@pytest.mark.parametrize("c", [300, 1000, 1777])
+def test_dense_search_with_chunk_maxima_matches_sort(kind, c, dtype, tol):
+    """Rows wider than 2 * DENSE_BUCKETS: the chunk-maxima levels then the whole rows, the
+    finished rows dropped between passes; p and tau equal the sort's, also for masked rows."""
+    ops = importlib.import_module("losses.classification._entmax_ops")
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(96, c, generator=g, dtype=torch.float64)
+    x[0] = 0.0
+    x[1] = NINF
+    x[2, 3:] = NINF
+    x[3] = torch.linspace(0, -1.2, c, dtype=torch.float64)
+    x[4] *= 30.0
+    x[5] *= 0.01
+    x[6, : c // 2] = x[6, c // 2: 2 * (c // 2)]  # ties across the chunks
+    x = x.to(dtype)
+    ref_th = ops.threshold(kind, x, None, method="sort")
+    th = ops.threshold(kind, x, None, method="dense")
+    assert th.d is not None
+    torch.testing.assert_close(ops.dense_probs(kind, x, th), ops.dense_probs(kind, x, ref_th), rtol=0, atol=tol)
+    torch.testing.assert_close(th.tau, ref_th.tau, rtol=0, atol=10 * tol)
+    chunks = ops.bucket_max(x, 128)
+    assert chunks.shape[1] <= 128
+    for row in (x[7], x[8]):  # every chunk maximum is one of the row's own scores
+        assert set(ops.bucket_max(row[None], 128)[0].tolist()) <= set(row.tolist())
 
 
 def test_newton_search_packs_candidates_and_falls_back():
