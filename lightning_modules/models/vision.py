@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics import MeanMetric, MetricCollection
-from torchmetrics.classification import MulticlassAccuracy, MulticlassCalibrationError
+from torchmetrics.classification import MulticlassAccuracy, MulticlassCalibrationError, MulticlassJaccardIndex
 from torchmetrics.segmentation import DiceScore
 
 from losses import InputKind
@@ -585,7 +585,9 @@ class VisionSegmenter(BenchmarkModule):
 
     Metrics: ``loss``; ``dice`` (torchmetrics ``DiceScore``: per-class Dice over the whole set,
     macro mean, background included) in every stage; in val/test also ``dice_fg`` (without
-    background), ``pixel_acc`` and ``ece`` (pixel-level expected calibration error of the
+    background), ``miou`` (the Jaccard index per class over the whole set, intersection over union
+    of the predicted and true pixels, macro mean, background included; a class absent from both
+    the predictions and the targets is left out of the mean), ``pixel_acc`` and ``ece`` (pixel-level expected calibration error of the
     loss's predictive distribution). Metrics compare with the hard map (argmax of soft labels); the
     predicted map is the argmax of :func:`~lightning_modules.routing.predict_scores` (the loss's
     own ``predict_proba`` where it has one, else the logits).
@@ -634,6 +636,7 @@ class VisionSegmenter(BenchmarkModule):
         self.eval_metrics = nn.ModuleDict({stage: MetricCollection({
             "dice": dice(True),
             "dice_fg": dice(False),
+            "miou": MulticlassJaccardIndex(num_classes, average="macro"),
             "pixel_acc": MulticlassAccuracy(num_classes, average="micro"),
             "ece": MulticlassCalibrationError(num_classes, n_bins=ece_bins, norm="l1"),
         }, prefix=f"{stage}/") for stage in ("val", "test")})
@@ -675,7 +678,7 @@ class VisionSegmenter(BenchmarkModule):
                 if probs is None:
                     probs = predict_proba(self.loss, logits.detach())
                 m.update(probs.movedim(1, -1).reshape(-1, self.num_classes), ids.reshape(-1))
-            elif name.endswith("pixel_acc"):
+            elif name.endswith(("pixel_acc", "miou")):
                 m.update(preds.reshape(-1), ids.reshape(-1))
             else:
                 m.update(preds, ids)

@@ -209,6 +209,31 @@ def test_pgd_training_refuses_a_loss_with_its_own_attack():
         VisionClassifier(loss, **{**TINY, "train_pgd_epsilon": 0.1})
 
 
+def test_segmenter_miou_equals_an_independent_count():
+    """``miou``: per class, |predicted AND true| / |predicted OR true| over every evaluated pixel,
+    averaged over the classes present in either (float64 loop over the classes)."""
+    torch.manual_seed(0)
+    model = VisionSegmenter(losses.CrossEntropyLoss(), backbone="test_resnet", num_classes=11).eval()
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.rand(4, 1, 32, 32, generator=g), torch.randint(0, 11, (4, 32, 32), generator=g))
+               for _ in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # self.log outside a trainer
+        with torch.no_grad():
+            for b in batches:
+                model._step("val", b)
+    got = float(model.eval_metrics["val"]["miou"].compute())
+    with torch.no_grad():
+        pred = torch.cat([model(x).argmax(1) for x, _ in batches]).flatten()
+    true = torch.cat([y for _, y in batches]).flatten()
+    ious = []
+    for c in range(11):
+        union = ((pred == c) | (true == c)).sum().item()
+        if union:
+            ious.append(((pred == c) & (true == c)).sum().item() / union)
+    assert got == pytest.approx(float(np.mean(np.array(ious, dtype=np.float64))), abs=1e-6)
+
+
 def test_segmenter_shapes_metrics_and_targets():
     torch.manual_seed(0)
     model = VisionSegmenter(losses.CrossEntropyLoss(), backbone="test_resnet", num_classes=11).eval()
@@ -221,7 +246,8 @@ def test_segmenter_shapes_metrics_and_targets():
         trainer = _trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=1)
         trainer.fit(model, datamodule=dm)
         m = trainer.callback_metrics
-        for k in ("train/loss", "train/dice", "val/loss", "val/dice", "val/dice_fg", "val/pixel_acc", "val/ece"):
+        for k in ("train/loss", "train/dice", "val/loss", "val/dice", "val/dice_fg", "val/miou", "val/pixel_acc",
+                  "val/ece"):
             assert k in m and math.isfinite(float(m[k])), k
         # the logged Dice score against an independent computation on the same batch
         xb, tb = next(iter(dm.val_dataloader()))
