@@ -119,6 +119,18 @@ class WorkerGenerator:
         return self._worker
 
 
+def split_fingerprint(indices) -> str:
+    """The first 12 hex digits of the SHA-256 of the sorted indices (int64, little-endian): a short
+    name of a split, equal for two runs exactly when they evaluated on the same examples."""
+    import hashlib
+
+    import numpy as np
+
+    arr = np.sort(np.asarray(torch.as_tensor(indices).reshape(-1).cpu(), dtype="<i8"))
+    return hashlib.sha256(arr.tobytes()).hexdigest()[:12]
+
+
+
 class BenchmarkDataModule(pl.LightningDataModule):
     """Base of every benchmark DataModule: the sizes models need, linked by the CLI.
 

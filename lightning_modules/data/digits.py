@@ -15,7 +15,8 @@ default) so that timm backbones with ``in_chans=1`` can take them.
   (``label_type="soft"``, ``(11, H, W)`` with ``v`` on the digit's channel and ``1 - v`` on the
   background) or their threshold (``label_type="hard"``, ``(H, W)`` ids).
 
-Every random choice (split, subsampling, noise) is drawn from a generator seeded by ``seed``.
+Every random choice (split, subsampling, noise) is drawn from a generator seeded by ``seed``; with
+``test_seed`` the test split is drawn from ``test_seed`` alone (the same for every ``seed``).
 """
 
 from __future__ import annotations
@@ -90,6 +91,12 @@ class DigitsDataModule(ClassificationVariantsDataModule):
             examples ``r, r + W, ...``, so ``W`` processes at batch size ``B`` see the same global
             batches as one process at ``W * B``.
         seed: seed of every random choice of the split and the variants.
+        test_seed: ``None`` (default): the test split is drawn from ``seed`` with the others (a
+            new test split per seed, as revision 2's runs were made). An integer: the test split
+            is drawn from ``test_seed`` alone, the same for every ``seed`` (protocol revision 3);
+            the validation / training split, the variants, the order and the initial weights still
+            vary with ``seed``. :meth:`test_split_fingerprint` names the test split (SHA-256 of
+            its sorted indices, 12 hex digits).
 
     Batches are ``(images (B, 1, S, S) float32 in [0, 1], target)``; target is ``(B,)`` int64 or,
     with ``soft_targets``, ``(B, C)`` float32. ``tail_classes`` lists the classes whose training
@@ -116,12 +123,13 @@ class DigitsDataModule(ClassificationVariantsDataModule):
         shuffle: bool = True,
         num_workers: int = 0,
         seed: int = 0,
+        test_seed: Optional[int] = None,
     ) -> None:
         super().__init__(image_size=image_size, batch_size=batch_size, eval_batch_size=eval_batch_size,
                          val_fraction=val_fraction, test_fraction=test_fraction, train_fraction=train_fraction,
                          imbalance_factor=imbalance_factor, noise_rate=noise_rate, noise_type=noise_type,
                          soft_targets=soft_targets, soft_neighbours=soft_neighbours, shuffle=shuffle,
-                         num_workers=num_workers, seed=seed)
+                         num_workers=num_workers, seed=seed, test_seed=test_seed)
         self.save_hyperparameters()  # checkpoints carry the data settings (load_from_checkpoint)
 
     def _load(self) -> Tuple[Tensor, Tensor]:
@@ -160,10 +168,11 @@ class DigitsSegmentationDataModule(SegmentationVariantsDataModule):
         shuffle: bool = True,
         num_workers: int = 0,
         seed: int = 0,
+        test_seed: Optional[int] = None,
     ) -> None:
         super().__init__(image_size=image_size, label_type=label_type, threshold=threshold, batch_size=batch_size,
                          eval_batch_size=eval_batch_size, val_fraction=val_fraction, test_fraction=test_fraction,
-                         shuffle=shuffle, num_workers=num_workers, seed=seed)
+                         shuffle=shuffle, num_workers=num_workers, seed=seed, test_seed=test_seed)
         self.save_hyperparameters()
 
     def _load(self) -> Tuple[Tensor, Tensor]:

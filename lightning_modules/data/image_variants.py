@@ -3,7 +3,10 @@
 A subclass only says where its images come from (:meth:`ImageSplitsDataModule._load`: ``(N, H, W)``
 float32 in ``[0, 1]`` and ``(N,)`` int64 labels); everything else lives here:
 
-* a stratified train / val / test split drawn from a generator seeded by ``seed``;
+* a stratified train / val / test split drawn from a generator seeded by ``seed``, or, with
+  ``test_seed``, a test split drawn from ``test_seed`` alone (the same for every ``seed``: only the
+  train / val split, the training order and the variants vary with ``seed``);
+  :meth:`ImageSplitsDataModule.test_split_fingerprint` names the test split a run evaluated on;
 * :class:`ClassificationVariantsDataModule`: the full, low-data (``train_fraction``), long-tailed
   (``imbalance_factor``: ``n_c = floor(n_max * IF ** (-c / (C - 1)))``, balanced val / test),
   label-noise (``noise_rate``, ``noise_type``) and soft-target variants, applied to the training
@@ -28,16 +31,18 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler, Sampler, TensorDataset
 
-from ..base import BenchmarkDataModule
+from ..base import BenchmarkDataModule, split_fingerprint
 
 __all__ = [
     "ASYMMETRIC_FLIPS",
+    "split_fingerprint",
     "ClassificationVariantsDataModule",
     "ImageSplitsDataModule",
     "SeededEpochSampler",
     "SegmentationVariantsDataModule",
     "long_tailed_counts",
     "stratified_split",
+    "stratified_split_fixed_test",
 ]
 
 #: Class-dependent ("asymmetric") noise between visually similar digits, as in Patrini et al.
@@ -65,6 +70,29 @@ def stratified_split(
             parts[k].append(idx[start:start + n])
             start += n
         parts[-1].append(idx[start:])
+    return [torch.sort(torch.cat(p)).values for p in parts]
+
+
+def stratified_split_fixed_test(
+    labels: Tensor, test_fraction: float, val_fraction: float, test_generator: torch.Generator,
+    generator: torch.Generator,
+) -> List[Tensor]:
+    """``[test, val, train]`` with the per-class sizes of ``stratified_split(labels, (test_fraction,
+    val_fraction), g)``, but the test part of each class drawn from ``test_generator`` alone (so it is
+    the same whatever ``generator`` is) and the val / train parts from ``generator``, among the
+    class's remaining indices in ascending order. Returns sorted index tensors."""
+    parts: List[List[Tensor]] = [[], [], []]
+    for c in torch.unique(labels).tolist():
+        idx = torch.nonzero(labels == c).flatten()
+        n_test = int(round(test_fraction * idx.numel()))
+        n_val = int(round(val_fraction * idx.numel()))
+        perm = idx[torch.randperm(idx.numel(), generator=test_generator)]
+        test = perm[:n_test]
+        rest = torch.sort(perm[n_test:]).values
+        rest = rest[torch.randperm(rest.numel(), generator=generator)]
+        parts[0].append(test)
+        parts[1].append(rest[:n_val])
+        parts[2].append(rest[n_val:])
     return [torch.sort(torch.cat(p)).values for p in parts]
 
 
@@ -144,6 +172,7 @@ class ImageSplitsDataModule(BenchmarkDataModule):
         shuffle: bool,
         num_workers: int,
         seed: int,
+        test_seed: Optional[int] = None,
     ) -> None:
         super().__init__()
         cls = self._name
@@ -165,7 +194,12 @@ class ImageSplitsDataModule(BenchmarkDataModule):
         self.shuffle = bool(shuffle)
         self.num_workers = int(num_workers)
         self.seed = int(seed)
+        _check(test_seed is None or (isinstance(test_seed, int) and not isinstance(test_seed, bool)), cls,
+               "test_seed must be an integer or None", test_seed,
+               "None draws the test split from seed (a new test split per seed)")
+        self.test_seed = None if test_seed is None else int(test_seed)
         self.in_chans = 1
+        self._test_indices: Optional[Tensor] = None
         self._splits: Optional[Dict[str, TensorDataset]] = None
         self._train_sampler: Optional[SeededEpochSampler] = None
         self._class_balanced = False
@@ -187,7 +221,12 @@ class ImageSplitsDataModule(BenchmarkDataModule):
             return
         images, labels = self._load()
         g = torch.Generator().manual_seed(self.seed)
-        test, val, train = stratified_split(labels, (self.test_fraction, self.val_fraction), g)
+        if self.test_seed is None:  # the test split varies with seed (revision 2's runs)
+            test, val, train = stratified_split(labels, (self.test_fraction, self.val_fraction), g)
+        else:  # one test split for every seed
+            test, val, train = stratified_split_fixed_test(labels, self.test_fraction, self.val_fraction,
+                                                           torch.Generator().manual_seed(self.test_seed), g)
+        self._test_indices = test
         # pre-shuffle the training split once (seeded), so that ``shuffle=False`` still gives
         # mixed batches and a DDP run with ``shuffle=False`` sees the single-process batches
         train = train[torch.randperm(train.numel(), generator=g)]
@@ -254,6 +293,15 @@ class ImageSplitsDataModule(BenchmarkDataModule):
     def test_dataloader(self) -> DataLoader:
         return self._loader("test", False)
 
+    def test_split_fingerprint(self) -> str:
+        """:func:`split_fingerprint` of the test split's indices into the loaded images (after
+        ``setup``; reading it runs ``setup`` first)."""
+        if self._test_indices is None:
+            self._splits = None
+            self.setup()
+        assert self._test_indices is not None
+        return split_fingerprint(self._test_indices)
+
     def split_sizes(self) -> Dict[str, int]:
         """Number of examples per split (after ``setup``)."""
         if self._splits is None:
@@ -286,10 +334,11 @@ class ClassificationVariantsDataModule(ImageSplitsDataModule):
         shuffle: bool,
         num_workers: int,
         seed: int,
+        test_seed: Optional[int] = None,
     ) -> None:
         super().__init__(image_size=image_size, batch_size=batch_size, eval_batch_size=eval_batch_size,
                          val_fraction=val_fraction, test_fraction=test_fraction, shuffle=shuffle,
-                         num_workers=num_workers, seed=seed)
+                         num_workers=num_workers, seed=seed, test_seed=test_seed)
         cls = self._name
         _check(0.0 < train_fraction <= 1.0, cls, "train_fraction must be in (0, 1]", train_fraction,
                "the low-data benchmark uses 0.1")
@@ -407,10 +456,11 @@ class SegmentationVariantsDataModule(ImageSplitsDataModule):
         shuffle: bool,
         num_workers: int,
         seed: int,
+        test_seed: Optional[int] = None,
     ) -> None:
         super().__init__(image_size=image_size, batch_size=batch_size, eval_batch_size=eval_batch_size,
                          val_fraction=val_fraction, test_fraction=test_fraction, shuffle=shuffle,
-                         num_workers=num_workers, seed=seed)
+                         num_workers=num_workers, seed=seed, test_seed=test_seed)
         cls = self._name
         _check(label_type in ("soft", "hard"), cls, "label_type must be 'soft' or 'hard'", label_type,
                "soft labels come from the ink intensity, hard labels from its threshold")

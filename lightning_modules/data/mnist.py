@@ -120,6 +120,7 @@ class MNISTDataModule(ClassificationVariantsDataModule):
         num_workers: int = 0,
         seed: int = 0,
         ood: Optional[str] = None,
+        test_seed: Optional[int] = None,
     ) -> None:
         names = [n.strip() for n in ood.split(",") if n.strip()] if ood else []
         bad = [n for n in names if n not in OOD_SETS]
@@ -133,7 +134,7 @@ class MNISTDataModule(ClassificationVariantsDataModule):
                          val_fraction=val_fraction, test_fraction=test_fraction, train_fraction=train_fraction,
                          imbalance_factor=imbalance_factor, noise_rate=noise_rate, noise_type=noise_type,
                          soft_targets=soft_targets, soft_neighbours=soft_neighbours, shuffle=shuffle,
-                         num_workers=num_workers, seed=seed)
+                         num_workers=num_workers, seed=seed, test_seed=test_seed)
         self.save_hyperparameters()  # checkpoints carry the data settings (load_from_checkpoint)
 
     def _load(self) -> Tuple[Tensor, Tensor]:
@@ -178,10 +179,11 @@ class MNISTSegmentationDataModule(SegmentationVariantsDataModule):
         shuffle: bool = True,
         num_workers: int = 0,
         seed: int = 0,
+        test_seed: Optional[int] = None,
     ) -> None:
         super().__init__(image_size=image_size, label_type=label_type, threshold=threshold, batch_size=batch_size,
                          eval_batch_size=eval_batch_size, val_fraction=val_fraction, test_fraction=test_fraction,
-                         shuffle=shuffle, num_workers=num_workers, seed=seed)
+                         shuffle=shuffle, num_workers=num_workers, seed=seed, test_seed=test_seed)
         self.save_hyperparameters()
 
     def _load(self) -> Tuple[Tensor, Tensor]:

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from ..base import BenchmarkDataModule, IndexDataset, WorkerGenerator
+from ..base import BenchmarkDataModule, IndexDataset, WorkerGenerator, split_fingerprint
 from .embedding_cache import package_file
 
 __all__ = ["RECBOLE_PIP", "movielens_file", "load_ml100k", "leave_last_out", "random_split", "MovieLensSplit",
@@ -427,6 +427,13 @@ class MovieLensDataModule(BenchmarkDataModule):
     @property
     def meta(self) -> Dict[str, Any]:
         return {**self.split.meta, **self._stress_meta()}
+
+    def test_split_fingerprint(self) -> str:
+        """:func:`~lightning_modules.base.split_fingerprint` of the held-out test interactions, each
+        as ``user * num_items + item`` (remapped ids). Leave-last-out gives one test split whatever
+        ``seed``; ``split="random"`` draws it from ``seed``."""
+        u, i = torch.nonzero(self.split.heldout_mask("test"), as_tuple=True)
+        return split_fingerprint(u * self.split.num_items + i)
 
     def _stress_meta(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"test_rare_interactions": int((self.split.test_mask & self.rare_items[None, :]).sum())}

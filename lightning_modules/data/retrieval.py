@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch.utils.data import DataLoader
 
-from ..base import BenchmarkDataModule, IndexDataset, WorkerGenerator
+from ..base import BenchmarkDataModule, IndexDataset, WorkerGenerator, split_fingerprint
 from ..progress import progress_bar, progress_note
 from .embedding_cache import MINILM_DIM, MiniLMEncoder, atomic_write, cache_folder, cached_encode, package_dir
 
@@ -403,6 +403,11 @@ class RetrievalDataModule(BenchmarkDataModule):
         self.embedding_info: Dict[str, Any] = {}
 
     # -- data -------------------------------------------------------------------------------
+    def test_split_fingerprint(self) -> str:
+        """:func:`~lightning_modules.base.split_fingerprint` of the test queries (indices into the
+        corpus). The query split is drawn from ``seed``, so it differs between seeds."""
+        return split_fingerprint(self._split_queries["test"])
+
     @property
     def meta(self) -> Dict[str, Any]:
         """What a result should be reported with: the data set's counts, ``sys.version``, splits."""
