@@ -35,6 +35,11 @@ met by construction) say *holds* / *fails* and never count; an arm under the cla
 floor (:func:`competence_failures`) makes the claim *invalid*; a non-inferior result whose CI lies
 on the worse side of 0 is flagged (:func:`flag`); and :func:`decidable` (CI half-width against the
 margin, or the paper's effect) replaces the MDE in the reports.
+
+Two revision-3 rules read the runs rather than the differences: :func:`test_split_problem` flags a
+claim whose evaluation runs were tested on more than one test split (each run records its split's
+fingerprint), and :func:`budget_limited` marks a claim whose primary baseline's validation curve
+was still rising at the end of the step budget.
 """
 
 from __future__ import annotations
@@ -526,3 +531,67 @@ def evaluate_claim(checks: Sequence[CheckInput], *, invalid_arms: Sequence[Tuple
     else:
         v = prim.verdict
     return ClaimResult(v, prim, tuple(out), tuple(tuple(x) for x in invalid_arms), is_sanity)
+
+
+# ------------------------------------------------------------------------------------------------
+# revision 3: the runs behind a claim
+# ------------------------------------------------------------------------------------------------
+def test_split_problem(fingerprints: Mapping[Tuple[str, int], str]) -> Optional[str]:
+    """The problem with a claim's test splits, or ``None`` when every evaluation run was tested on one
+    split. ``fingerprints``: ``{(arm, seed): test-split fingerprint}`` of the claim's evaluation runs
+    (``""``: not recorded). The text names how many splits there are, the seeds whose arms were
+    tested on different splits (the pairing itself is broken there) and the runs that recorded none."""
+    fps = {k: v for k, v in fingerprints.items() if v}
+    missing = sorted(k for k, v in fingerprints.items() if not v)
+    parts = []
+    distinct = sorted(set(fps.values()))
+    if len(distinct) > 1:
+        parts.append(f"{len(distinct)} different test splits over {len(fps)} evaluation runs")
+        seeds = sorted({s for _, s in fps})
+        broken = [s for s in seeds if len({v for (a, t), v in fps.items() if t == s}) > 1]
+        if broken:
+            parts.append("arms of seed(s) " + ", ".join(str(s) for s in broken) + " tested on different splits")
+    if missing and fps:
+        parts.append(f"{len(missing)} of {len(fingerprints)} runs recorded no test split")
+    return "; ".join(parts) or None
+
+
+@dataclass(frozen=True)
+class BudgetRule:
+    """:func:`budget_limited`'s reading of one curve family: the mean last-epoch gain (in the good
+    direction), the threshold it is compared with and what the threshold is, the number of curves and
+    the verdict (``None``: not decidable, e.g. fewer than 2 epochs or no threshold)."""
+
+    gain: float
+    threshold: float
+    basis: str
+    n: int
+    limited: Optional[bool]
+
+
+def budget_limited(curves: Sequence[Sequence[Optional[float]]], *, better: str = "higher",
+                   margin: Optional[float] = None, half_width: float = float("nan")) -> BudgetRule:
+    """Whether a step budget cut a baseline short: its validation curves (one per seed, a value per
+    epoch) still rose over the last epoch by more than the claim can resolve.
+
+    Rule (revision 3): the gain of a curve is its last value minus the one before, sign-adjusted so
+    that a gain is an improvement (``better="lower"``: a fall); ``gain`` is its mean over the curves
+    with at least two finite values at the end. The threshold is the primary check's margin where it
+    declares one, else half the primary check's CI half-width. *Budget-limited* when the mean gain
+    exceeds the threshold: one more epoch would have moved the baseline by more than the comparison's
+    resolution, so the claim compares arms before they converged."""
+    sign = 1.0 if better == "higher" else -1.0
+    gains = []
+    for c in curves:
+        vals = [v for v in c]
+        if len(vals) >= 2 and all(v is not None and math.isfinite(v) for v in vals[-2:]):
+            gains.append(sign * (vals[-1] - vals[-2]))
+    gain = float(np.mean(gains)) if gains else float("nan")
+    if margin is not None and margin > 0:
+        threshold, basis = float(margin), "the margin"
+    elif math.isfinite(half_width):
+        threshold, basis = 0.5 * half_width, "0.5 x the CI half-width"
+    else:
+        threshold, basis = float("nan"), "no margin and no CI"
+    limited = bool(gain > threshold) if math.isfinite(gain) and math.isfinite(threshold) else None
+    return BudgetRule(gain=gain, threshold=threshold, basis=basis, n=len(gains), limited=limited)

@@ -310,3 +310,40 @@ def test_sanity_checks_are_a_separate_kind():
     assert not res.sanity and res.verdict == st.REPRODUCED
     assert by["support"].verdict == st.FAILS and by["support"].role == "sanity" and by["support"].rank == 0
     assert by["S"].rank == 1 and by["S"].p_adjusted == pytest.approx(by["S"].p)  # m = 1: no adjustment
+
+
+# ------------------------------------------------------------------------------------------------
+# revision 3: test splits and the budget-limited rule (hand-made inputs)
+# ------------------------------------------------------------------------------------------------
+def test_test_split_problem_names_splits_broken_seeds_and_missing_records():
+    one = {("a", 0): "aaa", ("b", 0): "aaa", ("a", 1): "aaa", ("b", 1): "aaa"}
+    assert st.test_split_problem(one) is None
+    assert st.test_split_problem({k: "" for k in one}) is None  # nothing recorded: no evidence either way
+    per_seed = {("a", 0): "s0", ("b", 0): "s0", ("a", 1): "s1", ("b", 1): "s1"}  # revision 2: paired, per seed
+    assert st.test_split_problem(per_seed) == "2 different test splits over 4 evaluation runs"
+    unpaired = {**per_seed, ("b", 1): "s0"}
+    assert st.test_split_problem(unpaired) == ("2 different test splits over 4 evaluation runs; arms of seed(s) 1 "
+                                                  "tested on different splits")
+    assert st.test_split_problem({**one, ("b", 1): ""}) == "1 of 4 runs recorded no test split"
+
+
+def test_budget_limited_rule_on_hand_made_curves():
+    rising = [[0.5, 0.7, 0.80, 0.84], [0.5, 0.6, 0.78, 0.82]]  # last-epoch gains 0.04, 0.04
+    flat = [[0.5, 0.7, 0.84, 0.841], [0.5, 0.6, 0.82, 0.819]]  # +0.001, -0.001
+    r = st.budget_limited(rising, half_width=0.02)  # threshold 0.5 x 0.02 = 0.01 < 0.04
+    assert r.limited is True and r.gain == pytest.approx(0.04) and r.threshold == pytest.approx(0.01) and r.n == 2
+    assert r.basis == "0.5 x the CI half-width"
+    assert st.budget_limited(flat, half_width=0.02).limited is False
+    # a declared margin is the threshold where there is one
+    r = st.budget_limited(rising, margin=0.05, half_width=0.02)
+    assert r.limited is False and r.threshold == 0.05 and r.basis == "the margin"
+    # lower is better: a falling curve is still improving
+    falling = [[1.0, 0.8, 0.7, 0.65]]
+    assert st.budget_limited(falling, better="lower", half_width=0.02).limited is True
+    assert st.budget_limited(falling, better="higher", half_width=0.02).limited is False
+    # not decidable: one epoch, no curves, or no CI and no margin
+    assert st.budget_limited([[0.9]], half_width=0.02).limited is None
+    assert st.budget_limited([], half_width=0.02).limited is None
+    assert st.budget_limited(rising).limited is None
+    # a curve with a missing last value does not count
+    assert st.budget_limited([[0.5, None], [0.5, 0.6]], half_width=0.02).n == 1
