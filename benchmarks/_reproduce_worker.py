@@ -10,8 +10,10 @@ with ``test_args`` from the checkpoint the fit saved (the last one written: reci
 Lightning's default ``ModelCheckpoint``, i.e. the end of the last epoch). With ``"fit": false``
 only ``test`` runs, on the untrained model (zero-shot references); with ``"test": false`` only
 ``fit`` runs (tuning runs: their validation metrics are the result). Writes the test metrics the
-LightningModule logged (``test/...``), wall times, the epochs trained, the DataModule's data
-sizes, peak RSS and the library versions to ``OUT.json``.
+LightningModule logged (``test/...``), the validation curve of the fit (``curve``: every ``val/...``
+metric per validation epoch, from the CSV logger), wall times, the epochs trained, the DataModule's
+data sizes and test-split fingerprint (``data.test_split``), peak RSS and the library versions to
+``OUT.json``.
 """
 
 from __future__ import annotations
@@ -70,7 +72,36 @@ def _data_info(dm) -> dict:
         v = getattr(dm, name, 0)
         if v:
             info[name] = int(v)
+    fingerprint = getattr(dm, "test_split_fingerprint", None)
+    if callable(fingerprint):  # the test split's name: equal across runs exactly when it is the same split
+        info["test_split"] = str(fingerprint())
     return info
+
+
+def _curve(trainer, digits: int = 6) -> dict:
+    """``{metric: [value per validation epoch]}`` of the ``val/...`` scalars the run logged, read from
+    the CSV logger's ``metrics.csv`` (one row per logging call; the validation rows carry ``epoch``).
+    Empty when the run has no CSV log or validated never."""
+    import csv
+
+    path = None
+    for logger in getattr(trainer, "loggers", None) or []:
+        d = getattr(logger, "log_dir", None)
+        if d and os.path.isfile(os.path.join(d, "metrics.csv")):
+            path = os.path.join(d, "metrics.csv")
+            break
+    if path is None:
+        return {}
+    by_epoch: dict = {}
+    with open(path, newline="") as fh:
+        for row in csv.DictReader(fh):
+            vals = {k: v for k, v in row.items() if k and k.startswith("val/") and v not in ("", None)}
+            if not vals or row.get("epoch") in ("", None):
+                continue
+            by_epoch.setdefault(int(float(row["epoch"])), {}).update({k: float(v) for k, v in vals.items()})
+    epochs = sorted(by_epoch)
+    names = sorted({k for e in epochs for k in by_epoch[e]})
+    return {k: [float(f"{by_epoch[e][k]:.{digits}g}") if k in by_epoch[e] else None for e in epochs] for k in names}
 
 
 def run(spec: dict) -> dict:
@@ -94,6 +125,7 @@ def run(spec: dict) -> dict:
         result["epochs"] = int(fit.trainer.current_epoch)
         result["steps"] = int(fit.trainer.global_step)
         result["fit_metrics"] = _scalars(fit.trainer.callback_metrics)
+        result["curve"] = _curve(fit.trainer)
         if not spec.get("test", True):
             result["data"] = _data_info(fit.datamodule)
             result["val_metrics"] = {k: v for k, v in result["fit_metrics"].items() if k.startswith("val/")}

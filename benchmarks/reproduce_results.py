@@ -107,6 +107,12 @@ SANITY_KIND = "sanity"  # revision 3: identities / levels a loss meets by constr
 TRANSFORMS = ("abs",)  # per-seed transforms of a metric a check may declare
 REVISIONS = (2, 3)
 INIT_SEED_MODELS = ("VisionClassifier", "VisionSegmenter", "Recommender", "IdentityEmbedder")  # models taking init_seed
+#: DataModules taking ``test_seed`` (one test split for every seed; the claims file's evaluation.test_seed)
+TEST_SEED_DATA = ("DigitsDataModule", "MNISTDataModule", "DigitsSegmentationDataModule", "MNISTSegmentationDataModule")
+#: the code a run executes, hashed into its ``code_hash`` (with the arm's recipe)
+CODE_DIRS = ("losses", "lightning_modules")
+#: folders whose uncommitted changes make the reproduction refuse to start (``--allow-dirty``)
+PROVENANCE_DIRS = ("losses", "lightning_modules", "configs", "benchmarks")
 
 
 # ------------------------------------------------------------------------------------------
@@ -124,7 +130,9 @@ class Arm:
     overrides: Tuple[Tuple[str, Any], ...] = ()
     seconds: float = 60.0
     points: Tuple[Tuple[Tuple[str, Any], ...], ...] = ()  # an explicit list of grid points instead
-
+    # the claims file's evaluation section (revision 3), the same for every arm of the file
+    test_seed: Optional[int] = None  # one test split for every seed (DataModules of TEST_SEED_DATA)
+    curves: bool = False  # evaluation runs validate every epoch: the run's learning curve
 
     def recipe_text(self) -> str:
         with open(os.path.join(ROOT, self.recipe)) as fh:
@@ -220,6 +228,7 @@ class ClaimsFile:
     arms: Dict[str, Arm]
     claims: Tuple[Claim, ...]
     revision: int = 2  # the protocol revision the file declares (statistics.revision)
+    evaluation: Dict[str, Any] = dataclasses.field(default_factory=dict)  # test_seed, curves (revision 3)
 
 
 def load_claims(path: str = CLAIMS_FILE) -> ClaimsFile:
@@ -229,13 +238,15 @@ def load_claims(path: str = CLAIMS_FILE) -> ClaimsFile:
     with open(path) as fh:
         raw = yaml.safe_load(fh) or {}
     arms = {}
+    evaluation = dict(raw.get("evaluation") or {})
     for key, a in (raw.get("arms") or {}).items():
         grid = dict(a.get("grid") or {})
         points = tuple(tuple((p or {}).items()) for p in grid.pop("points", None) or ())
         arms[key] = Arm(key=key, benchmark=a["benchmark"], label=a.get("label", key), recipe=a["recipe"],
                         epochs=int(a["epochs"]), select=a.get("select", ""), points=points,
                         grid=tuple((k, tuple(v)) for k, v in grid.items()),
-                        overrides=tuple((a.get("overrides") or {}).items()), seconds=float(a.get("seconds", 60)))
+                        overrides=tuple((a.get("overrides") or {}).items()), seconds=float(a.get("seconds", 60)),
+                        test_seed=evaluation.get("test_seed"), curves=bool(evaluation.get("curves", False)))
     claims = []
     for c in raw.get("claims") or []:
         checks = tuple(Check(metric=ch["metric"], family=ch["family"], kind=ch["kind"], baseline=ch.get("baseline"),
@@ -255,7 +266,15 @@ def load_claims(path: str = CLAIMS_FILE) -> ClaimsFile:
     return ClaimsFile(path=path, statistics=dict(raw.get("statistics") or {}),
                       tuning_seeds=tuple(int(s) for s in tuning.get("seeds") or ()),
                       benchmarks=dict(raw.get("benchmarks") or {}), arms=arms, claims=tuple(claims),
-                      revision=int((raw.get("statistics") or {}).get("revision", 2)))
+                      revision=int((raw.get("statistics") or {}).get("revision", 2)), evaluation=evaluation)
+
+
+def without_evaluation(cf: ClaimsFile) -> ClaimsFile:
+    """``cf`` with its evaluation section dropped: runs made as revision 2 made them (a test split per
+    seed, no validation during evaluation runs), so that revision 2's committed runs are read under
+    the current claims file (``--revision-2-runs``)."""
+    arms = {k: dataclasses.replace(a, test_seed=None, curves=False) for k, a in cf.arms.items()}
+    return dataclasses.replace(cf, arms=arms, evaluation={})
 
 
 def _data_config(arm: Arm, varies: Sequence[str] = ()) -> dict:
@@ -280,6 +299,18 @@ def validate_claims(cf: ClaimsFile) -> List[str]:
         problems.append(f"statistics.ci must be one of {stats.METHODS} (got {st.get('ci')!r})")
     if not cf.tuning_seeds:
         problems.append("tuning.seeds: declare at least one tuning seed")
+    ev = cf.evaluation
+    unknown = sorted(set(ev) - {"test_seed", "curves"})
+    if unknown:
+        problems.append(f"evaluation: unknown key(s) {unknown} (test_seed, curves)")
+    ts = ev.get("test_seed")
+    if ts is not None and (isinstance(ts, bool) or not isinstance(ts, int)):
+        problems.append(f"evaluation.test_seed must be an integer (got {ts!r})")
+    if not isinstance(ev.get("curves", False), bool):
+        problems.append(f"evaluation.curves must be true or false (got {ev.get('curves')!r})")
+    if cf.revision >= 3 and (ts is None or ev.get("curves") is not True):
+        problems.append("evaluation: revision 3 declares test_seed (one test split for every seed) and curves: true "
+                        "(evaluation runs record their validation curve)")
     keys = [c.key for c in cf.claims]
     for k in {k for k in keys if keys.count(k) > 1}:
         problems.append(f"claim key {k!r} is used twice")
@@ -451,7 +482,10 @@ def run_args(arm: Arm, seed: int, params: Dict[str, Any], *, phase: str, quick: 
     """CLI overrides of one run (the same for ``fit`` and ``test``)."""
     cfg = arm.recipe_config()
     model_cls = ((cfg.get("model") or {}).get("class_path") or "")
+    data_cls = ((cfg.get("data") or {}).get("class_path") or "")
     args = [f"--seed_everything={seed}", f"--data.init_args.seed={seed}"]
+    if arm.test_seed is not None and data_cls.endswith(TEST_SEED_DATA):
+        args.append(f"--data.init_args.test_seed={arm.test_seed}")  # one test split for every seed
     if model_cls.endswith(INIT_SEED_MODELS):
         args.append(f"--model.init_args.init_seed={seed}")  # the same initial weights for every loss
     if arm.loss_has_seed():
@@ -460,7 +494,7 @@ def run_args(arm: Arm, seed: int, params: Dict[str, Any], *, phase: str, quick: 
     args += _overrides(params.items())
     if quick:
         args += QUICK_ARGS
-        if phase == "tune":
+        if phase == "tune" or arm.curves:
             args.append("--trainer.check_val_every_n_epoch=1")
         else:
             args.append("--trainer.limit_val_batches=0")
@@ -468,20 +502,55 @@ def run_args(arm: Arm, seed: int, params: Dict[str, Any], *, phase: str, quick: 
     args += [f"--trainer.max_epochs={arm.epochs}", "--trainer.num_sanity_val_steps=0"]
     if phase == "tune":  # one validation pass, at the end of training
         args += [f"--trainer.check_val_every_n_epoch={arm.epochs}"]
+    elif arm.curves:  # a validation pass per epoch: the learning curve (nothing selects on it)
+        args += ["--trainer.check_val_every_n_epoch=1"]
     else:  # the checkpoint is the end of the last epoch; nothing reads validation here
         args += ["--trainer.limit_val_batches=0"]
     return args
+
+
+def _dirty_paths() -> List[str]:
+    """``git status --porcelain`` lines of uncommitted changes under :data:`PROVENANCE_DIRS` (empty:
+    clean, or not a git checkout)."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--", *PROVENANCE_DIRS], cwd=ROOT,
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line for line in out.splitlines() if line.strip()]
 
 
 def _code_version() -> str:
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True,
                               text=True, timeout=30).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "losses", "lightning_modules", "configs",
-                                "benchmarks"], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
-        return (head or "unknown") + ("-dirty" if dirty else "")
+        return (head or "unknown") + ("-dirty" if _dirty_paths() else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+@functools.lru_cache(maxsize=1)
+def _code_tree_hash() -> str:
+    """SHA-256 over the path and content of every Python file under :data:`CODE_DIRS` (sorted): what a
+    run executes besides its recipe, committed or not. Computed once per process."""
+    h = hashlib.sha256()
+    for d in CODE_DIRS:
+        for base, _, files in sorted(os.walk(os.path.join(ROOT, d))):
+            for f in sorted(files):
+                if f.endswith(".py"):
+                    path = os.path.join(base, f)
+                    h.update(os.path.relpath(path, ROOT).replace(os.sep, "/").encode() + b"\0")
+                    with open(path, "rb") as fh:
+                        h.update(fh.read() + b"\0")
+    return h.hexdigest()
+
+
+def _code_hash(arm: Arm) -> str:
+    """The run's ``code_hash``: 12 hex digits of SHA-256 over :func:`_code_tree_hash` and the arm's
+    recipe. Part of a run's workdir folder, so a changed loss, model or DataModule never reuses a
+    run finished with the old code (runs read from a runs file are the record and are read as
+    recorded: :func:`seed_workdir`)."""
+    return hashlib.sha256((_code_tree_hash() + "\0" + arm.recipe_text()).encode()).hexdigest()[:12]
 
 
 def _recipe_sha(arm: Arm) -> str:
@@ -502,8 +571,10 @@ def _run_key(run: Run, args: Sequence[str]) -> str:
 
 
 def _run_dir(run: Run, args: Sequence[str], workdir: str) -> str:
+    """The run's folder in ``workdir``: its key (recipe and arguments) and the code hash, so that a run
+    finished with other code is a miss."""
     stem = os.path.splitext(os.path.basename(run.arm.recipe))[0]
-    return os.path.join(workdir, f"{stem}__{run.phase}__s{run.seed}__{_run_key(run, args)}")
+    return os.path.join(workdir, f"{stem}__{run.phase}__s{run.seed}__{_run_key(run, args)}__{_code_hash(run.arm)}")
 
 
 def cached_row(run: Run, *, quick: bool, workdir: str) -> Optional[dict]:
@@ -616,6 +687,7 @@ def execute(run: Run, *, quick: bool, workdir: str, threads: int, fresh: bool, t
     res["process_seconds"] = wall
     res["recipe_sha"] = spec["recipe_sha"]
     res["code"], res["started"] = code_at_start, started
+    res["code_hash"] = _code_hash(run.arm)
     if res.get("ok"):
         shutil.rmtree(os.path.join(run_dir, "logs"), ignore_errors=True)
     with open(out, "w") as fh:
@@ -640,6 +712,8 @@ def _row(run: Run, args: Sequence[str], res: dict) -> dict:
         "versions": json.dumps({k: v for k, v in (res.get("versions") or {}).items() if k not in ("sys_version", "threads")},
                                sort_keys=True),
         "_versions": res.get("versions", {}),
+        "test_split": (res.get("data") or {}).get("test_split", ""), "code_hash": res.get("code_hash", ""),
+        "curve": json.dumps(res["curve"], sort_keys=True, separators=(",", ":")) if res.get("curve") else "",
     }
     for k, v in sorted((res.get("fit_metrics") or {}).items()):  # training-side columns (e.g. the classes
         if k.startswith("train/") and not k.startswith("train/loss"):  # a Partial FC step's softmax saw)
@@ -805,6 +879,7 @@ def _result_from_row(row: Dict[str, str], source: str) -> dict:
     return {"ok": True, "epochs": int(num("epochs")), "steps": int(num("steps")), "fit_seconds": num("fit_seconds"),
             "test_seconds": num("test_seconds"), "wall_seconds": num("run_seconds"), "peak_rss_mb": num("peak_rss_mb"),
             "recipe_sha": row.get("recipe_sha", ""), "code": row.get("code", ""), "started": row.get("started", ""),
+            "code_hash": row.get("code_hash", ""), "curve": json.loads(row["curve"]) if row.get("curve") else {},
             "data": json.loads(row.get("data") or "{}"), "versions": versions, "fit_metrics": metrics("train/"),
             "val_metrics": metrics("val/"), "test_metrics": metrics("test/"), "read_from": source}
 
@@ -1056,7 +1131,7 @@ def check_text(ch: Check, arms: Dict[str, Arm]) -> str:
 # ------------------------------------------------------------------------------------------
 CSV_FIXED = ["benchmark", "arm", "label", "phase", "recipe", "recipe_sha", "code", "started", "seed", "params",
              "overrides", "epochs", "steps", "ok", "error", "fit_seconds", "test_seconds", "run_seconds",
-             "peak_rss_mb", "threads", "cached", "data", "key", "versions"]
+             "peak_rss_mb", "threads", "cached", "data", "key", "versions", "test_split", "code_hash", "curve"]
 
 
 def write_csv(rows: Sequence[dict], path: str) -> None:
@@ -1101,11 +1176,14 @@ def _mean_sd(vals: Sequence[float]) -> Tuple[float, float]:
 
 
 def claim_results(c: Claim, rows: Sequence[dict], *, seeds: Sequence[int], method: str, confidence: float,
-                  revision: int = 2, n_boot: int = 10000) -> dict:
+                  revision: int = 2, n_boot: int = 10000, arms: Optional[Dict[str, Arm]] = None) -> dict:
     """The verdicts of one claim. Revision 2: every check at the nominal confidence, the claim
     reproduced when every check is (:func:`stats.claim_verdict`). Revision 3: the primary check
     decides, secondary checks are Holm-adjusted within the claim, sanity checks are reported apart
-    and an arm under its competence floor makes the claim invalid (:func:`stats.evaluate_claim`)."""
+    and an arm under its competence floor makes the claim invalid (:func:`stats.evaluate_claim`);
+    the result also carries the claim's test splits (``test_split``: :func:`stats.test_split_problem`)
+    and whether its primary baseline was budget-limited (``budget``: :func:`claim_budget`; ``arms``
+    lets a curve fall back to the baseline's ``select`` metric)."""
     if revision < 3:
         checks = []
         for ch in c.checks:
@@ -1118,7 +1196,63 @@ def claim_results(c: Claim, rows: Sequence[dict], *, seeds: Sequence[int], metho
     res = stats.evaluate_claim(inputs, invalid_arms=competence(c, rows, seeds), method=method, confidence=confidence,
                                n_boot=n_boot)
     checks = [{"check": ch, "verdict": r.verdict, "ci": r.reported_ci, "result": r} for ch, r in zip(c.checks, res.checks)]
-    return {"claim": c, "checks": checks, "verdict": res.verdict_text(), "rev3": res}
+    out = {"claim": c, "checks": checks, "verdict": res.verdict_text(), "rev3": res, "seeds": list(seeds)}
+    fps = test_splits(c, rows, seeds)
+    out["test_split"] = {"fingerprints": fps, "problem": stats.test_split_problem(fps)}
+    prim = next((x for x in checks if x["result"].role == "primary"), None)
+    out["budget"] = claim_budget(c, prim, rows, seeds, arms) if prim is not None else None
+    return out
+
+
+def test_splits(c: Claim, rows: Sequence[dict], seeds: Sequence[int]) -> Dict[Tuple[str, int], str]:
+    """``{(arm, seed): test-split fingerprint}`` of the claim's finished evaluation runs (its clean
+    arms included; ``""`` where a run recorded none)."""
+    out = {}
+    for r in rows:
+        if r["arm"] in c.run_arms() and r["phase"] == "eval" and r["ok"] and int(r["seed"]) in seeds:
+            fp = r.get("test_split") or ""
+            if not fp and r.get("data"):
+                d = json.loads(r["data"]) if isinstance(r["data"], str) else r["data"]
+                fp = d.get("test_split", "")
+            out[(r["arm"], int(r["seed"]))] = fp
+    return out
+
+
+def curve_of(row: dict, metric: str) -> Optional[List[Optional[float]]]:
+    """The run's validation curve of ``metric`` (a value per epoch), or ``None``."""
+    raw = row.get("curve")
+    if not raw:
+        return None
+    curve = json.loads(raw) if isinstance(raw, str) else raw
+    return curve.get(metric)
+
+
+def curve_metric(check: Check, arm: Optional[Arm], rows: Sequence[dict]) -> Tuple[str, str]:
+    """The validation metric a check's learning curves are read on and its good direction: the
+    check's own metric as ``val/...`` where the baseline's curves carry it, else the baseline arm's
+    ``select`` (maximised)."""
+    name = "val/" + check.metric.split("/", 1)[-1]
+    better = check.kind if check.kind in DIRECTION_KINDS else check.better
+    if arm is None or any(curve_of(r, name) for r in rows if r["arm"] == check.baseline and r["phase"] == "eval"):
+        return name, better
+    return arm.select, "higher"
+
+
+def claim_budget(c: Claim, prim: dict, rows: Sequence[dict], seeds: Sequence[int],
+                 arms: Optional[Dict[str, Arm]] = None) -> Optional[dict]:
+    """Revision 3: whether the primary check's baseline was still improving at the end of the budget
+    (:func:`stats.budget_limited` on its evaluation runs' validation curves); ``None`` for a check
+    without a baseline (levels)."""
+    ch, r = prim["check"], prim["result"]
+    if not ch.baseline:
+        return None
+    metric, better = curve_metric(ch, (arms or {}).get(ch.baseline), rows)
+    curves = [v for row in rows if row["arm"] == ch.baseline and row["phase"] == "eval" and row["ok"]
+              and int(row["seed"]) in seeds and (v := curve_of(row, metric))]
+    half = (r.ci.high - r.ci.low) / 2.0 if math.isfinite(r.ci.low) else float("nan")
+    margin = ch.margin if ch.rule_kind() in MARGIN_KINDS else None
+    return {"arm": ch.baseline, "metric": metric, "curves": len(curves),
+            "rule": stats.budget_limited(curves, better=better, margin=margin, half_width=half)}
 
 
 def write_markdown(benchmark: str, claims: Sequence[Claim], results: Sequence[dict], rows: Sequence[dict],
@@ -1149,6 +1283,7 @@ def write_markdown(benchmark: str, claims: Sequence[Claim], results: Sequence[di
              f"({meta['mode']}); every number is computed from `{benchmark}_runs.csv`. Verdicts follow " + rule, "",
              f"- command: `{meta['command']}`",
              f"- code: {meta['code']}; report generated {meta['date']}",
+             *[f"- {x}" for x in provenance_lines(rows, meta) if x],
              f"- data: {bench.get('data', '?')}",
              f"- model: {bench.get('backbone', '?')}",
              f"- {_versions_text(v)}; {meta['cpus']} CPUs ({meta['cpu']}), "
@@ -1241,6 +1376,26 @@ def write_markdown(benchmark: str, claims: Sequence[Claim], results: Sequence[di
         fh.write("\n".join(lines))
 
 
+def provenance_lines(rows: Sequence[dict], meta: dict) -> List[str]:
+    """Lines naming uncommitted changes of this invocation (``--allow-dirty`` / ``--quick``) and the
+    runs made on a tree with uncommitted changes (their ``code`` ends in ``-dirty``). The runs read
+    from a runs file are named under revision 3 only, so that revision 2's reports regenerate as
+    they were."""
+    out = []
+    if meta.get("dirty"):
+        paths = [p.strip() for p in meta["dirty"]]
+        out.append(f"**uncommitted changes** under {', '.join(f'{d}/' for d in PROVENANCE_DIRS)} when this ran "
+                   f"({meta.get('dirty_reason', '--allow-dirty')}): " + ", ".join(f"`{p}`" for p in paths[:10])
+                   + (f" and {len(paths) - 10} more" if len(paths) > 10 else ""))
+    if meta.get("dirty") or meta.get("revision", 2) >= 3:
+        bad = [r for r in rows if str(r.get("code", "")).endswith("-dirty")]
+        if bad:
+            names = [f"{r['phase']} {r['arm']} seed {r['seed']}" for r in bad]
+            out.append(f"**{len(bad)} run(s) made with uncommitted changes** (their code ends in -dirty): "
+                       + ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else ""))
+    return out + ([""] if out else [])
+
+
 def _margin_text(ch: Check, rows: Sequence[dict], seeds: Sequence[int]) -> str:
     """A margin beside the baseline's own error: its seed sd and, for a higher-is-better metric in
     [0, 1], its error 1 - mean (so a reader sees how large the margin is)."""
@@ -1306,6 +1461,7 @@ def _rev3_check_lines(res: dict, rows: Sequence[dict], seeds: Sequence[int], arm
     n_sanity = sum(x["result"].role == "sanity" for x in res["checks"])
     if n_sanity and not r3.sanity:
         lines += [f"{n_sanity} sanity check(s) of this claim: see *Sanity checks* below (never counted).", ""]
+    lines += _rev3_run_lines(res, arms)
     if r3.sanity:
         lines += [f"**Sanity claim: {res['verdict']}** (never counted as a reproduction).", ""]
     else:
@@ -1313,6 +1469,43 @@ def _rev3_check_lines(res: dict, rows: Sequence[dict], seeds: Sequence[int], arm
                                                                           if r3.verdict == stats.INVALID else "")
                   + ").", ""]
     return lines
+
+
+def test_split_text(res: dict) -> str:
+    """One line on the claim's test splits (revision 3)."""
+    ts = res.get("test_split") or {}
+    fps = ts.get("fingerprints") or {}
+    if ts.get("problem"):
+        return f"**Test split not fixed**: {ts['problem']} (the seeds' verdicts are read on different test images)."
+    known = sorted({v for v in fps.values() if v})
+    if not known:
+        return "Test split: not recorded by these runs (made before each run recorded its test split's fingerprint)."
+    return f"Test split: one for all {len(fps)} evaluation runs (`{known[0]}`)."
+
+
+def budget_text(res: dict, arms: Dict[str, Arm]) -> str:
+    """One line on the primary baseline's learning curve and the budget-limited rule (revision 3)."""
+    b = res.get("budget")
+    if b is None:
+        return "Learning curve: n/a (the primary check has no baseline)."
+    rule = b["rule"]
+    label = arms[b["arm"]].label if b["arm"] in arms else b["arm"]
+    if not b.get("curves"):
+        return f"Learning curve: not recorded for {label} (runs made without validation per epoch)."
+    head = f"Learning curve of the primary baseline {label} ({b['metric']}, {b['curves']} seed(s)): "
+    if rule.n == 0:
+        return head + "fewer than 2 epochs, so no last-epoch gain: budget-limited n/a."
+    gain = f"{rule.gain:+.4f}" if math.isfinite(rule.gain) else "n/a"
+    thr = f"{rule.threshold:.4f} ({rule.basis})" if math.isfinite(rule.threshold) else rule.basis
+    word = {True: "**budget-limited**: the baseline was still improving when the budget ended",
+            False: "not budget-limited", None: "budget-limited: n/a"}[rule.limited]
+    return head + f"last-epoch gain {gain} (mean of {rule.n}) against {thr}: {word}."
+
+
+def _rev3_run_lines(res: dict, arms: Dict[str, Arm]) -> List[str]:
+    if "test_split" not in res:
+        return []
+    return [test_split_text(res), "", budget_text(res, arms), ""]
 
 
 def _rev3_sanity_section(results: Sequence[dict], rows: Sequence[dict], meta: dict, arms: Dict[str, Arm]) -> List[str]:
@@ -1403,6 +1596,53 @@ def plot_claims(benchmark: str, claims: Sequence[Claim], rows: Sequence[dict], a
     plt.close(fig)
 
 
+def plot_curves(benchmark: str, results: Sequence[dict], rows: Sequence[dict], arms: Dict[str, Arm], path: str) -> bool:
+    """Per claim, every arm's validation curve (mean over its evaluation seeds) of the metric the
+    claim's budget rule reads; the title says when the claim is budget-limited. Returns whether any
+    run had a curve (nothing is written otherwise)."""
+    import numpy as np
+
+    items = []
+    for res in results:
+        c = res["claim"]
+        b = res.get("budget")
+        prim = next((x["check"] for x in res["checks"] if x.get("result") is not None
+                     and x["result"].role == "primary"), res["checks"][0]["check"])
+        metric = b["metric"] if b else "val/" + prim.metric.split("/", 1)[-1]
+        seeds = set(res.get("seeds") or [])
+        series = []
+        for k in c.run_arms():
+            curves = [v for r in rows if r["arm"] == k and r["phase"] == "eval" and r["ok"]
+                      and (not seeds or int(r["seed"]) in seeds) and (v := curve_of(r, metric))]
+            if curves:
+                n = max(len(v) for v in curves)
+                mean = [float(np.nanmean([v[e] if e < len(v) and v[e] is not None else np.nan for v in curves]))
+                        for e in range(n)]
+                series.append((arms[k].label if k in arms else k, mean, len(curves)))
+        if series:
+            items.append((c, metric, series, bool(b and b["rule"].limited)))
+    if not items:
+        return False
+    plt = _plt()
+    cols = min(3, len(items))
+    nrows = math.ceil(len(items) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.4 * nrows), squeeze=False)
+    for ax, (c, metric, series, limited) in zip(axes.flat, items):
+        for label, mean, n in series:
+            ax.plot(range(1, len(mean) + 1), mean, marker="o", ms=2, lw=1, label=f"{label} (n={n})")
+        ax.set_xlabel("epoch")
+        ax.set_title(f"{c.key}: {metric.split('/', 1)[-1]}" + (" -- budget-limited" if limited else ""), fontsize=8,
+                     color="tab:red" if limited else "k")
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(items):]:
+        ax.axis("off")
+    fig.suptitle(f"{benchmark}: validation curves of the evaluation runs (mean over seeds)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def plot_per_class(rows: Sequence[dict], arms: Dict[str, Arm], keys: Sequence[str], path: str,
                    num_classes: int = 10) -> None:
     plt = _plt()
@@ -1457,6 +1697,10 @@ def summary_rev3(results: Sequence[dict], arms: Dict[str, Arm], meta: dict) -> L
         sec_text = ", ".join(f"{sum(y.verdict == k for y in sec)} {k}" for k in order[:3] if any(y.verdict == k for y in sec))
         flags = [f"{check_text(y['check'], arms)}: {y['result'].flag}" for y in res["checks"]
                  if y["result"].flag and y["result"].role != "sanity"]
+        if (res.get("test_split") or {}).get("problem"):
+            flags.append(f"test split not fixed ({res['test_split']['problem']})")
+        if res.get("budget") and res["budget"]["rule"].limited:
+            flags.append(f"budget-limited ({arms[res['budget']['arm']].label} still improving)")
         verdict = _verdict_cell(r) if res["rev3"].verdict != stats.INVALID else res["verdict"]
         lines.append(f"| {c.family} | {c.data} | {c.claim} | {first} | {verdict} | {sec_text or '-'}"
                      + (f"; flagged: {'; '.join(flags)}" if flags else "") + f" | [{c.benchmark}.md]({c.benchmark}.md) |")
@@ -1517,6 +1761,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "started (shorter runs that fit go first); the runs left are reported and no report is "
                         "written: rerun on the same --workdir, or --export-runs and --runs-from, to finish")
     p.add_argument("--plan", action="store_true", help="print the runs and their estimated time, run nothing")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="start even with uncommitted changes under losses/, lightning_modules/, configs/ or "
+                        "benchmarks/ (refused otherwise, except in --quick); the runs made are marked (their code "
+                        "ends in -dirty) and the reports name them")
+    p.add_argument("--revision-2-runs", action="store_true",
+                   help="make and read runs as revision 2 did, ignoring the claims file's evaluation section (a "
+                        "test split per seed, no validation during evaluation runs): to read results/revision2 "
+                        "under the current claims file without training")
     return p.parse_args(argv)
 
 
@@ -1547,6 +1799,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     problems = validate_claims(cf)
     if problems:
         raise SystemExit("reproduce_results: the claims file is invalid:\n  " + "\n  ".join(problems))
+    if args.revision_2_runs:
+        cf = without_evaluation(cf)
+    dirty: List[str] = []
+    if not (args.plan or args.export_runs):  # both run nothing and write no report
+        dirty = _dirty_paths()
+        if dirty and not (args.allow_dirty or args.quick):
+            raise SystemExit("reproduce_results: uncommitted changes under " + ", ".join(f"{d}/" for d in PROVENANCE_DIRS)
+                             + " -- a run must be traceable to a commit. Commit them, or pass --allow-dirty (the runs "
+                             "are then marked and the reports name them):\n  " + "\n  ".join(dirty[:20])
+                             + ("\n  ..." if len(dirty) > 20 else ""))
     out = os.path.abspath(args.out)
     if args.quick and os.path.commonpath([out, os.path.join(ROOT, "results")]) == os.path.join(ROOT, "results"):
         raise SystemExit("reproduce_results: --quick writes meaningless numbers; pass --out outside results/")
@@ -1625,6 +1887,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "power": float(cf.statistics.get("power", 0.8)),
         "bootstrap_resamples": int(cf.statistics.get("bootstrap_resamples", 10000)),
         "tuning_seeds": tune_seeds, "seeds_of": seeds_of, "revision": revision,
+        "dirty": dirty, "dirty_reason": "--quick" if args.quick and not args.allow_dirty else "--allow-dirty",
     }
     summary = []
     for b in cf.benchmarks:
@@ -1634,12 +1897,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         brows = [r for r in rows if r["benchmark"] == b]
         write_csv(brows, os.path.join(out, f"{b}_runs.csv"))
         results = [claim_results(c, brows, seeds=seeds_of[c.key], method=method, confidence=confidence,
-                                 revision=revision, n_boot=meta["bootstrap_resamples"]) for c in bc]
+                                 revision=revision, n_boot=meta["bootstrap_resamples"], arms=cf.arms) for c in bc]
         pngs = []
         if plot_forest(b, results, cf.arms, os.path.join(out, f"{b}_forest.png")):
             pngs.append(f"{b}_forest.png")
         plot_claims(b, bc, brows, cf.arms, os.path.join(out, f"{b}.png"))
         pngs.append(f"{b}.png")
+        if plot_curves(b, results, brows, cf.arms, os.path.join(out, f"{b}_curves.png")):
+            pngs.append(f"{b}_curves.png")
         lt = [k for c in bc for k in c.arms if any("test/acc_class_0" in r for r in brows if r["arm"] == k)
               and any("acc_tail" in m for m in c.metrics)]
         lt = list(dict.fromkeys(lt))
@@ -1653,6 +1918,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
              f"`{meta['command']}` ({meta['mode']}; code {meta['code']}; {meta['date']}): {len(rows)} runs "
              f"({len(tune_rows)} tuning, {len(eval_rows)} evaluation), {run_total / 60:.0f} min of run time; this "
              f"invocation took {wall / 60:.1f} min. CI: {method}, {int(confidence * 100)}%.", ""]
+    lines += provenance_lines(rows, meta)
     if revision >= 3:
         lines += summary_rev3(summary, cf.arms, meta)
     else:

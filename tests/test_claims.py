@@ -120,10 +120,20 @@ def test_run_args_pair_the_arms():
     ce, z = CF.arms["ce"], CF.arms["z_loss"]
     a = rr.run_args(ce, 3, {"model.init_args.lr": 0.005}, phase="eval", quick=False)
     b = rr.run_args(z, 3, {"model.init_args.loss.init_args.a": 2.0}, phase="eval", quick=False)
-    shared = ["--seed_everything=3", "--data.init_args.seed=3", "--model.init_args.init_seed=3",
-              "--trainer.max_epochs=10", "--trainer.limit_val_batches=0"]
+    # revision 3 (the file's evaluation section): one test split for every seed, a validation pass per
+    # epoch in evaluation runs (the learning curve)
+    shared = ["--seed_everything=3", "--data.init_args.seed=3", "--data.init_args.test_seed=7",
+              "--model.init_args.init_seed=3", "--trainer.max_epochs=10", "--trainer.check_val_every_n_epoch=1"]
     for arg in shared:
         assert arg in a and arg in b
+    assert "--trainer.limit_val_batches=0" not in a
+    # read as revision 2 made its runs: a test split per seed, no validation in evaluation runs
+    old = rr.without_evaluation(CF).arms["ce"]
+    c = rr.run_args(old, 3, {"model.init_args.lr": 0.005}, phase="eval", quick=False)
+    assert "--trainer.limit_val_batches=0" in c and not any("test_seed" in x for x in c)
+    # a DataModule without test_seed (MovieLens) gets no such argument
+    rec = next(x for x in CF.arms.values() if "MovieLens" in x.recipe_config()["data"]["class_path"])
+    assert not any("test_seed" in x for x in rr.run_args(rec, 0, {}, phase="eval", quick=False))
     assert "--model.init_args.lr=0.005" in a and "--model.init_args.loss.init_args.a=2.0" in b
     t = rr.run_args(CF.arms["wcdas_lt_2s"], 1000, CF.arms["wcdas_lt_2s"].grid_points()[1], phase="tune",
                     quick=False)
@@ -215,6 +225,7 @@ def test_revision_3_check_kinds_in_the_claims_file():
 def test_revision_2_claims_file_is_frozen_beside_its_runs():
     old = rr.load_claims(os.path.join(ROOT, "results", "revision2", "claims.yaml"))
     assert old.revision == 2 and rr.validate_claims(old) == []
+    assert old.evaluation == {} and all(a.test_seed is None and not a.curves for a in old.arms.values())
     assert not any(ch.primary or ch.kind in ("did", "sanity") for c in old.claims for ch in c.checks)
 
 
@@ -236,3 +247,11 @@ def test_validator_rejects_broken_revision_3_claims():
                      "a sanity check needs a rule", "needs a clean side that differs", "clean arm 'no_such_arm'",
                      "transform 'square'", "effect (the paper's reported effect) must be a positive number"):
         assert fragment in text, fragment
+
+
+def test_validator_requires_the_revision_3_evaluation_section():
+    for ev, fragment in (({}, "revision 3 declares test_seed"), ({"test_seed": 1.5, "curves": True}, "must be an integer"),
+                         ({"test_seed": 7, "curves": "yes"}, "curves must be true or false"),
+                         ({"test_seed": 7, "curves": True, "tests": 1}, "unknown key(s) ['tests']")):
+        assert fragment in "\n".join(rr.validate_claims(dataclasses.replace(CF, evaluation=ev))), fragment
+    assert CF.evaluation == {"test_seed": 7, "curves": True} and rr.validate_claims(CF) == []

@@ -13,6 +13,7 @@ the CSV.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import importlib.util
 import json
 import math
@@ -265,7 +266,8 @@ def test_deadline_that_nothing_fits_writes_no_report(tmp_path, monkeypatch, caps
     no report; the exit status says the work is unfinished."""
     _only_cached(monkeypatch)
     out, work = tmp_path / "out", tmp_path / "work"
-    code = rr.main(["--claims", "opl", "--deadline", "0", "--out", str(out), "--workdir", str(work), "--jobs", "1"])
+    code = rr.main(["--claims", "opl", "--deadline", "0", "--out", str(out), "--workdir", str(work), "--jobs", "1",
+                    "--allow-dirty"])
     assert code == 3
     assert not out.exists() or not any(out.iterdir())
     msg = capsys.readouterr().out
@@ -341,7 +343,8 @@ def test_reports_regenerate_from_the_committed_runs_without_running_anything(tmp
     out, work = tmp_path / "out", tmp_path / "work"
     # the revision-2 reports regenerate under the revision-2 claims file frozen beside their runs
     code = rr.main(["--claims", "nbc_softmax,pfc_arcface", "--runs-from", committed, "--out", str(out),
-                    "--workdir", str(work), "--jobs", "1", "--claims-file", os.path.join(committed, "claims.yaml")])
+                    "--workdir", str(work), "--jobs", "1", "--claims-file", os.path.join(committed, "claims.yaml"),
+                    "--allow-dirty"])  # nothing runs: a checkout with uncommitted changes may regenerate
     assert code == 0
     claims = {c.key: c for c in CF.claims}
     for bench, key in (("retrieval", "nbc_softmax"), ("many_class", "pfc_arcface")):
@@ -750,3 +753,131 @@ def test_revision_3_flags_not_worse_but_worse_in_every_table(tmp_path):
     assert any("flagged: top1: Z-loss not worse than cross-entropy (at most 0.01 below): not worse by the margin, "
                "but worse" in line for line in rr.summary_rev3([res], CF.arms, meta))
     assert rr.plot_forest("vision", [res], CF.arms, str(tmp_path / "f.png")) == 2  # the flag is in its labels too
+
+
+# ------------------------------------------------------------------------------------------------
+# revision 3: a fixed test split, learning curves and provenance
+# ------------------------------------------------------------------------------------------------
+def _curve_rows(test_split, gain):
+    """The WCDAS claim's hand-made runs with a test-split fingerprint per run (``test_split(arm, seed)``)
+    and 4-epoch validation curves; cross-entropy's (the primary baseline's) balanced accuracy still
+    rises by ``gain`` over its last epoch."""
+    rows = _synthetic_rows()
+    for r in rows:
+        end = r["test/balanced_acc"]
+        g = gain if r["arm"] == "ce_lt" else 0.0
+        r["test_split"] = test_split(r["arm"], r["seed"])
+        r["curve"] = json.dumps({"val/balanced_acc": [end - 0.3, end - 0.1, end - g, end], "val/loss": [2, 1, 0.5, 0.4]})
+    return rows
+
+
+def test_revision_3_report_flags_a_test_split_that_is_not_fixed_and_a_budget_limited_baseline(tmp_path):
+    claim = next(c for c in CF.claims if c.key == "wcdas")
+    seeds = list(range(10))
+    meta = {**_meta({"wcdas": seeds}), "revision": 3}
+
+    def report(rows):
+        res = rr.claim_results(claim, rows, seeds=seeds, method="t", confidence=0.95, revision=3, arms=CF.arms)
+        path = tmp_path / "vision.md"
+        rr.write_markdown("vision", [claim], [res], rows, CF, {}, {}, meta, str(path), [])
+        return res, path.read_text(), rr.summary_rev3([res], CF.arms, meta)
+
+    # one test split, a baseline that stopped improving: nothing flagged
+    res, md, summary = report(_curve_rows(lambda a, s: "5a1b2c3d4e5f", gain=0.0))
+    assert res["test_split"]["problem"] is None and res["budget"]["rule"].limited is False
+    assert "Test split: one for all 30 evaluation runs (`5a1b2c3d4e5f`)." in md
+    assert "not budget-limited" in md and "flagged" not in "\n".join(summary)
+    # a new test split per seed (as revision 2's runs): flagged in the claim's section and the summary
+    res, md, summary = report(_curve_rows(lambda a, s: f"split{s}", gain=0.0))
+    assert res["test_split"]["problem"] == "10 different test splits over 30 evaluation runs"
+    assert "**Test split not fixed**: 10 different test splits over 30 evaluation runs" in md
+    assert any("flagged: test split not fixed (10 different test splits" in line for line in summary)
+    # cross-entropy's balanced accuracy still rises by 0.02 over its last epoch, more than half the
+    # primary check's CI half-width: budget-limited
+    rows = _curve_rows(lambda a, s: "5a1b2c3d4e5f", gain=0.02)
+    res, md, summary = report(rows)
+    b = res["budget"]
+    prim = res["rev3"].primary
+    assert b["arm"] == "ce_lt" and b["metric"] == "val/balanced_acc" and b["rule"].n == 10
+    assert b["rule"].gain == pytest.approx(0.02) and b["rule"].threshold == pytest.approx((prim.ci.high - prim.ci.low) / 4)
+    assert b["rule"].limited is True and "**budget-limited**" in md
+    assert any(f"budget-limited ({CF.arms['ce_lt'].label} still improving)" in line for line in summary)
+    assert rr.plot_curves("vision", [res], rows, CF.arms, str(tmp_path / "c.png"))
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # runs without curves or fingerprints (revision 2's): said so, nothing plotted
+    plain = _synthetic_rows()
+    res, md, _ = report(plain)
+    assert "Test split: not recorded" in md and "Learning curve: not recorded" in md
+    assert not rr.plot_curves("vision", [res], plain, CF.arms, str(tmp_path / "none.png"))
+
+
+def test_a_changed_code_hash_makes_a_cached_run_miss(tmp_path, monkeypatch):
+    """A run finished with other code (a loss, model or DataModule changed since) is not reused; a run
+    read from a runs file is the record and is read as recorded, whatever code made it."""
+    arm = CF.arms["cos_c1e5_pfc01"]
+    run = rr.tuning_runs([arm], [1000], quick=False)[0]
+    _finish_full(run, tmp_path / "a", 1)
+    row = rr.cached_row(run, quick=False, workdir=str(tmp_path / "a"))
+    assert row is not None and len(rr._code_hash(arm)) == 12
+    monkeypatch.setattr(rr, "_code_tree_hash", lambda: "another version of losses/ and lightning_modules/")
+    assert rr.cached_row(run, quick=False, workdir=str(tmp_path / "a")) is None
+    # the recipe is part of the hash too
+    other = dataclasses.replace(arm, recipe=CF.arms["ce"].recipe)
+    assert rr._code_hash(other) != rr._code_hash(arm)
+    # a runs file's row (revision 2's rows have no code hash) still seeds the workdir and keeps its record
+    runs_file = tmp_path / "x_runs.csv"
+    rr.write_csv([row], str(runs_file))
+    assert rr.seed_workdir([run], [str(runs_file)], workdir=str(tmp_path / "b"), quick=False) == (1, 0)
+    again = rr.cached_row(run, quick=False, workdir=str(tmp_path / "b"))
+    assert again is not None and again["code_hash"] == row["code_hash"] == ""
+
+
+def test_a_dirty_tree_is_refused_unless_allowed_and_quick_says_so(tmp_path, monkeypatch):
+    _only_cached(monkeypatch)
+    monkeypatch.setattr(rr, "_dirty_paths", lambda: [" M losses/classification/comp_sum.py"])
+    common = ["--claims", "opl", "--workdir", str(tmp_path / "w"), "--jobs", "1", "--deadline", "0"]
+    with pytest.raises(SystemExit, match="uncommitted changes under losses/.*--allow-dirty"):
+        rr.main([*common, "--out", str(tmp_path / "o")])
+    # allowed: it starts (nothing fits before a deadline of 0, so nothing runs); --quick runs dirty as CI does
+    assert rr.main([*common, "--out", str(tmp_path / "o"), "--allow-dirty"]) == 3
+    assert rr.main([*common, "--out", str(tmp_path / "q"), "--quick"]) == 3
+    # --plan and --export-runs run nothing and write no report: never refused
+    assert rr.main(["--claims", "opl", "--workdir", str(tmp_path / "w"), "--plan"]) == 0
+    # the report names the uncommitted changes and the runs made on them
+    rows = [dict(_row("ce_lowdata", "eval", 0), code="abc-dirty"), dict(_row("opl_lowdata", "eval", 0), code="abc")]
+    lines = rr.provenance_lines(rows, {"dirty": [" M losses/x.py"], "dirty_reason": "--quick", "revision": 3})
+    assert lines[0].startswith("**uncommitted changes** under losses/") and "(--quick)" in lines[0]
+    assert "`M losses/x.py`" in lines[0]
+    assert lines[1] == "**1 run(s) made with uncommitted changes** (their code ends in -dirty): eval ce_lowdata seed 0"
+    # revision 2's reports regenerate as they were: runs read from a file are named under revision 3 only
+    assert rr.provenance_lines(rows, {"dirty": [], "revision": 2}) == []
+
+
+def test_revision_2_runs_are_read_under_the_current_claims_file(tmp_path, monkeypatch):
+    """``--revision-2-runs``: the current (revision 3) claims file without its evaluation section makes
+    runs as revision 2 made them, so its committed runs regenerate the claim without training."""
+    _only_cached(monkeypatch)
+    committed = os.path.join(ROOT, "results", "revision2")
+    out, work = tmp_path / "out", tmp_path / "work"
+    assert rr.main(["--claims", "nbc_softmax", "--runs-from", committed, "--revision-2-runs", "--out", str(out),
+                    "--workdir", str(work), "--jobs", "1", "--allow-dirty"]) == 0
+    md = (out / "retrieval.md").read_text()
+    assert "Test split: not recorded" in md and "Learning curve: not recorded" in md
+    assert not (out / "retrieval_curves.png").exists()
+
+
+def test_quick_rows_carry_curve_test_split_and_code_hash(quick_out):
+    out, _ = quick_out
+    with open(out / "vision_runs.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    for r in rows:
+        assert r["code_hash"] == rr._code_hash(CF.arms[r["arm"]])
+        assert re.fullmatch(r"[0-9a-f]{12}", r["test_split"])
+        curve = json.loads(r["curve"])
+        assert len(curve["val/top1"]) == 1 and "val/loss" in curve  # 1 epoch, validated once
+    # one test split for the tuning seed (1000) and the evaluation seed (0): evaluation.test_seed
+    assert len({r["test_split"] for r in rows}) == 1
+    md = (out / "vision.md").read_text()
+    assert "Test split: one for all 2 evaluation runs" in md and "Learning curve of the primary baseline" in md
+    assert (out / "vision_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "vision_curves.png" in md
