@@ -11,7 +11,11 @@ metric), the seeds and each check's claimed direction or equivalence margin. Thi
    loop), then ``test`` from the checkpoint fit saved. Per seed every arm gets the same split and
    training order (the DataModule's seed; the order is drawn from ``(seed, epoch)`` only), the same
    initial weights where the architectures agree (``--model.init_args.init_seed``), and the same
-   step budget (``epochs``; the recipes anneal the learning rate with a cosine schedule per stage);
+   step budget (``epochs``; the recipes anneal the learning rate with a cosine schedule per stage).
+   The claims file's ``evaluation`` section (revision 3) fixes the test split for every seed
+   (``test_seed``, passed to the DataModules of :data:`TEST_SEED_DATA`) and makes evaluation runs
+   validate every epoch (``curves``: the run's learning curve, recorded in its ``curve`` column;
+   nothing selects on it); every run records its test split's fingerprint (``test_split``);
 3. **compares** paired: per check, the per-seed differences family - baseline, their mean with a 95%
    CI (paired t by default; ``--ci bootstrap`` for a percentile bootstrap), the minimum detectable
    effect at 80% power for that n, and the verdict *reproduced* / *contradicted* / *not resolved*
@@ -19,11 +23,15 @@ metric), the seeds and each check's claimed direction or equivalence margin. Thi
    ``statistics.revision``, or ``--revision``) the claim's primary check alone decides its verdict,
    secondary checks are Holm-adjusted within the claim, sanity checks are reported apart, an arm
    under the claim's competence floor makes it *invalid*, and "decidable at this n" replaces the
-   MDE (``stats.evaluate_claim``; docs/benchmarks.md, "Protocol, revision 3");
+   MDE (``stats.evaluate_claim``; docs/benchmarks.md, "Protocol, revision 3"); a claim whose
+   evaluation runs were tested on more than one test split is flagged (``stats.test_split_problem``)
+   and one whose primary baseline was still improving at the end of its budget is marked
+   *budget-limited* (``stats.budget_limited``);
 4. **reports**: ``<out>/<benchmark>.md`` (per claim: the arms' mean +- sd, the chosen
    hyperparameters and the tuning table, the paired differences with CI, MDE and verdict),
    ``<out>/<benchmark>_forest.png`` (every paired check's CI against 0 and its margin),
-   ``<out>/<benchmark>.png`` (per-claim panels), ``<out>/vision_lt_per_class.png`` (per-class test
+   ``<out>/<benchmark>.png`` (per-claim panels), ``<out>/<benchmark>_curves.png`` (per claim, the
+   arms' validation curves, where the runs recorded them), ``<out>/vision_lt_per_class.png`` (per-class test
    accuracy of the long-tailed arms), ``<out>/<benchmark>_runs.csv`` (every run, tuning and
    evaluation) and ``<out>/summary.md``.
 
@@ -41,14 +49,24 @@ that imported torch, Lightning and the CLI once (``--isolation fork``, the defau
 interpreter (``--isolation process``); ``--jobs`` runs
 that many at once with ``max(1, cpus // jobs)`` torch threads each, from one queue: the longest
 declared run first, and an arm's evaluation as soon as its own tuning is done (``run_plan``).
-Finished runs are kept in ``--workdir``, keyed by recipe content and exact arguments, so an
-interrupted reproduction resumes (``--fresh`` ignores them; use it after changing the library).
+Finished runs are kept in ``--workdir``, keyed by recipe content and exact arguments and by the
+``code_hash`` (the Python files under ``losses/`` and ``lightning_modules/`` and the recipe), so an
+interrupted reproduction resumes and a changed loss never reuses an old run (``--fresh`` ignores
+them all).
+
+Provenance: the reproduction refuses to start with uncommitted changes under ``losses/``,
+``lightning_modules/``, ``configs/`` or ``benchmarks/`` unless ``--allow-dirty`` is given; ``--quick``
+(what CI runs, on whatever checkout it has) may run dirty. Either way the runs made record a code
+version ending in ``-dirty`` and the reports name the uncommitted paths and those runs.
 ``--plan`` runs nothing: it prints, per claim, the runs, their declared time and how many of them
 are already finished in ``--workdir`` (``plan_status``).
 
 The committed ``<benchmark>_runs.csv`` files are the record of every run: ``--runs-from results/revision2``
 copies their finished runs into ``--workdir`` before anything starts (``seed_workdir``), so the
-reports regenerate from committed runs on any machine and only runs missing from them execute.
+reports regenerate from committed runs on any machine and only runs missing from them execute. They
+are the record: a row is read as recorded whatever code made it (revision 2's rows carry no code
+hash). Revision 2's runs were made without the evaluation section: ``--revision-2-runs`` makes the
+current claims file name them (a test split per seed, no validation in evaluation runs).
 ``--export-runs FILE`` (runs nothing) writes the runs of the selected claims finished so far in
 ``--workdir`` to a runs file, so a reproduction longer than one machine's session can be committed
 part-done and resumed elsewhere with ``--runs-from FILE``.
@@ -1296,8 +1314,13 @@ def write_markdown(benchmark: str, claims: Sequence[Claim], results: Sequence[di
              f"- protocol: every arm tuned over its declared grid on the validation split (tuning seeds "
              f"{', '.join(str(s) for s in meta['tuning_seeds'])}, one validation pass at the end of training; "
              "the test split is never used for selection), then the chosen setting trained on each evaluation "
-             "seed (the seed fixes the split, the training order and the initial weights, the same for every "
-             "arm) and tested from the final checkpoint", ""]
+             + ("seed (the seed fixes the split, the training order and the initial weights, the same for every "
+                "arm) and tested from the final checkpoint" if cf.evaluation.get("test_seed") is None else
+                f"seed (the seed fixes the train / validation split, the training order and the initial weights, "
+                f"the same for every arm; the test split is one for every seed, drawn from evaluation.test_seed = "
+                f"{cf.evaluation['test_seed']} where the DataModule takes it) and tested from the final checkpoint"
+                + ("; evaluation runs validate every epoch (learning curves)" if cf.evaluation.get("curves") else "")),
+             ""]
     failed = [r for r in rows if not r["ok"]]
     if failed:
         lines += ["**Failed runs** (excluded from the statistics):", ""]
