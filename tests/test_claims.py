@@ -131,9 +131,11 @@ def test_run_args_pair_the_arms():
     old = rr.without_evaluation(CF).arms["ce"]
     c = rr.run_args(old, 3, {"model.init_args.lr": 0.005}, phase="eval", quick=False)
     assert "--trainer.limit_val_batches=0" in c and not any("test_seed" in x for x in c)
-    # a DataModule without test_seed (MovieLens) gets no such argument
-    rec = next(x for x in CF.arms.values() if "MovieLens" in x.recipe_config()["data"]["class_path"])
-    assert not any("test_seed" in x for x in rr.run_args(rec, 0, {}, phase="eval", quick=False))
+    # MovieLens and retrieval take it too; a DataModule without test_seed (the synthetic identities,
+    # generated from the seed) gets no such argument
+    for name, has in (("MovieLens", True), ("Retrieval", True), ("Identities", False)):
+        arm = next(x for x in CF.arms.values() if name in x.recipe_config()["data"]["class_path"])
+        assert ("--data.init_args.test_seed=7" in rr.run_args(arm, 0, {}, phase="eval", quick=False)) == has, name
     assert "--model.init_args.lr=0.005" in a and "--model.init_args.loss.init_args.a=2.0" in b
     t = rr.run_args(CF.arms["wcdas_lt_2s"], 1000, CF.arms["wcdas_lt_2s"].grid_points()[1], phase="tune",
                     quick=False)

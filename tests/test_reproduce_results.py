@@ -615,6 +615,9 @@ def test_quick_recommendation_and_retrieval_claims_end_to_end(quick_rec_ret):
             else:
                 assert r["seed"] == "0" and int(r["steps"]) == 2
         ev = {r["arm"]: r for r in rows if r["phase"] == "eval"}
+        # evaluation.test_seed: the tuning seed (1000) and the evaluation seed (0) share one test split
+        assert len({r["test_split"] for r in rows}) == 1 and rows[0]["test_split"]
+        assert all(json.loads(r["curve"]) for r in ev.values())
         if b == "recommendation":
             # the classes each step's softmax saw: rate 0.1 of 1,682 (k = 168) < the distinct positives of
             # a batch of 1,024 pairs, so both rates softmax over exactly the batch's positives ... or all items

@@ -169,29 +169,42 @@ def leave_last_out(df) -> MovieLensSplit:
     return MovieLensSplit(num_users, num_items, tu, ti, val_items, test_items, mask, user_ids, item_ids)
 
 
-def random_split(df, seed: int = 0, *, val_fraction: float = 0.1, test_fraction: float = 0.1) -> MovieLensSplit:
+def random_split(df, seed: int = 0, *, val_fraction: float = 0.1, test_fraction: float = 0.1,
+                 test_seed: Optional[int] = None) -> MovieLensSplit:
     """Remap ids as :func:`leave_last_out` and split each user's interactions at random.
 
     A ``numpy.random.default_rng(seed)`` key per interaction (in file order) shuffles each user's
     interactions; the first ``round(test_fraction·n)`` (half up) are test, the next
     ``round(val_fraction·n)`` validation, the rest training (at least one training interaction
-    is kept: the held-out counts shrink for very short histories).
+    is kept: the held-out counts shrink for very short histories). With ``test_seed`` the test
+    interactions are chosen the same way by a key drawn from ``test_seed`` alone (the same for every
+    ``seed``), and the ``seed`` key orders the user's other interactions into validation and
+    training (the counts are unchanged).
     """
     if not (0.0 <= val_fraction < 1.0 and 0.0 < test_fraction < 1.0 and val_fraction + test_fraction < 1.0):
         raise ValueError(f"random_split: need 0 <= val_fraction, 0 < test_fraction and val_fraction + "
                          f"test_fraction < 1 (got {val_fraction}, {test_fraction})")
     user_ids, users, item_ids, items = _remap(df)
-    key = np.random.default_rng(int(seed)).random(len(users))
-    order = np.lexsort((key, users))
-    users, items = users[order], items[order]
     num_users, num_items = len(user_ids), len(item_ids)
     counts = np.bincount(users, minlength=num_users)
     n_test = np.minimum(np.floor(test_fraction * counts + 0.5).astype(np.int64), counts - 1)
     n_val = np.minimum(np.floor(val_fraction * counts + 0.5).astype(np.int64), counts - 1 - n_test)
     ends = np.cumsum(counts)
-    pos = np.arange(len(users)) - np.repeat(ends - counts, counts)
-    test_row = pos < np.repeat(n_test, counts)
-    val_row = ~test_row & (pos < np.repeat(n_test + n_val, counts))
+    key = np.random.default_rng(int(seed)).random(len(users))
+    if test_seed is None:
+        order = np.lexsort((key, users))
+        users, items = users[order], items[order]
+        pos = np.arange(len(users)) - np.repeat(ends - counts, counts)
+        test_row = pos < np.repeat(n_test, counts)
+        val_row = ~test_row & (pos < np.repeat(n_test + n_val, counts))
+    else:  # the test interactions from test_seed alone; seed orders the rest
+        order = np.lexsort((np.random.default_rng(int(test_seed)).random(len(users)), users))
+        pos = np.arange(len(users)) - np.repeat(ends - counts, counts)
+        is_test = np.zeros(len(users), dtype=bool)
+        is_test[order] = pos < np.repeat(n_test, counts)
+        order = np.lexsort((key, ~is_test, users))  # per user: the test rows first, then the rest by key
+        users, items, test_row = users[order], items[order], is_test[order]
+        val_row = ~test_row & (pos < np.repeat(n_test + n_val, counts))
     train_row = ~(test_row | val_row)
 
     def _mask(rows):
@@ -362,7 +375,11 @@ class MovieLensDataModule(BenchmarkDataModule):
             holds ``neg_replace (B, N)``: the item that replaces pool slot ``j`` for pair ``b``
             (-1 = the pool item itself).
         batch_size, eval_batch_size: training / evaluation batch sizes.
-        seed: shuffling and negative-sampling seed.
+        seed: shuffling and negative-sampling seed (and the random split's).
+        test_seed: ``None`` (default): ``split="random"`` draws its test interactions (and the
+            debiased test view its subset) from ``seed``. An integer: from ``test_seed`` alone, the
+            same for every ``seed`` (protocol revision 3). Leave-last-out has one test split
+            whatever the seed; ``test_seed`` changes nothing there.
 
     Evaluation batches: ``user (B,)``, ``target (B, I)`` bool (the held-out items),
     ``exclude (B, I)`` bool (the user's other known items, masked from the ranking) and
@@ -385,6 +402,7 @@ class MovieLensDataModule(BenchmarkDataModule):
         split: str = "leave_last_out",
         false_negatives: float = 0.0,
         debiased_cap: int = 0,
+        test_seed: Optional[int] = None,
     ) -> None:
         super().__init__()
         if split not in SPLITS:
@@ -409,6 +427,9 @@ class MovieLensDataModule(BenchmarkDataModule):
         self.batch_size = int(batch_size)
         self.eval_batch_size = int(eval_batch_size)
         self.seed = int(seed)
+        if test_seed is not None and (isinstance(test_seed, bool) or not isinstance(test_seed, int)):
+            raise ValueError(f"MovieLensDataModule: test_seed must be an integer or None (got {test_seed!r})")
+        self.test_seed = test_seed
         self.num_workers = int(num_workers)
         self.save_hyperparameters()
         self.split = self._load_split()
@@ -416,13 +437,15 @@ class MovieLensDataModule(BenchmarkDataModule):
         self.num_items = self.split.num_items
         self.num_classes = self.split.num_items
         self.rare_items = rarest_half(self.split.train_item_counts())
-        self.debiased_test = (debiased_subset(self.split.test_mask, self.debiased_cap, self.seed + 2)
+        test_seed = self.seed if getattr(self, "test_seed", None) is None else self.test_seed
+        self.debiased_test = (debiased_subset(self.split.test_mask, self.debiased_cap, test_seed + 2)
                               if self.debiased_cap > 0 else None)
 
     def _load_split(self) -> MovieLensSplit:
         """The interactions, split leave-last-out or at random (subclasses read other files)."""
         df = load_ml100k()
-        return random_split(df, self.seed) if self.split_kind == "random" else leave_last_out(df)
+        return (random_split(df, self.seed, test_seed=getattr(self, "test_seed", None)) if self.split_kind == "random"
+                else leave_last_out(df))
 
     @property
     def meta(self) -> Dict[str, Any]:
@@ -431,7 +454,7 @@ class MovieLensDataModule(BenchmarkDataModule):
     def test_split_fingerprint(self) -> str:
         """:func:`~lightning_modules.base.split_fingerprint` of the held-out test interactions, each
         as ``user * num_items + item`` (remapped ids). Leave-last-out gives one test split whatever
-        ``seed``; ``split="random"`` draws it from ``seed``."""
+        ``seed``; ``split="random"`` draws it from ``seed``, or from ``test_seed`` when given."""
         u, i = torch.nonzero(self.split.heldout_mask("test"), as_tuple=True)
         return split_fingerprint(u * self.split.num_items + i)
 

@@ -243,11 +243,22 @@ def subset_corpus(corpus: RetrievalCorpus, max_queries: int, *, seed: int = 0) -
     )
 
 
-def split_queries(num_queries: int, val_size: int, test_size: int, seed: int) -> Dict[str, torch.Tensor]:
-    """Seeded random disjoint ``train``/``val``/``test`` query index sets (sorted)."""
+def split_queries(num_queries: int, val_size: int, test_size: int, seed: int,
+                  test_seed: Optional[int] = None) -> Dict[str, torch.Tensor]:
+    """Seeded random disjoint ``train``/``val``/``test`` query index sets (sorted). With ``test_seed``
+    the test queries are drawn from ``test_seed`` alone (the same for every ``seed``) and ``seed``
+    splits the remaining queries (ascending) into validation and training."""
     if val_size < 0 or test_size < 0 or val_size + test_size >= num_queries:
         raise ValueError(f"split_queries: val_size + test_size must be < the number of queries (got {val_size} + "
                          f"{test_size} for {num_queries}); use smaller splits")
+    if test_seed is not None:
+        test = torch.randperm(num_queries, generator=torch.Generator().manual_seed(int(test_seed)))[:test_size]
+        keep = torch.ones(num_queries, dtype=torch.bool)
+        keep[test] = False
+        rest = torch.nonzero(keep).flatten()
+        rest = rest[torch.randperm(rest.numel(), generator=torch.Generator().manual_seed(seed))]
+        val, train = rest[:val_size], rest[val_size:]
+        return {"train": train.sort().values, "val": val.sort().values, "test": test.sort().values}
     perm = torch.randperm(num_queries, generator=torch.Generator().manual_seed(seed))
     test, val, train = perm[:test_size], perm[test_size:test_size + val_size], perm[test_size + val_size:]
     return {"train": train.sort().values, "val": val.sort().values, "test": test.sort().values}
@@ -323,6 +334,9 @@ class RetrievalDataModule(BenchmarkDataModule):
         batch_size: training queries per batch; the keys are the union of their positives
             (in-batch negatives) plus ``num_negatives`` documents drawn from the training corpus.
         seed: split and sampling seed.
+        test_seed: ``None`` (default): the test queries are drawn from ``seed`` (a new test split
+            per seed). An integer: drawn from ``test_seed`` alone, the same for every ``seed``
+            (protocol revision 3); ``seed`` still splits the rest into validation and training.
         max_queries: keep only this many queries (drawn with a fixed seed, the same for every
             ``seed``) and the documents they reference, e.g. for a quick look at a recipe: the
             first run encodes only their texts (``None``, the default: the whole data set).
@@ -350,6 +364,7 @@ class RetrievalDataModule(BenchmarkDataModule):
         max_seq_length: int = 128,
         cache_dir: Optional[str] = None,
         num_workers: int = 0,
+        test_seed: Optional[int] = None,
     ) -> None:
         super().__init__()
         if dataset not in DATASETS:
@@ -365,6 +380,10 @@ class RetrievalDataModule(BenchmarkDataModule):
         self.eval_batch_size = int(eval_batch_size)
         self.num_negatives = int(num_negatives)
         self.seed = int(seed)
+        if test_seed is not None and (isinstance(test_seed, bool) or not isinstance(test_seed, int)):
+            raise ValueError(f"RetrievalDataModule: test_seed must be an integer or None (got {test_seed!r}); None "
+                             "draws the test queries from seed")
+        self.test_seed = test_seed
         self.max_seq_length = int(max_seq_length)
         self.cache_dir = cache_dir
         self.num_workers = int(num_workers)
@@ -381,7 +400,8 @@ class RetrievalDataModule(BenchmarkDataModule):
     def _init_splits(self) -> None:
         """Split ``self.corpus`` by query and set the linked sizes (shared with subclasses that
         bring their own corpus and encoder)."""
-        self._split_queries = split_queries(len(self.corpus.queries), self.val_size, self.test_size, self.seed)
+        self._split_queries = split_queries(len(self.corpus.queries), self.val_size, self.test_size, self.seed,
+                                            test_seed=getattr(self, "test_seed", None))
         self._corpora: Dict[str, torch.Tensor] = {}
         self._eval_positives: Dict[str, Dict[int, List[int]]] = {}
         for split, rows in self._split_queries.items():
@@ -405,7 +425,7 @@ class RetrievalDataModule(BenchmarkDataModule):
     # -- data -------------------------------------------------------------------------------
     def test_split_fingerprint(self) -> str:
         """:func:`~lightning_modules.base.split_fingerprint` of the test queries (indices into the
-        corpus). The query split is drawn from ``seed``, so it differs between seeds."""
+        corpus): drawn from ``seed`` (a new split per seed) unless ``test_seed`` is given."""
         return split_fingerprint(self._split_queries["test"])
 
     @property

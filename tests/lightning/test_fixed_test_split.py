@@ -81,3 +81,34 @@ def test_movielens_fingerprint_leave_last_out_is_fixed_random_split_is_not():
     assert a.test_split_fingerprint() == b.test_split_fingerprint()
     r0, r1 = MovieLensDataModule(seed=0, split="random"), MovieLensDataModule(seed=1, split="random")
     assert r0.test_split_fingerprint() != r1.test_split_fingerprint() != a.test_split_fingerprint()
+
+
+def test_retrieval_query_split_with_test_seed():
+    from lightning_modules.data.retrieval import split_queries
+
+    a, b = (split_queries(200, 20, 30, seed=s, test_seed=9) for s in (0, 1))
+    assert torch.equal(a["test"], b["test"]) and not torch.equal(a["val"], b["val"])
+    for s in (a, b):
+        assert [len(s[k]) for k in ("train", "val", "test")] == [150, 20, 30]
+        assert torch.cat(list(s.values())).sort().values.tolist() == list(range(200))
+    # without test_seed: the split of revision 2 (test drawn from seed)
+    old = split_queries(200, 20, 30, seed=0)
+    assert torch.equal(old["test"], torch.randperm(200, generator=torch.Generator().manual_seed(0))[:30].sort().values)
+
+
+def test_movielens_random_split_with_test_seed_fixes_the_test_interactions():
+    from lightning_modules.data import MovieLensDataModule
+
+    try:
+        a, b = (MovieLensDataModule(seed=s, split="random", test_seed=4, debiased_cap=5) for s in (0, 1))
+    except ModuleNotFoundError as exc:
+        pytest.skip(str(exc))
+    assert a.test_split_fingerprint() == b.test_split_fingerprint()
+    assert torch.equal(a.debiased_test, b.debiased_test)  # the debiased view of the test split too
+    assert not torch.equal(a.split.val_mask, b.split.val_mask)
+    old = MovieLensDataModule(seed=0, split="random")
+    for m in ("train_mask", "val_mask", "test_mask"):  # the same sizes as the per-seed split
+        got = getattr(a.split, m, None)
+        if got is not None:
+            assert int(got.sum()) == int(getattr(old.split, m).sum()), m
+    assert not (a.split.test_mask & a.split.val_mask).any()
