@@ -260,6 +260,20 @@ class IdentitiesDataModule(BenchmarkDataModule):
                      "val_open": len(s.val_open_id), "test_open": len(s.test_open_id), "noise": float(h.noise),
                      "nuisance_dim": int(h.nuisance_dim), "generator_seed": self.seed}
 
+    def test_split_fingerprint(self) -> str:
+        """The first 12 hex digits of the SHA-256 of the test examples themselves (closed-set
+        ``test_x``, ``test_y``, then the open-set test samples and identities): the data is generated
+        from ``seed``, so unlike an index split this names what was tested, and it differs between
+        seeds (there is no ``test_seed`` here yet)."""
+        import hashlib
+
+        self.setup()
+        s = self.splits
+        h = hashlib.sha256()
+        for t in (s.test_x, s.test_y, s.test_open_x, s.test_open_id, s.test_open_role):
+            h.update(t.detach().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()[:12]
+
     def split_sizes(self) -> Dict[str, int]:
         self.setup()
         s = self.splits

@@ -112,3 +112,12 @@ def test_movielens_random_split_with_test_seed_fixes_the_test_interactions():
         if got is not None:
             assert int(got.sum()) == int(getattr(old.split, m).sum()), m
     assert not (a.split.test_mask & a.split.val_mask).any()
+
+
+def test_identities_fingerprint_names_the_generated_test_data():
+    from lightning_modules.data import IdentitiesDataModule
+
+    kw = dict(num_classes=40, dim=8, nuisance_dim=3, train_per_class=2, open_classes=6)
+    a, b, c = IdentitiesDataModule(seed=0, **kw), IdentitiesDataModule(seed=0, **kw), IdentitiesDataModule(seed=1, **kw)
+    assert a.test_split_fingerprint() == b.test_split_fingerprint() != c.test_split_fingerprint()
+    assert len(a.test_split_fingerprint()) == 12
