@@ -884,3 +884,29 @@ def test_quick_rows_carry_curve_test_split_and_code_hash(quick_out):
     assert "Test split: one for all 2 evaluation runs" in md and "Learning curve of the primary baseline" in md
     assert (out / "vision_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "vision_curves.png" in md
+
+
+def test_worker_reads_the_validation_curve_from_the_csv_log(tmp_path):
+    """``_reproduce_worker._curve``: the ``val/...`` values per validation epoch from the CSV logger's
+    file (train rows and empty cells skipped, epochs in order, values rounded to 6 significant digits)."""
+    spec = importlib.util.spec_from_file_location("reproduce_worker_curve",
+                                                  os.path.join(ROOT, "benchmarks", "_reproduce_worker.py"))
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    (tmp_path / "metrics.csv").write_text(
+        "epoch,step,train/loss,val/top1,val/loss\n"
+        "0,9,2.5,,\n"
+        "0,9,,0.5,1.9\n"
+        "1,19,2.0,,\n"
+        "1,19,,0.612345678,1.5\n"
+        "2,29,,0.7,\n")
+
+    class Logger:
+        log_dir = str(tmp_path)
+
+    class Trainer:
+        loggers = [Logger()]
+
+    assert worker._curve(Trainer()) == {"val/loss": [1.9, 1.5, None], "val/top1": [0.5, 0.612346, 0.7]}
+    Logger.log_dir = str(tmp_path / "none")
+    assert worker._curve(Trainer()) == {}
