@@ -196,3 +196,21 @@ def test_lm_head_memory_is_a_steady_state_step():
     grew = bench._hwm_bytes() - base
     del small
     assert 4 * 2**20 < grew < 32 * 2**20
+
+
+@pytest.mark.slow
+def test_lm_head_without_cut_cross_entropy_skips_its_rows(tmp_path, monkeypatch, capsys):
+    """A peer that is not installed: a 'skipped: ... not installed' line, its rows kept with that
+    note, the reference and the project still timed (memory off: the timing path is the point)."""
+    bench = _bench()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setattr(bench, "_installed", lambda module: module != "cut_cross_entropy")
+    rows = bench.run_lm_head(str(tmp_path), threads=1, repeats=3, max_seconds=0.2, clock="cpu", small=True,
+                             skip_memory=True)
+    by = {r["impl"]: r for r in rows}
+    assert by["losses.linear_cross_entropy"]["ms"] > 0 and by["linear+F.cross_entropy"]["ms"] > 0
+    assert by["losses.linear_cross_entropy"]["agrees"]
+    peer = [r for name, r in by.items() if name.startswith("cce.")]
+    assert peer and all(r["ms"] is None and r["note"] == "skipped: cut-cross-entropy not installed" for r in peer)
+    line = "skipped: cut-cross-entropy not installed (pip install cut-cross-entropy)"
+    assert line in capsys.readouterr().out and line in (tmp_path / "lm_head.md").read_text()
