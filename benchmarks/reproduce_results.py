@@ -106,7 +106,8 @@ DID_KIND = "did"  # revision 3: difference in differences (robustness claims)
 SANITY_KIND = "sanity"  # revision 3: identities / levels a loss meets by construction
 TRANSFORMS = ("abs",)  # per-seed transforms of a metric a check may declare
 REVISIONS = (2, 3)
-INIT_SEED_MODELS = ("VisionClassifier", "VisionSegmenter", "Recommender", "IdentityEmbedder", "LanguageModel")  # models taking init_seed
+INIT_SEED_MODELS = ("VisionClassifier", "VisionSegmenter", "Recommender", "IdentityEmbedder",
+                    "LanguageModel")  # models taking init_seed
 
 
 # ------------------------------------------------------------------------------------------
