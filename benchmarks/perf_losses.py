@@ -26,6 +26,7 @@ Usage::
     python benchmarks/perf_losses.py --suite targets       # the performance targets (1 thread, cpu clock)
     python benchmarks/perf_losses.py --suite peers         # installed peer libraries on the same inputs
     python benchmarks/perf_losses.py --suite peers --small --out /tmp/p   # seconds-long smoke run
+    python benchmarks/perf_losses.py --suite lm_head --max-seconds 40   # LM head, V=30,522: time, memory, agreement
     python benchmarks/perf_losses.py --suite compiled --skip-memory  # torch.compile'd losses vs compiled CE and a copy
     python benchmarks/perf_losses.py --suite all --out results/perf
 
@@ -64,6 +65,21 @@ def _peak_rss_bytes() -> int:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _reset_peak_rss() -> None:
+    """Reset the process's RSS high-water mark (Linux: ``5`` to ``/proc/self/clear_refs``)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _hwm_bytes() -> int:
+    """The RSS high-water mark since the last :func:`_reset_peak_rss` (``VmHWM``)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")  # pragma: no cover
 
 
 #: inputs shared by the implementations timed in one process (same tensors, not only same values)
@@ -210,13 +226,28 @@ def worker(case: Dict) -> Dict:
             _SHARED.clear()
             results.append(group_worker(group))
         return {"results": results}
+    if case["mode"] == "agree":
+        return agree_worker(case)
     if case["mode"] != "memory":
         return group_worker(case)
     with losses.validation(False):
-        step, tensors = _build(case)
-        base = _rss_bytes()
-        step()
-        peak = _peak_rss_bytes()
+        step, tensors = (_build_peer if case.get("peers") else _build)(case)
+        if case.get("warm"):
+            # steady state: one step first (a compiled path compiles in it), its gradients dropped,
+            # then the peak of the second step over the RSS before it
+            import gc
+
+            step()
+            _zero(tensors)
+            gc.collect()
+            base = _rss_bytes()
+            _reset_peak_rss()
+            step()
+            peak = _hwm_bytes()
+        else:
+            base = _rss_bytes()
+            step()
+            peak = _peak_rss_bytes()
         return {"peak_mb": max(peak - base, 0) / 2**20}
 
 
@@ -1039,12 +1070,213 @@ def _write_peers(rows: List[Dict], skipped: List[str], out: str, meta: Dict, sma
     plt.close(fig)
 
 
+# --------------------------------------------------------------------------------------
+# lm_head: the language-model head (vocabulary 30,522) - time, peak memory and agreement
+# --------------------------------------------------------------------------------------
+
+#: (B tokens, C vocabulary, D hidden): MiniLM's WordPiece vocabulary, 4,096 tokens per step
+LM_HEAD_SHAPE = (4096, 30522, 256)
+LM_HEAD_SMALL_SHAPE = (256, 2000, 32)
+#: float32 agreement with a float64 linear + CE: |loss error| / |loss| and, per gradient,
+#: max |error| / max |float64 gradient|
+LM_HEAD_TOL = {"loss": 1e-5, "grad": 1e-4}
+LM_HEAD_REF = "linear+F.cross_entropy"
+
+
+def lm_head_cases(small: bool) -> List[Dict]:
+    """The implementations of suite ``lm_head``: reference, the project's path, cut-cross-entropy."""
+    shape = list(LM_HEAD_SMALL_SHAPE if small else LM_HEAD_SHAPE)
+    impls = [{"impl": LM_HEAD_REF}, {"impl": "losses.linear_cross_entropy"},
+             {"impl": "cce.linear_cross_entropy", "label": "cce.linear_cross_entropy (impl=cce)", "cce_impl": "cce",
+              "hint": "its Triton kernels need a GPU"}]
+    if not small:  # torch.compile of its CPU path takes ~15 s: not in the smoke run
+        impls.append({"impl": "cce.linear_cross_entropy", "label": "cce.linear_cross_entropy (impl=torch_compile)",
+                      "cce_impl": "torch_compile"})
+    cases = []
+    for impl in impls:
+        case = {"family": "cce", "peer": "cut-cross-entropy", "shape": shape, **impl}
+        case.setdefault("label", case["impl"])
+        cases.append(case)
+    return cases
+
+
+def _lm_head_fn(case: Dict):
+    import torch.nn.functional as F
+
+    import losses
+
+    impl = case["impl"]
+    if impl == LM_HEAD_REF:
+        return lambda x, w, y: F.cross_entropy(x @ w.T, y)
+    if impl == "losses.linear_cross_entropy":
+        return lambda x, w, y: losses.linear_cross_entropy(x, y, w)
+    from cut_cross_entropy import linear_cross_entropy as cce
+
+    return lambda x, w, y: cce(x, w, y, impl=case["cce_impl"])
+
+
+def agree_worker(case: Dict) -> Dict:
+    """Loss and gradients of each implementation against float64 ``x @ W.T`` + ``F.cross_entropy``.
+
+    Inputs: ``x ~ N(0, 1)`` of shape (B, D), ``W ~ N(0, 9 / D)`` (logits of sd about 3, so the
+    softmax is far from uniform), uniform targets; seed 0. Per implementation: the float32 loss, its
+    error relative to the float64 loss, and per gradient (x and W) the largest absolute error over
+    the largest absolute float64 gradient."""
+    import torch
+    import torch.nn.functional as F
+
+    import losses
+
+    b, c, d = case["shape"]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(b, d, generator=g)
+    w = torch.randn(c, d, generator=g) * (3.0 / d ** 0.5)
+    y = torch.randint(0, c, (b,), generator=g)
+    x64, w64 = x.double().requires_grad_(True), w.double().requires_grad_(True)
+    ref = F.cross_entropy(x64 @ w64.T, y)
+    ref.backward()
+    out: Dict = {}
+    with losses.validation(False):
+        for impl in case["cases"]:
+            xi, wi = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+            try:
+                loss = _lm_head_fn(impl)(xi, wi, y)
+                loss.backward()
+            except Exception as e:  # a peer that cannot run here
+                out[impl["label"]] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]}
+                continue
+
+            def rel(a, r):
+                return float((a.double() - r).abs().max() / r.abs().max())
+
+            out[impl["label"]] = {"loss": float(loss), "loss_err": abs(float(loss) - float(ref)) / abs(float(ref)),
+                                  "grad_x_err": rel(xi.grad, x64.grad), "grad_w_err": rel(wi.grad, w64.grad)}
+    return {"ref_loss": float(ref), "agree": out}
+
+
+def run_lm_head(out: str, threads: int, repeats: int, max_seconds: float, clock: str, small: bool,
+                skip_memory: bool = False) -> List[Dict]:
+    """Suite ``lm_head``: linear + CE, ``losses.linear_cross_entropy`` and cut-cross-entropy at
+    (tokens, vocabulary, hidden) = :data:`LM_HEAD_SHAPE`: interleaved time, the peak memory of a
+    steady-state step (fresh process per implementation) and the float32 agreement."""
+    cases = lm_head_cases(small)
+    skipped = []
+    peer, (module, pip_name) = "cut-cross-entropy", PEER_PACKAGES["cut-cross-entropy"]
+    if not _installed(module):
+        skipped.append(f"skipped: {peer} not installed (pip install {pip_name})")
+        print(skipped[-1], flush=True)
+    run = [c for c in cases if not (skipped and c["impl"].startswith("cce."))]
+    b, c, d = cases[0]["shape"]
+    timing = _run_case({"mode": "time", "peers": True, "cases": run, "threads": threads, "repeats": repeats,
+                        "warmup": 1 if small else 2, "max_seconds": max_seconds, "clock": clock})
+    agree = _run_case({"mode": "agree", "threads": threads, "shape": [b, c, d], "cases": run})
+    times, errors = timing.get("times", {}), timing.get("errors", {})
+    rows = []
+    for case in cases:
+        label = case["label"]
+        side = "reference" if label == LM_HEAD_REF else "project" if label.startswith("losses.") else "peer"
+        row = {"suite": "lm_head", "impl": label, "side": side, "B": b, "C": c, "D": d, "ms": None,
+               "peak_mb": None, "note": ""}
+        if case not in run:
+            row["note"] = f"skipped: {peer} not installed"
+            rows.append(row)
+            continue
+        if times.get(label):
+            row.update(summarize(times[label]))
+            row["times"] = times[label]
+            if label != LM_HEAD_REF and times.get(LM_HEAD_REF):
+                pr = paired_ratio(times[label], times[LM_HEAD_REF])
+                if pr:
+                    row.update(x_linear_ce=pr["ratio"], x_linear_ce_q1=pr["r_q1"], x_linear_ce_q3=pr["r_q3"])
+        else:
+            row["note"] = "skipped: " + (case.get("hint", "") + " - " if case.get("hint") else "") + (
+                errors.get(label) or timing.get("error") or "did not run")
+        a = agree.get("agree", {}).get(label, {})
+        if "loss" in a:
+            row.update(a)
+            row["agrees"] = a["loss_err"] <= LM_HEAD_TOL["loss"] and max(a["grad_x_err"], a["grad_w_err"]) <= \
+                LM_HEAD_TOL["grad"]
+        if row["ms"] is not None and not skip_memory:
+            mem = _run_case(dict(case, mode="memory", peers=True, warm=True, threads=threads))
+            row["peak_mb"] = mem.get("peak_mb")
+            if mem.get("error"):
+                row["note"] = (row["note"] + " " if row["note"] else "") + "memory: " + mem["error"]
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "times"}), flush=True)
+    ref = [r for r in rows if r["impl"] == LM_HEAD_REF and r.get("peak_mb")]
+    for r in rows:
+        if ref and r.get("peak_mb") is not None:
+            r["x_linear_ce_mem"] = r["peak_mb"] / ref[0]["peak_mb"]
+    os.makedirs(out, exist_ok=True)
+    _write_lm_head(rows, skipped, out, _meta(threads, clock), small, agree.get("ref_loss"))
+    return rows
+
+
+def _write_lm_head(rows: List[Dict], skipped: List[str], out: str, meta: Dict, small: bool,
+                   ref_loss: Optional[float]) -> None:
+    fields = ["suite", "impl", "side", "B", "C", "D", "ms", "q1", "q3", "min", "max", "n", "x_linear_ce",
+              "x_linear_ce_q1", "x_linear_ce_q3", "peak_mb", "x_linear_ce_mem", "loss", "loss_err", "grad_x_err",
+              "grad_w_err", "agrees", "note"]
+    with open(os.path.join(out, "lm_head.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow(r)
+    b, c, d = rows[0]["B"], rows[0]["C"], rows[0]["D"]
+
+    def sci(v):
+        return "" if v is None else f"{v:.1e}"
+
+    lines = [
+        "# Performance: `lm_head`" + (" (--small smoke sizes)" if small else ""),
+        "",
+        f"torch {meta['torch']}, Python {meta['python']}, {meta['threads']} thread(s), CPU: {meta['cpu']}, "
+        f"{meta['date']}, clock: {CLOCK_NOTE.get(meta['clock'], meta['clock'])}. A language-model head: "
+        f"{b:,} tokens of hidden size {d} against a vocabulary of {c:,}, float32, forward + backward "
+        "(gradients of the hidden states and of the output weight), data checks off. The implementations "
+        "are timed interleaved in one process (ms = median, spread = interquartile range (min-max), "
+        "n = repetitions; `x lin+CE` = median of the per-repetition ratio to `x @ W.T` + `F.cross_entropy`). "
+        "Peak MB = peak RSS of a steady-state step minus the RSS before it, in a fresh process per "
+        "implementation (one step first - a compiled path compiles there - then the RSS high-water mark "
+        "is reset and the second step measured; glibc `MALLOC_MMAP_THRESHOLD_=131072`).",
+        "",
+    ]
+    lines += [f"- {line}" for line in skipped] + ([""] if skipped else [])
+    lines += ["| implementation | ms | spread ms | n | x lin+CE | peak MB | mem x lin+CE | note |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = (f"{r['x_linear_ce']:.2f} [{r['x_linear_ce_q1']:.2f}-{r['x_linear_ce_q3']:.2f}]"
+                 if r.get("x_linear_ce") is not None else "")
+        lines.append(f"| {r['impl']} | {_fmt(r.get('ms'))} | {_spread(r)} | {r.get('n', '')} | {ratio} | "
+                     f"{_fmt(r.get('peak_mb'), 1)} | {_fmt(r.get('x_linear_ce_mem'))} | {r['note']} |")
+    lines += [
+        "",
+        "## Agreement",
+        "",
+        f"Separate inputs with logits of sd about 3 (x ~ N(0, 1), W ~ N(0, 9/D)), compared with a float64 "
+        f"`x @ W.T` + `F.cross_entropy` (loss {ref_loss if ref_loss is None else f'{ref_loss:.6f}'}): "
+        "loss error relative to the float64 loss; gradient error = max |error| / max |float64 gradient|. "
+        f"Agrees: loss error <= {LM_HEAD_TOL['loss']:g} and both gradient errors <= {LM_HEAD_TOL['grad']:g} "
+        "(float32 tolerance).",
+        "",
+        "| implementation | loss | loss error | grad x error | grad W error | agrees |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r.get("loss") is None:
+            continue
+        lines.append(f"| {r['impl']} | {r['loss']:.6f} | {sci(r['loss_err'])} | {sci(r['grad_x_err'])} | "
+                     f"{sci(r['grad_w_err'])} | {'yes' if r['agrees'] else 'no'} |")
+    with open(os.path.join(out, "lm_head.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--suite", default="losses",
                    choices=["losses", "sparsemax", "sparsemax_paths", "sparsemax_forced", "partial_fc", "linear_ce",
-                            "targets", "peers", "compiled", "all"])
+                            "targets", "peers", "lm_head", "compiled", "all"])
     p.add_argument("--classes", type=lambda s: [int(float(v)) for v in s.split(",")], default=None,
                    help="comma-separated class counts (default per suite)")
     p.add_argument("--threads", type=int, default=None,
@@ -1057,7 +1289,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                    help="cpu: CPU time of the process (time.process_time; robust on a shared machine with "
                         "--threads 1; the default of the targets and peers suites); wall: perf_counter "
                         "(default of the other suites); process: alias of cpu")
-    p.add_argument("--small", action="store_true", help="peers suite: tiny shapes, a seconds-long smoke run")
+    p.add_argument("--small", action="store_true",
+                   help="peers and lm_head suites: tiny shapes, a seconds-long smoke run")
     p.add_argument("--families", type=lambda s: s.split(","), default=None,
                    help="peers suite: comma-separated subset of sparsemax,arcface,dice,inbatch,cce")
     p.add_argument("--losses", type=lambda s: s.split(","), default=None,
@@ -1071,12 +1304,16 @@ def main(argv: Optional[List[str]] = None) -> None:
     suites = ["losses", "sparsemax", "partial_fc", "linear_ce", "targets", "peers"] if args.suite == "all" \
         else [args.suite]
     for suite in suites:
-        pinned = suite in ("targets", "peers", "sparsemax_paths", "sparsemax_forced", "compiled")
+        pinned = suite in ("targets", "peers", "lm_head", "sparsemax_paths", "sparsemax_forced", "compiled")
         threads = args.threads or (1 if pinned else (os.cpu_count() or 1))
         clock = "cpu" if args.clock == "process" else (args.clock or ("cpu" if pinned else "wall"))
         repeats = args.repeats or (3 if args.small else 20)
         if clock == "cpu" and threads > 1:
             print(f"note: --clock cpu with {threads} threads sums the CPU time of all threads", flush=True)
+        if suite == "lm_head":
+            run_lm_head(args.out, threads, repeats, 0.5 if args.small else args.max_seconds, clock, args.small,
+                        args.skip_memory)
+            continue
         if suite == "peers":
             run_peers(args.out, threads, repeats, 0.5 if args.small else args.max_seconds, clock, args.small,
                       args.families)

@@ -124,7 +124,8 @@ DID_KIND = "did"  # revision 3: difference in differences (robustness claims)
 SANITY_KIND = "sanity"  # revision 3: identities / levels a loss meets by construction
 TRANSFORMS = ("abs",)  # per-seed transforms of a metric a check may declare
 REVISIONS = (2, 3)
-INIT_SEED_MODELS = ("VisionClassifier", "VisionSegmenter", "Recommender", "IdentityEmbedder")  # models taking init_seed
+INIT_SEED_MODELS = ("VisionClassifier", "VisionSegmenter", "Recommender", "IdentityEmbedder",
+                    "LanguageModel")  # models taking init_seed
 #: DataModules taking ``test_seed`` (one test split for every seed; the claims file's evaluation.test_seed)
 TEST_SEED_DATA = ("DigitsDataModule", "MNISTDataModule", "DigitsSegmentationDataModule", "MNISTSegmentationDataModule",
                   "RetrievalDataModule", "MovieLensDataModule")

@@ -101,6 +101,11 @@ class TokenMetrics(Metric):
     ``compute()`` returns a dict: ``loss``, ``nll``, ``ppl``, ``softmax_nll``, ``softmax_ppl``,
     ``top1``, ``top5``, ``logz_mean``, ``logz_std`` and, when a sparse distribution was seen,
     ``support`` and ``zero_prob``. ``nll`` is ``inf`` when any target token got probability 0.
+
+    A no-training reference on the same tokens: after :meth:`set_unigram` (log-probabilities
+    ``(C,)`` of a unigram model, e.g. the training split's token frequencies) ``compute()`` also
+    returns ``unigram_top1`` / ``unigram_top5`` (accuracy of always predicting the most frequent
+    tokens), ``unigram_nll`` and ``unigram_ppl``.
     """
 
     full_state_update = False
@@ -109,8 +114,13 @@ class TokenMetrics(Metric):
         super().__init__(**kwargs)
         self.ignore_index = int(ignore_index)
         for name in ("tokens", "loss_sum", "nll_sum", "softmax_nll_sum", "top1", "top5", "support", "zero",
-                     "logz_sum", "logz_sq", "sparse"):
+                     "logz_sum", "logz_sq", "sparse", "unigram_top1", "unigram_top5", "unigram_nll_sum"):
             self.add_state(name, default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.unigram: Optional[Tensor] = None
+
+    def set_unigram(self, logp: Optional[Tensor]) -> None:
+        """Log-probabilities ``(C,)`` of the unigram reference (``None``: no reference)."""
+        self.unigram = None if logp is None else logp.detach().double()
 
     def update(self, loss_sum: Tensor, logits: Tensor, probs: Tensor, target: Tensor, *, scores: Optional[Tensor] = None,
                sparse: bool = False) -> None:
@@ -133,6 +143,13 @@ class TokenMetrics(Metric):
         self.top5 += hit.any(-1)[valid].sum()
         self.logz_sum += lse[valid].double().sum()
         self.logz_sq += (lse[valid].double() ** 2).sum()
+        if self.unigram is not None:
+            u = self.unigram.to(target.device)
+            uk = u.topk(k).indices
+            t = safe[valid]
+            self.unigram_top1 += (t == uk[0]).sum()
+            self.unigram_top5 += (t.unsqueeze(-1) == uk).any(-1).sum()
+            self.unigram_nll_sum += (-u[t]).sum()
         if sparse:
             self.sparse += 1
             self.support += support.double().sum()
@@ -152,6 +169,11 @@ class TokenMetrics(Metric):
         }
         out["ppl"] = out["nll"].exp()
         out["softmax_ppl"] = out["softmax_nll"].exp()
+        if self.unigram is not None:
+            out["unigram_top1"] = self.unigram_top1 / n
+            out["unigram_top5"] = self.unigram_top5 / n
+            out["unigram_nll"] = self.unigram_nll_sum / n
+            out["unigram_ppl"] = out["unigram_nll"].exp()
         if self.sparse > 0:
             out["support"] = self.support / n
             out["zero_prob"] = self.zero / n

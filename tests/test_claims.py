@@ -214,7 +214,7 @@ def test_revision_3_check_kinds_in_the_claims_file():
         assert keys[key].primary().kind == "not_worse" and keys[key].primary().margin > 0, key
     # robustness claims: difference in differences, primary
     did = {c.key: c.primary() for c in CF.claims if c.primary().kind == "did"}
-    assert set(did) == {"comp_sum", "psl_popularity_shift", "psl_false_negatives"}
+    assert set(did) == {"comp_sum", "psl_popularity_shift", "psl_false_negatives", "logz_penalty_lm_high_lr"}
     assert did["psl_popularity_shift"].clean_metric == "test/recall@20"
     assert (did["psl_false_negatives"].clean_family, did["psl_false_negatives"].clean_baseline) == ("psl_tanh_rs", "ssm_rs")
     assert keys["comp_sum"].run_arms() == ("comp_sum_noisy", "ce_noisy", "comp_sum_clean", "ce")
@@ -222,6 +222,34 @@ def test_revision_3_check_kinds_in_the_claims_file():
     # OPL's objective is |mean inter-class cosine| -> 0: the check compares absolute values
     inter = next(ch for ch in keys["opl"].checks if ch.metric == "test/cos_inter")
     assert inter.transform == "abs" and inter.kind == "lower"
+
+
+def test_language_model_claims():
+    """The LM claims: log-Z penalty (perplexity non-inferiority; stability at high learning rates as
+    a difference in differences against the normal-rate pair), Z-loss (top-k at vocabulary 8,192),
+    1.5-entmax (top-1 non-inferiority, support reported); every arm tunes the learning rate over an
+    equal grid; the floors are the unigram reference's columns of the same runs."""
+    keys = {c.key: c for c in CF.claims if c.benchmark == "language_model"}
+    assert set(keys) == {"logz_penalty_lm", "logz_penalty_lm_high_lr", "z_loss_lm", "entmax15_lm"}
+    prim = {k: c.primary() for k, c in keys.items()}
+    assert (prim["logz_penalty_lm"].kind, prim["logz_penalty_lm"].better) == ("not_worse", "lower")
+    assert prim["logz_penalty_lm"].metric == "test/nll" and prim["logz_penalty_lm"].margin > 0
+    hi = prim["logz_penalty_lm_high_lr"]
+    assert (hi.kind, hi.better, hi.clean_family, hi.clean_baseline) == ("did", "lower", "logz_lm", "ce_lm")
+    assert (prim["z_loss_lm"].metric, prim["z_loss_lm"].kind) == ("test/top5", "higher")
+    assert (prim["entmax15_lm"].metric, prim["entmax15_lm"].kind) == ("test/top1", "not_worse")
+    assert {"test/support", "test/zero_prob"} <= set(keys["entmax15_lm"].metrics)
+    grids = {}
+    for c in keys.values():
+        for a in c.run_arms():
+            arm = CF.arms[a]
+            assert [k for k, _ in arm.grid] == ["model.init_args.lr"] and len(arm.grid_points()) == 3, a
+            assert arm.recipe.startswith("configs/language_model/claims/"), a
+            grids[a] = dict(arm.grid)["model.init_args.lr"]
+        for metric, floor in c.floors:
+            assert floor == metric.replace("test/", "test/unigram_") and floor in c.metrics, (c.key, metric)
+    # the stressed arms' learning rates all lie above the normal grid
+    assert min(grids["ce_lm_hi"]) > max(grids["ce_lm"]) and grids["logz_lm_hi"] == grids["ce_lm_hi"]
 
 
 def test_revision_2_claims_file_is_frozen_beside_its_runs():

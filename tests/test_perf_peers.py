@@ -152,3 +152,65 @@ def test_losses_filter_refuses_names_outside_the_suite(tmp_path):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "perf_losses: --losses names not in the compiled suite (got ['nope'])" in proc.stderr
+
+
+@pytest.mark.slow
+def test_lm_head_suite_small_times_measures_and_checks_agreement(tmp_path):
+    """Suite ``lm_head`` at smoke sizes: the reference and the project's many-class path are timed,
+    get a steady-state peak memory and agree with float64 linear + CE; cut-cross-entropy either has
+    rows (timed, or skipped with the reason: its Triton path needs a GPU) or a 'not installed' line."""
+    bench = _bench()
+    proc = _run(["--suite", "lm_head", "--small"], tmp_path)
+    with open(tmp_path / "lm_head.csv") as f:
+        rows = {r["impl"]: r for r in csv.DictReader(f)}
+    md = (tmp_path / "lm_head.md").read_text()
+    assert md.startswith("# Performance: `lm_head` (--small smoke sizes)") and "## Agreement" in md
+    b, c, d = bench.LM_HEAD_SMALL_SHAPE
+    for name in ("linear+F.cross_entropy", "losses.linear_cross_entropy"):
+        r = rows[name]
+        assert (int(r["B"]), int(r["C"]), int(r["D"])) == (b, c, d)
+        assert float(r["ms"]) > 0 and int(r["n"]) >= 3 and float(r["peak_mb"]) > 0, r
+        assert r["agrees"] == "True" and float(r["loss_err"]) <= bench.LM_HEAD_TOL["loss"], r
+        assert max(float(r["grad_x_err"]), float(r["grad_w_err"])) <= bench.LM_HEAD_TOL["grad"], r
+    assert float(rows["losses.linear_cross_entropy"]["x_linear_ce"]) > 0
+    # the chunked path holds less than the (B, C) logits and their gradient at once
+    assert float(rows["losses.linear_cross_entropy"]["peak_mb"]) < float(rows["linear+F.cross_entropy"]["peak_mb"])
+    peer = [r for name, r in rows.items() if name.startswith("cce.")]
+    if importlib.util.find_spec("cut_cross_entropy") is None:
+        assert "skipped: cut-cross-entropy not installed" in md and "not installed" in proc.stdout
+    else:
+        assert peer and all(r["ms"] or r["note"].startswith("skipped: ") for r in peer), peer
+
+
+def test_lm_head_memory_is_a_steady_state_step():
+    """The high-water mark resets (Linux ``clear_refs``): the peak of a later step is not the
+    peak of an earlier, larger allocation."""
+    bench = _bench()
+    import torch
+
+    big = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+    del big
+    bench._reset_peak_rss()
+    base = bench._rss_bytes()
+    small = torch.ones(8 * 2**20 // 4)
+    grew = bench._hwm_bytes() - base
+    del small
+    assert 4 * 2**20 < grew < 32 * 2**20
+
+
+@pytest.mark.slow
+def test_lm_head_without_cut_cross_entropy_skips_its_rows(tmp_path, monkeypatch, capsys):
+    """A peer that is not installed: a 'skipped: ... not installed' line, its rows kept with that
+    note, the reference and the project still timed (memory off: the timing path is the point)."""
+    bench = _bench()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setattr(bench, "_installed", lambda module: module != "cut_cross_entropy")
+    rows = bench.run_lm_head(str(tmp_path), threads=1, repeats=3, max_seconds=0.2, clock="cpu", small=True,
+                             skip_memory=True)
+    by = {r["impl"]: r for r in rows}
+    assert by["losses.linear_cross_entropy"]["ms"] > 0 and by["linear+F.cross_entropy"]["ms"] > 0
+    assert by["losses.linear_cross_entropy"]["agrees"]
+    peer = [r for name, r in by.items() if name.startswith("cce.")]
+    assert peer and all(r["ms"] is None and r["note"] == "skipped: cut-cross-entropy not installed" for r in peer)
+    line = "skipped: cut-cross-entropy not installed (pip install cut-cross-entropy)"
+    assert line in capsys.readouterr().out and line in (tmp_path / "lm_head.md").read_text()

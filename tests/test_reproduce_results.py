@@ -637,6 +637,41 @@ def test_quick_recommendation_and_retrieval_claims_end_to_end(quick_rec_ret):
             assert f"{float(ev[a][f'test/{metric}']):.4f}" in line
 
 
+# ------------------------------------------------------------------------------------------
+# the reduced reproduction of one language-model claim, end to end
+# ------------------------------------------------------------------------------------------
+def test_quick_language_model_claim_end_to_end(tmp_path):
+    """``--quick --claims z_loss_lm``: one tuning and one evaluation run per arm of the small LM
+    recipes through the real CLI (2 batches each), the unigram reference columns that the claim's
+    competence floors name, and the report."""
+    out, work = tmp_path / "results", tmp_path / "work"
+    code = rr.main(["--quick", "--claims", "z_loss_lm", "--jobs", "2", "--out", str(out), "--workdir", str(work)])
+    assert code == 0, (out / "language_model_runs.csv").read_text()
+    for name in ("language_model.md", "language_model_runs.csv", "summary.md"):
+        assert (out / name).exists() and (out / name).stat().st_size > 0, name
+    with open(out / "language_model_runs.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert sorted((r["arm"], r["phase"]) for r in rows) == [("ce_lm", "eval"), ("ce_lm", "tune"),
+                                                           ("zloss_lm", "eval"), ("zloss_lm", "tune")]
+    claim = next(c for c in CF.claims if c.key == "z_loss_lm")
+    for r in rows:
+        assert r["ok"] == "True", r["error"]
+        assert json.loads(r["data"])["dataset"] == "stdlib-source"
+        if r["phase"] == "tune":  # validation only: the test split is never read for selection
+            assert r["seed"] == "1000" and r["val/top1"] != "" and r["test/top1"] == ""
+        else:
+            assert r["seed"] == "0" and int(r["steps"]) == 2
+            for metric, floor in claim.floors:  # the floor columns come from the same runs
+                assert 0.0 < float(r[floor]) < 1.0 and r[metric] != ""
+            assert float(r["test/unigram_ppl"]) > 1.0
+    # the two arms start from the same weights and see the same data: the reference is the same
+    ev = {r["arm"]: r for r in rows if r["phase"] == "eval"}
+    assert ev["ce_lm"]["test/unigram_top1"] == ev["zloss_lm"]["test/unigram_top1"]
+    md = (out / "language_model.md").read_text()
+    assert "(`z_loss_lm`)" in md and "Competence floors" in md and "unigram_top1" in md
+    assert re.search(r"Verdict: (not resolved|invalid \(arm .+ did not train\))", md)
+
+
 # ------------------------------------------------------------------------------------------------
 # protocol revision 3 on hand-made runs (no training)
 # ------------------------------------------------------------------------------------------------

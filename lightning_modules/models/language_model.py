@@ -35,7 +35,11 @@ Logged metrics (:mod:`lightning_modules.lm_metrics`):
   ``top1`` / ``top5`` (next-token accuracy by :func:`~lightning_modules.routing.predict_scores`),
   ``logz_mean`` / ``logz_std`` and, for a loss with its own prediction rule (sparsemax / entmax),
   ``support`` (mean number of tokens with probability > 0) and ``zero_prob`` (the fraction of
-  target tokens given probability 0), plus ``peak_memory_mb``.
+  target tokens given probability 0), plus ``peak_memory_mb``; with ``unigram_reference`` (the
+  default) also a no-training reference on the same tokens: ``unigram_top1`` / ``unigram_top5``
+  (always predicting the training split's most frequent tokens) and ``unigram_ppl`` /
+  ``unigram_nll`` (the training split's add-one-smoothed token frequencies), the competence floors
+  of the language-model claims.
 """
 
 from __future__ import annotations
@@ -159,6 +163,8 @@ class LanguageModel(BenchmarkModule):
             spike (``train/spikes``).
         spike_window: number of previous step losses in the running median.
         eval_chunk_tokens: tokens per chunk when evaluation materialises logits (bounds memory).
+        unigram_reference: log the unigram reference metrics (module docstring) when the DataModule
+            has a ``stream("train")`` of token ids.
         init_seed: when set, the model is initialised from ``torch.manual_seed(init_seed)`` (the
             global RNG restored afterwards), so arms of a comparison start from the same weights.
         lr, weight_decay: AdamW.
@@ -183,6 +189,7 @@ class LanguageModel(BenchmarkModule):
         spike_factor: float = 2.0,
         spike_window: int = 50,
         eval_chunk_tokens: int = 1024,
+        unigram_reference: bool = True,
         init_seed: Optional[int] = None,
         lr: float = 1e-3,
         weight_decay: float = 0.0,
@@ -216,6 +223,8 @@ class LanguageModel(BenchmarkModule):
         self.spikes = SpikeCounter(self.spike_factor, self.spike_window, min_history=min(10, self.spike_window))
         self.eval_chunk_tokens = int(eval_chunk_tokens)
         self.eval_metrics = nn.ModuleDict({s: TokenMetrics(IGNORE_INDEX) for s in ("val", "test")})
+        self.unigram_reference = bool(unigram_reference)
+        self._unigram: Optional[Tensor] = None
         self._tokens = 0
         self._seconds = 0.0
         self._t0: Optional[float] = None
@@ -283,6 +292,26 @@ class LanguageModel(BenchmarkModule):
         self.spikes.reset()
 
     # -- evaluation ----------------------------------------------------------------------------
+    def _unigram_logp(self) -> Optional[Tensor]:
+        """Add-one-smoothed log-frequencies of the training split's tokens (``None`` without a
+        DataModule that exposes ``stream("train")``)."""
+        if not self.unigram_reference:
+            return None
+        if self._unigram is None:
+            dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+            if dm is None or not callable(getattr(dm, "stream", None)):
+                return None
+            counts = torch.bincount(dm.stream("train").long(), minlength=self.num_classes)[:self.num_classes]
+            counts = counts.double() + 1.0
+            self._unigram = (counts / counts.sum()).log()
+        return self._unigram
+
+    def on_validation_epoch_start(self) -> None:
+        self.eval_metrics["val"].set_unigram(self._unigram_logp())
+
+    def on_test_epoch_start(self) -> None:
+        self.eval_metrics["test"].set_unigram(self._unigram_logp())
+
     def _eval_step(self, stage: str, batch: Dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         hidden = self.decoder(batch["input"])
         loss, full = self._loss(hidden, batch["target"])

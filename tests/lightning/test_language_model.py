@@ -253,6 +253,29 @@ def test_logz_stats_and_token_metrics_against_torch():
     assert "support" not in out
 
 
+def test_unigram_reference_on_hand_made_tokens():
+    """The no-training reference: with the unigram log-probabilities set, top-1 / top-5 are those of
+    always predicting the most frequent tokens and nll the mean of -log p(target), padding skipped;
+    without them no unigram column is computed."""
+    counts = torch.tensor([1.0, 9.0, 5.0, 3.0, 2.0, 8.0, 4.0])  # ranked: 1, 5, 2, 6, 3
+    logp = (counts / counts.sum()).log()
+    target = torch.tensor([1, 5, 0, IGNORE_INDEX, 6, 1, 4])
+    logits = torch.zeros(len(target), len(counts))
+    m = TokenMetrics()
+    m.update(torch.tensor(0.0), logits, torch.softmax(logits, 1), target)
+    assert not any(k.startswith("unigram") for k in m.compute())
+    m.reset()
+    m.set_unigram(logp)
+    m.update(torch.tensor(0.0), logits[:3], torch.softmax(logits[:3], 1), target[:3])
+    m.update(torch.tensor(0.0), logits[3:], torch.softmax(logits[3:], 1), target[3:])
+    out = m.compute()
+    assert float(out["unigram_top1"]) == pytest.approx(2 / 6)  # two of the six targets are token 1
+    assert float(out["unigram_top5"]) == pytest.approx(4 / 6)  # 1, 5, 6, 1 are in the top five; 0 and 4 not
+    nll = -sum(math.log(counts[t] / counts.sum()) for t in (1, 5, 0, 6, 1, 4)) / 6
+    assert float(out["unigram_nll"]) == pytest.approx(nll, rel=1e-6)  # float32 log-probabilities
+    assert float(out["unigram_ppl"]) == pytest.approx(math.exp(nll), rel=1e-6)
+
+
 # -- recipes through the CLI ----------------------------------------------------------------------
 def _config(recipe):
     with open(os.path.join(ROOT, recipe)) as fh:
@@ -290,7 +313,8 @@ def test_every_recipe_trains_two_steps_through_the_cli(tmp_path, cache):
         assert cli.trainer.global_step == 2, name
         assert math.isfinite(metrics["train/loss"]) and metrics["train/tokens_per_s"] > 0, (name, metrics)
         for key in ("train/logz_mean", "train/logz_std", "train/spikes", "train/peak_memory_mb", "val/loss",
-                    "val/softmax_ppl", "val/top1", "val/top5", "val/logz_mean", "val/logz_std"):
+                    "val/softmax_ppl", "val/top1", "val/top5", "val/logz_mean", "val/logz_std",
+                    "val/unigram_top1", "val/unigram_top5", "val/unigram_ppl"):
             assert key in metrics, (name, key, sorted(metrics))
         assert ("val/ppl" in metrics) == spec.softmax, name  # no perplexity for the Z-loss's logits
         sparse = name in ("entmax15", "sparsemax")
