@@ -105,6 +105,55 @@ class _ZLossFunction(torch.autograd.Function):
         return grad, None, None, None, None, None
 
 
+def _zloss_reduced(x: Tensor, y: Tensor, a: float, b: float, eps: float, divisor: int,
+                   need_grad: bool) -> Tuple[Tensor, Optional[Tensor]]:
+    """``sum_rows(softplus(a (b - z_y)) / a) / divisor`` and its gradient (no autograd), the
+    per-row factors of :class:`_ZLossFunction`'s backward with ``g = 1`` and the divisor folded in as
+    Python numbers; the gradient is written into the buffer of the centred logits."""
+    c = x.shape[1]
+    col = y.unsqueeze(1)
+    d = x - x.mean(dim=1, keepdim=True)
+    inv_s = torch.linalg.vector_norm(d, dim=1).square_().div_(c).add_(eps).rsqrt_()  # 1 / sigma
+    z_c = d.gather(1, col).squeeze(1).mul_(inv_s)
+    t = z_c.mul(-a).add_(a * b)  # a (b - z_c)
+    total = softplus(t).sum().mul_(1.0 / (a * divisor))
+    if not need_grad:
+        return total, None
+    ks = torch.sigmoid(t).mul_(inv_s)  # s / sigma
+    offset = ks * (1.0 / (c * divisor))  # gs / (C sigma)
+    coef = (offset * z_c).mul_(inv_s)  # gs z_c / (C sigma^2)
+    grad = d.mul_(coef.unsqueeze(1)).add_(offset.unsqueeze(1))
+    grad.scatter_add_(1, col, ks.mul_(-1.0 / divisor).unsqueeze(1))  # - gs / sigma at the target
+    return total, grad
+
+
+class _ZLossReducedFunction(torch.autograd.Function):
+    """Z-loss reduced to one number (no ignored position, ``"mean"`` / ``"sum"``): the forward also
+    writes the gradient (in the buffer of the centred logits), the backward scales it by the
+    incoming gradient (not at all for ``loss.backward()``'s seed of 1). A second backward through a
+    retained graph recomputes it."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, y: Tensor, a: float, b: float, eps: float, divisor: int) -> Tensor:
+        total, grad = _zloss_reduced(x, y, a, b, eps, divisor, bool(ctx.needs_input_grad[0]))
+        ctx.save_for_backward(x, y)
+        ctx.grad = grad
+        ctx.options = (a, b, eps, divisor)
+        return total
+
+    @staticmethod
+    @once_differentiable("z_loss")
+    def backward(ctx, g: Tensor):
+        grad = ctx.grad
+        ctx.grad = None  # hand the buffer over to autograd
+        if grad is None:  # a second backward through a retained graph
+            x, y = ctx.saved_tensors
+            grad = _zloss_reduced(x, y, *ctx.options, True)[1]
+        if not (g.device.type == "cpu" and not _compiling() and g.item() == 1.0):
+            grad = grad.mul_(g)
+        return grad, None, None, None, None, None
+
+
 def z_loss(
     input: Tensor,
     target: Tensor,
@@ -198,7 +247,7 @@ def z_loss(
         x = upcast(x2d, dtype)
         divisor = fused_divisor(valid, reduction, y.numel())
         if divisor is not None:  # nothing ignored, "mean" / "sum": reduced inside the Function
-            return _ZLossFunction.apply(x, y, a, b, eps, divisor)
+            return _ZLossReducedFunction.apply(x, y, a, b, eps, divisor)
         if valid is not None:
             x = zero_rows(x, valid, verified_finite=finite)
         values = _ZLossFunction.apply(x, y, a, b, eps)
