@@ -376,6 +376,21 @@ def _ce_logz_grad(x: Tensor, y: Tensor, m: Tensor, log_s: Tensor, g_ce: Tensor, 
     return grad
 
 
+def _logz_seed_grad(x: Tensor, y: Tensor, m: Tensor, lse: Tensor, coef: float, divisor: int,
+                    e: Optional[Tensor] = None, s_sum: Optional[Tensor] = None) -> Tensor:
+    """The gradient of the reduced ``ce + coef (log Z)^2`` for an incoming gradient of 1:
+    ``softmax * g_p - onehot(y) / divisor`` with ``g_p = (1 + 2 coef log Z) / divisor``, written as
+    ``E = exp(x - m)`` (the forward's buffer, or rebuilt) times ``g_p / S`` per row: one pass."""
+    if e is None:
+        e = torch.sub(x, m.unsqueeze(1)).exp_()
+        s_sum = e.sum(dim=1)
+    assert s_sum is not None
+    g_p = lse.mul(2.0 * coef / divisor).add_(1.0 / divisor)
+    grad = e.mul_(g_p.div_(s_sum).unsqueeze(1))
+    return grad.scatter_add_(1, y.unsqueeze(1), torch.full((y.shape[0], 1), -1.0 / divisor, dtype=x.dtype,
+                                                             device=x.device))
+
+
 class _CrossEntropyLogZMeanFunction(torch.autograd.Function):
     """``sum_rows((log Z - x_y) + coef (log Z)^2) / divisor`` (no ignored row): the loss reduced in
     the forward, so the backward gets one scalar and writes the gradient of
@@ -383,17 +398,34 @@ class _CrossEntropyLogZMeanFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, y: Tensor, coef: float, divisor: int) -> Tensor:
-        m, log_s = row_max_logsum(x)
+        # on CPU, eagerly, the gradient for loss.backward()'s seed of 1 is written here, from the
+        # log-sum-exp's own exp(x - m) buffer; the backward hands it over
+        ctx.fused = bool(ctx.needs_input_grad[0]) and x.device.type == "cpu" and not _compiling() and x.shape[1] > 0
+        e = s_sum = None
+        if ctx.fused:
+            m = torch.nan_to_num(x.amax(dim=1), nan=0.0, posinf=0.0, neginf=0.0)  # as row_max_logsum
+            e = torch.sub(x, m.unsqueeze(1)).exp_()
+            s_sum = e.sum(dim=1)
+            log_s = s_sum.log()
+        else:
+            m, log_s = row_max_logsum(x)
         ctx.save_for_backward(x, y, m, log_s)
         ctx.coef, ctx.divisor = coef, divisor
         x_y = x.gather(1, y.unsqueeze(1)).squeeze(1)
         lse = m + log_s
+        ctx.grad = _logz_seed_grad(x, y, m, lse, coef, divisor, e, s_sum) if ctx.fused else None
         return reduced_sum(((m - x_y) + log_s) + coef * lse.square(), divisor)
 
     @staticmethod
     @once_differentiable("cross_entropy_with_logz_penalty")
     def backward(ctx, g: Tensor):
+        grad = ctx.grad
+        ctx.grad = None  # hand the buffer over to autograd
         x, y, m, log_s = ctx.saved_tensors
+        if ctx.fused and g.item() == 1.0:
+            if grad is None:  # a second backward through a retained graph: the same arithmetic
+                grad = _logz_seed_grad(x, y, m, m + log_s, ctx.coef, ctx.divisor)
+            return grad, None, None, None
         g_ce = g / ctx.divisor
         g_lse = (2.0 * ctx.coef) * (m + log_s) * g_ce
         return _ce_logz_grad(x, y, m, log_s, g_ce, g_ce + g_lse), None, None, None
