@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    all_kept,
     once_differentiable,
     check_ignore_index,
     auto_extra_repr,
@@ -359,12 +360,12 @@ def _psi_and_derivative(c: Tensor, m2: float, m3: float) -> Tuple[Tensor, Tensor
     return (psi - m3 if m3 != 0.0 else psi), dpsi
 
 
-def _margin_exp_buffer(xs: Tensor, w: Tensor, inv_w: Tensor, y: Tensor, scale: float, m2: float,
+def _margin_exp_buffer(xs: Tensor, wn: Tensor, y: Tensor, scale: float, m2: float,
                        m3: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """``(E, m, S, t, psi')`` of :class:`_MarginSoftmaxFunction`: ``z = xs @ normalize(w).T``
-    clamped to ``[-s, s]``, the target entry patched to ``t = s·psi(z_{i,y_i}/s)``, ``m`` the row
-    maxima, ``E = exp(z - m)`` in the matmul's buffer and ``S`` its row sums."""
-    z = xs @ (w * inv_w.unsqueeze(1)).t()
+    """``(E, m, S, t, psi')`` of :class:`_MarginSoftmaxFunction`: ``z = xs @ wn.T`` (``wn`` the
+    normalised centres) clamped to ``[-s, s]``, the target entry patched to ``t = s·psi(z_{i,y_i}/s)``,
+    ``m`` the row maxima, ``E = exp(z - m)`` in the matmul's buffer and ``S`` its row sums."""
+    z = xs @ wn.t()
     z.clamp_(-scale, scale)
     col = y.unsqueeze(1)
     psi, dpsi = _psi_and_derivative(z.gather(1, col).squeeze(1).div_(scale), m2, m3)
@@ -396,14 +397,21 @@ class _MarginSoftmaxFunction(torch.autograd.Function):
         xs = x * (inv_x * scale).unsqueeze(1)
         norm_w = torch.linalg.vector_norm(w, dim=1)
         inv_w = norm_w.clamp_min(NORM_EPS).reciprocal()
-        e, m, s_sum, t, dpsi = _margin_exp_buffer(xs, w, inv_w, y, scale, m2, m3)
+        wn = w * inv_w.unsqueeze(1)  # saved: the backward needs it (no larger peak than rebuilding it)
+        e, m, s_sum, t, dpsi = _margin_exp_buffer(xs, wn, y, scale, m2, m3)
         values = torch.log(s_sum).add_(m).sub_(t)
-        rw = valid.to(x.dtype)
-        if reduction == "mean":
-            rw = rw / rw.sum().clamp_min(1.0)
-        values = torch.where(valid, values, torch.zeros((), dtype=values.dtype, device=values.device))
-        out = values if reduction == "none" else torch.dot(values, rw)
-        ctx.save_for_backward(xs, w, inv_x, norm_x, inv_w, norm_w, s_sum, y, dpsi, rw)
+        if valid is None:  # every row counts: the row weight is a number
+            rw = 1.0 / x.shape[0] if reduction == "mean" else 1.0
+            out = values if reduction == "none" else values.sum().mul_(rw)
+        else:
+            rw = valid.to(x.dtype)
+            if reduction == "mean":
+                rw = rw / rw.sum().clamp_min(1.0)
+            values = torch.where(valid, values, torch.zeros((), dtype=values.dtype, device=values.device))
+            out = values if reduction == "none" else torch.dot(values, rw)
+        ctx.rw = rw if valid is None else None
+        ctx.save_for_backward(xs, wn, inv_x, norm_x, inv_w, norm_w, s_sum, y, dpsi,
+                              None if valid is None else rw)
         ctx.e = e  # not saved: the backward overwrites it
         ctx.options = (scale, m2, m3)
         return out
@@ -412,19 +420,22 @@ class _MarginSoftmaxFunction(torch.autograd.Function):
     @once_differentiable("margin_softmax_loss")
     def backward(ctx, grad_out):  # type: ignore[override]
         with no_autocast(grad_out):
-            xs, w, inv_x, norm_x, inv_w, norm_w, s_sum, y, dpsi, rw = ctx.saved_tensors
+            xs, wn, inv_x, norm_x, inv_w, norm_w, s_sum, y, dpsi, rw = ctx.saved_tensors
+            if rw is None:
+                rw = ctx.rw
             s = ctx.options[0]
             e = ctx.e
             ctx.e = None
             if e is None:  # a second backward through a retained graph
-                e = _margin_exp_buffer(xs, w, inv_w, y, *ctx.options)[0]
-            g = rw * grad_out  # (N,): the row's weight times the incoming gradient
+                e = _margin_exp_buffer(xs, wn, y, *ctx.options)[0]
+            g = grad_out * rw  # the row's weight times the incoming gradient ((N,) or a scalar)
+            if g.dim() == 0:
+                g = g.expand(s_sum.shape)
             col = y.unsqueeze(1)
             # G = s g_i E_ik / S_i, the target column s g_i (p_iy - 1) psi'(c_i); in E's buffer
             rs = g * (s / s_sum)
             gy = (e.gather(1, col).squeeze(1) / s_sum).sub_(1.0).mul_(dpsi).mul_(g * s)
             gmat = e.mul_(rs.unsqueeze(1)).scatter_(1, col, gy.unsqueeze(1))
-            wn = w * inv_w.unsqueeze(1)
             grad_x = grad_w = None
             if ctx.needs_input_grad[0]:
                 gxn = gmat @ wn  # d/d(normalize(x)); xs = s·normalize(x)
@@ -434,12 +445,12 @@ class _MarginSoftmaxFunction(torch.autograd.Function):
                 grad_x = gxn.addcmul_(xn, dot.unsqueeze(1), value=-1.0).mul_(inv_x.unsqueeze(1))
             if ctx.needs_input_grad[1]:
                 grad_wn = gmat.t() @ xs
-                del wn, gmat, e
+                del gmat, e
                 # backward of w / max(||w||, eps) (xs carries s: divide it out),
-                # g * inv - w * inv^3 <w, g>
+                # inv (g - wn <wn, g>) where ||w|| > eps
                 inv_ws = inv_w * (1.0 / s)
-                coef_w = (w * grad_wn).sum(dim=1) * inv_w.pow(2) * inv_ws * (norm_w > NORM_EPS).to(w.dtype)
-                grad_w = grad_wn.mul_(inv_ws.unsqueeze(1)).addcmul_(w, coef_w.unsqueeze(1), value=-1.0)
+                coef_w = (wn * grad_wn).sum(dim=1) * (norm_w > NORM_EPS).to(wn.dtype)
+                grad_w = grad_wn.addcmul_(wn, coef_w.unsqueeze(1), value=-1.0).mul_(inv_ws.unsqueeze(1))
         return grad_x, grad_w, None, None, None, None, None, None
 
 
@@ -513,11 +524,15 @@ def margin_softmax_loss(
     check_finite(fn, "weight", weight)
     dtype = compute_dtype(embeddings, weight)
     valid = target != ignore_index
-    y = torch.where(valid, target, torch.zeros_like(target)).long()
     if variant == "paper" and thr == 0.0 and m[0] == 1.0 and embeddings.shape[0] > 0:
         with no_autocast(embeddings, weight):
+            if all_kept(valid):  # no ignored row (seen on the host): no zeroing, ids as they are
+                return _MarginSoftmaxFunction.apply(upcast(embeddings, dtype), upcast(weight, dtype), target.long(),
+                                                    None, s, m[1], m[2], reduction)
+            y = torch.where(valid, target, torch.zeros_like(target)).long()
             return _MarginSoftmaxFunction.apply(upcast(drop_rows(embeddings, valid), dtype), upcast(weight, dtype),
                                                 y, valid, s, m[1], m[2], reduction)
+    y = torch.where(valid, target, torch.zeros_like(target)).long()
     with no_autocast(embeddings, weight):
         values = margin_row_losses(upcast(drop_rows(embeddings, valid), dtype), upcast(weight, dtype), y, valid,
                                    scale=s, margin=m, variant=variant, threshold=thr)
