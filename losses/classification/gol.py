@@ -373,7 +373,7 @@ class _GumbelBCEFunction(torch.autograd.Function):
         if grad is not None:
             ctx.grad = None  # hand the buffer over to autograd
             if not (grad_out.dim() == 0 and grad_out.device.type == "cpu" and not _compiling()
-                    and bool(grad_out == 1.0)):
+                    and grad_out.item() == 1.0):
                 grad = grad.mul_(grad_out)  # (loss.backward() seeds 1: nothing to scale)
         else:
             x, y, ids, valid, w = ctx.saved_tensors
@@ -508,7 +508,7 @@ def gumbel_bce_loss(
     # ignored rows are zeroed unless a data check just verified that every logit is finite
     # (or, on CPU outside torch.compile, no row is ignored: the zeroing is then an identity)
     if (valid is not None and x.device.type == "cpu" and not _compiling()
-            and (valid.numel() == 0 or bool(valid.view(torch.uint8).min() == 1))):
+            and (valid.numel() == 0 or bool(valid.all()))):
         valid = None  # every id is valid (None selects the fast path of _paper_forward)
     elif not finite and valid is not None:
         x = torch.where(valid.unsqueeze(1), x, torch.zeros((), dtype=dtype, device=x.device))

@@ -351,7 +351,7 @@ def _psi_and_derivative(c: Tensor, m2: float, m3: float) -> Tuple[Tensor, Tensor
     root = torch.sqrt(1.0 - cc * cc)
     psi = c * cos_m - root * sin_m
     # d/dc of -sqrt(1 - cc^2) sin m2 is sin m2 cc / root where the clamp passes the gradient
-    inside = (c >= -1.0 + ROOT_CLAMP) & (c <= 1.0 - ROOT_CLAMP)
+    inside = cc == c  # the clamp passes the gradient (the bounds included)
     dpsi = torch.where(inside, (cc / root).mul_(sin_m).add_(cos_m), torch.full((), cos_m, dtype=c.dtype, device=c.device))
     if m2 > 0.0:
         keep = c > -cos_m
@@ -441,7 +441,7 @@ class _MarginSoftmaxFunction(torch.autograd.Function):
                 gxn = gmat @ wn  # d/d(normalize(x)); xs = s·normalize(x)
                 xn = xs / s
                 # backward of x / max(||x||, eps): inv (g - xn <xn, g>) where ||x|| > eps
-                dot = (xn * gxn).sum(dim=1) * (norm_x > NORM_EPS).to(xs.dtype)
+                dot = (xn * gxn).sum(dim=1).masked_fill_(norm_x <= NORM_EPS, 0.0)
                 grad_x = gxn.addcmul_(xn, dot.unsqueeze(1), value=-1.0).mul_(inv_x.unsqueeze(1))
             if ctx.needs_input_grad[1]:
                 grad_wn = gmat.t() @ xs
@@ -449,7 +449,7 @@ class _MarginSoftmaxFunction(torch.autograd.Function):
                 # backward of w / max(||w||, eps) (xs carries s: divide it out),
                 # inv (g - wn <wn, g>) where ||w|| > eps
                 inv_ws = inv_w * (1.0 / s)
-                coef_w = (wn * grad_wn).sum(dim=1) * (norm_w > NORM_EPS).to(wn.dtype)
+                coef_w = (wn * grad_wn).sum(dim=1).masked_fill_(norm_w <= NORM_EPS, 0.0)
                 grad_w = grad_wn.addcmul_(wn, coef_w.unsqueeze(1), value=-1.0).mul_(inv_ws.unsqueeze(1))
         return grad_x, grad_w, None, None, None, None, None, None
 
