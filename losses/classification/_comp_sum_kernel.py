@@ -63,8 +63,10 @@ class CompSumFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: Tensor, y: Tensor, tau: float, divisor: Optional[int] = None) -> Tensor:
-        fused = (divisor is not None and ctx.needs_input_grad[0] and x.device.type == "cpu" and not _compiling())
+    def forward(ctx, x: Tensor, y: Tensor, tau: float, divisor: Optional[int] = None,
+                grad_mode: bool = True) -> Tensor:
+        # grad_mode: torch.is_grad_enabled() at the call (inside forward it is always off)
+        fused = (divisor is not None and grad_mode and ctx.needs_input_grad[0] and x.device.type == "cpu" and not _compiling())
         e = None
         ctx.tau_one = tau == 1.0 and x.shape[1] > 0
         if fused and ctx.tau_one:
@@ -105,7 +107,7 @@ class CompSumFunction(torch.autograd.Function):
         if ctx.fused and g.item() == 1.0:
             if grad is None:  # a second backward through a retained graph: the same arithmetic
                 grad = _seed_grad(x, y, m, log_s, r, ctx.divisor, ctx.tau_below_one, ctx.tau_one)
-            return grad, None, None, None
+            return grad, None, None, None, None
         if ctx.divisor is not None:  # reduced in the forward (no ignored row): one scalar gradient
             g = g / ctx.divisor
         grad = _grad(x, y, m, log_s, r, torch.log(g.abs()), ctx.tau_below_one)  # -inf where g == 0
@@ -114,4 +116,4 @@ class CompSumFunction(torch.autograd.Function):
                 grad.neg_()  # g < 0 (g == 0 left every entry 0 already)
         else:
             grad.mul_(torch.sign(g).unsqueeze(1))
-        return grad, None, None, None
+        return grad, None, None, None, None

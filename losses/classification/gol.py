@@ -356,8 +356,9 @@ class _GumbelBCEFunction(torch.autograd.Function):
     (one pass, no allocation). A second backward through a retained graph recomputes it."""
 
     @staticmethod
-    def forward(ctx, x, y, ids, valid, w, smoothing, lo, hi, reduction):  # type: ignore[override]
-        need_grad = bool(ctx.needs_input_grad[0])
+    def forward(ctx, x, y, ids, valid, w, smoothing, lo, hi, reduction, grad_mode=True):  # type: ignore[override]
+        # grad_mode: torch.is_grad_enabled() at the call (inside forward it is always off)
+        need_grad = grad_mode and bool(ctx.needs_input_grad[0])
         with no_autocast(x.device.type), torch.no_grad():
             out, grad = _paper_forward(x, y, ids, valid, w, smoothing, lo, hi, reduction, need_grad)
         if need_grad:
@@ -380,7 +381,7 @@ class _GumbelBCEFunction(torch.autograd.Function):
             with no_autocast(x.device.type), torch.no_grad():
                 _, grad = _paper_forward(x, y, ids, valid, w, *ctx.options, True)
             grad = grad * grad_out
-        return grad, None, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None, None
 
 
 # --------------------------------------------------------------------------------------
@@ -536,7 +537,7 @@ def gumbel_bce_loss(
             unit = (torch.ones_like(x) if valid is None else valid.unsqueeze(1).expand_as(x).to(dtype))
         return reduce_loss(values * w, unit, reduction)
     return _GumbelBCEFunction.apply(x, y, ids, valid, None if w is None else w.detach(), smoothing, lo, hi,
-                                    reduction)
+                                    reduction, torch.is_grad_enabled())
 
 
 class GumbelBCELoss(nn.Module):

@@ -134,8 +134,10 @@ class _ZLossReducedFunction(torch.autograd.Function):
     retained graph recomputes it."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, y: Tensor, a: float, b: float, eps: float, divisor: int) -> Tensor:
-        total, grad = _zloss_reduced(x, y, a, b, eps, divisor, bool(ctx.needs_input_grad[0]))
+    def forward(ctx, x: Tensor, y: Tensor, a: float, b: float, eps: float, divisor: int, grad_mode: bool = True) -> Tensor:
+        # grad_mode: torch.is_grad_enabled() at the call (inside forward it is always off); under
+        # torch.no_grad() no gradient is written
+        total, grad = _zloss_reduced(x, y, a, b, eps, divisor, grad_mode and bool(ctx.needs_input_grad[0]))
         ctx.save_for_backward(x, y)
         ctx.grad = grad
         ctx.options = (a, b, eps, divisor)
@@ -151,7 +153,7 @@ class _ZLossReducedFunction(torch.autograd.Function):
             grad = _zloss_reduced(x, y, *ctx.options, True)[1]
         if not (g.device.type == "cpu" and not _compiling() and g.item() == 1.0):
             grad = grad.mul_(g)
-        return grad, None, None, None, None, None
+        return grad, None, None, None, None, None, None
 
 
 def z_loss(
@@ -247,7 +249,7 @@ def z_loss(
         x = upcast(x2d, dtype)
         divisor = fused_divisor(valid, reduction, y.numel())
         if divisor is not None:  # nothing ignored, "mean" / "sum": reduced inside the Function
-            return _ZLossReducedFunction.apply(x, y, a, b, eps, divisor)
+            return _ZLossReducedFunction.apply(x, y, a, b, eps, divisor, torch.is_grad_enabled())
         if valid is not None:
             x = zero_rows(x, valid, verified_finite=finite)
         values = _ZLossFunction.apply(x, y, a, b, eps)
@@ -397,10 +399,11 @@ class _CrossEntropyLogZMeanFunction(torch.autograd.Function):
     :class:`_CrossEntropyLogZFunction` for ``g_ce = g / divisor``, ``g_lse = 2 coef log Z g_ce``."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, y: Tensor, coef: float, divisor: int) -> Tensor:
+    def forward(ctx, x: Tensor, y: Tensor, coef: float, divisor: int, grad_mode: bool = True) -> Tensor:
         # on CPU, eagerly, the gradient for loss.backward()'s seed of 1 is written here, from the
-        # log-sum-exp's own exp(x - m) buffer; the backward hands it over
-        ctx.fused = bool(ctx.needs_input_grad[0]) and x.device.type == "cpu" and not _compiling() and x.shape[1] > 0
+        # log-sum-exp's own exp(x - m) buffer; the backward hands it over (grad_mode:
+        # torch.is_grad_enabled() at the call, as inside forward it is always off)
+        ctx.fused = grad_mode and bool(ctx.needs_input_grad[0]) and x.device.type == "cpu" and not _compiling() and x.shape[1] > 0
         e = s_sum = None
         if ctx.fused:
             m = torch.nan_to_num(x.amax(dim=1), nan=0.0, posinf=0.0, neginf=0.0)  # as row_max_logsum
@@ -425,10 +428,10 @@ class _CrossEntropyLogZMeanFunction(torch.autograd.Function):
         if ctx.fused and g.item() == 1.0:
             if grad is None:  # a second backward through a retained graph: the same arithmetic
                 grad = _logz_seed_grad(x, y, m, m + log_s, ctx.coef, ctx.divisor)
-            return grad, None, None, None
+            return grad, None, None, None, None
         g_ce = g / ctx.divisor
         g_lse = (2.0 * ctx.coef) * (m + log_s) * g_ce
-        return _ce_logz_grad(x, y, m, log_s, g_ce, g_ce + g_lse), None, None, None
+        return _ce_logz_grad(x, y, m, log_s, g_ce, g_ce + g_lse), None, None, None, None
 
 
 def logz_penalty(
@@ -574,7 +577,8 @@ def cross_entropy_with_logz_penalty(
         x = upcast(x2d, dtype)
         divisor = None if return_penalty else fused_divisor(valid, reduction, y.numel())
         if divisor is not None:  # nothing ignored, "mean" / "sum": reduced inside the Function
-            return _CrossEntropyLogZMeanFunction.apply(apply_softcap(x, cap), y, coef, divisor)
+            return _CrossEntropyLogZMeanFunction.apply(apply_softcap(x, cap), y, coef, divisor,
+                                                          torch.is_grad_enabled())
         if valid is not None:
             x = zero_rows(x, valid, verified_finite=finite)
         ce, lse = _CrossEntropyLogZFunction.apply(apply_softcap(x, cap), y)
