@@ -348,15 +348,15 @@ def _psi_and_derivative(c: Tensor, m2: float, m3: float) -> Tuple[Tensor, Tensor
         return psi, torch.ones_like(c)
     cos_m, sin_m = math.cos(m2), math.sin(m2)
     cc = c.clamp(-1.0 + ROOT_CLAMP, 1.0 - ROOT_CLAMP)
-    root = torch.sqrt(1.0 - cc * cc)
-    psi = c * cos_m - root * sin_m
+    root = torch.rsub(cc * cc, 1.0).sqrt_()
+    psi = (c * cos_m).sub_(root * sin_m)
     # d/dc of -sqrt(1 - cc^2) sin m2 is sin m2 cc / root where the clamp passes the gradient
-    inside = cc == c  # the clamp passes the gradient (the bounds included)
-    dpsi = torch.where(inside, (cc / root).mul_(sin_m).add_(cos_m), torch.full((), cos_m, dtype=c.dtype, device=c.device))
+    # (cc == c, the bounds included), 0 where it does not
+    dpsi = torch.div(cc, root).masked_fill_(cc != c, 0.0).mul_(sin_m).add_(cos_m)
     if m2 > 0.0:
-        keep = c > -cos_m
-        psi = torch.where(keep, psi, c - m2 * sin_m)
-        dpsi = torch.where(keep, dpsi, torch.ones((), dtype=c.dtype, device=c.device))
+        fallback = c <= -cos_m  # theta + m2 > pi: the monotone fallback c - m2 sin m2, slope 1
+        psi = torch.where(fallback, c - m2 * sin_m, psi)
+        dpsi.masked_fill_(fallback, 1.0)
     return (psi - m3 if m3 != 0.0 else psi), dpsi
 
 
@@ -428,14 +428,12 @@ class _MarginSoftmaxFunction(torch.autograd.Function):
             ctx.e = None
             if e is None:  # a second backward through a retained graph
                 e = _margin_exp_buffer(xs, wn, y, *ctx.options)[0]
-            g = grad_out * rw  # the row's weight times the incoming gradient ((N,) or a scalar)
-            if g.dim() == 0:
-                g = g.expand(s_sum.shape)
+            k = grad_out * (rw * s)  # s g_i: the row's weight times the incoming gradient, times s
             col = y.unsqueeze(1)
             # G = s g_i E_ik / S_i, the target column s g_i (p_iy - 1) psi'(c_i); in E's buffer
-            rs = g * (s / s_sum)
-            gy = (e.gather(1, col).squeeze(1) / s_sum).sub_(1.0).mul_(dpsi).mul_(g * s)
-            gmat = e.mul_(rs.unsqueeze(1)).scatter_(1, col, gy.unsqueeze(1))
+            rs = (k / s_sum).unsqueeze(1)
+            gy = (e.gather(1, col) * rs).sub_(k.unsqueeze(-1) if k.dim() else k).mul_(dpsi.unsqueeze(1))
+            gmat = e.mul_(rs).scatter_(1, col, gy)
             grad_x = grad_w = None
             if ctx.needs_input_grad[0]:
                 gxn = gmat @ wn  # d/d(normalize(x)); xs = s·normalize(x)
