@@ -5,15 +5,47 @@ backward (docs/losses/comp_sum.md).
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from .._core import once_differentiable
+from .._core import _compiling, once_differentiable
 from ._targets import reduced_sum, row_max_logsum
 
 __all__ = ["CompSumFunction"]
+
+
+def _grad(x: Tensor, y: Tensor, m: Tensor, log_s: Tensor, r: Tensor, log_g, tau_below_one: bool) -> Tensor:
+    """``|g| p_y^(tau-1) (p - e_y)`` per row (the sign of ``g`` is applied by the caller), with
+    ``log|g|`` a tensor or a number folded into the exponent."""
+    k = (r - log_s) + log_g
+    grad = torch.sub(x, (m - k).unsqueeze(1)).exp_()  # |g| exp(r + lp_j): two passes
+    if tau_below_one:  # only then can r (and k) be +inf
+        grad.masked_fill_(x == float("-inf"), 0.0)  # masks: exp(-inf + inf) is NaN, the answer 0
+    idx = y.unsqueeze(1)
+    grad.scatter_(1, idx, 0.0)
+    others = grad.sum(dim=1, keepdim=True)  # |g| exp(r + logsumexp_{j != y} lp_j)
+    return grad.scatter_(1, idx, -others)
+
+
+def _seed_grad(x: Tensor, y: Tensor, m: Tensor, log_s: Tensor, r: Tensor, divisor: int, tau_below_one: bool,
+               tau_one: bool, e: Optional[Tensor] = None, s_sum: Optional[Tensor] = None) -> Tensor:
+    """The gradient of the reduced loss for an incoming gradient of 1 (``g = 1/divisor``). At
+    ``tau = 1`` (``r = 0``) it is ``(p - e_y) / divisor`` from ``E = exp(x - m)`` (the forward's
+    buffer, passed as ``e`` / ``s_sum``, or rebuilt) scaled per row by ``1/(S divisor)``: one
+    pass instead of the two of :func:`_grad`."""
+    if tau_one:
+        if e is None:
+            e = torch.sub(x, m.unsqueeze(1)).exp_()
+            s_sum = e.sum(dim=1)
+        assert s_sum is not None
+        grad = e.mul_(s_sum.reciprocal().mul_(1.0 / divisor).unsqueeze(1))
+        idx = y.unsqueeze(1)
+        grad.scatter_(1, idx, 0.0)
+        return grad.scatter_(1, idx, -grad.sum(dim=1, keepdim=True))
+    return _grad(x, y, m, log_s, r, -math.log(divisor), tau_below_one)
 
 
 class CompSumFunction(torch.autograd.Function):
@@ -31,8 +63,20 @@ class CompSumFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: Tensor, y: Tensor, tau: float, divisor: Optional[int] = None) -> Tensor:
-        m, log_s = row_max_logsum(x)
+    def forward(ctx, x: Tensor, y: Tensor, tau: float, divisor: Optional[int] = None,
+                grad_mode: bool = True) -> Tensor:
+        # grad_mode: torch.is_grad_enabled() at the call (inside forward it is always off)
+        fused = (divisor is not None and grad_mode and ctx.needs_input_grad[0] and x.device.type == "cpu" and not _compiling())
+        e = None
+        ctx.tau_one = tau == 1.0 and x.shape[1] > 0
+        if fused and ctx.tau_one:
+            # row_max_logsum with its exp(x - m) kept: the gradient is that buffer scaled per row
+            m = torch.nan_to_num(x.amax(dim=1), nan=0.0, posinf=0.0, neginf=0.0)
+            e = torch.sub(x, m.unsqueeze(1)).exp_()
+            s_sum = e.sum(dim=1)
+            log_s = s_sum.log()
+        else:
+            m, log_s = row_max_logsum(x)
         x_y = x.gather(1, y.unsqueeze(1)).squeeze(1)
         ce = ((m - x_y) + log_s).clamp_min(0)
         if tau == 1.0:
@@ -44,25 +88,32 @@ class CompSumFunction(torch.autograd.Function):
         ctx.save_for_backward(x, y, m, log_s, r)
         ctx.tau_below_one = tau < 1.0
         ctx.divisor = divisor
+        ctx.grad = None
+        ctx.fused = fused
+        if fused:
+            # reduced on CPU, eagerly: the gradient for loss.backward()'s seed of 1 is written now
+            # (g = 1/divisor > 0 folded in as a number); the backward hands it over unless its
+            # incoming gradient differs from 1
+            ctx.grad = _seed_grad(x, y, m, log_s, r, divisor, ctx.tau_below_one, ctx.tau_one, e,
+                                  s_sum if e is not None else None)
         return reduced_sum(value, divisor)
 
     @staticmethod
     @once_differentiable("comp_sum_loss")
     def backward(ctx, g: Tensor):
+        grad = ctx.grad
+        ctx.grad = None  # hand the buffer over to autograd (a second backward recomputes it)
         x, y, m, log_s, r = ctx.saved_tensors
+        if ctx.fused and g.item() == 1.0:
+            if grad is None:  # a second backward through a retained graph: the same arithmetic
+                grad = _seed_grad(x, y, m, log_s, r, ctx.divisor, ctx.tau_below_one, ctx.tau_one)
+            return grad, None, None, None, None
         if ctx.divisor is not None:  # reduced in the forward (no ignored row): one scalar gradient
             g = g / ctx.divisor
-        k = (r - log_s) + torch.log(g.abs())  # -inf where g == 0
-        grad = torch.sub(x, (m - k).unsqueeze(1)).exp_()  # |g| exp(r + lp_j): two passes
-        if ctx.tau_below_one:  # only then can r (and k) be +inf
-            grad.masked_fill_(x == float("-inf"), 0.0)  # masks: exp(-inf + inf) is NaN, the answer 0
-        idx = y.unsqueeze(1)
-        grad.scatter_(1, idx, 0.0)
-        others = grad.sum(dim=1, keepdim=True)  # |g| exp(r + logsumexp_{j != y} lp_j)
-        grad.scatter_(1, idx, -others)
+        grad = _grad(x, y, m, log_s, r, torch.log(g.abs()), ctx.tau_below_one)  # -inf where g == 0
         if g.dim() == 0:  # one sign for every row (the fused reduction runs eagerly on CPU only)
             if not bool(g >= 0):
                 grad.neg_()  # g < 0 (g == 0 left every entry 0 already)
         else:
             grad.mul_(torch.sign(g).unsqueeze(1))
-        return grad, None, None, None
+        return grad, None, None, None, None

@@ -6,6 +6,7 @@ Applications*, ICML 2023, arXiv:2304.07288. There is no public code; implemented
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from .._core import (
@@ -104,7 +105,7 @@ def comp_sum_loss(
         x = upcast(x2d, dtype)
         divisor = fused_divisor(valid, reduction, y.numel())
         if divisor is not None:  # nothing ignored, "mean" / "sum": reduced inside the Function
-            return CompSumFunction.apply(x, y, tau, divisor)
+            return CompSumFunction.apply(x, y, tau, divisor, torch.is_grad_enabled())
         if valid is None:
             return reduce_loss(CompSumFunction.apply(x, y, tau).reshape(out_shape), None, reduction)
         values = CompSumFunction.apply(zero_rows(x, valid, verified_finite=finite), y, tau)

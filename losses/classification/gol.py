@@ -183,6 +183,13 @@ def _paper_forward(x: Tensor, y: Optional[Tensor], ids: Optional[Tensor], valid:
     their validity; target ``1 - eps + eps/C`` at the id, ``eps/C`` elsewhere) is given. ``w`` is
     ``None`` or broadcastable to ``x``. For ``"none"`` the gradient is element-wise.
     """
+    if (ids is not None and valid is None and w is None and smoothing == 0.0 and reduction != "none" and lo == -math.inf
+            and hi == math.inf and x.dtype == torch.float32 and x.dim() == 2):
+        out = _fast_ids_forward(x, ids, reduction, need_grad)
+        if out is not None:
+            return out
+    if ids is not None and valid is None:
+        valid = torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
     raw_hi = hi
     lo = max(lo, _FLOOR)
     hi = max(hi, lo)
@@ -299,6 +306,47 @@ def _paper_forward(x: Tensor, y: Optional[Tensor], ids: Optional[Tensor], valid:
     return total, grad
 
 
+def _fast_ids_forward(x: Tensor, ids: Tensor, reduction: str, need_grad: bool) -> Optional[Tuple[Tensor, Optional[Tensor]]]:
+    """Value and gradient for the common call: float32 ``(N, C)`` logits on CPU, every id valid
+    (``ids`` in range), no weight, no smoothing, no clamp, a reduced output; ``None`` when a value
+    comes out non-finite (a logit above ~88, where ``u/2`` underflows, or NaN / ``+inf``): the
+    general path then applies the closed form above the cap.
+
+    The same maths as the hot path of :func:`_paper_forward`, with fewer operator calls and one
+    pass fewer: the floor is a clamp of the exponent (below it ``t = 1`` exactly, so the value and
+    the gradient are exactly 0, as the general path's), instead of a range check of the logits;
+    between the cap (85) and the overflow of ``1/t`` ``t = tanh(h) = h`` to the last bit, so
+    ``log(1/2 + 1/(2t))`` and ``h/t - h`` are the closed form's ``q`` and ``1 - u/2`` to a few ulp.
+    The scale is a Python number; the ids' exact values ``u = e^{-x}`` replace their background
+    entries (a replacement, not a subtraction) and one ``sum`` reduces; ``1/2 + 1/(2t)`` is one
+    ``addcdiv`` against a ``(C,)`` row of halves (with a 0-dim constant it ran as a broadcast loop
+    about 4x slower than one elementwise pass)."""
+    if x.device.type != "cpu" or _compiling() or x.numel() == 0:
+        return None
+    n, c = x.shape
+    scale = 1.0 / (n * c) if reduction == "mean" else 1.0
+    idx = ids.clamp(0, c - 1).unsqueeze(1)  # out-of-range ids (unchecked with validation off) must not crash
+    x_t = x.gather(1, idx)
+    below = x_t < _FLOOR
+    val_t = x_t.clamp_(min=_FLOOR).neg_().exp_()  # l = u at the id (y = 1)
+    h = torch.rsub(x, -_LN2).clamp_(max=-_FLOOR - _LN2).exp_()  # u / 2 = exp(-max(x, floor)) / 2
+    t = torch.tanh(h)
+    grad = None
+    if need_grad:
+        # scale * (h/t - h) in the background, -scale * u at the ids (0 below the floor)
+        grad = h.mul_(-scale).addcdiv_(h, t, value=-1.0)
+        grad.scatter_(1, idx, val_t.mul(-scale).masked_fill_(below, 0.0))
+    del h
+    half = torch.full((c,), 0.5, dtype=x.dtype)
+    values = torch.addcdiv(half, half, t, out=t).log_()  # b = log(1/2 + 1/(2t))
+    total = values.scatter_(1, idx, val_t).sum()
+    if not math.isfinite(total.item()):
+        return None
+    if reduction == "mean":
+        total = total.mul_(scale)
+    return total, grad
+
+
 _HALF = {torch.float32: torch.tensor(0.5, dtype=torch.float32)}
 _ONE = {torch.float32: torch.tensor(1.0, dtype=torch.float32)}
 
@@ -308,8 +356,9 @@ class _GumbelBCEFunction(torch.autograd.Function):
     (one pass, no allocation). A second backward through a retained graph recomputes it."""
 
     @staticmethod
-    def forward(ctx, x, y, ids, valid, w, smoothing, lo, hi, reduction):  # type: ignore[override]
-        need_grad = bool(ctx.needs_input_grad[0])
+    def forward(ctx, x, y, ids, valid, w, smoothing, lo, hi, reduction, grad_mode=True):  # type: ignore[override]
+        # grad_mode: torch.is_grad_enabled() at the call (inside forward it is always off)
+        need_grad = grad_mode and bool(ctx.needs_input_grad[0])
         with no_autocast(x.device.type), torch.no_grad():
             out, grad = _paper_forward(x, y, ids, valid, w, smoothing, lo, hi, reduction, need_grad)
         if need_grad:
@@ -325,14 +374,14 @@ class _GumbelBCEFunction(torch.autograd.Function):
         if grad is not None:
             ctx.grad = None  # hand the buffer over to autograd
             if not (grad_out.dim() == 0 and grad_out.device.type == "cpu" and not _compiling()
-                    and bool(grad_out == 1.0)):
+                    and grad_out.item() == 1.0):
                 grad = grad.mul_(grad_out)  # (loss.backward() seeds 1: nothing to scale)
         else:
             x, y, ids, valid, w = ctx.saved_tensors
             with no_autocast(x.device.type), torch.no_grad():
                 _, grad = _paper_forward(x, y, ids, valid, w, *ctx.options, True)
             grad = grad * grad_out
-        return grad, None, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None, None
 
 
 # --------------------------------------------------------------------------------------
@@ -459,9 +508,9 @@ def gumbel_bce_loss(
     x = upcast(input, dtype)
     # ignored rows are zeroed unless a data check just verified that every logit is finite
     # (or, on CPU outside torch.compile, no row is ignored: the zeroing is then an identity)
-    if (not finite and valid is not None and x.device.type == "cpu" and not _compiling()
-            and (valid.numel() == 0 or bool(valid.view(torch.uint8).min() == 1))):
-        pass
+    if (valid is not None and x.device.type == "cpu" and not _compiling()
+            and (valid.numel() == 0 or bool(valid.all()))):
+        valid = None  # every id is valid (None selects the fast path of _paper_forward)
     elif not finite and valid is not None:
         x = torch.where(valid.unsqueeze(1), x, torch.zeros((), dtype=dtype, device=x.device))
     elif not finite and unit is not None and not target.is_floating_point():
@@ -485,10 +534,10 @@ def gumbel_bce_loss(
         # differentiable weights: let autograd multiply them in
         values = _GumbelBCEFunction.apply(x, y, ids, valid, None, smoothing, lo, hi, "none")
         if unit is None:
-            unit = valid.unsqueeze(1).expand_as(x).to(dtype)
+            unit = (torch.ones_like(x) if valid is None else valid.unsqueeze(1).expand_as(x).to(dtype))
         return reduce_loss(values * w, unit, reduction)
     return _GumbelBCEFunction.apply(x, y, ids, valid, None if w is None else w.detach(), smoothing, lo, hi,
-                                    reduction)
+                                    reduction, torch.is_grad_enabled())
 
 
 class GumbelBCELoss(nn.Module):

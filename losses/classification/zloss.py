@@ -105,6 +105,57 @@ class _ZLossFunction(torch.autograd.Function):
         return grad, None, None, None, None, None
 
 
+def _zloss_reduced(x: Tensor, y: Tensor, a: float, b: float, eps: float, divisor: int,
+                   need_grad: bool) -> Tuple[Tensor, Optional[Tensor]]:
+    """``sum_rows(softplus(a (b - z_y)) / a) / divisor`` and its gradient (no autograd), the
+    per-row factors of :class:`_ZLossFunction`'s backward with ``g = 1`` and the divisor folded in as
+    Python numbers; the gradient is written into the buffer of the centred logits."""
+    c = x.shape[1]
+    col = y.unsqueeze(1)
+    d = x - x.mean(dim=1, keepdim=True)
+    inv_s = torch.linalg.vector_norm(d, dim=1).square_().div_(c).add_(eps).rsqrt_()  # 1 / sigma
+    z_c = d.gather(1, col).squeeze(1).mul_(inv_s)
+    t = z_c.mul(-a).add_(a * b)  # a (b - z_c)
+    total = softplus(t).sum().mul_(1.0 / (a * divisor))
+    if not need_grad:
+        return total, None
+    ks = torch.sigmoid(t).mul_(inv_s)  # s / sigma
+    offset = ks * (1.0 / (c * divisor))  # gs / (C sigma)
+    coef = (offset * z_c).mul_(inv_s)  # gs z_c / (C sigma^2)
+    grad = d.mul_(coef.unsqueeze(1)).add_(offset.unsqueeze(1))
+    grad.scatter_add_(1, col, ks.mul_(-1.0 / divisor).unsqueeze(1))  # - gs / sigma at the target
+    return total, grad
+
+
+class _ZLossReducedFunction(torch.autograd.Function):
+    """Z-loss reduced to one number (no ignored position, ``"mean"`` / ``"sum"``): the forward also
+    writes the gradient (in the buffer of the centred logits), the backward scales it by the
+    incoming gradient (not at all for ``loss.backward()``'s seed of 1). A second backward through a
+    retained graph recomputes it."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, y: Tensor, a: float, b: float, eps: float, divisor: int, grad_mode: bool = True) -> Tensor:
+        # grad_mode: torch.is_grad_enabled() at the call (inside forward it is always off); under
+        # torch.no_grad() no gradient is written
+        total, grad = _zloss_reduced(x, y, a, b, eps, divisor, grad_mode and bool(ctx.needs_input_grad[0]))
+        ctx.save_for_backward(x, y)
+        ctx.grad = grad
+        ctx.options = (a, b, eps, divisor)
+        return total
+
+    @staticmethod
+    @once_differentiable("z_loss")
+    def backward(ctx, g: Tensor):
+        grad = ctx.grad
+        ctx.grad = None  # hand the buffer over to autograd
+        if grad is None:  # a second backward through a retained graph
+            x, y = ctx.saved_tensors
+            grad = _zloss_reduced(x, y, *ctx.options, True)[1]
+        if not (g.device.type == "cpu" and not _compiling() and g.item() == 1.0):
+            grad = grad.mul_(g)
+        return grad, None, None, None, None, None, None
+
+
 def z_loss(
     input: Tensor,
     target: Tensor,
@@ -198,7 +249,7 @@ def z_loss(
         x = upcast(x2d, dtype)
         divisor = fused_divisor(valid, reduction, y.numel())
         if divisor is not None:  # nothing ignored, "mean" / "sum": reduced inside the Function
-            return _ZLossFunction.apply(x, y, a, b, eps, divisor)
+            return _ZLossReducedFunction.apply(x, y, a, b, eps, divisor, torch.is_grad_enabled())
         if valid is not None:
             x = zero_rows(x, valid, verified_finite=finite)
         values = _ZLossFunction.apply(x, y, a, b, eps)
@@ -327,27 +378,60 @@ def _ce_logz_grad(x: Tensor, y: Tensor, m: Tensor, log_s: Tensor, g_ce: Tensor, 
     return grad
 
 
+def _logz_seed_grad(x: Tensor, y: Tensor, m: Tensor, lse: Tensor, coef: float, divisor: int,
+                    e: Optional[Tensor] = None, s_sum: Optional[Tensor] = None) -> Tensor:
+    """The gradient of the reduced ``ce + coef (log Z)^2`` for an incoming gradient of 1:
+    ``softmax * g_p - onehot(y) / divisor`` with ``g_p = (1 + 2 coef log Z) / divisor``, written as
+    ``E = exp(x - m)`` (the forward's buffer, or rebuilt) times ``g_p / S`` per row: one pass."""
+    if e is None:
+        e = torch.sub(x, m.unsqueeze(1)).exp_()
+        s_sum = e.sum(dim=1)
+    assert s_sum is not None
+    g_p = lse.mul(2.0 * coef / divisor).add_(1.0 / divisor)
+    grad = e.mul_(g_p.div_(s_sum).unsqueeze(1))
+    return grad.scatter_add_(1, y.unsqueeze(1), torch.full((y.shape[0], 1), -1.0 / divisor, dtype=x.dtype,
+                                                             device=x.device))
+
+
 class _CrossEntropyLogZMeanFunction(torch.autograd.Function):
     """``sum_rows((log Z - x_y) + coef (log Z)^2) / divisor`` (no ignored row): the loss reduced in
     the forward, so the backward gets one scalar and writes the gradient of
     :class:`_CrossEntropyLogZFunction` for ``g_ce = g / divisor``, ``g_lse = 2 coef log Z g_ce``."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, y: Tensor, coef: float, divisor: int) -> Tensor:
-        m, log_s = row_max_logsum(x)
+    def forward(ctx, x: Tensor, y: Tensor, coef: float, divisor: int, grad_mode: bool = True) -> Tensor:
+        # on CPU, eagerly, the gradient for loss.backward()'s seed of 1 is written here, from the
+        # log-sum-exp's own exp(x - m) buffer; the backward hands it over (grad_mode:
+        # torch.is_grad_enabled() at the call, as inside forward it is always off)
+        ctx.fused = grad_mode and bool(ctx.needs_input_grad[0]) and x.device.type == "cpu" and not _compiling() and x.shape[1] > 0
+        e = s_sum = None
+        if ctx.fused:
+            m = torch.nan_to_num(x.amax(dim=1), nan=0.0, posinf=0.0, neginf=0.0)  # as row_max_logsum
+            e = torch.sub(x, m.unsqueeze(1)).exp_()
+            s_sum = e.sum(dim=1)
+            log_s = s_sum.log()
+        else:
+            m, log_s = row_max_logsum(x)
         ctx.save_for_backward(x, y, m, log_s)
         ctx.coef, ctx.divisor = coef, divisor
         x_y = x.gather(1, y.unsqueeze(1)).squeeze(1)
         lse = m + log_s
+        ctx.grad = _logz_seed_grad(x, y, m, lse, coef, divisor, e, s_sum) if ctx.fused else None
         return reduced_sum(((m - x_y) + log_s) + coef * lse.square(), divisor)
 
     @staticmethod
     @once_differentiable("cross_entropy_with_logz_penalty")
     def backward(ctx, g: Tensor):
+        grad = ctx.grad
+        ctx.grad = None  # hand the buffer over to autograd
         x, y, m, log_s = ctx.saved_tensors
+        if ctx.fused and g.item() == 1.0:
+            if grad is None:  # a second backward through a retained graph: the same arithmetic
+                grad = _logz_seed_grad(x, y, m, m + log_s, ctx.coef, ctx.divisor)
+            return grad, None, None, None, None
         g_ce = g / ctx.divisor
         g_lse = (2.0 * ctx.coef) * (m + log_s) * g_ce
-        return _ce_logz_grad(x, y, m, log_s, g_ce, g_ce + g_lse), None, None, None
+        return _ce_logz_grad(x, y, m, log_s, g_ce, g_ce + g_lse), None, None, None, None
 
 
 def logz_penalty(
@@ -493,7 +577,8 @@ def cross_entropy_with_logz_penalty(
         x = upcast(x2d, dtype)
         divisor = None if return_penalty else fused_divisor(valid, reduction, y.numel())
         if divisor is not None:  # nothing ignored, "mean" / "sum": reduced inside the Function
-            return _CrossEntropyLogZMeanFunction.apply(apply_softcap(x, cap), y, coef, divisor)
+            return _CrossEntropyLogZMeanFunction.apply(apply_softcap(x, cap), y, coef, divisor,
+                                                          torch.is_grad_enabled())
         if valid is not None:
             x = zero_rows(x, valid, verified_finite=finite)
         ce, lse = _CrossEntropyLogZFunction.apply(apply_softcap(x, cap), y)

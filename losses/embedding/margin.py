@@ -8,8 +8,13 @@ with their own head combines with :func:`torch.nn.functional.cross_entropy`.
 buffer: the centres are normalised inside one fused ``autograd.Function`` (one matmul forward, two
 backward), the margin touches only the ``N`` target entries (gathered, transformed with ordinary
 autograd, scattered back) and the log-sum-exp keeps ``exp(z - max)`` in place of the logits, so the
-backward needs no further ``N x C`` temporary. The same core serves :mod:`losses.embedding.partial_fc`
-(sampled centres, and the model-parallel shards, whose row maxima and sums are all-reduced).
+backward needs no further ``N x C`` temporary. For the ``"paper"`` variant with ``m1 = 1`` and no
+filtering threshold (ArcFace, CosFace, the plain cosine softmax) one Function computes value and
+gradients: the target cosine is read from the cosine matrix, ``psi`` and ``psi'`` are evaluated in
+closed form, and the backward writes the logit gradient into the same buffer (no autograd graph
+for the normalisations or the margin). The general core serves the other margins and
+:mod:`losses.embedding.partial_fc` (sampled centres, and the model-parallel shards, whose row maxima
+and sums are all-reduced).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    all_kept,
     once_differentiable,
     check_ignore_index,
     auto_extra_repr,
@@ -334,6 +340,118 @@ def margin_row_losses(
     return values
 
 
+def _psi_and_derivative(c: Tensor, m2: float, m3: float) -> Tuple[Tensor, Tensor]:
+    """``psi(c)`` and ``psi'(c)`` of the ``"paper"`` variant with ``m1 = 1`` in closed form (the
+    same function and gradient :func:`target_transform` gives through autograd)."""
+    if m2 == 0.0:
+        psi = c - m3 if m3 != 0.0 else c
+        return psi, torch.ones_like(c)
+    cos_m, sin_m = math.cos(m2), math.sin(m2)
+    cc = c.clamp(-1.0 + ROOT_CLAMP, 1.0 - ROOT_CLAMP)
+    root = torch.rsub(cc * cc, 1.0).sqrt_()
+    psi = (c * cos_m).sub_(root * sin_m)
+    # d/dc of -sqrt(1 - cc^2) sin m2 is sin m2 cc / root where the clamp passes the gradient
+    # (cc == c, the bounds included), 0 where it does not
+    dpsi = torch.div(cc, root).masked_fill_(cc != c, 0.0).mul_(sin_m).add_(cos_m)
+    if m2 > 0.0:
+        fallback = c <= -cos_m  # theta + m2 > pi: the monotone fallback c - m2 sin m2, slope 1
+        psi = torch.where(fallback, c - m2 * sin_m, psi)
+        dpsi.masked_fill_(fallback, 1.0)
+    return (psi - m3 if m3 != 0.0 else psi), dpsi
+
+
+def _margin_exp_buffer(xs: Tensor, wn: Tensor, y: Tensor, scale: float, m2: float,
+                       m3: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(E, m, S, t, psi')`` of :class:`_MarginSoftmaxFunction`: ``z = xs @ wn.T`` (``wn`` the
+    normalised centres) clamped to ``[-s, s]``, the target entry patched to ``t = s·psi(z_{i,y_i}/s)``,
+    ``m`` the row maxima, ``E = exp(z - m)`` in the matmul's buffer and ``S`` its row sums."""
+    z = xs @ wn.t()
+    z.clamp_(-scale, scale)
+    col = y.unsqueeze(1)
+    psi, dpsi = _psi_and_derivative(z.gather(1, col).squeeze(1).div_(scale), m2, m3)
+    t = psi.mul_(scale)
+    z.scatter_(1, col, t.unsqueeze(1))
+    m = z.amax(dim=1)
+    z.sub_(m.unsqueeze(1)).exp_()
+    return z, m, z.sum(dim=1), t, dpsi
+
+
+class _MarginSoftmaxFunction(torch.autograd.Function):
+    """The ``"paper"`` margin softmax with ``m1 = 1``, no filtering threshold and no process group,
+    value and gradients in one Function (one ``N x C`` buffer, three matmuls, no autograd graph).
+
+    Forward: ``z = (s·normalize(x)) @ normalize(w).T`` clamped to ``[-s, s]``, the target cosine
+    ``c_i = z_{i,y_i}/s`` read from it and its entry patched to ``s·psi(c_i)`` (``psi'`` kept),
+    then ``L_i = m_i + log S_i - s·psi(c_i)`` with ``E = exp(z - m)`` kept in the buffer.
+    Backward: ``dL/dcos_ik = s g_i p_ik`` off the target, ``s g_i (p_{i,y_i} - 1) psi'(c_i)`` on it,
+    written into ``E`` in place, then ``G @ wn`` and ``G.T @ xn`` and the backward of both
+    normalisations. Row weights (``valid`` and the mean's ``1/count``) are applied inside; ignored
+    rows weigh 0. A second backward through a retained graph rebuilds ``E`` (the first one
+    overwrote it). No double backward.
+    """
+
+    @staticmethod
+    def forward(ctx, x, w, y, valid, scale, m2, m3, reduction):  # type: ignore[override]
+        norm_x = torch.linalg.vector_norm(x, dim=1)
+        inv_x = norm_x.clamp_min(NORM_EPS).reciprocal()
+        xs = x * (inv_x * scale).unsqueeze(1)
+        norm_w = torch.linalg.vector_norm(w, dim=1)
+        inv_w = norm_w.clamp_min(NORM_EPS).reciprocal()
+        wn = w * inv_w.unsqueeze(1)  # saved: the backward needs it (no larger peak than rebuilding it)
+        e, m, s_sum, t, dpsi = _margin_exp_buffer(xs, wn, y, scale, m2, m3)
+        values = torch.log(s_sum).add_(m).sub_(t)
+        if valid is None:  # every row counts: the row weight is a number
+            rw = 1.0 / x.shape[0] if reduction == "mean" else 1.0
+            out = values if reduction == "none" else values.sum().mul_(rw)
+        else:
+            rw = valid.to(x.dtype)
+            if reduction == "mean":
+                rw = rw / rw.sum().clamp_min(1.0)
+            values = torch.where(valid, values, torch.zeros((), dtype=values.dtype, device=values.device))
+            out = values if reduction == "none" else torch.dot(values, rw)
+        ctx.rw = rw if valid is None else None
+        ctx.save_for_backward(xs, wn, inv_x, norm_x, inv_w, norm_w, s_sum, y, dpsi,
+                              None if valid is None else rw)
+        ctx.e = e  # not saved: the backward overwrites it
+        ctx.options = (scale, m2, m3)
+        return out
+
+    @staticmethod
+    @once_differentiable("margin_softmax_loss")
+    def backward(ctx, grad_out):  # type: ignore[override]
+        with no_autocast(grad_out):
+            xs, wn, inv_x, norm_x, inv_w, norm_w, s_sum, y, dpsi, rw = ctx.saved_tensors
+            if rw is None:
+                rw = ctx.rw
+            s = ctx.options[0]
+            e = ctx.e
+            ctx.e = None
+            if e is None:  # a second backward through a retained graph
+                e = _margin_exp_buffer(xs, wn, y, *ctx.options)[0]
+            k = grad_out * (rw * s)  # s g_i: the row's weight times the incoming gradient, times s
+            col = y.unsqueeze(1)
+            # G = s g_i E_ik / S_i, the target column s g_i (p_iy - 1) psi'(c_i); in E's buffer
+            rs = (k / s_sum).unsqueeze(1)
+            gy = (e.gather(1, col) * rs).sub_(k.unsqueeze(-1) if k.dim() else k).mul_(dpsi.unsqueeze(1))
+            gmat = e.mul_(rs).scatter_(1, col, gy)
+            grad_x = grad_w = None
+            if ctx.needs_input_grad[0]:
+                gxn = gmat @ wn  # d/d(normalize(x)); xs = s·normalize(x)
+                xn = xs / s
+                # backward of x / max(||x||, eps): inv (g - xn <xn, g>) where ||x|| > eps
+                dot = (xn * gxn).sum(dim=1).masked_fill_(norm_x <= NORM_EPS, 0.0)
+                grad_x = gxn.addcmul_(xn, dot.unsqueeze(1), value=-1.0).mul_(inv_x.unsqueeze(1))
+            if ctx.needs_input_grad[1]:
+                grad_wn = gmat.t() @ xs
+                del gmat, e
+                # backward of w / max(||w||, eps) (xs carries s: divide it out),
+                # inv (g - wn <wn, g>) where ||w|| > eps
+                inv_ws = inv_w * (1.0 / s)
+                coef_w = (wn * grad_wn).sum(dim=1).masked_fill_(norm_w <= NORM_EPS, 0.0)
+                grad_w = grad_wn.addcmul_(wn, coef_w.unsqueeze(1), value=-1.0).mul_(inv_ws.unsqueeze(1))
+        return grad_x, grad_w, None, None, None, None, None, None
+
+
 # --------------------------------------------------------------------------------------
 # public loss
 # --------------------------------------------------------------------------------------
@@ -404,6 +522,14 @@ def margin_softmax_loss(
     check_finite(fn, "weight", weight)
     dtype = compute_dtype(embeddings, weight)
     valid = target != ignore_index
+    if variant == "paper" and thr == 0.0 and m[0] == 1.0 and embeddings.shape[0] > 0:
+        with no_autocast(embeddings, weight):
+            if all_kept(valid):  # no ignored row (seen on the host): no zeroing, ids as they are
+                return _MarginSoftmaxFunction.apply(upcast(embeddings, dtype), upcast(weight, dtype), target.long(),
+                                                    None, s, m[1], m[2], reduction)
+            y = torch.where(valid, target, torch.zeros_like(target)).long()
+            return _MarginSoftmaxFunction.apply(upcast(drop_rows(embeddings, valid), dtype), upcast(weight, dtype),
+                                                y, valid, s, m[1], m[2], reduction)
     y = torch.where(valid, target, torch.zeros_like(target)).long()
     with no_autocast(embeddings, weight):
         values = margin_row_losses(upcast(drop_rows(embeddings, valid), dtype), upcast(weight, dtype), y, valid,
