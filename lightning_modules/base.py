@@ -119,6 +119,16 @@ class WorkerGenerator:
         return self._worker
 
 
+def check_test_seed(owner: str, test_seed, what: str) -> Optional[int]:
+    """``test_seed`` of a DataModule whose test split can be fixed across seeds: ``None`` or an
+    integer (``bool`` refused), else a ``ValueError`` naming ``owner``; ``what`` names what ``None``
+    draws from ``seed`` instead (e.g. "the test queries")."""
+    if test_seed is not None and (isinstance(test_seed, bool) or not isinstance(test_seed, int)):
+        raise ValueError(f"{owner}: test_seed must be an integer or None (got {test_seed!r}); None draws {what} "
+                         "from seed (a new one per seed)")
+    return None if test_seed is None else int(test_seed)
+
+
 def split_fingerprint(indices) -> str:
     """The first 12 hex digits of the SHA-256 of the sorted indices (int64, little-endian): a short
     name of a split, equal for two runs exactly when they evaluated on the same examples."""

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler, Sampler, TensorDataset
 
-from ..base import BenchmarkDataModule, split_fingerprint
+from ..base import BenchmarkDataModule, check_test_seed, split_fingerprint
 
 __all__ = [
     "ASYMMETRIC_FLIPS",
@@ -194,10 +194,7 @@ class ImageSplitsDataModule(BenchmarkDataModule):
         self.shuffle = bool(shuffle)
         self.num_workers = int(num_workers)
         self.seed = int(seed)
-        _check(test_seed is None or (isinstance(test_seed, int) and not isinstance(test_seed, bool)), cls,
-               "test_seed must be an integer or None", test_seed,
-               "None draws the test split from seed (a new test split per seed)")
-        self.test_seed = None if test_seed is None else int(test_seed)
+        self.test_seed = check_test_seed(cls, test_seed, "the test split")
         self.in_chans = 1
         self._test_indices: Optional[Tensor] = None
         self._splits: Optional[Dict[str, TensorDataset]] = None

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from ..base import BenchmarkDataModule, IndexDataset, WorkerGenerator, split_fingerprint
+from ..base import BenchmarkDataModule, IndexDataset, WorkerGenerator, check_test_seed, split_fingerprint
 from .embedding_cache import package_file
 
 __all__ = ["RECBOLE_PIP", "movielens_file", "load_ml100k", "leave_last_out", "random_split", "MovieLensSplit",
@@ -427,9 +427,7 @@ class MovieLensDataModule(BenchmarkDataModule):
         self.batch_size = int(batch_size)
         self.eval_batch_size = int(eval_batch_size)
         self.seed = int(seed)
-        if test_seed is not None and (isinstance(test_seed, bool) or not isinstance(test_seed, int)):
-            raise ValueError(f"MovieLensDataModule: test_seed must be an integer or None (got {test_seed!r})")
-        self.test_seed = test_seed
+        self.test_seed = check_test_seed("MovieLensDataModule", test_seed, "the random split's test interactions")
         self.num_workers = int(num_workers)
         self.save_hyperparameters()
         self.split = self._load_split()

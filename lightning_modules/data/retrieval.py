@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch.utils.data import DataLoader
 
-from ..base import BenchmarkDataModule, IndexDataset, WorkerGenerator, split_fingerprint
+from ..base import BenchmarkDataModule, IndexDataset, WorkerGenerator, check_test_seed, split_fingerprint
 from ..progress import progress_bar, progress_note
 from .embedding_cache import MINILM_DIM, MiniLMEncoder, atomic_write, cache_folder, cached_encode, package_dir
 
@@ -380,10 +380,7 @@ class RetrievalDataModule(BenchmarkDataModule):
         self.eval_batch_size = int(eval_batch_size)
         self.num_negatives = int(num_negatives)
         self.seed = int(seed)
-        if test_seed is not None and (isinstance(test_seed, bool) or not isinstance(test_seed, int)):
-            raise ValueError(f"RetrievalDataModule: test_seed must be an integer or None (got {test_seed!r}); None "
-                             "draws the test queries from seed")
-        self.test_seed = test_seed
+        self.test_seed = check_test_seed("RetrievalDataModule", test_seed, "the test queries")
         self.max_seq_length = int(max_seq_length)
         self.cache_dir = cache_dir
         self.num_workers = int(num_workers)

@@ -141,7 +141,8 @@ class VisionClassifier(BenchmarkModule):
         robust_epsilons: further l-inf radii at which validation and test also report robust
             accuracy, as ``{stage}/robust_acc@{eps}`` (e.g. ``[0.1, 0.2, 0.3]``, the usual MNIST
             radii), each with ``pgd_steps`` steps of ``eps * pgd_step_size / pgd_epsilon`` (the
-            main attack's step-to-radius ratio). Needs ``robust_eval``.
+            main attack's step-to-radius ratio; ``eps / 4`` when ``pgd_epsilon`` is 0). Needs
+            ``robust_eval``.
         train_pgd_epsilon: PGD adversarial training (Madry et al., ICLR 2018) for any loss that
             takes logits or embeddings: each training batch is replaced by its adversarial
             examples against the current model, ``train_pgd_steps`` steps of
@@ -263,6 +264,11 @@ class VisionClassifier(BenchmarkModule):
         self.pgd = dict(epsilon=float(pgd_epsilon), step_size=float(pgd_step_size), steps=int(pgd_steps))
         self.pgd_seed = int(pgd_seed)
         self.robust_epsilons = _robust_epsilons(cls, robust_epsilons, self.robust_eval)
+        ratio = self.pgd["step_size"] / self.pgd["epsilon"] if self.pgd["epsilon"] > 0 else 0.25
+        # the evaluation attacks: (metric key, logged name, pgd_attack arguments), the main one first
+        self._attacks = [("robust", "robust_acc", self.pgd)] + [
+            (_robust_key(eps), f"robust_acc@{eps:g}", dict(epsilon=eps, step_size=eps * ratio, steps=self.pgd["steps"]))
+            for eps in self.robust_epsilons]
         self.train_pgd = _train_pgd(cls, train_pgd_epsilon, train_pgd_steps, train_pgd_step_size, self.route)
 
         timm = _timm()
@@ -287,8 +293,7 @@ class VisionClassifier(BenchmarkModule):
             "feature_cos": FeatureCosine(num_classes, embedding_dim),
             "sparsemax_support": MeanMetric(),
             "support": MeanMetric(),
-            "robust": MulticlassAccuracy(num_classes, average="micro"),
-            **{_robust_key(eps): MulticlassAccuracy(num_classes, average="micro") for eps in self.robust_epsilons},
+            **{key: MulticlassAccuracy(num_classes, average="micro") for key, _, _ in self._attacks},
         }) for stage in ("val", "test")})
         self._tail_classes: List[int] = []
         # per evaluation stage: probabilities, logits, predictions and targets of the epoch (the
@@ -478,20 +483,12 @@ class VisionClassifier(BenchmarkModule):
         buf = self._confidence_buffers[stage]
         for key, value in (("probs", probs), ("logits", logits), ("pred", scores.argmax(1)), ("target", ids)):
             buf.setdefault(key, []).append(value.detach())
-        if self.robust_eval:
-            g = torch.Generator().manual_seed(self.pgd_seed + batch_idx)
-            x_adv = pgd_attack(self, x, ids, generator=g, **self.pgd)
-            robust = stats["robust"]
-            robust.update(predict_scores(self.loss, self(x_adv)), ids)
-            self.log(f"{stage}/robust_acc", robust, on_step=False, on_epoch=True)
-            for eps in self.robust_epsilons:
-                key = _robust_key(eps)
-                ratio = self.pgd["step_size"] / self.pgd["epsilon"] if self.pgd["epsilon"] > 0 else 0.25
+        if self.robust_eval:  # each attack from the same seeded random start
+            for key, name, attack in self._attacks:
                 g = torch.Generator().manual_seed(self.pgd_seed + batch_idx)
-                x_eps = pgd_attack(self, x, ids, generator=g, epsilon=eps, step_size=eps * ratio,
-                                   steps=self.pgd["steps"])
-                stats[key].update(predict_scores(self.loss, self(x_eps)), ids)
-                self.log(f"{stage}/robust_acc@{eps:g}", stats[key], on_step=False, on_epoch=True)
+                x_adv = pgd_attack(self, x, ids, generator=g, **attack)
+                stats[key].update(predict_scores(self.loss, self(x_adv)), ids)
+                self.log(f"{stage}/{name}", stats[key], on_step=False, on_epoch=True)
 
     def _eval_epoch_end(self, stage: str) -> None:
         per_class_metric = self.eval_stats[stage]["per_class"]

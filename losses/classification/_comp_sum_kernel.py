@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from .._core import _compiling, once_differentiable
-from ._targets import reduced_sum, row_max_logsum
+from ._targets import reduced_sum, row_exp, row_max_exp, row_max_logsum
 
 __all__ = ["CompSumFunction"]
 
@@ -38,8 +38,7 @@ def _seed_grad(x: Tensor, y: Tensor, m: Tensor, log_s: Tensor, r: Tensor, diviso
     pass instead of the two of :func:`_grad`."""
     if tau_one:
         if e is None:
-            e = torch.sub(x, m.unsqueeze(1)).exp_()
-            s_sum = e.sum(dim=1)
+            e, s_sum = row_exp(x, m)
         assert s_sum is not None
         grad = e.mul_(s_sum.reciprocal().mul_(1.0 / divisor).unsqueeze(1))
         idx = y.unsqueeze(1)
@@ -70,10 +69,8 @@ class CompSumFunction(torch.autograd.Function):
         e = None
         ctx.tau_one = tau == 1.0 and x.shape[1] > 0
         if fused and ctx.tau_one:
-            # row_max_logsum with its exp(x - m) kept: the gradient is that buffer scaled per row
-            m = torch.nan_to_num(x.amax(dim=1), nan=0.0, posinf=0.0, neginf=0.0)
-            e = torch.sub(x, m.unsqueeze(1)).exp_()
-            s_sum = e.sum(dim=1)
+            # the exp(x - m) buffer kept: the gradient is that buffer scaled per row
+            m, e, s_sum = row_max_exp(x)
             log_s = s_sum.log()
         else:
             m, log_s = row_max_logsum(x)

@@ -91,14 +91,26 @@ def broadcast_class_weight(fn: str, weight: Optional[Tensor], input: Tensor, dty
     return weight.to(dtype)
 
 
+def row_exp(x: Tensor, m: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(e, s)``: the ``(M, C)`` buffer ``e = exp(x - m)`` (``m`` per row) and its row sums."""
+    e = torch.sub(x, m.unsqueeze(1)).exp_()
+    return e, e.sum(dim=1)
+
+
+def row_max_exp(x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(m, e, s)`` per row of a 2-D tensor: ``m = max_k x_k`` (0 for a row whose max is +-inf,
+    only reachable with validation off, so that no ``inf - inf`` arises), ``e = exp(x - m)`` and
+    ``s = sum_k e_k``; ``logsumexp(x) = m + log s``. For a caller that reuses ``e`` (a gradient
+    written from the forward's buffer); :func:`row_max_logsum` keeps only the logarithm."""
+    m = torch.nan_to_num(x.amax(dim=1), nan=0.0, posinf=0.0, neginf=0.0)
+    return (m, *row_exp(x, m))
+
+
 def row_max_logsum(x: Tensor) -> Tuple[Tensor, Tensor]:
     """``(m, log_s)`` with ``m = max_k x_k`` and ``log_s = log sum_k exp(x_k - m)`` per row of a
     2-D tensor, so that ``logsumexp(x) = m + log_s``. One temporary, no saved ``(M, C)`` output."""
-    # rows whose max is +-inf (only reachable with validation off) must not give inf - inf
-    m = torch.nan_to_num(x.amax(dim=1), nan=0.0, posinf=0.0, neginf=0.0)
-    e = torch.sub(x, m.unsqueeze(1))
-    e.exp_()
-    return m, e.sum(dim=1).log()
+    m, _, s = row_max_exp(x)
+    return m, s.log()
 
 
 def class_ids(fn: str, input: Tensor, target: Tensor, ignore_index: int, *, softmax: bool = True,

@@ -49,7 +49,7 @@ from .._core import (
 from .._registry import position_unit_weights, register
 from .._softcap import apply_softcap, check_softcap
 from .._precision import softplus
-from ._targets import class_ids, fused_divisor, reduced_sum, row_max_logsum
+from ._targets import class_ids, fused_divisor, reduced_sum, row_exp, row_max_exp, row_max_logsum
 
 __all__ = [
     "z_loss",
@@ -384,8 +384,7 @@ def _logz_seed_grad(x: Tensor, y: Tensor, m: Tensor, lse: Tensor, coef: float, d
     ``softmax * g_p - onehot(y) / divisor`` with ``g_p = (1 + 2 coef log Z) / divisor``, written as
     ``E = exp(x - m)`` (the forward's buffer, or rebuilt) times ``g_p / S`` per row: one pass."""
     if e is None:
-        e = torch.sub(x, m.unsqueeze(1)).exp_()
-        s_sum = e.sum(dim=1)
+        e, s_sum = row_exp(x, m)
     assert s_sum is not None
     g_p = lse.mul(2.0 * coef / divisor).add_(1.0 / divisor)
     grad = e.mul_(g_p.div_(s_sum).unsqueeze(1))
@@ -406,9 +405,7 @@ class _CrossEntropyLogZMeanFunction(torch.autograd.Function):
         ctx.fused = grad_mode and bool(ctx.needs_input_grad[0]) and x.device.type == "cpu" and not _compiling() and x.shape[1] > 0
         e = s_sum = None
         if ctx.fused:
-            m = torch.nan_to_num(x.amax(dim=1), nan=0.0, posinf=0.0, neginf=0.0)  # as row_max_logsum
-            e = torch.sub(x, m.unsqueeze(1)).exp_()
-            s_sum = e.sum(dim=1)
+            m, e, s_sum = row_max_exp(x)
             log_s = s_sum.log()
         else:
             m, log_s = row_max_logsum(x)
