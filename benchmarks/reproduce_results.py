@@ -48,7 +48,8 @@ to write into the repository's ``results/``. Each run is a process of its own ru
 that imported torch, Lightning and the CLI once (``--isolation fork``, the default), or a fresh
 interpreter (``--isolation process``); ``--jobs`` runs
 that many at once with ``max(1, cpus // jobs)`` torch threads each, from one queue: the longest
-declared run first, and an arm's evaluation as soon as its own tuning is done (``run_plan``).
+declared run first, and an arm's evaluation as soon as its group's tuning (with its automatic widening
+rounds, ``tuning.widen``) is done (``run_plan``, ``tune_group``).
 Finished runs are kept in ``--workdir``, keyed by recipe content and exact arguments and by the
 ``code_hash`` (the Python files under ``losses/`` and ``lightning_modules/`` and the recipe), so an
 interrupted reproduction resumes and a changed loss never reuses an old run (``--fresh`` ignores
@@ -93,7 +94,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -153,6 +154,7 @@ class Arm:
     # the claims file's evaluation section (revision 3), the same for every arm of the file
     test_seed: Optional[int] = None  # one test split for every seed (DataModules of TEST_SEED_DATA)
     curves: bool = False  # evaluation runs validate every epoch: the run's learning curve
+    widen: bool = True  # False: the grid is the condition under test; never widened (tuning.widen)
 
     def recipe_text(self) -> str:
         with open(os.path.join(ROOT, self.recipe)) as fh:
@@ -249,6 +251,28 @@ class ClaimsFile:
     claims: Tuple[Claim, ...]
     revision: int = 2  # the protocol revision the file declares (statistics.revision)
     evaluation: Dict[str, Any] = dataclasses.field(default_factory=dict)  # test_seed, curves (revision 3)
+    widen_rounds: int = 0  # tuning.widen.rounds: automatic widening rounds of a grid chosen at an end
+
+    def widen_groups(self) -> List[List[str]]:
+        """The groups of arms that widen together (:func:`tune_group`): the arms a claim compares
+        (:meth:`Claim.run_arms`), joined across claims that share an arm, in file order; an arm
+        declared ``widen: false`` is a group of its own."""
+        parent = {k: k for k in self.arms}
+
+        def root(k: str) -> str:
+            while parent[k] != k:
+                parent[k] = parent[parent[k]]
+                k = parent[k]
+            return k
+
+        for c in self.claims:
+            ks = [k for k in c.run_arms() if k in self.arms and self.arms[k].widen]
+            for k in ks[1:]:
+                parent[root(k)] = root(ks[0])
+        groups: Dict[str, List[str]] = {}
+        for k in self.arms:
+            groups.setdefault(root(k) if self.arms[k].widen else k, []).append(k)
+        return list(groups.values())
 
 
 def load_claims(path: str = CLAIMS_FILE) -> ClaimsFile:
@@ -266,7 +290,8 @@ def load_claims(path: str = CLAIMS_FILE) -> ClaimsFile:
                         epochs=int(a["epochs"]), select=a.get("select", ""), points=points,
                         grid=tuple((k, tuple(v)) for k, v in grid.items()),
                         overrides=tuple((a.get("overrides") or {}).items()), seconds=float(a.get("seconds", 60)),
-                        test_seed=evaluation.get("test_seed"), curves=bool(evaluation.get("curves", False)))
+                        test_seed=evaluation.get("test_seed"), curves=bool(evaluation.get("curves", False)),
+                        widen=bool(a.get("widen", True)))
     claims = []
     for c in raw.get("claims") or []:
         checks = tuple(Check(metric=ch["metric"], family=ch["family"], kind=ch["kind"], baseline=ch.get("baseline"),
@@ -286,7 +311,8 @@ def load_claims(path: str = CLAIMS_FILE) -> ClaimsFile:
     return ClaimsFile(path=path, statistics=dict(raw.get("statistics") or {}),
                       tuning_seeds=tuple(int(s) for s in tuning.get("seeds") or ()),
                       benchmarks=dict(raw.get("benchmarks") or {}), arms=arms, claims=tuple(claims),
-                      revision=int((raw.get("statistics") or {}).get("revision", 2)), evaluation=evaluation)
+                      revision=int((raw.get("statistics") or {}).get("revision", 2)), evaluation=evaluation,
+                      widen_rounds=int((tuning.get("widen") or {}).get("rounds", 0)))
 
 
 def without_evaluation(cf: ClaimsFile) -> ClaimsFile:
@@ -747,12 +773,15 @@ def _row(run: Run, args: Sequence[str], res: dict) -> dict:
 
 def run_plan(arms: Sequence[Arm], tune: Sequence[Run], eval_seeds: Dict[str, Sequence[int]], *, jobs: int,
              threads: int, quick: bool, workdir: str, fresh: bool, timeout: float, log=print,
-             execute_fn=None, deadline: Optional[float] = None,
+             execute_fn=None, deadline: Optional[float] = None, groups: Optional[Sequence[Sequence[str]]] = None,
+             rounds: int = 0,
              clock=time.perf_counter) -> Tuple[List[dict], List[dict], Dict[str, Dict[str, Any]], Dict[str, List[dict]]]:
     """Run the tuning and then the evaluation of every arm as one queue of at most ``jobs`` processes.
 
-    An arm's grid point is chosen (``choose``) as soon as its own tuning runs are done, and its
-    evaluation runs join the queue then: a slow arm's tuning does not hold up the evaluation of the
+    Arms widen in ``groups`` (lists of arm keys; default: each arm alone) for up to ``rounds`` rounds
+    (:func:`tune_group`, the claims file's ``tuning.widen``): when a group's tuning runs are done, its
+    widened points join the queue, or, after its last round, each arm's point is chosen and its
+    evaluation runs join the queue: a slow group's tuning does not hold up the evaluation of the
     others, so no process slot stands idle while runs are left. The queue starts the run of the
     longest declared ``seconds`` first (tuning before evaluation among equals). Runs that are identical
     (the same recipe and arguments, e.g. one arm selected on two metrics or two arms that agree) run
@@ -764,17 +793,27 @@ def run_plan(arms: Sequence[Arm], tune: Sequence[Run], eval_seeds: Dict[str, Seq
     are left for a later invocation on the same workdir (or ``--runs-from`` a file written by
     ``--export-runs``); a finished run already in the workdir is read whatever the deadline.
 
-    Returns ``(tuning rows, evaluation rows, chosen point per arm, tuning table per arm)``; the rows
-    are in plan order (``tune`` as given; evaluation by arm, then seed), not in completion order. With
+    Returns ``(tuning rows, evaluation rows, chosen point per arm, tuning table per arm)`` (a table
+    entry's ``round`` > 0 marks a widened point, ``reason`` says why); the rows are in plan order
+    (``tune`` as given, then the widened runs as they were queued; evaluation by arm, then seed), not
+    in completion order. With
     a deadline the runs not started have no row: the lists are shorter than the plan and an arm whose
     tuning did not finish has no chosen point.
     """
     run_fn = execute_fn or execute
     opts = dict(quick=quick, workdir=workdir, threads=threads, timeout=timeout)
-    total = len(tune) + sum(len(eval_seeds.get(a.key, ())) for a in arms)
-    left = {a.key: 0 for a in arms}
-    for r in tune:
-        left[r.arm.key] += 1
+    by_key = {a.key: a for a in arms}
+    group_of: Dict[str, List[Arm]] = {}
+    for g in (groups or [[a.key] for a in arms]):
+        members = [by_key[k] for k in g if k in by_key]
+        for a in members:
+            group_of[a.key] = members
+    for a in arms:
+        group_of.setdefault(a.key, [a])
+    tune_seeds = sorted({r.seed for r in tune})
+    all_tune: List[Run] = list(tune)
+    queued = {(r.arm.key, json.dumps(dict(r.params), sort_keys=True), r.seed) for r in tune}
+    counts = {"total": len(tune) + sum(len(eval_seeds.get(a.key, ())) for a in arms)}
     tune_rows: Dict[int, dict] = {}
     eval_rows: Dict[Tuple[str, int], dict] = {}
     chosen: Dict[str, Dict[str, Any]] = {}
@@ -783,22 +822,36 @@ def run_plan(arms: Sequence[Arm], tune: Sequence[Run], eval_seeds: Dict[str, Seq
     t0 = clock()
     n_done = 0
 
-    def queue_evaluation(a: Arm) -> None:
-        rows = [tune_rows[id(r)] for r in tune if r.arm.key == a.key]
-        chosen[a.key], tables[a.key] = choose(a, rows, quick)
-        pending.extend(Run(a, s, "eval", tuple(chosen[a.key].items())) for s in sorted(eval_seeds.get(a.key, ())))
+    def advance(members: List[Arm]) -> None:
+        if members[0].key in chosen:
+            return
+        st = tune_group(members, score_from_rows(list(tune_rows.values()), tune_seeds), rounds=rounds, quick=quick)
+        for a, p in st.missing:
+            for s in tune_seeds:
+                k = (a.key, json.dumps(p, sort_keys=True), s)
+                if k not in queued:
+                    queued.add(k)
+                    run = Run(a, s, "tune", tuple(p.items()))
+                    all_tune.append(run)
+                    pending.append(run)
+                    counts["total"] += 1
+                    if st.rounds:
+                        log(f"reproduce_results: widening round {st.rounds} of {', '.join(m.key for m in members)}: "
+                            f"tuning {a.key} at {_params_text(p)} (seed {s})", flush=True)
+        if st.final:
+            for a in members:
+                chosen[a.key], tables[a.key] = st.chosen[a.key], st.tables[a.key]
+                pending.extend(Run(a, s, "eval", tuple(chosen[a.key].items())) for s in sorted(eval_seeds.get(a.key, ())))
 
     def finish(r: Run, row: dict) -> None:
         nonlocal n_done
         n_done += 1
         status = "cached" if row["cached"] else ("ok" if row["ok"] else "FAILED " + row["error"][:200])
-        log(f"[{n_done}/{total} {clock() - t0:7.0f}s] {r.phase} {r.arm.key} seed {r.seed} "
+        log(f"[{n_done}/{counts['total']} {clock() - t0:7.0f}s] {r.phase} {r.arm.key} seed {r.seed} "
             f"{row['params']}: {status} ({row['run_seconds']:.0f} s)", flush=True)
         if r.phase == "tune":
             tune_rows[id(r)] = row
-            left[r.arm.key] -= 1
-            if left[r.arm.key] == 0:
-                queue_evaluation(r.arm)
+            advance(group_of[r.arm.key])
         else:
             eval_rows[(r.arm.key, r.seed)] = row
 
@@ -807,9 +860,9 @@ def run_plan(arms: Sequence[Arm], tune: Sequence[Run], eval_seeds: Dict[str, Seq
             return True
         return (not fresh) and cached_row(r, quick=quick, workdir=workdir) is not None
 
-    for a in arms:
-        if left[a.key] == 0:
-            queue_evaluation(a)
+    for members in {id(g): g for g in group_of.values()}.values():
+        if all(not any(r.arm.key == a.key for r in tune) for a in members):
+            advance(members)
     in_flight: Dict[Any, Tuple[Run, str]] = {}  # future -> (run, key)
     busy: Dict[str, List[Run]] = {}  # key in flight -> identical runs waiting for it
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -842,7 +895,7 @@ def run_plan(arms: Sequence[Arm], tune: Sequence[Run], eval_seeds: Dict[str, Seq
         log(f"reproduce_results: {len(pending)} run(s) not started: their declared time does not fit before the "
             f"deadline ({', '.join(sorted({r.arm.key for r in pending}))})", flush=True)
     evals = [eval_rows[(a.key, s)] for a in arms for s in sorted(eval_seeds.get(a.key, ())) if (a.key, s) in eval_rows]
-    return [tune_rows[id(r)] for r in tune if id(r) in tune_rows], evals, chosen, tables
+    return [tune_rows[id(r)] for r in all_tune if id(r) in tune_rows], evals, chosen, tables
 
 
 # ------------------------------------------------------------------------------------------
@@ -862,13 +915,31 @@ def runs_files(paths: Sequence[str]) -> List[str]:
 
 
 def candidate_runs(arms: Sequence[Arm], tune_seeds: Sequence[int], eval_seeds: Dict[str, Sequence[int]],
-                   quick: bool) -> List[Run]:
+                   quick: bool, extra: Optional[Dict[str, Sequence[Dict[str, Any]]]] = None) -> List[Run]:
     """Every run the plan can need: the tuning runs, and each arm's evaluation runs at every grid
-    point (which point is evaluated is known only once tuning is done)."""
+    point (which point is evaluated is known only once tuning is done); ``extra``: per arm, points
+    beyond the declared grid (widened points, known from runs files or the workdir)."""
     runs = tuning_runs(arms, tune_seeds, quick)
     for a in arms:
-        runs += [Run(a, s, "eval", tuple(p.items())) for p in _points(a, quick) for s in sorted(eval_seeds.get(a.key, ()))]
+        more = [p for p in (extra or {}).get(a.key, ()) if p not in _points(a, quick)]
+        runs += [Run(a, s, "tune", tuple(p.items())) for p in more for s in tune_seeds]
+        runs += [Run(a, s, "eval", tuple(p.items())) for p in _points(a, quick) + more
+                 for s in sorted(eval_seeds.get(a.key, ()))]
     return runs
+
+
+def file_points(files: Sequence[str], arms: Sequence[Arm]) -> Dict[str, List[Dict[str, Any]]]:
+    """Per arm, the grid points its rows in the runs ``files`` were run at (widened points included)."""
+    keys = {a.key for a in arms}
+    out: Dict[str, List[Dict[str, Any]]] = {}
+    for path in files:
+        with open(path, newline="") as fh:
+            for row in csv.DictReader(fh):
+                if row.get("arm") in keys and row.get("params"):
+                    p = json.loads(row["params"])
+                    if p not in out.setdefault(row["arm"], []):
+                        out[row["arm"]].append(p)
+    return out
 
 
 def _match_fields(run: Run) -> Tuple[str, ...]:
@@ -958,27 +1029,60 @@ def finished_rows(runs: Sequence[Run], *, workdir: str, quick: bool) -> List[dic
 # ------------------------------------------------------------------------------------------
 # tuning and evaluation plan
 # ------------------------------------------------------------------------------------------
+def workdir_score(tune_seeds: Sequence[int], *, quick: bool, workdir: str) -> Score:
+    """A :data:`Score` over the tuning runs finished (``ok``) in ``workdir``."""
+    def score(arm: Arm, p: Dict[str, Any]) -> Optional[Tuple[float, int]]:
+        rows = [cached_row(Run(arm, s, "tune", tuple(p.items())), quick=quick, workdir=workdir) for s in tune_seeds]
+        if any(r is None for r in rows):
+            return None
+        return score_from_rows(rows, tune_seeds)(arm, p)
+
+    return score
+
+
+def group_states(arms: Dict[str, Arm], groups: Optional[Sequence[Sequence[str]]], arm_keys: Sequence[str],
+                 score: Score, *, rounds: int, quick: bool) -> Dict[str, GroupTuning]:
+    """:func:`tune_group` of the group of every arm of ``arm_keys`` (default groups: each arm alone)."""
+    out: Dict[str, GroupTuning] = {}
+    for g in (groups or [[k] for k in arm_keys]):
+        members = [arms[k] for k in g if k in arms]
+        if any(a.key in arm_keys for a in members):
+            st = tune_group(members, score, rounds=rounds, quick=quick)
+            out.update({a.key: st for a in members})
+    for k in arm_keys:
+        if k not in out:
+            out[k] = tune_group([arms[k]], score, rounds=rounds, quick=quick)
+    return out
+
+
 def plan_status(claims: Sequence["Claim"], arms: Dict[str, Arm], tune_seeds: Sequence[int],
-                seeds_of: Dict[str, Sequence[int]], *, quick: bool, workdir: str) -> List[dict]:
+                seeds_of: Dict[str, Sequence[int]], *, quick: bool, workdir: str,
+                groups: Optional[Sequence[Sequence[str]]] = None, rounds: int = 0) -> List[dict]:
     """Per claim: its tuning and evaluation runs, their declared seconds, and which of them are
     already finished in ``workdir``. An arm's evaluation runs count as finished only once all its
-    tuning runs are (the chosen point names them); until then their declared time is left."""
+    group's tuning rounds are (the chosen point names them); until then their declared time is left.
+    The tuning runs counted are those known so far: a widening round the finished runs will call for
+    is not known before them."""
+    keys = list(dict.fromkeys(k for c in claims for k in c.run_arms()))
+    states = group_states(arms, groups, keys, workdir_score(tune_seeds, quick=quick, workdir=workdir),
+                          rounds=rounds, quick=quick)
     out = []
     for c in claims:
         st = {"claim": c.key, "benchmark": c.benchmark, "arms": len(c.run_arms()), "tune": 0, "eval": 0,
               "tune_done": 0, "eval_done": 0, "seconds": 0.0, "seconds_left": 0.0, "open_arms": []}
         for k in c.run_arms():
             a = arms[k]
-            tune = tuning_runs([a], tune_seeds, quick)
-            rows = [cached_row(r, quick=quick, workdir=workdir) for r in tune]
+            g = states[k]
+            n_tune = len(g.points[k]) * len(tune_seeds)
+            n_missing = sum(1 for m, _ in g.missing if m.key == k) * len(tune_seeds)
             n_eval = len(seeds_of[c.key])
-            st["tune"] += len(tune)
+            st["tune"] += n_tune
             st["eval"] += n_eval
-            st["seconds"] += a.seconds * (len(tune) + n_eval)
-            st["tune_done"] += sum(r is not None for r in rows)
-            st["seconds_left"] += a.seconds * sum(r is None for r in rows)
-            if all(r is not None for r in rows):
-                point, _ = choose(a, rows, quick)
+            st["seconds"] += a.seconds * (n_tune + n_eval)
+            st["tune_done"] += n_tune - n_missing
+            st["seconds_left"] += a.seconds * n_missing
+            if g.final:
+                point = g.chosen[k]
                 done = sum(cached_row(Run(a, s, "eval", tuple(point.items())), quick=quick, workdir=workdir)
                            is not None for s in seeds_of[c.key])
             else:
@@ -986,7 +1090,7 @@ def plan_status(claims: Sequence["Claim"], arms: Dict[str, Arm], tune_seeds: Seq
             st["eval_done"] += done
             st["seconds_left"] += a.seconds * (n_eval - done)
             if done < n_eval:
-                st["open_arms"].append(k)
+                st["open_arms"].append(k + (f" (widening round {g.rounds})" if g.rounds else ""))
         out.append(st)
     return out
 
@@ -1015,6 +1119,152 @@ def choose(arm: Arm, rows: Sequence[dict], quick: bool) -> Tuple[Dict[str, Any],
         if vals and v > best_v:
             best, best_v = p, v
     return best, table
+
+
+# ------------------------------------------------------------------------------------------
+# automatic grid widening (the claims file's tuning.widen rule)
+# ------------------------------------------------------------------------------------------
+Score = Callable[[Arm, Dict[str, Any]], Optional[Tuple[float, int]]]
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def numeric_lists(arm: Arm) -> List[str]:
+    """The grid keys the widening rule applies to: declared lists of three or more numbers (with two
+    values every choice is an end; an explicit ``points`` grid has no order)."""
+    return [k for k, vals in arm.grid if len(vals) >= 3 and all(_is_num(v) for v in vals)]
+
+
+def step_out(values: Sequence[Any], side: str) -> Any:
+    """The value one step beyond the ``side`` ("low" / "high") end of ``values``: the end times the
+    ratio of the end to its neighbour when every value is positive (geometric), the end plus their
+    difference otherwise; integers stay integers (at least 1 beyond the end), floats are rounded to 6
+    significant digits."""
+    v = sorted(set(values))
+    end, nb = (v[0], v[1]) if side == "low" else (v[-1], v[-2])
+    new = end * end / nb if all(x > 0 for x in v) else end + (end - nb)
+    if all(isinstance(x, int) for x in v):
+        new = int(round(new))
+        if new == end:
+            new = end - 1 if side == "low" else end + 1
+        return new
+    return float(f"{new:.6g}")
+
+
+@dataclasses.dataclass
+class GroupTuning:
+    """Where a group's tuning stands (:func:`tune_group`)."""
+    points: Dict[str, List[Dict[str, Any]]]  # per arm: the declared points, then the widened ones
+    missing: List[Tuple[Arm, Dict[str, Any]]]  # points some tuning run of which has not finished
+    final: bool  # every round is done: ``chosen`` is the arm's choice
+    chosen: Dict[str, Dict[str, Any]]
+    tables: Dict[str, List[dict]]  # per arm: {params, value, n, round, reason}
+    rounds: int  # widening rounds made
+
+
+def _end_of(arm: Arm, points: Sequence[Dict[str, Any]], best: Dict[str, Any]) -> Optional[Tuple[str, str]]:
+    """``(key, "low" | "high")`` of the first widenable list whose chosen value sits at an end of the
+    values tried so far, or ``None``."""
+    if not arm.widen:
+        return None
+    for key in numeric_lists(arm):
+        vals = [p[key] for p in points if key in p and _is_num(p[key])]
+        if key in best and len(set(vals)) >= 2:
+            if best[key] == min(vals):
+                return key, "low"
+            if best[key] == max(vals):
+                return key, "high"
+    return None
+
+
+def tune_group(arms: Sequence[Arm], score: Score, *, rounds: int, quick: bool = False) -> GroupTuning:
+    """Replay the tuning of a group of arms that widen together, round by round, from ``score``
+    (``score(arm, point)``: ``(mean validation value, runs with a value)`` once every tuning run of the
+    point has finished -- the mean may be NaN when they failed -- else ``None``).
+
+    Round 0 is the declared grid. After a round whose runs are all finished, each arm's choice is the
+    point of highest mean (ties: the first tried); if any widenable arm chose an end of a list
+    (:func:`_end_of`) and fewer than ``rounds`` rounds were made, every widenable arm gains exactly one
+    point: its choice with the end value stepped out (:func:`step_out`) when it chose an end, otherwise
+    its choice with the value one step beyond the end of the list on the side of its better neighbour
+    (so that the group's tuning budgets stay equal). ``--quick`` never widens. The replay is a pure
+    function of the finished runs, so a report regenerated from committed runs makes the same
+    decisions as the invocation that ran them."""
+    rounds = 0 if quick else max(0, int(rounds))
+    points = {a.key: [dict(p) for p in _points(a, quick)] for a in arms}
+    origin: Dict[str, List[Tuple[int, str]]] = {a.key: [(0, "")] * len(points[a.key]) for a in arms}
+    made = 0
+    while True:
+        missing = [(a, p) for a in arms for p in points[a.key] if score(a, p) is None]
+        tables: Dict[str, List[dict]] = {}
+        chosen: Dict[str, Dict[str, Any]] = {}
+        if not missing:
+            for a in arms:
+                best, best_v, table = points[a.key][0], -math.inf, []
+                for p, (rnd, why) in zip(points[a.key], origin[a.key]):
+                    v, n = score(a, p)
+                    table.append({"params": p, "value": v, "n": n, "round": rnd, "reason": why})
+                    if n and math.isfinite(v) and v > best_v:
+                        best, best_v = p, v
+                chosen[a.key], tables[a.key] = best, table
+        if missing:
+            return GroupTuning(points, missing, False, chosen, tables, made)
+        ends = {a.key: _end_of(a, points[a.key], chosen[a.key]) for a in arms}
+        if made >= rounds or not any(ends.values()):
+            return GroupTuning(points, [], True, chosen, tables, made)
+        made += 1
+        end_keys = [e[0] for e in ends.values() if e]
+        for a in arms:
+            if not a.widen or not numeric_lists(a):
+                continue
+            best = chosen[a.key]
+            if ends[a.key]:
+                key, side = ends[a.key]
+                why = f"chose the {'lowest' if side == 'low' else 'highest'} {key.split('.')[-1]}"
+            else:
+                lists = numeric_lists(a)
+                key = next((k for k in end_keys if k in lists), lists[0])
+                vals = sorted({p[key] for p in points[a.key] if key in p})
+                i = vals.index(best[key]) if best.get(key) in vals else 0
+                nb = {}
+                for side, j in (("low", i - 1), ("high", i + 1)):
+                    if 0 <= j < len(vals):
+                        q = dict(best, **{key: vals[j]})
+                        r = score(a, q) if q in points[a.key] else None
+                        nb[side] = r[0] if r and r[1] and math.isfinite(r[0]) else -math.inf
+                side = "low" if nb.get("low", -math.inf) > nb.get("high", -math.inf) else "high"
+                why = f"equal budget (its better neighbour is {'lower' if side == 'low' else 'higher'})"
+            new = dict(best, **{key: step_out([p[key] for p in points[a.key] if key in p], side)})
+            points[a.key].append(new)
+            origin[a.key].append((made, why))
+
+
+def score_from_rows(rows: Sequence[dict], tune_seeds: Sequence[int]) -> Score:
+    """A :data:`Score` over finished tuning rows (``ok`` or failed): the mean of the arm's ``select``
+    metric over its finite values, once a row exists for every tuning seed."""
+    by: Dict[Tuple[str, str], Dict[int, dict]] = {}
+    for r in rows:
+        if r.get("phase") == "tune":
+            by.setdefault((r["arm"], r["params"]), {})[int(r["seed"])] = r
+
+    def score(arm: Arm, p: Dict[str, Any]) -> Optional[Tuple[float, int]]:
+        got = by.get((arm.key, json.dumps(p, sort_keys=True)), {})
+        if any(int(s) not in got for s in tune_seeds):
+            return None
+        vals = [float(got[int(s)][arm.select]) for s in tune_seeds
+                if got[int(s)].get("ok") in (True, "True") and got[int(s)].get(arm.select) not in ("", None)
+                and math.isfinite(float(got[int(s)][arm.select]))]
+        return (sum(vals) / len(vals) if vals else float("nan")), len(vals)
+
+    return score
+
+
+def plan_groups(cf: "ClaimsFile", arm_keys: Sequence[str]) -> List[List[str]]:
+    """The widening groups (:meth:`ClaimsFile.widen_groups`) that hold any of ``arm_keys``: their arms
+    are all tuned, so that each of them is widened as the whole group is."""
+    return [g for g in cf.widen_groups() if any(k in arm_keys for k in g)]
 
 
 # ------------------------------------------------------------------------------------------
@@ -1099,16 +1349,18 @@ def parse_fmt(cell: str) -> Tuple[float, float]:
     return float(cell), float("nan")
 
 
-def grid_edges(arm: Arm, point: Dict[str, Any]) -> List[str]:
+def grid_edges(arm: Arm, point: Dict[str, Any], tried: Sequence[Dict[str, Any]] = ()) -> List[str]:
     """The tuned values of ``point`` that sit at an end of their grid list, e.g. ``["lr=0.01
     (highest of 3)"]``: lists of three or more numbers only (with two, every choice is an end; an
-    explicit ``points`` grid has no order). Such an arm may be under-tuned: its optimum can lie
-    beyond the grid."""
+    explicit ``points`` grid has no order); ``tried``: every point tuned (the widened ones extend
+    the lists). Such an arm may be under-tuned: its optimum can lie beyond the grid."""
     out = []
     for key, vals in arm.grid:
         nums = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
         if len(vals) < 3 or len(nums) != len(vals) or key not in point:
             continue
+        nums = sorted(set(nums) | {p[key] for p in tried if _is_num(p.get(key))})
+        vals = nums
         v = point[key]
         end = "lowest" if v == min(nums) else "highest" if v == max(nums) else ""
         if end:
@@ -1376,10 +1628,19 @@ def write_markdown(benchmark: str, claims: Sequence[Claim], results: Sequence[di
             cells = []
             for t in tables.get(k, []):
                 txt = f"{_params_text(t['params'])}: {fmt(t['value'])}"
+                if t.get("round"):
+                    txt += f" (widened, round {t['round']}: {t.get('reason', '')})"
                 cells.append(f"**{txt}**" if t["params"] == chosen.get(k) else txt)
             lines.append(f"- {a.label} ({a.select}): " + "; ".join(cells))
         lines.append("")
-        edges = [f"{arms[k].label}: {', '.join(e)}" for k in c.run_arms() if (e := grid_edges(arms[k], chosen.get(k, {})))]
+        widened = [k for k in c.run_arms() if any(t.get("round") for t in tables.get(k, []))]
+        if widened:
+            lines += [f"Grids widened automatically (the claims file's `tuning.widen` rule, declared before the runs): "
+                      + "; ".join(f"{arms[k].label}: " + ", ".join(
+                          f"round {t['round']} {_params_text(t['params'])}" for t in tables[k] if t.get("round"))
+                          for k in widened) + ".", ""]
+        edges = [f"{arms[k].label}: {', '.join(e)}" for k in c.run_arms()
+                 if (e := grid_edges(arms[k], chosen.get(k, {}), [t["params"] for t in tables.get(k, [])]))]
         if edges:
             lines += ["Chosen at an end of its grid (the optimum may lie outside it): " + "; ".join(edges) + ".", ""]
     if rev3:
@@ -1846,11 +2107,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for c in claims:
         for k in c.run_arms():
             arm_seeds.setdefault(k, set()).update(seeds_of[c.key])
-    arm_list = [cf.arms[k] for k in arm_seeds]
+    rounds = 0 if args.quick else cf.widen_rounds
+    groups = plan_groups(cf, list(arm_seeds)) if rounds else None
+    # an arm of a selected arm's widening group is tuned too (it widens with the group), never evaluated
+    arm_list = [cf.arms[k] for k in dict.fromkeys(list(arm_seeds) + [k for g in groups or () for k in g])]
     tune_seeds = list(cf.tuning_seeds[:1] if args.quick else cf.tuning_seeds)
     tune = tuning_runs(arm_list, tune_seeds, args.quick)
     n_eval = sum(len(s) for s in arm_seeds.values())
     est = (sum(r.arm.seconds for r in tune) + sum(cf.arms[k].seconds * len(s) for k, s in arm_seeds.items()))
+    if rounds:
+        print(f"reproduce_results: grids chosen at an end widen automatically (tuning.widen: at most {rounds} "
+              f"round(s), {len(groups)} group(s) of arms that widen together); the declared time below counts "
+              f"the declared grids only", flush=True)
     cpus = os.cpu_count() or 1
     jobs = max(1, args.jobs)
     threads = max(1, cpus // jobs)
@@ -1863,13 +2131,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.runs_from:
         files = runs_files(args.runs_from)
         os.makedirs(args.workdir, exist_ok=True)
-        written, had = seed_workdir(candidate_runs(arm_list, tune_seeds, eval_seeds, args.quick), files,
+        written, had = seed_workdir(candidate_runs(arm_list, tune_seeds, eval_seeds, args.quick,
+                                                   extra=file_points(files, arm_list)), files,
                                     workdir=args.workdir, quick=args.quick)
         print(f"reproduce_results: {written} finished run(s) read from {len(files)} runs file(s) into the workdir "
               f"({had} already there)", flush=True)
     if args.export_runs:
-        rows = finished_rows(candidate_runs(arm_list, tune_seeds, eval_seeds, args.quick), workdir=args.workdir,
-                             quick=args.quick)
+        states = group_states(cf.arms, groups, [a.key for a in arm_list],
+                              workdir_score(tune_seeds, quick=args.quick, workdir=args.workdir),
+                              rounds=rounds, quick=args.quick)
+        extra = {k: st.points[k] for k, st in states.items()}
+        rows = finished_rows(candidate_runs(arm_list, tune_seeds, eval_seeds, args.quick, extra=extra),
+                             workdir=args.workdir, quick=args.quick)
         os.makedirs(os.path.dirname(os.path.abspath(args.export_runs)), exist_ok=True)
         write_csv(rows, args.export_runs)
         print(f"reproduce_results: wrote the {len(rows)} finished run(s) of the selected claims to "
@@ -1877,7 +2150,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     if args.plan:
         left = 0.0
-        for st in plan_status(claims, cf.arms, tune_seeds, seeds_of, quick=args.quick, workdir=args.workdir):
+        for st in plan_status(claims, cf.arms, tune_seeds, seeds_of, quick=args.quick, workdir=args.workdir,
+                              groups=groups, rounds=rounds):
             left += st["seconds_left"]
             print(f"  {st['claim']} ({st['benchmark']}): {st['arms']} arms, {st['tune']} tuning + {st['eval']} "
                   f"evaluation runs, {st['seconds'] / 60:.0f} min declared; finished: {st['tune_done']} tuning, "
@@ -1892,12 +2166,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     common = dict(jobs=jobs, threads=threads, quick=args.quick, workdir=args.workdir, fresh=args.fresh,
                   timeout=args.timeout)
     deadline = None if args.deadline is None else t_start + 60.0 * args.deadline
-    tune_rows, eval_rows, chosen, tables = run_plan(arm_list, tune, eval_seeds, deadline=deadline,
+    tune_rows, eval_rows, chosen, tables = run_plan(arm_list, tune, eval_seeds, deadline=deadline, groups=groups,
+                                                    rounds=rounds,
                                                     execute_fn=functools.partial(execute, isolation=args.isolation),
                                                     **common)
     rows = tune_rows + eval_rows
-    if len(tune_rows) < len(tune) or len(eval_rows) < n_eval:
-        print(f"reproduce_results: stopped at the deadline with {len(tune) - len(tune_rows)} tuning and "
+    if len(tune_rows) < len(tune) or len(eval_rows) < n_eval or len(chosen) < len(arm_list):
+        print(f"reproduce_results: stopped at the deadline with {max(0, len(tune) - len(tune_rows))} declared "
+              f"tuning run(s), the widening rounds of {len(arm_list) - len(chosen)} arm(s) and "
               f"{n_eval - len(eval_rows)} evaluation run(s) left; no report written. The finished runs are kept "
               f"in {args.workdir}: rerun this command to go on, or add --export-runs FILE to carry them elsewhere "
               f"(and --runs-from FILE there)", flush=True)
@@ -1962,7 +2238,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     edges: Dict[str, Tuple[str, List[str]]] = {}  # arm -> (its first claim, its grid ends)
     for res in summary:
         for k in res["claim"].run_arms():
-            if k not in edges and (e := grid_edges(cf.arms[k], chosen.get(k, {}))):
+            if k not in edges and (e := grid_edges(cf.arms[k], chosen.get(k, {}),
+                                                   [t["params"] for t in tables.get(k, [])])):
                 edges[k] = (res["claim"].key, e)
     if edges:
         lines += ["Tuned values at an end of their grid (those arms may be under-tuned; a wider grid could move "

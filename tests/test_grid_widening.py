@@ -1,0 +1,170 @@
+"""The automatic grid widening of ``benchmarks/reproduce_results.py`` (the claims file's
+``tuning.widen``): hand-made tuning scores against the decisions worked out by hand from the rule --
+the step beyond an end, the equal-budget point of an arm chosen inside its grid, the round limit,
+arms declared ``widen: false`` -- and the queue (``run_plan``) running the widened points before it
+evaluates at the final choice. No training: the runs are fakes that score a point by a formula."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import math
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "reproduce_results.py")
+LR = "model.init_args.lr"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("reproduce_results", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+rr = _module()
+CF = rr.load_claims()
+
+
+def _arm(key, lrs, widen=True, seconds=10.0):
+    return dataclasses.replace(CF.arms["cos_pfc01"], key=key, label=key, seconds=seconds, widen=widen,
+                               grid=((LR, tuple(lrs)),), overrides=())
+
+
+def _score(table):
+    """A Score from ``{arm: {lr: value}}``: points not in the table have not run yet."""
+    def score(arm, p):
+        v = table.get(arm.key, {}).get(p[LR])
+        return None if v is None else (v, 1)
+
+    return score
+
+
+def test_step_out_is_geometric_for_positive_lists_arithmetic_otherwise():
+    assert rr.step_out([0.001, 0.002, 0.004], "low") == 0.0005
+    assert rr.step_out([0.001, 0.002, 0.004], "high") == 0.008
+    assert rr.step_out([0.00003, 0.0001, 0.0003], "low") == pytest.approx(0.000009)
+    assert rr.step_out([-1.0, 0.0, 1.0], "low") == -2.0  # not all positive: the difference
+    assert rr.step_out([0.0, 0.5, 1.0], "high") == 1.5
+    assert rr.step_out([8, 16, 32], "high") == 64 and isinstance(rr.step_out([8, 16, 32], "high"), int)
+    assert rr.step_out([1, 2, 3], "low") == 0  # geometric: 1 * 1 / 2 = 0.5, rounded to an integer
+    assert rr.step_out([1, 1, 2], "low") == 0  # a repeated value is counted once: the neighbour of 1 is 2
+
+
+def test_an_end_choice_widens_the_whole_group_one_point_each():
+    """a chose the lowest lr; b chose inside, its better neighbour is the higher lr: in round 1 a gains
+    0.0005 (beyond its end) and b gains 0.008 (beyond the end on its better side). Once those have run, a's
+    0.0005 is worse than 0.001, so 0.001 is inside the widened list and nobody is at an end: final."""
+    a, b = _arm("a", [0.001, 0.002, 0.004]), _arm("b", [0.001, 0.002, 0.004])
+    table = {"a": {0.001: 0.9, 0.002: 0.8, 0.004: 0.7}, "b": {0.001: 0.6, 0.002: 0.8, 0.004: 0.7}}
+    st = rr.tune_group([a, b], _score(table), rounds=2)
+    assert not st.final and st.rounds == 1
+    assert sorted((m.key, p[LR]) for m, p in st.missing) == [("a", 0.0005), ("b", 0.008)]
+    table["a"][0.0005], table["b"][0.008] = 0.85, 0.75
+    st = rr.tune_group([a, b], _score(table), rounds=2)
+    assert st.final and st.rounds == 1 and st.missing == []
+    assert st.chosen == {"a": {LR: 0.001}, "b": {LR: 0.002}}
+    assert [(t["params"][LR], t["round"]) for t in st.tables["a"]] == [(0.001, 0), (0.002, 0), (0.004, 0), (0.0005, 1)]
+    assert st.tables["a"][-1]["reason"] == "chose the lowest lr"
+    assert st.tables["b"][-1]["reason"].startswith("equal budget") and "higher" in st.tables["b"][-1]["reason"]
+    assert len(st.points["a"]) == len(st.points["b"]) == 4  # equal tuning budgets
+    assert rr.grid_edges(a, st.chosen["a"], [t["params"] for t in st.tables["a"]]) == []
+
+
+def test_an_arm_still_at_an_end_after_the_last_round_is_left_and_named():
+    a = _arm("a", [0.001, 0.002, 0.004])
+    table = {"a": {0.001: 0.9, 0.002: 0.8, 0.004: 0.7, 0.0005: 0.95, 0.00025: 0.97, 0.000125: 0.99}}
+    st = rr.tune_group([a], _score(table), rounds=2)
+    assert st.final and st.rounds == 2
+    assert [p[LR] for p in st.points["a"]] == [0.001, 0.002, 0.004, 0.0005, 0.00025]  # never a third round
+    assert st.chosen["a"] == {LR: 0.00025}
+    assert rr.grid_edges(a, st.chosen["a"], st.points["a"]) == ["lr=0.00025 (lowest of 5)"]
+
+
+def test_no_round_when_every_arm_chose_inside_and_ties_go_to_the_first_point():
+    a, b = _arm("a", [0.1, 0.2, 0.4]), _arm("b", [0.1, 0.2, 0.4])
+    st = rr.tune_group([a, b], _score({"a": {0.1: 0.5, 0.2: 0.6, 0.4: 0.6}, "b": {0.1: 0.1, 0.2: 0.9, 0.4: 0.2}}),
+                       rounds=2)
+    assert st.final and st.rounds == 0  # a's tie between 0.2 and 0.4 goes to 0.2 (inside)
+    assert st.chosen == {"a": {LR: 0.2}, "b": {LR: 0.2}}
+
+
+def test_widen_false_arms_never_widen_and_quick_never_widens():
+    hi = _arm("hi", [0.008, 0.016, 0.032], widen=False)
+    st = rr.tune_group([hi], _score({"hi": {0.008: 0.9, 0.016: 0.5, 0.032: 0.1}}), rounds=2)
+    assert st.final and st.rounds == 0 and st.chosen["hi"] == {LR: 0.008}
+    a = _arm("a", [0.001, 0.002, 0.004])
+    st = rr.tune_group([a], _score({"a": {0.001: 0.9}}), rounds=2, quick=True)  # quick: the first point only
+    assert st.final and st.rounds == 0 and len(st.points["a"]) == 1
+
+
+def test_failed_runs_score_nan_and_never_win():
+    rows = [{"arm": "a", "phase": "tune", "seed": 1000, "params": json.dumps({LR: lr}), "ok": ok, "val/x": v}
+            for lr, ok, v in ((0.001, "False", ""), (0.002, "True", "0.5"), (0.004, True, 0.4))]
+    a = dataclasses.replace(_arm("a", [0.001, 0.002, 0.004]), select="val/x")
+    score = rr.score_from_rows(rows, [1000])
+    v, n = score(a, {LR: 0.001})
+    assert math.isnan(v) and n == 0
+    assert score(a, {LR: 0.002}) == (0.5, 1) and score(a, {LR: 0.0005}) is None
+    st = rr.tune_group([a], score, rounds=0)
+    assert st.chosen["a"] == {LR: 0.002}
+
+
+def test_the_claims_file_declares_the_rule_and_its_groups():
+    assert CF.widen_rounds == 2
+    groups = CF.widen_groups()
+    lm = next(g for g in groups if "ce_lm" in g)
+    assert sorted(lm) == ["ce_lm", "entmax_lm", "logz_lm", "zloss_lm"]  # joined through ce_lm
+    assert ["ce_lm_hi"] in groups and ["logz_lm_hi"] in groups  # widen: false, each alone
+    assert sum(len(g) for g in groups) == len(CF.arms)  # a partition of the arms
+    assert rr.plan_groups(CF, ["zloss_lm"]) == [lm]
+
+
+def test_run_plan_runs_the_widened_points_then_evaluates_at_the_final_choice():
+    """The fake runs score lr by -|log2(lr / 0.0005)|: 0.0005 is best. Round 0 ({0.001, 0.002, 0.004})
+    chooses 0.001 for both arms (an end); round 1 adds 0.0005 to both (a: its end; b is at the same end);
+    0.0005 wins and is again the lowest, round 2 adds 0.00025, which is worse: final at 0.0005, inside.
+    Evaluations run at 0.0005 only."""
+    a, b = _arm("a", [0.001, 0.002, 0.004]), _arm("b", [0.001, 0.002, 0.004])
+    seen = []
+
+    def fake_execute(run, *, fresh, quick, workdir, threads, timeout):
+        lr = dict(run.params)[LR]
+        seen.append((run.arm.key, run.phase, lr))
+        return {"arm": run.arm.key, "phase": run.phase, "seed": run.seed, "ok": True, "cached": False, "error": "",
+                "run_seconds": 0.0, "params": json.dumps(dict(run.params), sort_keys=True),
+                "val/open_rank1": -abs(math.log2(lr / 0.0005))}
+
+    tune = rr.tuning_runs([a, b], [1000], quick=False)
+    logs = []
+    tune_rows, eval_rows, chosen, tables = rr.run_plan(
+        [a, b], tune, {"a": [0, 1], "b": [0]}, jobs=2, threads=1, quick=False, workdir="unused", fresh=False,
+        timeout=1.0, log=lambda *x, **k: logs.append(x[0]), execute_fn=fake_execute, groups=[["a", "b"]], rounds=2)
+    assert chosen == {"a": {LR: 0.0005}, "b": {LR: 0.0005}}
+    assert [t["params"][LR] for t in tables["a"]] == [0.001, 0.002, 0.004, 0.0005, 0.00025]
+    assert [t["round"] for t in tables["b"]] == [0, 0, 0, 1, 2]
+    assert len(tune_rows) == 10 and [r["params"] for r in tune_rows[:6]] == [json.dumps({LR: v}) for v in
+                                                                               (0.001, 0.002, 0.004) * 2]
+    assert sorted((r["arm"], r["seed"]) for r in eval_rows) == [("a", 0), ("a", 1), ("b", 0)]
+    assert all(lr == 0.0005 for k, ph, lr in seen if ph == "eval")
+    # every evaluation started after the last widened tuning run
+    last_tune = max(i for i, (_, ph, _) in enumerate(seen) if ph == "tune")
+    assert min(i for i, (_, ph, _) in enumerate(seen) if ph == "eval") > last_tune
+    assert any("widening round 2" in line for line in logs)
+    # the replay from the finished rows makes the same decisions (what a report regenerated from the
+    # committed runs does)
+    st = rr.tune_group([a, b], rr.score_from_rows(tune_rows, [1000]), rounds=2)
+    assert st.final and st.chosen == chosen and st.points["a"] == [t["params"] for t in tables["a"]]
+
+
+def test_grid_edges_read_the_widened_lists():
+    a = _arm("a", [0.001, 0.002, 0.004])
+    assert rr.grid_edges(a, {LR: 0.001}) == ["lr=0.001 (lowest of 3)"]
+    assert rr.grid_edges(a, {LR: 0.001}, [{LR: 0.0005}]) == []
+    assert rr.grid_edges(a, {LR: 0.0005}, [{LR: 0.0005}]) == ["lr=0.0005 (lowest of 4)"]
