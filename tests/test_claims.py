@@ -4,6 +4,7 @@ the CLI with the arm's overrides; the validator rejects broken files."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib.util
 import os
@@ -63,7 +64,8 @@ def test_every_check_has_a_direction_margin_or_level_and_every_arm_a_grid():
         assert c.seeds >= 5, c.key
         arms = [CF.arms[k] for k in c.arms]
         assert len({a.epochs for a in arms}) == 1, c.key  # one step budget
-        assert len({len(a.grid_points()) for a in arms}) == 1, c.key  # one tuning budget
+        # one tuning budget for every arm the claim runs, the clean arms of its did checks included
+        assert len({len(CF.arms[k].grid_points()) for k in c.run_arms()}) == 1, c.key
         for a in arms:
             assert len(a.grid_points()) >= 2 and a.select.startswith("val/") and os.path.isfile(os.path.join(ROOT, a.recipe))
             if a.seconds < 60 and all(CF.arms[k].seconds < 60 for k in c.arms):
@@ -85,7 +87,8 @@ def test_long_tail_arms_run_single_and_two_stage():
     lt = {k: a for k, a in CF.arms.items() if "imbalance_factor" in str(a.recipe_config().get("data"))}
     single = {a.recipe for a in lt.values() if "model.init_args.two_stage_epoch" not in dict(a.overrides)}
     two = {a.recipe for a in lt.values() if "model.init_args.two_stage_epoch" in dict(a.overrides)}
-    assert len(single) == 5 and single == two  # CE, BCE, GOL, cosine softmax, WCDAS, each in both protocols
+    # CE, BCE, GOL, cosine softmax, WCDAS, logit-adjusted CE, balanced softmax, each in both protocols
+    assert len(single) == 7 and single == two
     for a in lt.values():
         if "model.init_args.two_stage_epoch" in dict(a.overrides):
             assert 0 < dict(a.overrides)["model.init_args.two_stage_epoch"] < a.epochs
@@ -94,6 +97,52 @@ def test_long_tail_arms_run_single_and_two_stage():
     assert None in scales and any(s is not None for s in scales)  # a scale that can move, and fixed ones
     assert "scale" not in wcdas.recipe_config()["model"]["init_args"]["loss"]["init_args"]  # trainable by default
     assert wcdas.recipe_config()["model"]["init_args"]["param_lrs"]["loss.scale_logit"] > 0
+
+
+def test_long_tail_claims_compare_with_logit_adjustment_and_balanced_softmax():
+    """The MNIST-LT claims gain the logit-adjusted loss and balanced softmax as baselines, in secondary
+    checks; their recipes are cross-entropy's but for the loss (the prior is linked from the DataModule)."""
+    import yaml
+
+    keys = {c.key: c for c in CF.claims}
+    primary = {"gol": ("test/acc_tail", "bce_lt"), "gol_2stage": ("test/acc_tail", "bce_lt_2s"),
+               "wcdas": ("test/balanced_acc", "ce_lt"), "wcdas_2stage": ("test/balanced_acc", "ce_lt_2s")}
+    for key, (metric, baseline) in primary.items():
+        c = keys[key]
+        sfx = "_2s" if key.endswith("2stage") else ""
+        assert {f"la_lt{sfx}", f"bsm_lt{sfx}"} <= set(c.arms), key
+        assert (c.primary().metric, c.primary().baseline) == (metric, baseline), key  # unchanged
+        new = [ch for ch in c.checks if ch.baseline in (f"la_lt{sfx}", f"bsm_lt{sfx}")]
+        assert len(new) == 2 and all(not ch.primary and ch.kind == "higher" and ch.family == c.primary().family
+                                     and ch.metric == metric for ch in new), key
+        arms = [CF.arms[k] for k in c.arms]
+        assert len({(a.epochs, a.seconds, a.select, len(a.grid_points())) for a in arms}) == 1, key
+        assert len({tuple(a.overrides) for a in arms}) == 1, key
+    ce = yaml.safe_load(open(os.path.join(ROOT, "configs/mnist/cross_entropy_lt.yaml")))
+    for recipe, loss in (("configs/mnist/logit_adjusted_lt.yaml", "losses.LogitAdjustedLoss"),
+                         ("configs/mnist/balanced_softmax_lt.yaml", "losses.BalancedSoftmaxLoss")):
+        cfg = yaml.safe_load(open(os.path.join(ROOT, recipe)))
+        assert cfg["model"]["init_args"].pop("loss")["class_path"] == loss
+        base = copy.deepcopy(ce)
+        base["model"]["init_args"].pop("loss")
+        assert cfg == base, recipe  # backbone, budget, data and schedule: cross-entropy's
+
+
+def test_long_tail_baselines_link_the_class_prior_from_the_data():
+    """The logit-adjusted loss's class_prior and balanced softmax's class_counts come from the
+    DataModule's training split (MNIST-LT: 350 ... 7), through the CLI."""
+    import torch
+    from lightning_modules.cli import main
+
+    for key, buf in (("la_lt", "class_prior"), ("bsm_lt_2s", "class_counts")):
+        a = CF.arms[key]
+        args = rr.run_args(a, 0, a.grid_points()[0], phase="tune", quick=True)
+        cli = main(args=["--config", os.path.join(ROOT, a.recipe), *args, "--trainer.logger=false",
+                         "--trainer.enable_checkpointing=false"], run=False)
+        counts = torch.as_tensor(list(cli.datamodule.class_counts), dtype=torch.float64)
+        got = getattr(cli.model.loss, buf).to(torch.float64)
+        want = counts / counts.sum() if buf == "class_prior" else counts
+        assert counts[0] == 350 and counts[-1] == 7 and torch.allclose(got, want), key
 
 
 def test_validator_rejects_broken_claims():
@@ -114,6 +163,8 @@ def test_validator_rejects_broken_claims():
         assert fragment in text, fragment
     unknown = dataclasses.replace(c, arms=("no_such_arm",) + c.arms[1:])
     assert "not declared under arms" in "\n".join(rr.validate_claims(dataclasses.replace(CF, claims=(unknown,))))
+
+
 
 
 def test_run_args_pair_the_arms():

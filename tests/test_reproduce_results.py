@@ -53,8 +53,15 @@ def _row(arm, phase, seed, params=None, **metrics):
     return r
 
 
+def _three_lr_arm():
+    """ce_lt with a three-point learning-rate grid (the claims file's has 9): selection on hand-made rows."""
+    arm = dataclasses.replace(CF.arms["ce_lt"], grid=(("model.init_args.lr", (0.001, 0.002, 0.005)),))
+    assert arm.key == "ce_lt" and len(CF.arms["ce_lt"].grid_points()) > 3
+    return arm
+
+
 def test_choose_maximises_mean_validation_metric_ties_first():
-    arm = CF.arms["ce_lt"]
+    arm = _three_lr_arm()
     p = arm.grid_points()
     assert len(p) == 3
     rows = [_row("ce_lt", "tune", s, p[0], **{"val/balanced_acc": v}) for s, v in ((1000, 0.80), (1001, 0.84))]
@@ -68,7 +75,7 @@ def test_choose_maximises_mean_validation_metric_ties_first():
 
 
 def test_choose_ignores_evaluation_rows_and_breaks_ties_by_order():
-    arm = CF.arms["ce_lt"]
+    arm = _three_lr_arm()
     p = arm.grid_points()
     rows = [_row("ce_lt", "tune", 1000, p[0], **{"val/balanced_acc": 0.82}),
             _row("ce_lt", "tune", 1000, p[1], **{"val/balanced_acc": 0.80}),
@@ -82,13 +89,17 @@ def test_choose_ignores_evaluation_rows_and_breaks_ties_by_order():
 
 
 def _synthetic_rows():
-    """10 seeds of the WCDAS claim: WCDAS = CE + 0.05 + noise on acc_tail, cosine = CE - 0.02 + noise."""
+    """10 seeds of the WCDAS claim: WCDAS = CE + 0.05 + noise on acc_tail, cosine = CE + noise; the
+    logit-adjusted and balanced-softmax baselines = CE + 0.02 + noise (their own generator, so that the
+    other arms' values do not depend on them)."""
     rng = np.random.default_rng(3)
+    lt = np.random.default_rng(4)
     rows = []
     base = rng.uniform(0.5, 0.8, size=10)
     for s in range(10):
         ce = base[s]
-        vals = {"ce_lt": ce, "wcdas_lt": ce + 0.05 + rng.normal(0, 0.01), "cosine_lt": ce + rng.normal(0, 0.03)}
+        vals = {"ce_lt": ce, "wcdas_lt": ce + 0.05 + rng.normal(0, 0.01), "cosine_lt": ce + rng.normal(0, 0.03),
+                "la_lt": ce + 0.02 + lt.normal(0, 0.02), "bsm_lt": ce + 0.02 + lt.normal(0, 0.02)}
         for arm, v in vals.items():
             m = {"test/acc_tail": v, "test/acc_head": 0.95, "test/balanced_acc": (v + 0.95) / 2,
                  "test/loss_scale": 16.0 if arm == "wcdas_lt" else "", "test/loss_rho_mean": 0.5 if arm == "wcdas_lt" else ""}
@@ -122,13 +133,14 @@ def test_report_statistics_match_an_independent_computation(tmp_path):
     meta = _meta({"wcdas": list(range(10))})
     md_path = tmp_path / "vision.md"
     rr.write_markdown("vision", [claim], [res], rows, CF, chosen, {}, meta, str(md_path), ["vision_forest.png"])
-    assert rr.plot_forest("vision", [res], CF.arms, str(tmp_path / "f.png")) == 4
+    assert set(claim.run_arms()) == {r["arm"] for r in rows}
+    assert rr.plot_forest("vision", [res], CF.arms, str(tmp_path / "f.png")) == len(claim.checks) == 6
     rr.plot_per_class(rows, CF.arms, list(claim.arms), str(tmp_path / "pc.png"))
     for png in ("f.png", "pc.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = md_path.read_text()
     table = _cells(md, "wcdas")
-    assert len(table) == 4
+    assert len(table) == len(claim.checks)
     for cells, ch in zip(table, claim.checks):
         fam = {r["seed"]: r[ch.metric] for r in rows if r["arm"] == ch.family}
         base = {r["seed"]: r[ch.metric] for r in rows if r["arm"] == ch.baseline}
@@ -448,12 +460,18 @@ def test_versions_line_says_how_many_runs_recorded_them():
 
 
 def test_grid_edges_flags_a_choice_at_an_end_of_a_numeric_list():
-    arm = CF.arms["ce_lt"]  # lr over [0.001, 0.002, 0.005]
-    lo, mid, hi = arm.grid_points()
-    assert rr.grid_edges(arm, lo) == ["lr=0.001 (lowest of 3)"]
-    assert rr.grid_edges(arm, mid) == []
-    assert rr.grid_edges(arm, hi) == ["lr=0.005 (highest of 3)"]
+    arm = CF.arms["ce_lt"]  # lr over [0.0005, ..., 0.01], 9 values
+    points = arm.grid_points()
+    assert len(points) == 9
+    assert rr.grid_edges(arm, points[0]) == ["lr=0.0005 (lowest of 9)"]
+    assert all(rr.grid_edges(arm, p) == [] for p in points[1:-1])
+    assert rr.grid_edges(arm, points[-1]) == ["lr=0.01 (highest of 9)"]
     assert rr.grid_edges(arm, {}) == []
+    cos = CF.arms["cosine_lt"]  # a product: lr x scale, each list read on its own
+    assert rr.grid_edges(cos, {"model.init_args.lr": 0.002, "model.init_args.loss.init_args.scale": 32.0}) == \
+        ["scale=32.0 (highest of 3)"]
+    assert rr.grid_edges(cos, {"model.init_args.lr": 0.001, "model.init_args.loss.init_args.scale": 8.0}) == \
+        ["lr=0.001 (lowest of 3)", "scale=8.0 (lowest of 3)"]
     explicit = next(a for a in CF.arms.values() if a.points)  # an explicit list has no order
     assert all(rr.grid_edges(explicit, p) == [] for p in explicit.grid_points())
     two = rr.Arm("x", "vision", "x", arm.recipe, 1, "val/acc", grid=(("model.init_args.lr", (0.1, 0.2)),))
@@ -472,7 +490,7 @@ def test_report_names_the_arms_tuned_at_a_grid_edge(tmp_path):
     md = md_path.read_text()
     edge_lines = [line for line in md.splitlines() if line.startswith("Chosen at an end of its grid")]
     assert len(edge_lines) == 1
-    assert f"{CF.arms['ce_lt'].label}: lr=0.005 (highest of 3)" in edge_lines[0]
+    assert f"{CF.arms['ce_lt'].label}: lr=0.01 (highest of 9)" in edge_lines[0]
     others = [k for k in claim.arms if k != "ce_lt" and rr.grid_edges(CF.arms[k], chosen[k])]
     assert all(CF.arms[k].label in edge_lines[0] for k in others)
 
@@ -692,7 +710,8 @@ def test_revision_3_report_primary_holm_and_competence_gate(tmp_path):
     rr.write_markdown("vision", [claim], [res], rows, CF, {}, {}, meta, str(path), [])
     md = path.read_text()
     cells = _rev3_cells(md, "wcdas")
-    assert [c[1].split(" (")[0] for c in cells] == ["secondary", "secondary", "primary", "secondary"]
+    assert [c[1].split(" (")[0] for c in cells] == ["primary" if ch.primary else "secondary" for ch in claim.checks]
+    assert [ch.primary for ch in claim.checks] == [False, False, True, False, False, False]
     # independent: two-sided paired t p-values of the secondary checks, Holm by hand
     p = []
     for ch in claim.checks:
@@ -701,11 +720,11 @@ def test_revision_3_report_primary_holm_and_competence_gate(tmp_path):
         d = fam - base
         t = d.mean() / (d.std(ddof=1) / math.sqrt(10))
         p.append(2 * sst.t.sf(t, 9))
-    sec = [0, 1, 3]
+    sec = [i for i, ch in enumerate(claim.checks) if not ch.primary]
     order = sorted(sec, key=lambda i: p[i])
     holm, running = {}, 0.0
     for r, i in enumerate(order):
-        running = max(running, min(1.0, (3 - r) * p[i]))
+        running = max(running, min(1.0, (len(sec) - r) * p[i]))
         holm[i] = running
     for i in sec:
         raw, adj = (float(x) for x in cells[i][8].split(" / "))
@@ -823,12 +842,12 @@ def test_revision_3_report_flags_a_test_split_that_is_not_fixed_and_a_budget_lim
     # one test split, a baseline that stopped improving: nothing flagged
     res, md, summary = report(_curve_rows(lambda a, s: "5a1b2c3d4e5f", gain=0.0))
     assert res["test_split"]["problem"] is None and res["budget"]["rule"].limited is False
-    assert "Test split: one for all 30 evaluation runs (`5a1b2c3d4e5f`)." in md
+    assert "Test split: one for all 50 evaluation runs (`5a1b2c3d4e5f`)." in md
     assert "not budget-limited" in md and "flagged" not in "\n".join(summary)
     # a new test split per seed (as revision 2's runs): flagged in the claim's section and the summary
     res, md, summary = report(_curve_rows(lambda a, s: f"split{s}", gain=0.0))
-    assert res["test_split"]["problem"] == "10 different test splits over 30 evaluation runs"
-    assert "**Test split not fixed**: 10 different test splits over 30 evaluation runs" in md
+    assert res["test_split"]["problem"] == "10 different test splits over 50 evaluation runs"
+    assert "**Test split not fixed**: 10 different test splits over 50 evaluation runs" in md
     assert any("flagged: test split not fixed (10 different test splits" in line for line in summary)
     # cross-entropy's balanced accuracy still rises by 0.02 over its last epoch, more than half the
     # primary check's CI half-width: budget-limited
@@ -893,15 +912,22 @@ def test_a_dirty_tree_is_refused_unless_allowed_and_quick_says_so(tmp_path, monk
 
 def test_revision_2_runs_are_read_under_the_current_claims_file(tmp_path, monkeypatch):
     """``--revision-2-runs``: the current (revision 3) claims file without its evaluation section makes
-    runs as revision 2 made them, so its committed runs regenerate the claim without training."""
+    runs as revision 2 made them, so its committed runs regenerate the claim without training. The claim
+    is one whose arms revision 3 left as revision 2 declared them (recipe, grid, overrides, epochs: the
+    gol_items arms tuned the learning rate already; revision 3's equal tuning changed the others')."""
     _only_cached(monkeypatch)
     committed = os.path.join(ROOT, "results", "revision2")
+    old = rr.load_claims(os.path.join(committed, "claims.yaml"))
+    claim = next(c for c in CF.claims if c.key == "gol_items")
+    for k in claim.run_arms():
+        a, b = CF.arms[k], old.arms[k]
+        assert (a.recipe, a.grid_points(), a.overrides, a.epochs) == (b.recipe, b.grid_points(), b.overrides, b.epochs), k
     out, work = tmp_path / "out", tmp_path / "work"
-    assert rr.main(["--claims", "nbc_softmax", "--runs-from", committed, "--revision-2-runs", "--out", str(out),
+    assert rr.main(["--claims", claim.key, "--runs-from", committed, "--revision-2-runs", "--out", str(out),
                     "--workdir", str(work), "--jobs", "1", "--allow-dirty"]) == 0
-    md = (out / "retrieval.md").read_text()
+    md = (out / "recommendation.md").read_text()
     assert "Test split: not recorded" in md and "Learning curve: not recorded" in md
-    assert not (out / "retrieval_curves.png").exists()
+    assert not (out / "recommendation_curves.png").exists()
 
 
 def test_quick_rows_carry_curve_test_split_and_code_hash(quick_out):
