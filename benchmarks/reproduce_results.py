@@ -125,6 +125,8 @@ DID_KIND = "did"  # revision 3: difference in differences (robustness claims)
 SANITY_KIND = "sanity"  # revision 3: identities / levels a loss meets by construction
 TRANSFORMS = ("abs",)  # per-seed transforms of a metric a check may declare
 REVISIONS = (2, 3)
+#: revision 3: the last component of a grid key that tunes the learning rate (every arm tunes one)
+LR_KEYS = ("lr", "learning_rate")
 INIT_SEED_MODELS = ("VisionClassifier", "VisionSegmenter", "Recommender", "IdentityEmbedder",
                     "LanguageModel")  # models taking init_seed
 #: DataModules taking ``test_seed`` (one test split for every seed; the claims file's evaluation.test_seed)
@@ -168,6 +170,11 @@ class Arm:
     def loss_has_seed(self) -> bool:
         loss = (((self.recipe_config().get("model") or {}).get("init_args") or {}).get("loss") or {})
         return "seed" in (loss.get("init_args") or {})
+
+    def untuned_lr_points(self) -> List[Dict[str, Any]]:
+        """The grid points that set no learning rate (no key whose last component is in
+        :data:`LR_KEYS`); revision 3 requires none."""
+        return [p for p in self.grid_points() if not any(k.split(".")[-1] in LR_KEYS for k in p)]
 
     def grid_points(self) -> List[Dict[str, Any]]:
         """The grid points in declared order: the explicit ``points``, or the product of the grid's
@@ -374,6 +381,11 @@ def validate_claims(cf: ClaimsFile) -> List[str]:
             problems.append(f"{where}: declare a hyperparameter grid of at least 2 points (tuned on validation)")
         if not a.select.startswith("val/"):
             problems.append(f"{where}: select must be a validation metric (val/...), got {a.select!r}")
+        if cf.revision >= 3 and (no_lr := a.untuned_lr_points()):
+            problems.append(f"{where}: revision 3 tunes the learning rate of every arm, but "
+                            + ("its grid tunes no learning rate" if len(no_lr) == len(a.grid_points()) else
+                               f"{len(no_lr)} of its {len(a.grid_points())} grid points set none")
+                            + f" (a grid key ending in {' or '.join(LR_KEYS)}; a knob is tuned as learning rate x knob)")
         for k in [k for p in a.grid_points() for k in p] + [k for k, _ in a.overrides]:
             if k.startswith("-") or k.split(".")[0] not in ("model", "data", "trainer"):
                 problems.append(f"{where}: override key {k!r} must look like model.init_args...., data.... or "
@@ -400,7 +412,8 @@ def validate_claims(cf: ClaimsFile) -> List[str]:
         if len(datas) > 1:
             problems.append(f"{where}: arms train on different data (the recipes' data sections differ beyond "
                             f"the declared varies={list(c.varies)})")
-        budgets = {a.key: len(a.grid_points()) for a in arms}
+        # every arm the claim runs (the clean arms of its did checks too) gets the same tuning budget
+        budgets = {k: len(cf.arms[k].grid_points()) for k in c.run_arms() if k in cf.arms}
         if len(set(budgets.values())) > 1:
             problems.append(f"{where}: unequal tuning budgets (grid points per arm: {budgets})")
         need = 10 if all(a.seconds < 60 for a in arms) else 5

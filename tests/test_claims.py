@@ -1,6 +1,7 @@
 """``benchmarks/claims.yaml``: every claim declares a direction or a margin, a tuning grid with an equal
-budget per arm, enough seeds and one step budget; every recipe it names exists and parses through
-the CLI with the arm's overrides; the validator rejects broken files."""
+budget per arm (the clean arms of its did checks included) that tunes the learning rate, enough seeds
+and one step budget; every recipe it names exists and parses through the CLI with the arm's overrides;
+the validator rejects broken files."""
 
 from __future__ import annotations
 
@@ -81,6 +82,29 @@ def test_every_check_has_a_direction_margin_or_level_and_every_arm_a_grid():
             else:
                 assert kind in ("below", "above") and ch.level is not None
     assert min(CF.tuning_seeds) >= 100  # tuning seeds never coincide with evaluation seeds 0 .. n-1
+
+
+def test_revision_3_every_arm_tunes_the_learning_rate():
+    """Every grid point of every arm sets a learning rate; an arm tuning a knob of its own tunes it
+    as a product with the learning rate (or, as WCDAS's explicit points, every knob setting at each
+    learning rate)."""
+    for a in CF.arms.values():
+        assert a.untuned_lr_points() == [], a.key
+        keys = [k for k, _ in a.grid]
+        if len(keys) > 1:
+            assert keys[0].split(".")[-1] in rr.LR_KEYS and len(a.grid_points()) == \
+                len(dict(a.grid)[keys[0]]) * len(dict(a.grid)[keys[1]]), a.key
+    for key in ("wcdas_lt", "wcdas_lt_2s"):
+        pts = CF.arms[key].grid_points()
+        lrs = sorted({p["model.init_args.lr"] for p in pts})
+        scales = [p.get("model.init_args.loss.init_args.scale") for p in pts]
+        assert len(lrs) == 3 and len(pts) == 9 and scales == [None, 16.0, 32.0] * 3, key
+    # the arms that tuned only their knob before revision 3 now tune it at three learning rates
+    for key, knob in (("z_loss", "a"), ("comp_sum_noisy", "tau"), ("opl_lowdata", "aux_weight"),
+                      ("cosine_lt", "scale"), ("psl_tanh_rs", "temperature"), ("ssm_fn", "temperature"),
+                      ("nbc_stdlib", "nbc_weight"), ("pfc_10", "scale"), ("infonce_chat", "temperature")):
+        grid = {k.split(".")[-1]: v for k, v in CF.arms[key].grid}
+        assert len(grid["lr"]) == 3 and len(grid[knob]) >= 3, key
 
 
 def test_long_tail_arms_run_single_and_two_stage():
@@ -165,6 +189,36 @@ def test_validator_rejects_broken_claims():
     assert "not declared under arms" in "\n".join(rr.validate_claims(dataclasses.replace(CF, claims=(unknown,))))
 
 
+def test_validator_requires_every_arm_to_tune_the_learning_rate():
+    """Revision 3: an arm whose grid tunes only its knob (at the recipe's learning rate), or an explicit
+    points grid with a point that sets no learning rate, is reported; revision 2 did not require it."""
+    arms = dict(CF.arms)
+    z = arms["z_loss"]
+    arms["z_loss"] = dataclasses.replace(z, grid=(("model.init_args.loss.init_args.a", (0.5, 1.0, 2.0)),))
+    w = arms["wcdas_lt"]
+    arms["wcdas_lt"] = dataclasses.replace(w, points=((),) + w.points[1:])  # {}: the recipe's lr
+    # a learning rate by its other name passes
+    arms["ce"] = dataclasses.replace(arms["ce"], grid=(("model.init_args.optimizer.learning_rate", (0.1, 0.2)),))
+    problems = rr.validate_claims(dataclasses.replace(CF, arms=arms))
+    text = "\n".join(problems)
+    assert "arm 'z_loss': revision 3 tunes the learning rate of every arm, but its grid tunes no learning rate" in text
+    assert "arm 'wcdas_lt': revision 3 tunes the learning rate of every arm, but 1 of its 9 grid points set none" in text
+    assert not any(p.startswith("arm 'ce':") for p in problems)
+    old = dataclasses.replace(CF, arms=arms, revision=2)
+    assert "tunes the learning rate" not in "\n".join(rr.validate_claims(old))
+
+
+def test_validator_requires_equal_budgets_over_the_clean_arms_of_did_checks():
+    """The equal-budget rule covers every arm a claim runs: a did check's clean arms (possibly another
+    claim's) must have the claim's grid size too."""
+    c = next(c for c in CF.claims if c.key == "comp_sum")
+    assert set(c.run_arms()) - set(c.arms) == {"comp_sum_clean", "ce"}
+    arms = dict(CF.arms)
+    clean = arms["comp_sum_clean"]
+    arms["comp_sum_clean"] = dataclasses.replace(clean, grid=clean.grid[:1])  # 3 learning rates, not 3 x 3
+    problems = [p for p in rr.validate_claims(dataclasses.replace(CF, arms=arms)) if "unequal tuning budgets" in p]
+    assert len(problems) == 1 and problems[0].startswith("claim 'comp_sum': unequal tuning budgets")
+    assert "'comp_sum_clean': 3" in problems[0] and "'ce_noisy': 9" in problems[0]
 
 
 def test_run_args_pair_the_arms():
