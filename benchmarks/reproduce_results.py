@@ -1146,7 +1146,13 @@ def _is_num(v: Any) -> bool:
 
 def numeric_lists(arm: Arm) -> List[str]:
     """The grid keys the widening rule applies to: declared lists of three or more numbers (with two
-    values every choice is an end; an explicit ``points`` grid has no order)."""
+    values every choice is an end); in an explicit ``points`` grid, a key that every point sets to a
+    number, with three or more distinct values (e.g. the learning rate of a list written out as
+    learning rates x settings that have no value of their own to tune)."""
+    if arm.points:
+        pts = arm.grid_points()
+        keys = [k for k in pts[0] if all(_is_num(p.get(k)) for p in pts)]
+        return [k for k in keys if len({p[k] for p in pts}) >= 3]
     return [k for k, vals in arm.grid if len(vals) >= 3 and all(_is_num(v) for v in vals)]
 
 
@@ -1365,19 +1371,18 @@ def parse_fmt(cell: str) -> Tuple[float, float]:
 def grid_edges(arm: Arm, point: Dict[str, Any], tried: Sequence[Dict[str, Any]] = ()) -> List[str]:
     """The tuned values of ``point`` that sit at an end of their grid list, e.g. ``["lr=0.01
     (highest of 3)"]``: lists of three or more numbers only (with two, every choice is an end; an
-    explicit ``points`` grid has no order); ``tried``: every point tuned (the widened ones extend
-    the lists). Such an arm may be under-tuned: its optimum can lie beyond the grid."""
+    explicit ``points`` grid: only a key every point sets to a number, :func:`numeric_lists`);
+    ``tried``: every point tuned (the widened ones extend the lists). Such an arm may be under-tuned:
+    its optimum can lie beyond the grid."""
     out = []
-    for key, vals in arm.grid:
-        nums = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
-        if len(vals) < 3 or len(nums) != len(vals) or key not in point:
+    for key in numeric_lists(arm):
+        if key not in point:
             continue
-        nums = sorted(set(nums) | {p[key] for p in tried if _is_num(p.get(key))})
-        vals = nums
+        nums = sorted({p[key] for p in arm.grid_points()} | {p[key] for p in tried if _is_num(p.get(key))})
         v = point[key]
         end = "lowest" if v == min(nums) else "highest" if v == max(nums) else ""
         if end:
-            out.append(f"{key.split('.')[-1]}={cli_value(v)} ({end} of {len(vals)})")
+            out.append(f"{key.split('.')[-1]}={cli_value(v)} ({end} of {len(nums)})")
     return out
 
 

@@ -168,3 +168,22 @@ def test_grid_edges_read_the_widened_lists():
     assert rr.grid_edges(a, {LR: 0.001}) == ["lr=0.001 (lowest of 3)"]
     assert rr.grid_edges(a, {LR: 0.001}, [{LR: 0.0005}]) == []
     assert rr.grid_edges(a, {LR: 0.0005}, [{LR: 0.0005}]) == ["lr=0.0005 (lowest of 4)"]
+
+
+def test_explicit_points_widen_along_the_key_every_point_sets():
+    """WCDAS-style points (learning rates x settings written out, one setting without a value): the
+    learning rate is read as a list; the widened point is the chosen point with it stepped out, the
+    setting kept."""
+    scale = "model.init_args.loss.init_args.scale"
+    pts = tuple(tuple(p.items()) for lr in (0.001, 0.002, 0.005) for p in ({LR: lr}, {LR: lr, scale: 16.0}))
+    a = dataclasses.replace(_arm("a", [0.1]), grid=(), points=pts)
+    assert rr.numeric_lists(a) == [LR]
+
+    def score(arm, p):
+        base = {0.001: 0.5, 0.002: 0.6, 0.005: 0.7, 0.0125: 0.65}.get(p[LR])
+        return None if base is None else (base + (0.01 if scale in p else 0.0), 1)
+
+    st = rr.tune_group([a], score, rounds=2)
+    assert st.final and st.rounds == 1
+    assert st.points["a"][-1] == {LR: 0.0125, scale: 16.0}  # 0.005 * 0.005 / 0.002, the chosen setting kept
+    assert st.chosen["a"] == {LR: 0.005, scale: 16.0}

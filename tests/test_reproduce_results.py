@@ -472,8 +472,11 @@ def test_grid_edges_flags_a_choice_at_an_end_of_a_numeric_list():
         ["scale=32.0 (highest of 3)"]
     assert rr.grid_edges(cos, {"model.init_args.lr": 0.001, "model.init_args.loss.init_args.scale": 8.0}) == \
         ["lr=0.001 (lowest of 3)", "scale=8.0 (lowest of 3)"]
-    explicit = next(a for a in CF.arms.values() if a.points)  # an explicit list has no order
-    assert all(rr.grid_edges(explicit, p) == [] for p in explicit.grid_points())
+    # points written out: only a key every point sets to a number (here the learning rate) has an order
+    explicit = CF.arms["wcdas_lt"]
+    assert rr.numeric_lists(explicit) == ["model.init_args.lr"]
+    assert rr.grid_edges(explicit, {"model.init_args.lr": 0.002, "model.init_args.loss.init_args.scale": 32.0}) == []
+    assert rr.grid_edges(explicit, {"model.init_args.lr": 0.005}) == ["lr=0.005 (highest of 3)"]
     two = rr.Arm("x", "vision", "x", arm.recipe, 1, "val/acc", grid=(("model.init_args.lr", (0.1, 0.2)),))
     assert rr.grid_edges(two, {"model.init_args.lr": 0.2}) == []  # with two values every choice is an end
 
