@@ -52,7 +52,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler, Sampler, TensorDataset
 
-from ..base import BenchmarkDataModule
+from ..base import BenchmarkDataModule, check_test_seed
 from .image_variants import SeededEpochSampler
 
 __all__ = ["IdentitySplits", "make_identities", "identification_metrics", "IdentitiesDataModule"]
@@ -101,9 +101,15 @@ def make_identities(
     mixing: str = "none",
     mixing_gain: float = 1.0,
     mixing_seed: int = 0,
+    test_seed: Optional[int] = None,
 ) -> IdentitySplits:
     """Generate the closed-set splits and the two open sets (module docstring). Deterministic per
-    ``seed``; the draws happen in a fixed order (centres, then samples identity-major)."""
+    ``seed``; the draws happen in a fixed order (centres, then samples identity-major).
+
+    ``test_seed`` (an integer): the identity centres, the closed-set test samples and the test open
+    set are drawn from ``test_seed`` alone -- one test split for every ``seed`` -- and ``seed``
+    draws only the training and validation samples and the validation open set. ``None``: every
+    draw comes from ``seed`` (a new test split per seed)."""
     _check_int("num_classes", num_classes, 2)
     _check_int("dim", dim, 2)
     _check_int("train_per_class", train_per_class, 1)
@@ -123,11 +129,14 @@ def make_identities(
         raise ValueError("make_identities: mixing='square' leaks the nuisance into the signal: it needs "
                          f"nuisance_dim >= 1 and nuisance_std > 0 (got {nuisance_dim!r}, {nuisance_std!r})")
     leak = mixing_matrix(nuisance_dim, dim, mixing_seed) if mixing == "square" else None
+    if test_seed is not None and (isinstance(test_seed, bool) or not isinstance(test_seed, int)):
+        raise ValueError(f"make_identities: test_seed must be an integer or None (got {test_seed!r})")
     g = torch.Generator().manual_seed(int(seed))
+    g_test = g if test_seed is None else torch.Generator().manual_seed(int(test_seed))
     total = num_classes + 2 * open_classes
-    centres = torch.nn.functional.normalize(torch.randn(total, dim, generator=g), dim=1)
+    centres = torch.nn.functional.normalize(torch.randn(total, dim, generator=g_test), dim=1)
 
-    def samples(ids: Tensor, n: int) -> Tensor:  # (len(ids) * n, dim + nuisance_dim), identity-major
+    def samples(ids: Tensor, n: int, g: torch.Generator = g) -> Tensor:  # (len(ids) * n, D), identity-major
         mu = centres[ids].repeat_interleave(n, dim=0)
         x = mu + float(noise) * torch.randn(mu.shape, generator=g) / math.sqrt(dim)
         if normalize:
@@ -142,7 +151,12 @@ def make_identities(
 
     closed = torch.arange(num_classes)
     per = train_per_class + val_per_class + test_per_class
-    x = samples(closed, per).view(num_classes, per, -1)
+    if test_seed is None:
+        x = samples(closed, per).view(num_classes, per, -1)
+    else:  # train + val from seed, test from test_seed
+        fit = train_per_class + val_per_class
+        x = torch.cat([samples(closed, fit).view(num_classes, fit, -1),
+                       samples(closed, test_per_class, g_test).view(num_classes, test_per_class, -1)], dim=1)
     y = closed[:, None].expand(num_classes, per)
     cuts = (train_per_class, train_per_class + val_per_class)
 
@@ -153,16 +167,16 @@ def make_identities(
     val_x, val_y = part(cuts[0], cuts[1])
     test_x, test_y = part(cuts[1], per)
 
-    def open_set(first: int):
+    def open_set(first: int, g: torch.Generator):
         ids = torch.arange(first, first + open_classes)
         n = gallery_per_class + probes_per_class
-        ox = samples(ids, n)
+        ox = samples(ids, n, g)
         oid = torch.arange(open_classes).repeat_interleave(n)
         role = torch.tensor([0] * gallery_per_class + [1] * probes_per_class).repeat(open_classes)
         return ox, oid, role
 
-    vo = open_set(num_classes)
-    to = open_set(num_classes + open_classes)
+    vo = open_set(num_classes, g)
+    to = open_set(num_classes + open_classes, g_test)
     return IdentitySplits(train_x, train_y, val_x, val_y, test_x, test_y, *vo, *to)
 
 
@@ -261,6 +275,7 @@ class IdentitiesDataModule(BenchmarkDataModule):
         mixing: str = "none",
         mixing_gain: float = 1.0,
         mixing_seed: int = 0,
+        test_seed: Optional[int] = None,
         batch_size: int = 256,
         eval_batch_size: int = 512,
         shuffle: bool = True,
@@ -281,6 +296,8 @@ class IdentitiesDataModule(BenchmarkDataModule):
         self.num_workers = int(num_workers)
         if mixing not in MIXINGS:
             raise ValueError(f"IdentitiesDataModule: mixing must be one of {MIXINGS} (got {mixing!r})")
+        self.test_seed = check_test_seed("IdentitiesDataModule", test_seed,
+                                         "the identity centres and the test samples")
         self.splits: Optional[IdentitySplits] = None
         self._floors: Dict[str, Dict[str, float]] = {}
         self._train_sampler: Optional[SeededEpochSampler] = None
@@ -295,12 +312,13 @@ class IdentitiesDataModule(BenchmarkDataModule):
             test_per_class=h.test_per_class, open_classes=h.open_classes, gallery_per_class=h.gallery_per_class,
             probes_per_class=h.probes_per_class, noise=h.noise, normalize=h.normalize, nuisance_dim=h.nuisance_dim,
             nuisance_std=h.nuisance_std, seed=h.seed, mixing=h.mixing, mixing_gain=h.mixing_gain,
-            mixing_seed=h.mixing_seed)
+            mixing_seed=h.mixing_seed, test_seed=self.test_seed)
         s = self.splits
         self.meta = {"num_classes": self.num_classes, "input_dim": self.input_dim, "train": len(s.train_y),
                      "val": len(s.val_y), "test": len(s.test_y), "open_classes": int(h.open_classes),
                      "val_open": len(s.val_open_id), "test_open": len(s.test_open_id), "noise": float(h.noise),
-                     "nuisance_dim": int(h.nuisance_dim), "generator_seed": self.seed, "mixing": h.mixing}
+                     "nuisance_dim": int(h.nuisance_dim), "generator_seed": self.seed, "mixing": h.mixing,
+                     "test_seed": self.test_seed}
         if h.mixing != "none":
             self.meta.update(mixing_gain=float(h.mixing_gain), mixing_seed=int(h.mixing_seed))
 
@@ -345,9 +363,9 @@ class IdentitiesDataModule(BenchmarkDataModule):
 
     def test_split_fingerprint(self) -> str:
         """The first 12 hex digits of the SHA-256 of the test examples themselves (closed-set
-        ``test_x``, ``test_y``, then the open-set test samples and identities): the data is generated
-        from ``seed``, so unlike an index split this names what was tested, and it differs between
-        seeds (there is no ``test_seed`` here yet)."""
+        ``test_x``, ``test_y``, then the open-set test samples and identities): the data is generated,
+        so unlike an index split this names what was tested; equal for every ``seed`` when
+        ``test_seed`` is set, different between seeds otherwise."""
         import hashlib
 
         self.setup()

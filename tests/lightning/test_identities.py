@@ -100,6 +100,32 @@ def test_square_leak_is_the_documented_map_fixed_across_data_seeds():
         IdentitiesDataModule(num_classes=30, mixing="sin")
 
 
+def test_test_seed_fixes_the_test_split_and_the_seed_draws_the_rest():
+    """With test_seed the centres, the closed-set test samples and the test open set are the same for
+    every seed (and the fingerprint with them); the training and validation samples and the
+    validation open set change with the seed; without it everything follows the seed as before."""
+    kw = dict(train_per_class=2, val_per_class=1, test_per_class=1, open_classes=6, noise=0.5, nuisance_dim=4,
+              mixing="square")
+    a = make_identities(40, 8, seed=1, test_seed=7, **kw)
+    b = make_identities(40, 8, seed=2, test_seed=7, **kw)
+    for name in ("test_x", "test_y", "test_open_x", "test_open_id", "test_open_role"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    for name in ("train_x", "val_x", "val_open_x"):
+        assert not torch.allclose(getattr(a, name), getattr(b, name)), name
+    # the closed-set test samples are samples of the same identities the training samples come from
+    assert torch.equal(a.train_y.unique(), a.test_y.unique())
+    old = make_identities(40, 8, seed=1, **kw)
+    assert torch.equal(old.train_x, make_identities(40, 8, seed=1, test_seed=None, **kw).train_x)
+    dms = [IdentitiesDataModule(num_classes=40, dim=8, nuisance_dim=4, open_classes=6, seed=s, test_seed=7) for s in (1, 2)]
+    assert dms[0].test_split_fingerprint() == dms[1].test_split_fingerprint()
+    assert IdentitiesDataModule(num_classes=40, dim=8, seed=1).test_split_fingerprint() != \
+        IdentitiesDataModule(num_classes=40, dim=8, seed=2).test_split_fingerprint()
+    with pytest.raises(ValueError, match="test_seed"):
+        IdentitiesDataModule(num_classes=40, test_seed=1.5)
+    with pytest.raises(ValueError, match="test_seed"):
+        make_identities(40, 8, test_seed=True)
+
+
 def test_floor_metrics_hand_computed_and_a_fixed_projection_no_longer_solves_the_mixed_data():
     """The no-training floors: the open-set search on the raw input and on the generator's fixed
     projection, and nearest class mean in that projection, recomputed by hand; without the sensor the
