@@ -131,7 +131,7 @@ INIT_SEED_MODELS = ("VisionClassifier", "VisionSegmenter", "Recommender", "Ident
                     "LanguageModel")  # models taking init_seed
 #: DataModules taking ``test_seed`` (one test split for every seed; the claims file's evaluation.test_seed)
 TEST_SEED_DATA = ("DigitsDataModule", "MNISTDataModule", "DigitsSegmentationDataModule", "MNISTSegmentationDataModule",
-                  "RetrievalDataModule", "MovieLensDataModule")
+                  "RetrievalDataModule", "MovieLensDataModule", "IdentitiesDataModule")
 #: the code a run executes, hashed into its ``code_hash`` (with the arm's recipe)
 CODE_DIRS = ("losses", "lightning_modules")
 #: folders whose uncommitted changes make the reproduction refuse to start (``--allow-dirty``)

@@ -236,9 +236,9 @@ def test_run_args_pair_the_arms():
     old = rr.without_evaluation(CF).arms["ce"]
     c = rr.run_args(old, 3, {"model.init_args.lr": 0.005}, phase="eval", quick=False)
     assert "--trainer.limit_val_batches=0" in c and not any("test_seed" in x for x in c)
-    # MovieLens and retrieval take it too; a DataModule without test_seed (the synthetic identities,
-    # generated from the seed) gets no such argument
-    for name, has in (("MovieLens", True), ("Retrieval", True), ("Identities", False)):
+    # MovieLens, retrieval and the synthetic identities take it too; a DataModule without test_seed (the
+    # language model's, whose test files are fixed by a hash of their path) gets no such argument
+    for name, has in (("MovieLens", True), ("Retrieval", True), ("Identities", True), ("LanguageModel", False)):
         arm = next(x for x in CF.arms.values() if name in x.recipe_config()["data"]["class_path"])
         assert ("--data.init_args.test_seed=7" in rr.run_args(arm, 0, {}, phase="eval", quick=False)) == has, name
     assert "--model.init_args.lr=0.005" in a and "--model.init_args.loss.init_args.a=2.0" in b

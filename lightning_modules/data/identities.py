@@ -12,6 +12,16 @@ Generator (:func:`make_identities`, everything drawn from one ``torch.Generator(
   within-class deviation has norm about ``noise``), renormalised to the sphere when
   ``normalize``, then followed by ``nuisance_dim`` coordinates of pure noise (std
   ``nuisance_std``, the same distribution for every identity) that a model must learn to ignore;
+* with ``mixing="square"`` the nuisance also leaks into the signal coordinates through a fixed
+  random quadratic map: ``signal += gain * (z * z - 1) / sqrt(2 * dim)`` with
+  ``z = (nuisance @ A) / nuisance_std`` and ``A`` a ``(nuisance_dim, dim)`` matrix of unit-norm
+  Gaussian columns drawn from ``mixing_seed`` alone (the same map for every data seed), so each
+  ``z_j ~ N(0, 1)`` and the leak has norm about ``gain``. The leak is an even function of the
+  nuisance: it has no linear part, so no fixed linear projection removes it (dropping the nuisance
+  coordinates keeps the leak; regressing the signal on the nuisance linearly gains nothing), while
+  a network that sees the nuisance coordinates can learn the squares and subtract them.
+  :meth:`IdentitiesDataModule.floor_metrics` measures that fixed projection (the ``dim`` signal
+  coordinates) and the raw input on the same split: the levels a trained model must beat;
 * identities ``0 .. num_classes-1`` are the closed set (training classes), each with
   ``train_per_class + val_per_class + test_per_class`` samples; identities ``num_classes ..
   num_classes + 2 * open_classes - 1`` are held out (never trained on): the first ``open_classes``
@@ -42,7 +52,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler, Sampler, TensorDataset
 
-from ..base import BenchmarkDataModule
+from ..base import BenchmarkDataModule, check_test_seed
 from .image_variants import SeededEpochSampler
 
 __all__ = ["IdentitySplits", "make_identities", "identification_metrics", "IdentitiesDataModule"]
@@ -88,9 +98,18 @@ def make_identities(
     nuisance_dim: int = 0,
     nuisance_std: float = 1.0,
     seed: int = 0,
+    mixing: str = "none",
+    mixing_gain: float = 1.0,
+    mixing_seed: int = 0,
+    test_seed: Optional[int] = None,
 ) -> IdentitySplits:
     """Generate the closed-set splits and the two open sets (module docstring). Deterministic per
-    ``seed``; the draws happen in a fixed order (centres, then samples identity-major)."""
+    ``seed``; the draws happen in a fixed order (centres, then samples identity-major).
+
+    ``test_seed`` (an integer): the identity centres, the closed-set test samples and the test open
+    set are drawn from ``test_seed`` alone -- one test split for every ``seed`` -- and ``seed``
+    draws only the training and validation samples and the validation open set. ``None``: every
+    draw comes from ``seed`` (a new test split per seed)."""
     _check_int("num_classes", num_classes, 2)
     _check_int("dim", dim, 2)
     _check_int("train_per_class", train_per_class, 1)
@@ -102,22 +121,42 @@ def make_identities(
     _check_int("nuisance_dim", nuisance_dim, 0)
     if not (isinstance(noise, (int, float)) and noise >= 0):
         raise ValueError(f"make_identities: noise must be >= 0 (got {noise!r})")
+    if mixing not in MIXINGS:
+        raise ValueError(f"make_identities: mixing must be one of {MIXINGS} (got {mixing!r})")
+    if not (isinstance(mixing_gain, (int, float)) and not isinstance(mixing_gain, bool) and mixing_gain > 0):
+        raise ValueError(f"make_identities: mixing_gain must be a number > 0 (got {mixing_gain!r})")
+    if mixing == "square" and (nuisance_dim == 0 or not nuisance_std > 0):
+        raise ValueError("make_identities: mixing='square' leaks the nuisance into the signal: it needs "
+                         f"nuisance_dim >= 1 and nuisance_std > 0 (got {nuisance_dim!r}, {nuisance_std!r})")
+    leak = mixing_matrix(nuisance_dim, dim, mixing_seed) if mixing == "square" else None
+    if test_seed is not None and (isinstance(test_seed, bool) or not isinstance(test_seed, int)):
+        raise ValueError(f"make_identities: test_seed must be an integer or None (got {test_seed!r})")
     g = torch.Generator().manual_seed(int(seed))
+    g_test = g if test_seed is None else torch.Generator().manual_seed(int(test_seed))
     total = num_classes + 2 * open_classes
-    centres = torch.nn.functional.normalize(torch.randn(total, dim, generator=g), dim=1)
+    centres = torch.nn.functional.normalize(torch.randn(total, dim, generator=g_test), dim=1)
 
-    def samples(ids: Tensor, n: int) -> Tensor:  # (len(ids) * n, dim + nuisance_dim), identity-major
+    def samples(ids: Tensor, n: int, g: torch.Generator = g) -> Tensor:  # (len(ids) * n, D), identity-major
         mu = centres[ids].repeat_interleave(n, dim=0)
         x = mu + float(noise) * torch.randn(mu.shape, generator=g) / math.sqrt(dim)
         if normalize:
             x = torch.nn.functional.normalize(x, dim=1)
         if nuisance_dim:
-            x = torch.cat([x, float(nuisance_std) * torch.randn(x.shape[0], nuisance_dim, generator=g)], dim=1)
+            nu = float(nuisance_std) * torch.randn(x.shape[0], nuisance_dim, generator=g)
+            if leak is not None:
+                z = (nu @ leak) / float(nuisance_std)
+                x = x + float(mixing_gain) * (z * z - 1.0) / math.sqrt(2.0 * dim)
+            x = torch.cat([x, nu], dim=1)
         return x
 
     closed = torch.arange(num_classes)
     per = train_per_class + val_per_class + test_per_class
-    x = samples(closed, per).view(num_classes, per, -1)
+    if test_seed is None:
+        x = samples(closed, per).view(num_classes, per, -1)
+    else:  # train + val from seed, test from test_seed
+        fit = train_per_class + val_per_class
+        x = torch.cat([samples(closed, fit).view(num_classes, fit, -1),
+                       samples(closed, test_per_class, g_test).view(num_classes, test_per_class, -1)], dim=1)
     y = closed[:, None].expand(num_classes, per)
     cuts = (train_per_class, train_per_class + val_per_class)
 
@@ -128,17 +167,27 @@ def make_identities(
     val_x, val_y = part(cuts[0], cuts[1])
     test_x, test_y = part(cuts[1], per)
 
-    def open_set(first: int):
+    def open_set(first: int, g: torch.Generator):
         ids = torch.arange(first, first + open_classes)
         n = gallery_per_class + probes_per_class
-        ox = samples(ids, n)
+        ox = samples(ids, n, g)
         oid = torch.arange(open_classes).repeat_interleave(n)
         role = torch.tensor([0] * gallery_per_class + [1] * probes_per_class).repeat(open_classes)
         return ox, oid, role
 
-    vo = open_set(num_classes)
-    to = open_set(num_classes + open_classes)
+    vo = open_set(num_classes, g)
+    to = open_set(num_classes + open_classes, g_test)
     return IdentitySplits(train_x, train_y, val_x, val_y, test_x, test_y, *vo, *to)
+
+
+MIXINGS = ("none", "square")
+
+
+def mixing_matrix(rows: int, cols: int, seed: int) -> Tensor:
+    """The leak's ``(rows, cols)`` matrix: Gaussian columns normalised to unit norm, drawn from
+    ``torch.Generator(seed)`` alone."""
+    gen = torch.Generator().manual_seed(int(seed))
+    return torch.nn.functional.normalize(torch.randn(rows, cols, generator=gen), dim=0)
 
 
 def _rank1(gallery: Tensor, gallery_id: Tensor, probes: Tensor, probe_id: Tensor, use_faiss: Optional[bool]) -> Tensor:
@@ -223,6 +272,10 @@ class IdentitiesDataModule(BenchmarkDataModule):
         normalize: bool = True,
         nuisance_dim: int = 0,
         nuisance_std: float = 1.0,
+        mixing: str = "none",
+        mixing_gain: float = 1.0,
+        mixing_seed: int = 0,
+        test_seed: Optional[int] = None,
         batch_size: int = 256,
         eval_batch_size: int = 512,
         shuffle: bool = True,
@@ -241,7 +294,12 @@ class IdentitiesDataModule(BenchmarkDataModule):
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self.num_workers = int(num_workers)
+        if mixing not in MIXINGS:
+            raise ValueError(f"IdentitiesDataModule: mixing must be one of {MIXINGS} (got {mixing!r})")
+        self.test_seed = check_test_seed("IdentitiesDataModule", test_seed,
+                                         "the identity centres and the test samples")
         self.splits: Optional[IdentitySplits] = None
+        self._floors: Dict[str, Dict[str, float]] = {}
         self._train_sampler: Optional[SeededEpochSampler] = None
         self.meta: Dict[str, object] = {}
 
@@ -253,18 +311,61 @@ class IdentitiesDataModule(BenchmarkDataModule):
             h.num_classes, h.dim, train_per_class=h.train_per_class, val_per_class=h.val_per_class,
             test_per_class=h.test_per_class, open_classes=h.open_classes, gallery_per_class=h.gallery_per_class,
             probes_per_class=h.probes_per_class, noise=h.noise, normalize=h.normalize, nuisance_dim=h.nuisance_dim,
-            nuisance_std=h.nuisance_std, seed=h.seed)
+            nuisance_std=h.nuisance_std, seed=h.seed, mixing=h.mixing, mixing_gain=h.mixing_gain,
+            mixing_seed=h.mixing_seed, test_seed=self.test_seed)
         s = self.splits
         self.meta = {"num_classes": self.num_classes, "input_dim": self.input_dim, "train": len(s.train_y),
                      "val": len(s.val_y), "test": len(s.test_y), "open_classes": int(h.open_classes),
                      "val_open": len(s.val_open_id), "test_open": len(s.test_open_id), "noise": float(h.noise),
-                     "nuisance_dim": int(h.nuisance_dim), "generator_seed": self.seed}
+                     "nuisance_dim": int(h.nuisance_dim), "generator_seed": self.seed, "mixing": h.mixing,
+                     "test_seed": self.test_seed}
+        if h.mixing != "none":
+            self.meta.update(mixing_gain=float(h.mixing_gain), mixing_seed=int(h.mixing_seed))
+
+    def fixed_projection(self, x: Tensor) -> Tensor:
+        """The fixed projection the generator itself suggests, applied to inputs ``x``: keep the
+        ``dim`` signal coordinates, drop the nuisance. Without mixing it nearly solves the task
+        with no training; with ``mixing="square"`` the leak stays in it."""
+        return x[:, : int(self.hparams.dim)]
+
+    def floor_metrics(self, stage: str) -> Dict[str, float]:
+        """No-training levels on the ``stage`` ("val" or "test") split, computed once per DataModule:
+        the competence floors a trained model must beat (the claims file compares each run with
+        them). ``open_rank1_raw``: the open-set 1:N search on the raw inputs; ``open_rank1_fixed``:
+        on :meth:`fixed_projection`; ``top1_fixed``: closed-set nearest class mean by cosine in the
+        fixed projection (class means over the training samples: a fixed projection, no training)."""
+        if stage not in ("val", "test"):
+            raise ValueError(f"IdentitiesDataModule.floor_metrics: stage must be 'val' or 'test' (got {stage!r})")
+        if stage in self._floors:
+            return dict(self._floors[stage])
+        self.setup()
+        s = self.splits
+        ox, oid, role = ((s.val_open_x, s.val_open_id, s.val_open_role) if stage == "val"
+                         else (s.test_open_x, s.test_open_id, s.test_open_role))
+        x, y = (s.val_x, s.val_y) if stage == "val" else (s.test_x, s.test_y)
+        g, p = role == 0, role == 1
+        out: Dict[str, float] = {}
+        if len(oid):
+            out["open_rank1_raw"] = identification_metrics(ox[g], oid[g], ox[p], oid[p])["rank1"]
+            fx = self.fixed_projection(ox)
+            out["open_rank1_fixed"] = identification_metrics(fx[g], oid[g], fx[p], oid[p])["rank1"]
+        if len(y):
+            c = torch.zeros(self.num_classes, int(self.hparams.dim))
+            c.index_add_(0, s.train_y, torch.nn.functional.normalize(self.fixed_projection(s.train_x), dim=1))
+            c = torch.nn.functional.normalize(c, dim=1)
+            q = torch.nn.functional.normalize(self.fixed_projection(x), dim=1)
+            hits = 0
+            for i in range(0, len(y), 4096):  # (4096, C) similarities at a time
+                hits += int(((q[i:i + 4096] @ c.T).argmax(dim=1) == y[i:i + 4096]).sum())
+            out["top1_fixed"] = hits / len(y)
+        self._floors[stage] = out
+        return dict(out)
 
     def test_split_fingerprint(self) -> str:
         """The first 12 hex digits of the SHA-256 of the test examples themselves (closed-set
-        ``test_x``, ``test_y``, then the open-set test samples and identities): the data is generated
-        from ``seed``, so unlike an index split this names what was tested, and it differs between
-        seeds (there is no ``test_seed`` here yet)."""
+        ``test_x``, ``test_y``, then the open-set test samples and identities): the data is generated,
+        so unlike an index split this names what was tested; equal for every ``seed`` when
+        ``test_seed`` is set, different between seeds otherwise."""
         import hashlib
 
         self.setup()

@@ -16,6 +16,10 @@ Logged metrics (``val/`` and ``test/``):
 * ``open_rank1``, ``open_tar_far``: open-set 1:N search of the probes of held-out identities
   against their gallery by cosine of the embeddings
   (:func:`~lightning_modules.data.identities.identification_metrics`; TAR at FAR ``far``);
+* ``open_rank1_raw``, ``open_rank1_fixed``, ``top1_fixed`` (test only): the no-training levels of the
+  same test split that the DataModule computes
+  (:meth:`~lightning_modules.data.IdentitiesDataModule.floor_metrics`: the raw input and the
+  generator's own fixed projection), the competence floors of the many-class claims;
 * cost, measured during ``fit`` and saved in the checkpoint, so a ``test`` from that checkpoint
   logs it as ``test/train_step_ms`` (mean wall time of a training step: forward, backward and
   optimiser step, from ``on_train_batch_start`` to ``on_train_batch_end``, the first step of the
@@ -262,6 +266,11 @@ class IdentityEmbedder(BenchmarkModule):
                     self.log(f"{stage}/open_{'tar_far' if k == 'tar_at_far' else k}", res[k], on_step=False,
                              on_epoch=True, sync_dist=False)
         if stage == "test":
+            dm = getattr(self.trainer, "datamodule", None)
+            if dm is not None and hasattr(dm, "floor_metrics"):  # the no-training levels of the same split
+                for k, v in dm.floor_metrics(stage).items():
+                    if math.isfinite(v):
+                        self.log(f"test/{k}", v, on_step=False, on_epoch=True, sync_dist=False)
             for k, v in self._perf.items():
                 if k != "train_steps_timed" and math.isfinite(v):
                     self.log(f"test/{k}", v, on_step=False, on_epoch=True, sync_dist=False)

@@ -71,6 +71,95 @@ def _angle(deg):
     return [math.cos(t), math.sin(t)]
 
 
+def test_square_leak_is_the_documented_map_fixed_across_data_seeds():
+    """``mixing="square"``: signal += gain * (z * z - 1) / sqrt(2 * dim), z = (nuisance @ A) /
+    nuisance_std, with the unmixed sample of the same seed and A (unit-norm Gaussian columns) drawn
+    from mixing_seed alone; the nuisance coordinates and the labels are unchanged; bad arguments are
+    named."""
+    from lightning_modules.data.identities import mixing_matrix
+
+    kw = dict(train_per_class=2, open_classes=5, noise=0.5, nuisance_dim=4, nuisance_std=0.5)
+    plain = make_identities(30, 8, seed=3, **kw)
+    mixed = make_identities(30, 8, seed=3, mixing="square", mixing_gain=2.0, mixing_seed=11, **kw)
+    a = mixing_matrix(4, 8, 11).double()
+    assert torch.allclose(a.norm(dim=0), torch.ones(8, dtype=torch.float64), atol=1e-6)
+    assert torch.equal(mixing_matrix(4, 8, 11), mixing_matrix(4, 8, 11))
+    for p_x, m_x in ((plain.train_x, mixed.train_x), (plain.test_open_x, mixed.test_open_x)):
+        z = (p_x[:, 8:].double() @ a) / 0.5
+        want = p_x[:, :8].double() + 2.0 * (z * z - 1) / math.sqrt(16)
+        assert torch.allclose(m_x[:, :8].double(), want, atol=1e-5)
+        assert torch.equal(m_x[:, 8:], p_x[:, 8:])
+    assert torch.equal(mixed.train_y, plain.train_y)
+    for bad, match in ((dict(mixing="relu"), "mixing must be one of"),
+                       (dict(mixing="square", mixing_gain=0), "mixing_gain")):
+        with pytest.raises(ValueError, match=match):
+            make_identities(30, 8, seed=3, **kw, **bad)
+    with pytest.raises(ValueError, match="nuisance_dim >= 1"):
+        make_identities(30, 8, seed=3, mixing="square")
+    with pytest.raises(ValueError, match="mixing must be one of"):
+        IdentitiesDataModule(num_classes=30, mixing="sin")
+
+
+def test_test_seed_fixes_the_test_split_and_the_seed_draws_the_rest():
+    """With test_seed the centres, the closed-set test samples and the test open set are the same for
+    every seed (and the fingerprint with them); the training and validation samples and the
+    validation open set change with the seed; without it everything follows the seed as before."""
+    kw = dict(train_per_class=2, val_per_class=1, test_per_class=1, open_classes=6, noise=0.5, nuisance_dim=4,
+              mixing="square")
+    a = make_identities(40, 8, seed=1, test_seed=7, **kw)
+    b = make_identities(40, 8, seed=2, test_seed=7, **kw)
+    for name in ("test_x", "test_y", "test_open_x", "test_open_id", "test_open_role"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    for name in ("train_x", "val_x", "val_open_x"):
+        assert not torch.allclose(getattr(a, name), getattr(b, name)), name
+    # the closed-set test samples are samples of the same identities the training samples come from
+    assert torch.equal(a.train_y.unique(), a.test_y.unique())
+    old = make_identities(40, 8, seed=1, **kw)
+    assert torch.equal(old.train_x, make_identities(40, 8, seed=1, test_seed=None, **kw).train_x)
+    dms = [IdentitiesDataModule(num_classes=40, dim=8, nuisance_dim=4, open_classes=6, seed=s, test_seed=7) for s in (1, 2)]
+    assert dms[0].test_split_fingerprint() == dms[1].test_split_fingerprint()
+    assert IdentitiesDataModule(num_classes=40, dim=8, seed=1).test_split_fingerprint() != \
+        IdentitiesDataModule(num_classes=40, dim=8, seed=2).test_split_fingerprint()
+    with pytest.raises(ValueError, match="test_seed"):
+        IdentitiesDataModule(num_classes=40, test_seed=1.5)
+    with pytest.raises(ValueError, match="test_seed"):
+        make_identities(40, 8, test_seed=True)
+
+
+def test_floor_metrics_hand_computed_and_a_fixed_projection_no_longer_solves_the_mixed_data():
+    """The no-training floors: the open-set search on the raw input and on the generator's fixed
+    projection, and nearest class mean in that projection, recomputed by hand; without the sensor the
+    fixed projection nearly solves the task (what made the old design's full-softmax arm look
+    trained), with it the projection falls far below."""
+    kw = dict(num_classes=400, dim=16, nuisance_dim=16, nuisance_std=0.3, noise=0.7, train_per_class=4,
+              open_classes=100, seed=0)
+    plain, mixed = IdentitiesDataModule(**kw), IdentitiesDataModule(**kw, mixing="square")
+    fp, fm = plain.floor_metrics("test"), mixed.floor_metrics("test")
+    assert set(fp) == set(fm) == {"open_rank1_raw", "open_rank1_fixed", "top1_fixed"}
+    s = mixed.splits
+    proj = lambda x: x.double()[:, :16]
+    g, p = s.test_open_role == 0, s.test_open_role == 1
+
+    def rank1(feat):
+        f = torch.nn.functional.normalize(feat, dim=1)
+        nearest = (f[p] @ f[g].T).argmax(1)
+        return float((s.test_open_id[g][nearest] == s.test_open_id[p]).double().mean())
+
+    assert fm["open_rank1_raw"] == pytest.approx(rank1(s.test_open_x.double()), abs=1e-6)
+    assert fm["open_rank1_fixed"] == pytest.approx(rank1(proj(s.test_open_x)), abs=1e-6)
+    means = torch.zeros(400, 16, dtype=torch.float64).index_add_(
+        0, s.train_y, torch.nn.functional.normalize(proj(s.train_x), dim=1))
+    pred = (torch.nn.functional.normalize(proj(s.test_x), dim=1) @ torch.nn.functional.normalize(means, dim=1).T).argmax(1)
+    assert fm["top1_fixed"] == pytest.approx(float((pred == s.test_y).double().mean()), abs=1e-9)
+    # measured at this size: unmixed 0.755 / 0.848 (raw 0.210), mixed 0.185 / 0.233 (raw 0.090)
+    assert fp["open_rank1_fixed"] > 0.7 and fp["top1_fixed"] > 0.8  # unmixed: nearly solved without training
+    assert fm["open_rank1_fixed"] < 0.5 * fp["open_rank1_fixed"] and fm["top1_fixed"] < 0.6 * fp["top1_fixed"]  # mixed: not
+    assert fm["open_rank1_raw"] < fm["open_rank1_fixed"]
+    assert mixed.floor_metrics("test") == fm  # cached, the same numbers
+    with pytest.raises(ValueError, match="stage"):
+        mixed.floor_metrics("train")
+
+
 @pytest.mark.parametrize("use_faiss", [False, None])
 def test_identification_metrics_against_a_hand_computation(use_faiss):
     if use_faiss is None:
