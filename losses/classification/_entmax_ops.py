@@ -228,136 +228,135 @@ def bucket_max(x: Tensor, width: int) -> Tensor:
     return out
 
 
-class _DenseRows:
-    """Bookkeeping of a dense search that drops finished rows: ``out`` holds the result of every
-    row of the batch (filled as rows finish), ``rows`` the batch indices of the rows still searched
-    (``None``: all of them, in order)."""
-
-    __slots__ = ("out", "rows")
-
-    def __init__(self):
-        self.out, self.rows = None, None
-
-    def store(self, values: tuple) -> None:
-        if self.rows is None:
-            self.out = list(values)
-        else:
-            for o, v in zip(self.out, values):
-                o.index_copy_(0, self.rows, v)
-
-    def keep(self, done: Tensor) -> Tensor:
-        """Local indices of the unfinished rows (``done (R, 1)`` bool); the batch indices follow."""
-        local = (~done).squeeze(1).nonzero().squeeze(1)
-        self.rows = local if self.rows is None else self.rows[local]
-        return local
+def _dense_pass(x: Tensor, tau: Tensor, entmax: bool, keep_d: bool = True) -> tuple:
+    """One pass over the rows at ``tau (M, 1)``: ``(d, sum d, sum d^2 (entmax-1.5 only, else None),
+    |S|)`` with ``d = [x - tau]_+`` and ``S = {x > tau}`` (its size counted as ``sum sign(d)``, a
+    float). ``keep_d=False`` lets the count overwrite ``d`` (a search level whose ``d`` is not used)."""
+    d = torch.sub(x, tau).clamp_(min=0)
+    s1 = d.sum(dim=-1, keepdim=True)
+    s2 = torch.linalg.vector_norm(d, dim=-1, keepdim=True).square_() if entmax else None
+    cnt = (d.sign() if keep_d else d.sign_()).sum(dim=-1, keepdim=True)
+    return d, s1, s2, cnt
 
 
-def sparsemax_tau_dense(x: Tensor, tau: Tensor, src: Optional[Tensor], max_iter: int, drop_rows: bool = True):
+def sparsemax_tau_dense(x: Tensor, tau: Tensor, src: Optional[Tensor], max_iter: int, keep_d: bool = True,
+                        first: Optional[tuple] = None):
     """Exact sparsemax threshold of the shifted scores ``x (M, K)`` (max 0) by Newton's method from
-    the left over whole rows, from a lower bound ``tau`` (``f(tau) >= 0``, e.g. -1). ``src``: the
-    support size whose closed form ``tau`` already is (``None``: unknown). Each step is one pass:
+    the left over whole rows, all rows together, from a lower bound ``tau`` (``f(tau) >= 0``, e.g.
+    -1). ``src``: the support size whose closed form ``tau`` already is (``None``: unknown);
+    ``first``: the :func:`_dense_pass` at ``tau`` when the caller has made it. Each step is one pass:
     ``d = [x - tau]_+``, its sum and its support size ``|S|``; ``tau' = tau + (sum d - 1)/|S|`` is the
-    sort formula on ``S``, exact once the next pass finds the same ``|S|``; finished rows leave the
-    search (later passes run on the others only). Returns ``(tau, d, sum d, |S|)`` at the exact
-    ``tau``, or ``None`` after ``max_iter`` passes."""
-    book = _DenseRows()
+    sort formula on ``S`` (a lower bound of the threshold for any ``S``), exact once the next pass
+    finds the same ``|S|``. Returns ``(tau, d, sum d, None, |S|)`` at the exact ``tau``, or ``None``
+    after ``max_iter`` passes. Rows without a finite score (``|S| = 0``) are done at once (their
+    ``tau`` is meaningless; the caller sets it)."""
     for _ in range(max_iter):
-        d = torch.sub(x, tau).clamp_(min=0)
-        s1 = d.sum(dim=-1, keepdim=True)
-        cnt = d.sign().sum(dim=-1, keepdim=True)
-        if src is not None:
-            done = cnt == src
-            if not drop_rows:
-                if torch.equal(cnt, src):
-                    return tau, d, s1, cnt
-            else:
-                book.store((tau, d, s1, cnt))
-                if bool(done.all()):
-                    return tuple(book.out)
-            if drop_rows and bool(done.any()):
-                local = book.keep(done)
-                x, tau, s1, cnt = x[local], tau[local], s1[local], cnt[local]
-        # rows without a finite score (cnt = 0) keep tau = -1
-        tau = torch.where(cnt > 0, tau + (s1 - 1) / cnt.clamp(min=1), tau)
+        d, s1, _, cnt = _dense_pass(x, tau, False, keep_d) if first is None else first
+        first = None
+        if src is not None and torch.equal(cnt, src):
+            return tau, d, s1, None, cnt
+        tau = torch.addcdiv(tau, s1 - 1, cnt.clamp(min=1))
         src = cnt
     return None
 
 
-def entmax15_tau_dense(x: Tensor, tau: Tensor, src: Optional[Tensor], max_iter: int, drop_rows: bool = True):
-    """Exact entmax-1.5 threshold of ``x = (z - max)/2 (M, K)`` over whole rows, from a lower bound
-    ``tau`` (``f(tau) = sum [x - tau]_+^2 - 1 >= 0``); ``src`` as in :func:`sparsemax_tau_dense`.
+def _entmax15_closed_form(tau: Tensor, s1: Tensor, s2m1: Tensor, cnt: Tensor) -> Tensor:
+    """The entmax-1.5 threshold of the set ``S = {x > tau}`` alone (the root of ``sum_S (x - t)^2 = 1``
+    below ``min_S x``) from the pass at ``tau``: ``tau + (s1 - sqrt(s1^2 - |S| (s2 - 1)))/|S|``
+    (``s2m1 = s2 - 1``); at least the threshold when ``S`` holds the support, at most when ``S`` is
+    inside it, the threshold itself when ``S`` is the support."""
+    k = cnt.clamp(min=1)
+    disc = torch.addcmul(s1 * s1, k, s2m1, value=-1).clamp_(min=0).sqrt_()
+    return torch.addcdiv(tau, s1 - disc, k)
 
-    One pass at ``tau`` gives ``d = [x - tau]_+``, ``s1 = sum d``, ``s2 = sum d^2`` and ``|S|``. A row
-    left of the root (``s2 >= 1``, ``S`` holds the support) moves to the closed form on ``S``,
-    ``tau + (s1 - sqrt(s1^2 - |S| (s2 - 1)))/|S|`` (the root itself when ``S`` is the support, else
-    past it); a row past the root (its ``S`` inside the support) returns to the larger of its last
-    left point's Newton step and the closed form on its own ``S`` (both lower bounds). A row is done
-    when a pass finds the same ``|S|`` as the closed form it evaluates (or its point no longer moves,
-    rounding at the root) and leaves the search. Returns ``(tau, d, s1, s2, |S|)`` or ``None`` after
-    ``max_iter`` passes."""
-    book = _DenseRows()
-    left = tau
+
+def entmax15_tau_dense(x: Tensor, tau: Tensor, src: Optional[Tensor], max_iter: int, keep_d: bool = True,
+                       first: Optional[tuple] = None):
+    """Exact entmax-1.5 threshold of ``x = (z - max)/2 (M, K)`` over whole rows, all rows together,
+    from a lower bound ``tau`` (``f(tau) = sum [x - tau]_+^2 - 1 >= 0``); ``src``, ``keep_d`` and
+    ``first`` as in :func:`sparsemax_tau_dense`.
+
+    Each step is two passes. At the left point ``tau`` (``S = {x > tau}`` holds the support) the
+    closed form on ``S`` (:func:`_entmax15_closed_form`) is at least the threshold and equal to it
+    when ``S`` is the support; the second pass, there, checks that: the same ``|S|`` means it is
+    exact. Otherwise its own set lies inside the support, so its closed form is a lower bound, as is
+    the Newton step ``tau + (s2 - 1)/(2 s1)`` from the left point: the next left point is the larger
+    (and, when it is that closed form, the pass there checks it). Returns ``(tau, d, s1, s2, |S|)``
+    or ``None`` after ``max_iter`` steps."""
     for _ in range(max_iter):
-        d = torch.sub(x, tau).clamp_(min=0)
-        s1 = d.sum(dim=-1, keepdim=True)
-        s2 = torch.linalg.vector_norm(d, dim=-1, keepdim=True).square_()
-        cnt = d.sign().sum(dim=-1, keepdim=True)
-        if src is not None:
-            done = cnt == src
-            if not drop_rows:
-                if bool(done.all()):
-                    return tau, d, s1, s2, cnt
-            else:
-                book.store((tau, d, s1, s2, cnt))
-                if bool(done.all()):
-                    return tuple(book.out)
-            if drop_rows and bool(done.any()):
-                local = book.keep(done)
-                x, tau, left, s1, s2, cnt = x[local], tau[local], left[local], s1[local], s2[local], cnt[local]
-        k = cnt.clamp(min=1)
-        cf = tau + (s1 - (s1 * s1 - k * (s2 - 1)).clamp_(min=0).sqrt_()) / k
-        is_left = s2 >= 1
-        newton = tau + (s2 - 1) / (2 * s1.clamp(min=1e-30))
-        left = torch.where(is_left, newton, torch.maximum(left, cf))
-        nxt = torch.where(is_left, cf, left)
-        if src is not None and not drop_rows:
-            nxt = torch.where(done, tau, nxt)
-        src = torch.where(nxt == tau, cnt, torch.where(is_left, cnt, -1.0))
-        tau = nxt
+        d, s1, s2, cnt = _dense_pass(x, tau, True, keep_d) if first is None else first
+        first = None
+        if src is not None and torch.equal(cnt, src):
+            return tau, d, s1, s2, cnt
+        s2m1 = s2 - 1
+        upper = _entmax15_closed_form(tau, s1, s2m1, cnt)
+        newton = torch.addcdiv(tau, s2m1, s1.clamp(min=1e-30), value=0.5)
+        d, s1, s2, cnt_up = _dense_pass(x, upper, True, keep_d)
+        if torch.equal(cnt_up, cnt):
+            return upper, d, s1, s2, cnt_up
+        lower = _entmax15_closed_form(upper, s1, s2 - 1, cnt_up)
+        tau = torch.maximum(newton, lower)
+        src = torch.where(lower >= newton, cnt_up, -1.0)
     return None
 
 
-#: chunk count of the first (narrow) level of the dense search: the rows' chunk maxima
-#: (:func:`bucket_max`) give a lower bound of the threshold (the threshold of a subset of the
-#: scores is at most the row's) and usually most of the support
+#: columns of the narrow level of the dense search: the rows' chunk maxima (:func:`halving_max`)
+#: give a lower bound of the threshold (the threshold of a subset of the scores is at most the
+#: row's) and usually the whole support
 DENSE_BUCKETS = 128
-#: chunk count of the level below it, whose threshold is found by sorting
-SORTED_BUCKETS = 16
+
+
+def halving_max(x: Tensor, width: int) -> Tensor:
+    """Chunk maxima of the rows of ``x (M, C)`` by halving: while the width exceeds ``width`` and is
+    even, the element-wise maximum of the two halves (one ``torch.maximum`` per level, cheaper
+    than a strided reduction); an odd width goes to :func:`bucket_max`. Every entry is one of the
+    row's own scores."""
+    c = x.shape[-1]
+    while c > width and c % 2 == 0:
+        h = c // 2
+        x = torch.maximum(x[:, :h], x[:, h:c])
+        c = h
+    return x if c <= width else bucket_max(x, width)
 
 
 def _threshold_dense(kind: str, z: Tensor, max_iter: int) -> Optional[Threshold]:
     """The ``"dense"`` search: the mapping's exact Newton search (:func:`sparsemax_tau_dense`,
-    :func:`entmax15_tau_dense`) first on the chunk maxima of each row (a lower bound and its
-    support size), then over the whole rows from there, usually one to three passes. ``None``
-    if a level needs more than ``max_iter`` passes (the caller sorts)."""
+    :func:`entmax15_tau_dense`) first on the chunk maxima of each row (at most ``DENSE_BUCKETS``
+    columns: a lower bound and its support size), then one pass over the whole rows at that
+    threshold, which is exact for the rows whose support the chunk maxima held (the same support
+    size); only the other rows are searched further. ``None`` if a level needs more than
+    ``max_iter`` steps (the caller sorts)."""
     mapping = _exact(kind)
+    entmax = mapping.scale != 1.0
+    search = mapping.tau_dense
     m = row_max(z)
-    zs = torch.sub(z, m)
-    x = zs if mapping.scale == 1.0 else zs * mapping.scale
-    tau, src = torch.full_like(m, -1.0), None
-    if x.shape[-1] > 2 * DENSE_BUCKETS:
-        narrow = bucket_max(x, DENSE_BUCKETS)
-        # the narrow level starts from the sort formula on its own chunk maxima (a few columns)
-        top = torch.sort(bucket_max(narrow, SORTED_BUCKETS), dim=-1, descending=True).values
-        tau, kstar = mapping.tau_sorted(top / mapping.scale)
-        found = mapping.tau_dense(narrow, tau, kstar.to(x.dtype), max_iter, drop_rows=False)
+    x = torch.sub(z, m)
+    if entmax:
+        x.mul_(mapping.scale)
+    tau = torch.full_like(m, -1.0)
+    if x.shape[-1] <= 2 * DENSE_BUCKETS:
+        found = search(x, tau, None, max_iter)
         if found is None:
             return None
-        tau, src = found[0], found[-1]
-    found = mapping.tau_dense(x, tau, src, max_iter)
-    if found is None:
-        return None
-    return Threshold(m, found[0], zs, zs=zs, d=found[1], sums=tuple(found[2:-1]))
+    else:
+        narrow = search(halving_max(x, DENSE_BUCKETS), tau, None, max_iter, keep_d=False)
+        if narrow is None:
+            return None
+        tau, src = narrow[0], narrow[-1]
+        first = _dense_pass(x, tau, entmax)
+        found = (tau,) + first
+        bad = first[-1] != src
+        if bool(bad.any()):  # a support the chunk maxima missed: those rows search on
+            rows = bad.squeeze(1).nonzero().squeeze(1)
+            part = search(x.index_select(0, rows), tau.index_select(0, rows), src.index_select(0, rows),
+                          max_iter, first=tuple(None if t is None else t.index_select(0, rows) for t in first))
+            if part is None:
+                return None
+            found = tuple(None if t is None else t.index_copy_(0, rows, p) for t, p in zip(found, part))
+    tau, d, s1, s2, cnt = found
+    tau = tau.masked_fill(cnt == 0, -1.0)  # rows without a finite score
+    return Threshold(m, tau, None if entmax else x, zs=None if entmax else x, d=d,
+                     sums=(s1, s2))
 
 
 class Threshold:
