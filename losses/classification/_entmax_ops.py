@@ -831,6 +831,7 @@ class FYLossFunction(torch.autograd.Function):
         ctx.kind = kind
         ctx.has_y = y is not None
         zs = tau = top_i = p = None
+        dense = False
         if not mapping.exact:
             p, m = mapping.probs_and_max(z, alpha, n_iter, alpha_float)
             zs = z - m
@@ -840,6 +841,7 @@ class FYLossFunction(torch.autograd.Function):
             th = threshold(kind, z, k)
             m, tau, zs = th.m, th.tau, th.zs
             if th.d is not None:  # the dense search: p from its last pass, kept for the backward
+                dense = True
                 p = mapping.probs_from_d(th.d)
                 omega = mapping.omega_dense(p, th.d, tau, th.sums)
             else:
@@ -856,8 +858,18 @@ class FYLossFunction(torch.autograd.Function):
             loss = omega - _dot_masked(q, zs) - tsallis(q, a)
         loss = loss.clamp(min=0).squeeze(-1)
         ctx.topk = top_i is not None
-        # backward: bisect keeps p; top-k keeps p on the top k; else p is rebuilt from zs and tau
-        ctx.save_for_backward(p, top_i, zs if p is None else None, tau, y, q, alpha, z, m)
+        ctx.fused = dense and divisor is not None and y is not None and ctx.needs_input_grad[0]
+        if ctx.fused:
+            # the whole gradient, (p* - onehot(y)) / divisor, built in p's own buffer (the dense
+            # search's last pass, owned here); the backward returns it as it is for a unit grad
+            scale = 1.0 / divisor
+            if divisor != 1:
+                p.mul_(scale)
+            p.scatter_add_(-1, y.unsqueeze(-1), m.new_full((1, 1), -scale).expand(y.shape[0], 1))
+            ctx.save_for_backward(p)
+        else:
+            # backward: bisect keeps p; top-k keeps p on the top k; else p is rebuilt from zs and tau
+            ctx.save_for_backward(p, top_i, zs if p is None else None, tau, y, q, alpha, z, m)
         if divisor is not None:  # every position has unit weight 1: the reduction is done here
             total = loss.sum()
             return total if divisor == 1 else total / divisor
@@ -866,6 +878,11 @@ class FYLossFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable("sparsemax_loss / entmax15_loss / entmax_bisect_loss")
     def backward(ctx, grad):
+        if ctx.fused:  # the forward built the gradient for a unit grad (the usual loss.backward())
+            (dz,) = ctx.saved_tensors
+            if not (grad.device.type == "cpu" and not _compiling() and float(grad) == 1.0):
+                dz = dz * grad
+            return dz, None, None, None, None, None, None, None, None
         mapping = MAPPINGS[ctx.kind]
         p, top_i, zs, tau, y, q, alpha, z, m = ctx.saved_tensors
         if ctx.divisor is not None:  # one scalar gradient for every row

@@ -536,6 +536,35 @@ def test_gradient_is_p_minus_q(name):
     (gx,) = torch.autograd.grad(call_loss(name, x, q, reduction="sum"), x)
     torch.testing.assert_close(gx, p - q, rtol=0, atol=1e-12)
 
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("name", ["sparsemax", "entmax15"])
+def test_gradient_built_in_the_forward_obeys_grad_scale_and_retained_graphs(name, reduction):
+    """Reduced losses over rows of 300+ classes (the dense CPU search) build ``(p* - onehot) / N``
+    in the forward and return it as it is for a unit grad: a scaled loss, a graph kept for a second
+    backward and an accumulating ``.grad`` must all still see the exact gradient."""
+    g = torch.Generator().manual_seed(12)
+    x = (torch.randn(128, 300, generator=g, dtype=torch.float64) * 2).requires_grad_(True)
+    y = torch.randint(0, 300, (128,), generator=g)
+    ops = importlib.import_module("losses.classification._entmax_ops")
+    assert ops.auto_search(name, 128, 300) == ("dense", None)
+    act = {"sparsemax": losses.sparsemax, "entmax15": losses.entmax15}[name]
+    expected = act(x.detach()) - torch.nn.functional.one_hot(y, 300).double()
+    if reduction == "mean":
+        expected = expected / 128
+    loss = call_loss(name, x, y, reduction=reduction)
+    loss.backward(retain_graph=True)
+    torch.testing.assert_close(x.grad, expected, rtol=0, atol=1e-13)
+    loss.backward(retain_graph=True)  # the saved gradient is not consumed by the first backward
+    torch.testing.assert_close(x.grad, 2 * expected, rtol=0, atol=1e-13)
+    (2.5 * loss).backward()
+    torch.testing.assert_close(x.grad, 4.5 * expected, rtol=0, atol=1e-13)
+    x.grad = None
+    (gx,) = torch.autograd.grad(call_loss(name, x, y, reduction=reduction) * -3.0, x)
+    torch.testing.assert_close(gx, -3.0 * expected, rtol=0, atol=1e-13)
+    (gx,) = torch.autograd.grad(call_loss(name, x, y, reduction=reduction), x)
+    torch.testing.assert_close(gx, expected, rtol=0, atol=1e-13)
+
+
 
 @pytest.mark.parametrize("name", list(LOSSES))
 def test_nonnegative_and_zero_iff_prediction_equals_target(name):
