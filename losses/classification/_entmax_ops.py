@@ -228,11 +228,12 @@ def bucket_max(x: Tensor, width: int) -> Tensor:
     return out
 
 
-def _dense_pass(x: Tensor, tau: Tensor, entmax: bool, keep_d: bool = True) -> tuple:
+def _dense_pass(x: Tensor, tau: Tensor, entmax: bool, keep_d: bool = True, inplace: bool = False) -> tuple:
     """One pass over the rows at ``tau (M, 1)``: ``(d, sum d, sum d^2 (entmax-1.5 only, else None),
     |S|)`` with ``d = [x - tau]_+`` and ``S = {x > tau}`` (its size counted as ``sum sign(d)``, a
-    float). ``keep_d=False`` lets the count overwrite ``d`` (a search level whose ``d`` is not used)."""
-    d = torch.sub(x, tau).clamp_(min=0)
+    float). ``keep_d=False`` lets the count overwrite ``d`` (a search level whose ``d`` is not used);
+    ``inplace=True`` writes ``d`` into ``x``."""
+    d = (x.sub_(tau) if inplace else torch.sub(x, tau)).clamp_(min=0)
     s1 = d.sum(dim=-1, keepdim=True)
     s2 = torch.linalg.vector_norm(d, dim=-1, keepdim=True).square_() if entmax else None
     cnt = (d.sign() if keep_d else d.sign_()).sum(dim=-1, keepdim=True)
@@ -240,7 +241,7 @@ def _dense_pass(x: Tensor, tau: Tensor, entmax: bool, keep_d: bool = True) -> tu
 
 
 def sparsemax_tau_dense(x: Tensor, tau: Tensor, src: Optional[Tensor], max_iter: int, keep_d: bool = True,
-                        first: Optional[tuple] = None):
+                        first: Optional[tuple] = None, empty: bool = True):
     """Exact sparsemax threshold of the shifted scores ``x (M, K)`` (max 0) by Newton's method from
     the left over whole rows, all rows together, from a lower bound ``tau`` (``f(tau) >= 0``, e.g.
     -1). ``src``: the support size whose closed form ``tau`` already is (``None``: unknown);
@@ -255,23 +256,23 @@ def sparsemax_tau_dense(x: Tensor, tau: Tensor, src: Optional[Tensor], max_iter:
         first = None
         if src is not None and torch.equal(cnt, src):
             return tau, d, s1, None, cnt
-        tau = torch.addcdiv(tau, s1 - 1, cnt.clamp(min=1))
+        tau = torch.addcdiv(tau, s1 - 1, cnt.clamp(min=1) if empty else cnt)
         src = cnt
     return None
 
 
-def _entmax15_closed_form(tau: Tensor, s1: Tensor, s2m1: Tensor, cnt: Tensor) -> Tensor:
+def _entmax15_closed_form(tau: Tensor, s1: Tensor, s2m1: Tensor, cnt: Tensor, empty: bool = True) -> Tensor:
     """The entmax-1.5 threshold of the set ``S = {x > tau}`` alone (the root of ``sum_S (x - t)^2 = 1``
     below ``min_S x``) from the pass at ``tau``: ``tau + (s1 - sqrt(s1^2 - |S| (s2 - 1)))/|S|``
     (``s2m1 = s2 - 1``); at least the threshold when ``S`` holds the support, at most when ``S`` is
     inside it, the threshold itself when ``S`` is the support."""
-    k = cnt.clamp(min=1)
+    k = cnt.clamp(min=1) if empty else cnt
     disc = torch.addcmul(s1 * s1, k, s2m1, value=-1).clamp_(min=0).sqrt_()
     return torch.addcdiv(tau, s1 - disc, k)
 
 
 def entmax15_tau_dense(x: Tensor, tau: Tensor, src: Optional[Tensor], max_iter: int, keep_d: bool = True,
-                       first: Optional[tuple] = None):
+                       first: Optional[tuple] = None, empty: bool = True):
     """Exact entmax-1.5 threshold of ``x = (z - max)/2 (M, K)`` over whole rows, all rows together,
     from a lower bound ``tau`` (``f(tau) = sum [x - tau]_+^2 - 1 >= 0``); ``src``, ``keep_d`` and
     ``first`` as in :func:`sparsemax_tau_dense`.
@@ -289,12 +290,12 @@ def entmax15_tau_dense(x: Tensor, tau: Tensor, src: Optional[Tensor], max_iter: 
         if src is not None and torch.equal(cnt, src):
             return tau, d, s1, s2, cnt
         s2m1 = s2 - 1
-        upper = _entmax15_closed_form(tau, s1, s2m1, cnt)
+        upper = _entmax15_closed_form(tau, s1, s2m1, cnt, empty)
         newton = torch.addcdiv(tau, s2m1, s1.clamp(min=1e-30), value=0.5)
         d, s1, s2, cnt_up = _dense_pass(x, upper, True, keep_d)
         if torch.equal(cnt_up, cnt):
             return upper, d, s1, s2, cnt_up
-        lower = _entmax15_closed_form(upper, s1, s2 - 1, cnt_up)
+        lower = _entmax15_closed_form(upper, s1, s2 - 1, cnt_up, empty)
         tau = torch.maximum(newton, lower)
         src = torch.where(lower >= newton, cnt_up, -1.0)
     return None
@@ -325,38 +326,45 @@ def _threshold_dense(kind: str, z: Tensor, max_iter: int) -> Optional[Threshold]
     columns: a lower bound and its support size), then one pass over the whole rows at that
     threshold, which is exact for the rows whose support the chunk maxima held (the same support
     size); only the other rows are searched further. ``None`` if a level needs more than
-    ``max_iter`` steps (the caller sorts)."""
+    ``max_iter`` steps (the caller sorts). The whole-row pass overwrites the shifted scores with
+    ``d = [x - tau]_+`` (no second ``(M, C)`` buffer), so the result carries no ``zs``."""
     mapping = _exact(kind)
     entmax = mapping.scale != 1.0
     search = mapping.tau_dense
-    m = row_max(z)
-    x = torch.sub(z, m)
-    if entmax:
-        x.mul_(mapping.scale)
+    m = z.amax(dim=-1, keepdim=True)
+    empty = not bool(torch.isfinite(m).all())  # a row without a finite score (validation off)
+    if empty:
+        m = m.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+
+    def shifted(rows: Tensor, mrows: Tensor) -> Tensor:
+        x = torch.sub(rows, mrows)
+        return x.mul_(mapping.scale) if entmax else x
+
+    x = shifted(z, m)
     tau = torch.full_like(m, -1.0)
     if x.shape[-1] <= 2 * DENSE_BUCKETS:
-        found = search(x, tau, None, max_iter)
+        found = search(x, tau, None, max_iter, empty=empty)
         if found is None:
             return None
     else:
-        narrow = search(halving_max(x, DENSE_BUCKETS), tau, None, max_iter, keep_d=False)
+        narrow = search(halving_max(x, DENSE_BUCKETS), tau, None, max_iter, keep_d=False, empty=empty)
         if narrow is None:
             return None
         tau, src = narrow[0], narrow[-1]
-        first = _dense_pass(x, tau, entmax)
-        found = (tau,) + first
-        bad = first[-1] != src
+        found = (tau,) + _dense_pass(x, tau, entmax, inplace=True)
+        bad = found[-1] != src
         if bool(bad.any()):  # a support the chunk maxima missed: those rows search on
             rows = bad.squeeze(1).nonzero().squeeze(1)
-            part = search(x.index_select(0, rows), tau.index_select(0, rows), src.index_select(0, rows),
-                          max_iter, first=tuple(None if t is None else t.index_select(0, rows) for t in first))
+            part = search(shifted(z.index_select(0, rows), m.index_select(0, rows)), tau.index_select(0, rows),
+                          src.index_select(0, rows), max_iter, empty=empty,
+                          first=(None,) + tuple(None if t is None else t.index_select(0, rows) for t in found[2:]))
             if part is None:
                 return None
             found = tuple(None if t is None else t.index_copy_(0, rows, p) for t, p in zip(found, part))
     tau, d, s1, s2, cnt = found
-    tau = tau.masked_fill(cnt == 0, -1.0)  # rows without a finite score
-    return Threshold(m, tau, None if entmax else x, zs=None if entmax else x, d=d,
-                     sums=(s1, s2))
+    if empty:
+        tau = tau.masked_fill(cnt == 0, -1.0)  # rows without a finite score
+    return Threshold(m, tau, None, d=d, sums=(s1, s2))
 
 
 class Threshold:
