@@ -331,7 +331,11 @@ def _threshold_dense(kind: str, z: Tensor, max_iter: int) -> Optional[Threshold]
     mapping = _exact(kind)
     entmax = mapping.scale != 1.0
     search = mapping.tau_dense
-    m = z.amax(dim=-1, keepdim=True)
+    wide = z.shape[-1] > 2 * DENSE_BUCKETS
+    # the chunk maxima are taken before the shift (the shift is monotone: the same values); the
+    # row max is then the max of the chunk maxima, no pass over the whole rows
+    nz = halving_max(z, DENSE_BUCKETS) if wide else z
+    m = nz.amax(dim=-1, keepdim=True)
     empty = not bool(torch.isfinite(m).all())  # a row without a finite score (validation off)
     if empty:
         m = m.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
@@ -342,12 +346,12 @@ def _threshold_dense(kind: str, z: Tensor, max_iter: int) -> Optional[Threshold]
 
     x = shifted(z, m)
     tau = torch.full_like(m, -1.0)
-    if x.shape[-1] <= 2 * DENSE_BUCKETS:
+    if not wide:
         found = search(x, tau, None, max_iter, empty=empty)
         if found is None:
             return None
     else:
-        narrow = search(halving_max(x, DENSE_BUCKETS), tau, None, max_iter, keep_d=False, empty=empty)
+        narrow = search(shifted(nz, m), tau, None, max_iter, keep_d=False, empty=empty)
         if narrow is None:
             return None
         tau, src = narrow[0], narrow[-1]
@@ -822,6 +826,34 @@ def _dot_masked(w: Tensor, s: Tensor) -> Tensor:
     return torch.where(w > 0, w * s, torch.zeros((), dtype=s.dtype, device=s.device)).sum(-1, keepdim=True)
 
 
+def _fy_dense_ids(kind: str, z: Tensor, y: Tensor, th: Threshold, divisor: int, need_grad: bool):
+    """``(total, grad)`` of the Fenchel-Young loss of ids ``y (M,)`` from a dense search result:
+    ``total`` the sum of the per-row losses divided by ``divisor``, ``grad`` (if ``need_grad``)
+    ``(p* - onehot(y)) / divisor`` built in the search's own ``d`` buffer (which it overwrites).
+
+    Per row ``L = omega - z'_y`` with ``z'_y = z_y - m`` and ``omega = <p*, z'> + H(p*)`` from
+    ``tau`` and the sums over the support: sparsemax ``omega = (tau s1 + 1) + (sum p^2 - 1)/2``;
+    entmax-1.5 (``x = z'/2 = sqrt(p) + tau`` there) ``omega = 2 (tau sum p + 1) + 2/3 (sum p^1.5 - 1)``,
+    both exactly 0 on one-hot rows; clamped at 0 against rounding."""
+    d, tau = th.d, th.tau
+    scale = 1.0 / divisor
+    if kind == "sparsemax":
+        omega = torch.linalg.vector_norm(d, dim=-1, keepdim=True).square_().sub_(1).mul_(0.5)
+        omega.add_(torch.mul(tau, th.sums[0]).add_(1))
+        grad = d.mul_(scale) if need_grad and divisor != 1 else d
+    else:
+        p = d * d
+        p15 = torch.linalg.vecdot(p, d, dim=-1).unsqueeze(-1)  # sum p^1.5 = sum d^3
+        omega = p15.sub_(1).mul_(2.0 / 3.0).add_(torch.mul(tau, th.sums[1]).add_(1).mul_(2))
+        grad = p.mul_(scale) if need_grad and divisor != 1 else p
+    total = omega.sub_(z.gather(-1, y.unsqueeze(-1)).sub_(th.m)).clamp_(min=0).sum()
+    if divisor != 1:
+        total = total / divisor
+    if not need_grad:
+        return total, None
+    return total, grad.scatter_(-1, y.unsqueeze(-1), -scale, reduce="add")
+
+
 class FYLossFunction(torch.autograd.Function):
     """Per-row Fenchel-Young loss ``L(z; q) = <p* - q, z> + H(p*) - H(q)``.
 
@@ -847,6 +879,13 @@ class FYLossFunction(torch.autograd.Function):
         else:
             # value from tau and the support only (th.vals holds it); no dense pass here
             th = threshold(kind, z, k)
+            if th.d is not None and y is not None and divisor is not None:
+                # the dense search with ids and a sum / mean: value and gradient from its last pass
+                ctx.fused = ctx.needs_input_grad[0]
+                total, grad = _fy_dense_ids(kind, z, y, th, divisor, ctx.fused)
+                if ctx.fused:
+                    ctx.save_for_backward(grad)
+                return total
             m, tau, zs = th.m, th.tau, th.zs
             if th.d is not None:  # the dense search: p from its last pass, kept for the backward
                 dense = True
