@@ -320,6 +320,28 @@ def halving_max(x: Tensor, width: int) -> Tensor:
     return x if c <= width else bucket_max(x, width)
 
 
+def top2_halving(x: Tensor, width: int) -> Tensor:
+    """The two largest scores of each chunk of the rows of ``x (M, C)`` (``(M, 2w)``, ``w <= width``:
+    the chunk maxima, then the chunk runners-up), found by halving: the first level pairs the two
+    halves (their maximum and minimum), each further level merges two chunks' (max, runner-up)
+    pairs into ``max(max_a, max_b)`` and ``max(min(max_a, max_b), max(runner_a, runner_b))``. Every
+    entry is one of the row's own scores, each at most once. An odd width stops the halving (the
+    chunks are then wider than ``C / width``); fewer than 4 columns: ``x`` itself."""
+    c = x.shape[-1]
+    if c < 4 or c % 2:
+        return x
+    h = c // 2
+    top, second = torch.maximum(x[:, :h], x[:, h:]), torch.minimum(x[:, :h], x[:, h:])
+    c = h
+    while c > width and c % 2 == 0:
+        h = c // 2
+        ta, tb = top[:, :h], top[:, h:]
+        second = torch.maximum(torch.minimum(ta, tb), torch.maximum(second[:, :h], second[:, h:]))
+        top = torch.maximum(ta, tb)
+        c = h
+    return torch.cat((top, second), dim=-1)
+
+
 def _threshold_dense(kind: str, z: Tensor, max_iter: int) -> Optional[Threshold]:
     """The ``"dense"`` search: the mapping's exact Newton search (:func:`sparsemax_tau_dense`,
     :func:`entmax15_tau_dense`) first on the chunk maxima of each row (at most ``DENSE_BUCKETS``
@@ -334,7 +356,7 @@ def _threshold_dense(kind: str, z: Tensor, max_iter: int) -> Optional[Threshold]
     wide = z.shape[-1] > 2 * DENSE_BUCKETS
     # the chunk maxima are taken before the shift (the shift is monotone: the same values); the
     # row max is then the max of the chunk maxima, no pass over the whole rows
-    nz = halving_max(z, DENSE_BUCKETS) if wide else z
+    nz = (top2_halving(z, DENSE_BUCKETS) if entmax else halving_max(z, DENSE_BUCKETS)) if wide else z
     m = nz.amax(dim=-1, keepdim=True)
     empty = not bool(torch.isfinite(m).all())  # a row without a finite score (validation off)
     if empty:

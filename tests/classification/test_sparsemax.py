@@ -320,6 +320,29 @@ def test_dense_search_with_chunk_maxima_matches_sort(kind, c, dtype, tol):
         assert set(ops.bucket_max(row[None], 128)[0].tolist()) <= set(row.tolist())
 
 
+@pytest.mark.parametrize("c", [8, 300, 1000, 1024])
+def test_chunk_maxima_levels_are_sub_multisets_of_the_row(c):
+    """The narrow levels of the dense search hold each score at most once: the halving maxima are
+    the chunk maxima (positions ``j, j + w, ...``), the top-2 level adds each chunk's runner-up."""
+    ops = importlib.import_module("losses.classification._entmax_ops")
+    g = torch.Generator().manual_seed(21)
+    x = torch.randn(6, c, generator=g, dtype=torch.float64)
+    x[1] = x[1].round()  # ties
+    x[2, ::3] = NINF
+    for narrow in (ops.halving_max(x, 128), ops.top2_halving(x, 128)):
+        assert narrow.shape[1] <= 256
+        for row, full in zip(narrow, x):
+            left = full.tolist()
+            for v in row.tolist():
+                left.remove(v)  # raises if v is not (or no longer) in the row
+    two = ops.top2_halving(x, 128)
+    w = two.shape[1] // 2
+    chunks = x.reshape(6, -1, w)  # chunk j: positions j, j + w, ...
+    top2 = chunks.topk(2, dim=1).values
+    torch.testing.assert_close(two[:, :w], top2[:, 0], rtol=0, atol=0)
+    torch.testing.assert_close(two[:, w:], top2[:, 1], rtol=0, atol=0)
+
+
 def test_newton_search_packs_candidates_and_falls_back():
     ops = importlib.import_module("losses.classification._entmax_ops")
     zs = torch.tensor([[0.0, -0.5, -1.5, -3.0, -0.99, NINF], [0.0, -2.0, -1.0, -0.2, -5.0, -7.0]])
