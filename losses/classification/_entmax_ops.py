@@ -245,7 +245,8 @@ def sparsemax_tau_dense(x: Tensor, tau: Tensor, src: Optional[Tensor], max_iter:
     """Exact sparsemax threshold of the shifted scores ``x (M, K)`` (max 0) by Newton's method from
     the left over whole rows, all rows together, from a lower bound ``tau`` (``f(tau) >= 0``, e.g.
     -1). ``src``: the support size whose closed form ``tau`` already is (``None``: unknown);
-    ``first``: the :func:`_dense_pass` at ``tau`` when the caller has made it. Each step is one pass:
+    ``first``: the :func:`_dense_pass` at ``tau`` when the caller has made it and found it not exact
+    (the search then starts with the step from it). Each step is one pass:
     ``d = [x - tau]_+``, its sum and its support size ``|S|``; ``tau' = tau + (sum d - 1)/|S|`` is the
     sort formula on ``S`` (a lower bound of the threshold for any ``S``), exact once the next pass
     finds the same ``|S|``. Returns ``(tau, d, sum d, None, |S|)`` at the exact ``tau``, or ``None``
@@ -253,11 +254,10 @@ def sparsemax_tau_dense(x: Tensor, tau: Tensor, src: Optional[Tensor], max_iter:
     ``tau`` is meaningless; the caller sets it)."""
     for _ in range(max_iter):
         d, s1, _, cnt = _dense_pass(x, tau, False, keep_d) if first is None else first
-        first = None
-        if src is not None and torch.equal(cnt, src):
+        if first is None and src is not None and torch.equal(cnt, src):
             return tau, d, s1, None, cnt
         tau = torch.addcdiv(tau, s1 - 1, cnt.clamp(min=1) if empty else cnt)
-        src = cnt
+        src, first = cnt, None
     return None
 
 
@@ -286,9 +286,9 @@ def entmax15_tau_dense(x: Tensor, tau: Tensor, src: Optional[Tensor], max_iter: 
     or ``None`` after ``max_iter`` steps."""
     for _ in range(max_iter):
         d, s1, s2, cnt = _dense_pass(x, tau, True, keep_d) if first is None else first
-        first = None
-        if src is not None and torch.equal(cnt, src):
+        if first is None and src is not None and torch.equal(cnt, src):
             return tau, d, s1, s2, cnt
+        first = None
         s2m1 = s2 - 1
         upper = _entmax15_closed_form(tau, s1, s2m1, cnt, empty)
         newton = torch.addcdiv(tau, s2m1, s1.clamp(min=1e-30), value=0.5)
@@ -372,12 +372,17 @@ def _threshold_dense(kind: str, z: Tensor, max_iter: int) -> Optional[Threshold]
         found = search(x, tau, None, max_iter, empty=empty)
         if found is None:
             return None
+        s3 = _cube_sum(found[1]) if entmax else None
     else:
-        narrow = search(shifted(nz, m), tau, None, max_iter, keep_d=False, empty=empty)
+        xn = shifted(nz, m)
+        narrow = search(xn, tau, None, max_iter, keep_d=False, empty=empty)
         if narrow is None:
             return None
         tau, src = narrow[0], narrow[-1]
         found = (tau,) + _dense_pass(x, tau, entmax, inplace=True)
+        # entmax-1.5's loss needs sum d^3: over the chunk maxima, which hold the support of every
+        # row the whole-row pass confirms (the rows searched again below get theirs from their rows)
+        s3 = _cube_sum(torch.sub(xn, tau).clamp_(min=0)) if entmax else None
         bad = found[-1] != src
         if bool(bad.any()):  # a support the chunk maxima missed: those rows search on
             rows = bad.squeeze(1).nonzero().squeeze(1)
@@ -386,11 +391,20 @@ def _threshold_dense(kind: str, z: Tensor, max_iter: int) -> Optional[Threshold]
                           first=(None,) + tuple(None if t is None else t.index_select(0, rows) for t in found[2:]))
             if part is None:
                 return None
-            found = tuple(None if t is None else t.index_copy_(0, rows, p) for t, p in zip(found, part))
+            keep = found[:-1] if not empty else found  # |S| is only needed for empty rows
+            found = tuple(None if t is None else t.index_copy_(0, rows, p) for t, p in zip(keep, part)) + \
+                found[len(keep):]
+            if entmax:
+                s3.index_copy_(0, rows, _cube_sum(part[1]))
     tau, d, s1, s2, cnt = found
     if empty:
         tau = tau.masked_fill(cnt == 0, -1.0)  # rows without a finite score
-    return Threshold(m, tau, None, d=d, sums=(s1, s2))
+    return Threshold(m, tau, None, d=d, sums=(s1, s2, s3))
+
+
+def _cube_sum(d: Tensor) -> Tensor:
+    """``sum_j d_j^3`` per row, ``(M, 1)``."""
+    return torch.linalg.vecdot(d * d, d, dim=-1).unsqueeze(-1)
 
 
 class Threshold:
@@ -711,7 +725,7 @@ class _Entmax15:
     @staticmethod
     def omega_dense(p: Tensor, d: Tensor, tau: Tensor, sums: tuple) -> Tensor:
         """:meth:`omega` from ``p = d^2``, ``sums = (sum d, sum d^2 = sum p)``: ``sum p^1.5 = <p, d>``."""
-        p15 = torch.linalg.vecdot(p, d, dim=-1).unsqueeze(-1)
+        p15 = sums[2] if len(sums) > 2 and sums[2] is not None else torch.linalg.vecdot(p, d, dim=-1).unsqueeze(-1)
         return 2 * (tau * sums[1] + 1) + (2.0 / 3.0) * (p15 - 1)
 
     @staticmethod
@@ -864,8 +878,8 @@ def _fy_dense_ids(kind: str, z: Tensor, y: Tensor, th: Threshold, divisor: int, 
         omega.add_(torch.mul(tau, th.sums[0]).add_(1))
         grad = d.mul_(scale) if need_grad and divisor != 1 else d
     else:
-        p = d * d
-        p15 = torch.linalg.vecdot(p, d, dim=-1).unsqueeze(-1)  # sum p^1.5 = sum d^3
+        p15 = th.sums[2].clone()  # sum p^1.5 = sum d^3
+        p = d.square_()
         omega = p15.sub_(1).mul_(2.0 / 3.0).add_(torch.mul(tau, th.sums[1]).add_(1).mul_(2))
         grad = p.mul_(scale) if need_grad and divisor != 1 else p
     total = omega.sub_(z.gather(-1, y.unsqueeze(-1)).sub_(th.m)).clamp_(min=0).sum()
