@@ -25,10 +25,12 @@ Conventions shared by every kernel:
   - ``"dense"`` (the CPU default for mid-width rows): the same Newton search without packing the
     candidates (packing cost a ``nonzero`` and index building per call), over whole rows from a
     lower bound: the threshold of a subset of a row's scores is at most the row's, so the exact
-    thresholds of the rows' chunk maxima (:func:`bucket_max`; the sort on 16 of them, then Newton on
-    128) start it, usually one to three passes from the root; finished rows leave the search. Its
-    last pass is ``[x - tau]_+`` itself, so the probabilities and the loss value cost no further
-    pass over the scores.
+    threshold of the rows' chunk maxima (:func:`halving_max`, at most 128 columns; for entmax-1.5
+    each chunk's two largest scores, :func:`top2_halving`, as its support is wider) starts it. One
+    pass over the whole rows at that threshold confirms it for every row whose support the chunk
+    level held (the same support size); only the other rows are searched further. That pass is
+    ``[x - tau]_+`` itself, so the probabilities, the loss value and (for ids with a sum or mean
+    reduction) the whole gradient ``(p* - onehot)/N`` cost no further search pass over the scores.
 
 * What differs between the mappings (threshold, probabilities, Fenchel-Young value, backward)
   lives in one small object each, :data:`MAPPINGS` ``"sparsemax"``, ``"entmax15"`` (exact
@@ -415,10 +417,11 @@ class Threshold:
     ``-inf`` padding allowed), so the probabilities on the support are
     ``MAPPINGS[kind].probs(vals, tau)``; ``zs`` the dense shifted scores ``z - m`` when the
     search built them; ``top_idx`` (M, k) the columns of ``vals`` for the top-k path (``None``
-    otherwise). The dense search (``"dense"``) also leaves ``d = [x - tau]_+`` (M, C) at the exact
-    ``tau`` (``x`` the shifted scores in the mapping's scale) and its row sums ``sums``
-    (``(sum d, sum d^2)``, the second ``None`` for sparsemax): the probabilities and the loss value
-    then need no further pass over the scores.
+    otherwise). The dense search (``"dense"``) instead leaves ``vals`` and ``zs`` ``None`` and gives
+    ``d = [x - tau]_+`` (M, C) at the exact ``tau`` (``x`` the shifted scores in the mapping's
+    scale; ``d`` is written over them) and its row sums ``sums`` (``(sum d, sum d^2, sum d^3)``, the
+    last two ``None`` for sparsemax): the probabilities and the loss value then need no further
+    pass over the scores.
     """
 
     __slots__ = ("m", "tau", "vals", "zs", "top_idx", "d", "sums")
