@@ -25,10 +25,12 @@ Conventions shared by every kernel:
   - ``"dense"`` (the CPU default for mid-width rows): the same Newton search without packing the
     candidates (packing cost a ``nonzero`` and index building per call), over whole rows from a
     lower bound: the threshold of a subset of a row's scores is at most the row's, so the exact
-    thresholds of the rows' chunk maxima (:func:`bucket_max`; the sort on 16 of them, then Newton on
-    128) start it, usually one to three passes from the root; finished rows leave the search. Its
-    last pass is ``[x - tau]_+`` itself, so the probabilities and the loss value cost no further
-    pass over the scores.
+    threshold of the rows' chunk maxima (:func:`halving_max`, at most 128 columns; for entmax-1.5
+    each chunk's two largest scores, :func:`top2_halving`, as its support is wider) starts it. One
+    pass over the whole rows at that threshold confirms it for every row whose support the chunk
+    level held (the same support size); only the other rows are searched further. That pass is
+    ``[x - tau]_+`` itself, so the probabilities, the loss value and (for ids with a sum or mean
+    reduction) the whole gradient ``(p* - onehot)/N`` cost no further search pass over the scores.
 
 * What differs between the mappings (threshold, probabilities, Fenchel-Young value, backward)
   lives in one small object each, :data:`MAPPINGS` ``"sparsemax"``, ``"entmax15"`` (exact
@@ -228,136 +230,183 @@ def bucket_max(x: Tensor, width: int) -> Tensor:
     return out
 
 
-class _DenseRows:
-    """Bookkeeping of a dense search that drops finished rows: ``out`` holds the result of every
-    row of the batch (filled as rows finish), ``rows`` the batch indices of the rows still searched
-    (``None``: all of them, in order)."""
-
-    __slots__ = ("out", "rows")
-
-    def __init__(self):
-        self.out, self.rows = None, None
-
-    def store(self, values: tuple) -> None:
-        if self.rows is None:
-            self.out = list(values)
-        else:
-            for o, v in zip(self.out, values):
-                o.index_copy_(0, self.rows, v)
-
-    def keep(self, done: Tensor) -> Tensor:
-        """Local indices of the unfinished rows (``done (R, 1)`` bool); the batch indices follow."""
-        local = (~done).squeeze(1).nonzero().squeeze(1)
-        self.rows = local if self.rows is None else self.rows[local]
-        return local
+def _dense_pass(x: Tensor, tau: Tensor, entmax: bool, keep_d: bool = True, inplace: bool = False) -> tuple:
+    """One pass over the rows at ``tau (M, 1)``: ``(d, sum d, sum d^2 (entmax-1.5 only, else None),
+    |S|)`` with ``d = [x - tau]_+`` and ``S = {x > tau}`` (its size counted as ``sum sign(d)``, a
+    float). ``keep_d=False`` lets the count overwrite ``d`` (a search level whose ``d`` is not used);
+    ``inplace=True`` writes ``d`` into ``x``."""
+    d = (x.sub_(tau) if inplace else torch.sub(x, tau)).clamp_(min=0)
+    s1 = d.sum(dim=-1, keepdim=True)
+    s2 = torch.linalg.vector_norm(d, dim=-1, keepdim=True).square_() if entmax else None
+    cnt = (d.sign() if keep_d else d.sign_()).sum(dim=-1, keepdim=True)
+    return d, s1, s2, cnt
 
 
-def sparsemax_tau_dense(x: Tensor, tau: Tensor, src: Optional[Tensor], max_iter: int, drop_rows: bool = True):
+def sparsemax_tau_dense(x: Tensor, tau: Tensor, src: Optional[Tensor], max_iter: int, keep_d: bool = True,
+                        first: Optional[tuple] = None, empty: bool = True):
     """Exact sparsemax threshold of the shifted scores ``x (M, K)`` (max 0) by Newton's method from
-    the left over whole rows, from a lower bound ``tau`` (``f(tau) >= 0``, e.g. -1). ``src``: the
-    support size whose closed form ``tau`` already is (``None``: unknown). Each step is one pass:
+    the left over whole rows, all rows together, from a lower bound ``tau`` (``f(tau) >= 0``, e.g.
+    -1). ``src``: the support size whose closed form ``tau`` already is (``None``: unknown);
+    ``first``: the :func:`_dense_pass` at ``tau`` when the caller has made it and found it not exact
+    (the search then starts with the step from it). Each step is one pass:
     ``d = [x - tau]_+``, its sum and its support size ``|S|``; ``tau' = tau + (sum d - 1)/|S|`` is the
-    sort formula on ``S``, exact once the next pass finds the same ``|S|``; finished rows leave the
-    search (later passes run on the others only). Returns ``(tau, d, sum d, |S|)`` at the exact
-    ``tau``, or ``None`` after ``max_iter`` passes."""
-    book = _DenseRows()
+    sort formula on ``S`` (a lower bound of the threshold for any ``S``), exact once the next pass
+    finds the same ``|S|``. Returns ``(tau, d, sum d, None, |S|)`` at the exact ``tau``, or ``None``
+    after ``max_iter`` passes. Rows without a finite score (``|S| = 0``) are done at once (their
+    ``tau`` is meaningless; the caller sets it)."""
     for _ in range(max_iter):
-        d = torch.sub(x, tau).clamp_(min=0)
-        s1 = d.sum(dim=-1, keepdim=True)
-        cnt = d.sign().sum(dim=-1, keepdim=True)
-        if src is not None:
-            done = cnt == src
-            if not drop_rows:
-                if torch.equal(cnt, src):
-                    return tau, d, s1, cnt
-            else:
-                book.store((tau, d, s1, cnt))
-                if bool(done.all()):
-                    return tuple(book.out)
-            if drop_rows and bool(done.any()):
-                local = book.keep(done)
-                x, tau, s1, cnt = x[local], tau[local], s1[local], cnt[local]
-        # rows without a finite score (cnt = 0) keep tau = -1
-        tau = torch.where(cnt > 0, tau + (s1 - 1) / cnt.clamp(min=1), tau)
-        src = cnt
+        d, s1, _, cnt = _dense_pass(x, tau, False, keep_d) if first is None else first
+        if first is None and src is not None and torch.equal(cnt, src):
+            return tau, d, s1, None, cnt
+        tau = torch.addcdiv(tau, s1 - 1, cnt.clamp(min=1) if empty else cnt)
+        src, first = cnt, None
     return None
 
 
-def entmax15_tau_dense(x: Tensor, tau: Tensor, src: Optional[Tensor], max_iter: int, drop_rows: bool = True):
-    """Exact entmax-1.5 threshold of ``x = (z - max)/2 (M, K)`` over whole rows, from a lower bound
-    ``tau`` (``f(tau) = sum [x - tau]_+^2 - 1 >= 0``); ``src`` as in :func:`sparsemax_tau_dense`.
+def _entmax15_closed_form(tau: Tensor, s1: Tensor, s2m1: Tensor, cnt: Tensor, empty: bool = True) -> Tensor:
+    """The entmax-1.5 threshold of the set ``S = {x > tau}`` alone (the root of ``sum_S (x - t)^2 = 1``
+    below ``min_S x``) from the pass at ``tau``: ``tau + (s1 - sqrt(s1^2 - |S| (s2 - 1)))/|S|``
+    (``s2m1 = s2 - 1``); at least the threshold when ``S`` holds the support, at most when ``S`` is
+    inside it, the threshold itself when ``S`` is the support."""
+    k = cnt.clamp(min=1) if empty else cnt
+    disc = torch.addcmul(s1 * s1, k, s2m1, value=-1).clamp_(min=0).sqrt_()
+    return torch.addcdiv(tau, s1 - disc, k)
 
-    One pass at ``tau`` gives ``d = [x - tau]_+``, ``s1 = sum d``, ``s2 = sum d^2`` and ``|S|``. A row
-    left of the root (``s2 >= 1``, ``S`` holds the support) moves to the closed form on ``S``,
-    ``tau + (s1 - sqrt(s1^2 - |S| (s2 - 1)))/|S|`` (the root itself when ``S`` is the support, else
-    past it); a row past the root (its ``S`` inside the support) returns to the larger of its last
-    left point's Newton step and the closed form on its own ``S`` (both lower bounds). A row is done
-    when a pass finds the same ``|S|`` as the closed form it evaluates (or its point no longer moves,
-    rounding at the root) and leaves the search. Returns ``(tau, d, s1, s2, |S|)`` or ``None`` after
-    ``max_iter`` passes."""
-    book = _DenseRows()
-    left = tau
+
+def entmax15_tau_dense(x: Tensor, tau: Tensor, src: Optional[Tensor], max_iter: int, keep_d: bool = True,
+                       first: Optional[tuple] = None, empty: bool = True):
+    """Exact entmax-1.5 threshold of ``x = (z - max)/2 (M, K)`` over whole rows, all rows together,
+    from a lower bound ``tau`` (``f(tau) = sum [x - tau]_+^2 - 1 >= 0``); ``src``, ``keep_d`` and
+    ``first`` as in :func:`sparsemax_tau_dense`.
+
+    Each step is two passes. At the left point ``tau`` (``S = {x > tau}`` holds the support) the
+    closed form on ``S`` (:func:`_entmax15_closed_form`) is at least the threshold and equal to it
+    when ``S`` is the support; the second pass, there, checks that: the same ``|S|`` means it is
+    exact. Otherwise its own set lies inside the support, so its closed form is a lower bound, as is
+    the Newton step ``tau + (s2 - 1)/(2 s1)`` from the left point: the next left point is the larger
+    (and, when it is that closed form, the pass there checks it). Returns ``(tau, d, s1, s2, |S|)``
+    or ``None`` after ``max_iter`` steps."""
     for _ in range(max_iter):
-        d = torch.sub(x, tau).clamp_(min=0)
-        s1 = d.sum(dim=-1, keepdim=True)
-        s2 = torch.linalg.vector_norm(d, dim=-1, keepdim=True).square_()
-        cnt = d.sign().sum(dim=-1, keepdim=True)
-        if src is not None:
-            done = cnt == src
-            if not drop_rows:
-                if bool(done.all()):
-                    return tau, d, s1, s2, cnt
-            else:
-                book.store((tau, d, s1, s2, cnt))
-                if bool(done.all()):
-                    return tuple(book.out)
-            if drop_rows and bool(done.any()):
-                local = book.keep(done)
-                x, tau, left, s1, s2, cnt = x[local], tau[local], left[local], s1[local], s2[local], cnt[local]
-        k = cnt.clamp(min=1)
-        cf = tau + (s1 - (s1 * s1 - k * (s2 - 1)).clamp_(min=0).sqrt_()) / k
-        is_left = s2 >= 1
-        newton = tau + (s2 - 1) / (2 * s1.clamp(min=1e-30))
-        left = torch.where(is_left, newton, torch.maximum(left, cf))
-        nxt = torch.where(is_left, cf, left)
-        if src is not None and not drop_rows:
-            nxt = torch.where(done, tau, nxt)
-        src = torch.where(nxt == tau, cnt, torch.where(is_left, cnt, -1.0))
-        tau = nxt
+        d, s1, s2, cnt = _dense_pass(x, tau, True, keep_d) if first is None else first
+        if first is None and src is not None and torch.equal(cnt, src):
+            return tau, d, s1, s2, cnt
+        first = None
+        s2m1 = s2 - 1
+        upper = _entmax15_closed_form(tau, s1, s2m1, cnt, empty)
+        newton = torch.addcdiv(tau, s2m1, s1.clamp(min=1e-30), value=0.5)
+        d, s1, s2, cnt_up = _dense_pass(x, upper, True, keep_d)
+        if torch.equal(cnt_up, cnt):
+            return upper, d, s1, s2, cnt_up
+        lower = _entmax15_closed_form(upper, s1, s2 - 1, cnt_up, empty)
+        tau = torch.maximum(newton, lower)
+        src = torch.where(lower >= newton, cnt_up, -1.0)
     return None
 
 
-#: chunk count of the first (narrow) level of the dense search: the rows' chunk maxima
-#: (:func:`bucket_max`) give a lower bound of the threshold (the threshold of a subset of the
-#: scores is at most the row's) and usually most of the support
+#: columns of the narrow level of the dense search: the rows' chunk maxima (:func:`halving_max`)
+#: give a lower bound of the threshold (the threshold of a subset of the scores is at most the
+#: row's) and usually the whole support
 DENSE_BUCKETS = 128
-#: chunk count of the level below it, whose threshold is found by sorting
-SORTED_BUCKETS = 16
+
+
+def halving_max(x: Tensor, width: int) -> Tensor:
+    """Chunk maxima of the rows of ``x (M, C)`` by halving: while the width exceeds ``width`` and is
+    even, the element-wise maximum of the two halves (one ``torch.maximum`` per level, cheaper
+    than a strided reduction); an odd width goes to :func:`bucket_max`. Every entry is one of the
+    row's own scores."""
+    c = x.shape[-1]
+    while c > width and c % 2 == 0:
+        h = c // 2
+        x = torch.maximum(x[:, :h], x[:, h:c])
+        c = h
+    return x if c <= width else bucket_max(x, width)
+
+
+def top2_halving(x: Tensor, width: int) -> Tensor:
+    """The two largest scores of each chunk of the rows of ``x (M, C)`` (``(M, 2w)``, ``w <= width``:
+    the chunk maxima, then the chunk runners-up), found by halving: the first level pairs the two
+    halves (their maximum and minimum), each further level merges two chunks' (max, runner-up)
+    pairs into ``max(max_a, max_b)`` and ``max(min(max_a, max_b), max(runner_a, runner_b))``. Every
+    entry is one of the row's own scores, each at most once. An odd width stops the halving (the
+    chunks are then wider than ``C / width``); fewer than 4 columns: ``x`` itself."""
+    c = x.shape[-1]
+    if c < 4 or c % 2:
+        return x
+    h = c // 2
+    top, second = torch.maximum(x[:, :h], x[:, h:]), torch.minimum(x[:, :h], x[:, h:])
+    c = h
+    while c > width and c % 2 == 0:
+        h = c // 2
+        ta, tb = top[:, :h], top[:, h:]
+        second = torch.maximum(torch.minimum(ta, tb), torch.maximum(second[:, :h], second[:, h:]))
+        top = torch.maximum(ta, tb)
+        c = h
+    return torch.cat((top, second), dim=-1)
 
 
 def _threshold_dense(kind: str, z: Tensor, max_iter: int) -> Optional[Threshold]:
     """The ``"dense"`` search: the mapping's exact Newton search (:func:`sparsemax_tau_dense`,
-    :func:`entmax15_tau_dense`) first on the chunk maxima of each row (a lower bound and its
-    support size), then over the whole rows from there, usually one to three passes. ``None``
-    if a level needs more than ``max_iter`` passes (the caller sorts)."""
+    :func:`entmax15_tau_dense`) first on the chunk maxima of each row (at most ``DENSE_BUCKETS``
+    columns: a lower bound and its support size), then one pass over the whole rows at that
+    threshold, which is exact for the rows whose support the chunk maxima held (the same support
+    size); only the other rows are searched further. ``None`` if a level needs more than
+    ``max_iter`` steps (the caller sorts). The whole-row pass overwrites the shifted scores with
+    ``d = [x - tau]_+`` (no second ``(M, C)`` buffer), so the result carries no ``zs``."""
     mapping = _exact(kind)
-    m = row_max(z)
-    zs = torch.sub(z, m)
-    x = zs if mapping.scale == 1.0 else zs * mapping.scale
-    tau, src = torch.full_like(m, -1.0), None
-    if x.shape[-1] > 2 * DENSE_BUCKETS:
-        narrow = bucket_max(x, DENSE_BUCKETS)
-        # the narrow level starts from the sort formula on its own chunk maxima (a few columns)
-        top = torch.sort(bucket_max(narrow, SORTED_BUCKETS), dim=-1, descending=True).values
-        tau, kstar = mapping.tau_sorted(top / mapping.scale)
-        found = mapping.tau_dense(narrow, tau, kstar.to(x.dtype), max_iter, drop_rows=False)
+    entmax = mapping.scale != 1.0
+    search = mapping.tau_dense
+    wide = z.shape[-1] > 2 * DENSE_BUCKETS
+    # the chunk maxima are taken before the shift (the shift is monotone: the same values); the
+    # row max is then the max of the chunk maxima, no pass over the whole rows
+    nz = (top2_halving(z, DENSE_BUCKETS) if entmax else halving_max(z, DENSE_BUCKETS)) if wide else z
+    m = nz.amax(dim=-1, keepdim=True)
+    empty = not bool(torch.isfinite(m).all())  # a row without a finite score (validation off)
+    if empty:
+        m = m.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+
+    def shifted(rows: Tensor, mrows: Tensor) -> Tensor:
+        x = torch.sub(rows, mrows)
+        return x.mul_(mapping.scale) if entmax else x
+
+    x = shifted(z, m)
+    tau = torch.full_like(m, -1.0)
+    if not wide:
+        found = search(x, tau, None, max_iter, empty=empty)
         if found is None:
             return None
-        tau, src = found[0], found[-1]
-    found = mapping.tau_dense(x, tau, src, max_iter)
-    if found is None:
-        return None
-    return Threshold(m, found[0], zs, zs=zs, d=found[1], sums=tuple(found[2:-1]))
+        s3 = _cube_sum(found[1]) if entmax else None
+    else:
+        xn = shifted(nz, m)
+        narrow = search(xn, tau, None, max_iter, keep_d=False, empty=empty)
+        if narrow is None:
+            return None
+        tau, src = narrow[0], narrow[-1]
+        found = (tau,) + _dense_pass(x, tau, entmax, inplace=True)
+        # entmax-1.5's loss needs sum d^3: over the chunk maxima, which hold the support of every
+        # row the whole-row pass confirms (the rows searched again below get theirs from their rows)
+        s3 = _cube_sum(torch.sub(xn, tau).clamp_(min=0)) if entmax else None
+        bad = found[-1] != src
+        if bool(bad.any()):  # a support the chunk maxima missed: those rows search on
+            rows = bad.squeeze(1).nonzero().squeeze(1)
+            part = search(shifted(z.index_select(0, rows), m.index_select(0, rows)), tau.index_select(0, rows),
+                          src.index_select(0, rows), max_iter, empty=empty,
+                          first=(None,) + tuple(None if t is None else t.index_select(0, rows) for t in found[2:]))
+            if part is None:
+                return None
+            keep = found[:-1] if not empty else found  # |S| is only needed for empty rows
+            found = tuple(None if t is None else t.index_copy_(0, rows, p) for t, p in zip(keep, part)) + \
+                found[len(keep):]
+            if entmax:
+                s3.index_copy_(0, rows, _cube_sum(part[1]))
+    tau, d, s1, s2, cnt = found
+    if empty:
+        tau = tau.masked_fill(cnt == 0, -1.0)  # rows without a finite score
+    return Threshold(m, tau, None, d=d, sums=(s1, s2, s3))
+
+
+def _cube_sum(d: Tensor) -> Tensor:
+    """``sum_j d_j^3`` per row, ``(M, 1)``."""
+    return torch.linalg.vecdot(d * d, d, dim=-1).unsqueeze(-1)
 
 
 class Threshold:
@@ -368,10 +417,11 @@ class Threshold:
     ``-inf`` padding allowed), so the probabilities on the support are
     ``MAPPINGS[kind].probs(vals, tau)``; ``zs`` the dense shifted scores ``z - m`` when the
     search built them; ``top_idx`` (M, k) the columns of ``vals`` for the top-k path (``None``
-    otherwise). The dense search (``"dense"``) also leaves ``d = [x - tau]_+`` (M, C) at the exact
-    ``tau`` (``x`` the shifted scores in the mapping's scale) and its row sums ``sums``
-    (``(sum d, sum d^2)``, the second ``None`` for sparsemax): the probabilities and the loss value
-    then need no further pass over the scores.
+    otherwise). The dense search (``"dense"``) instead leaves ``vals`` and ``zs`` ``None`` and gives
+    ``d = [x - tau]_+`` (M, C) at the exact ``tau`` (``x`` the shifted scores in the mapping's
+    scale; ``d`` is written over them) and its row sums ``sums`` (``(sum d, sum d^2, sum d^3)``, the
+    last two ``None`` for sparsemax): the probabilities and the loss value then need no further
+    pass over the scores.
     """
 
     __slots__ = ("m", "tau", "vals", "zs", "top_idx", "d", "sums")
@@ -678,7 +728,7 @@ class _Entmax15:
     @staticmethod
     def omega_dense(p: Tensor, d: Tensor, tau: Tensor, sums: tuple) -> Tensor:
         """:meth:`omega` from ``p = d^2``, ``sums = (sum d, sum d^2 = sum p)``: ``sum p^1.5 = <p, d>``."""
-        p15 = torch.linalg.vecdot(p, d, dim=-1).unsqueeze(-1)
+        p15 = sums[2] if len(sums) > 2 and sums[2] is not None else torch.linalg.vecdot(p, d, dim=-1).unsqueeze(-1)
         return 2 * (tau * sums[1] + 1) + (2.0 / 3.0) * (p15 - 1)
 
     @staticmethod
@@ -815,6 +865,34 @@ def _dot_masked(w: Tensor, s: Tensor) -> Tensor:
     return torch.where(w > 0, w * s, torch.zeros((), dtype=s.dtype, device=s.device)).sum(-1, keepdim=True)
 
 
+def _fy_dense_ids(kind: str, z: Tensor, y: Tensor, th: Threshold, divisor: int, need_grad: bool):
+    """``(total, grad)`` of the Fenchel-Young loss of ids ``y (M,)`` from a dense search result:
+    ``total`` the sum of the per-row losses divided by ``divisor``, ``grad`` (if ``need_grad``)
+    ``(p* - onehot(y)) / divisor`` built in the search's own ``d`` buffer (which it overwrites).
+
+    Per row ``L = omega - z'_y`` with ``z'_y = z_y - m`` and ``omega = <p*, z'> + H(p*)`` from
+    ``tau`` and the sums over the support: sparsemax ``omega = (tau s1 + 1) + (sum p^2 - 1)/2``;
+    entmax-1.5 (``x = z'/2 = sqrt(p) + tau`` there) ``omega = 2 (tau sum p + 1) + 2/3 (sum p^1.5 - 1)``,
+    both exactly 0 on one-hot rows; clamped at 0 against rounding."""
+    d, tau = th.d, th.tau
+    scale = 1.0 / divisor
+    if kind == "sparsemax":
+        omega = torch.linalg.vector_norm(d, dim=-1, keepdim=True).square_().sub_(1).mul_(0.5)
+        omega.add_(torch.mul(tau, th.sums[0]).add_(1))
+        grad = d.mul_(scale) if need_grad and divisor != 1 else d
+    else:
+        p15 = th.sums[2].clone()  # sum p^1.5 = sum d^3
+        p = d.square_()
+        omega = p15.sub_(1).mul_(2.0 / 3.0).add_(torch.mul(tau, th.sums[1]).add_(1).mul_(2))
+        grad = p.mul_(scale) if need_grad and divisor != 1 else p
+    total = omega.sub_(z.gather(-1, y.unsqueeze(-1)).sub_(th.m)).clamp_(min=0).sum()
+    if divisor != 1:
+        total = total / divisor
+    if not need_grad:
+        return total, None
+    return total, grad.scatter_(-1, y.unsqueeze(-1), -scale, reduce="add")
+
+
 class FYLossFunction(torch.autograd.Function):
     """Per-row Fenchel-Young loss ``L(z; q) = <p* - q, z> + H(p*) - H(q)``.
 
@@ -832,6 +910,7 @@ class FYLossFunction(torch.autograd.Function):
         ctx.kind = kind
         ctx.has_y = y is not None
         zs = tau = top_i = p = None
+        dense = False
         if not mapping.exact:
             p, m = mapping.probs_and_max(z, alpha, n_iter, alpha_float)
             zs = z - m
@@ -839,8 +918,16 @@ class FYLossFunction(torch.autograd.Function):
         else:
             # value from tau and the support only (th.vals holds it); no dense pass here
             th = threshold(kind, z, k)
+            if th.d is not None and y is not None and divisor is not None:
+                # the dense search with ids and a sum / mean: value and gradient from its last pass
+                ctx.fused = ctx.needs_input_grad[0]
+                total, grad = _fy_dense_ids(kind, z, y, th, divisor, ctx.fused)
+                if ctx.fused:
+                    ctx.save_for_backward(grad)
+                return total
             m, tau, zs = th.m, th.tau, th.zs
             if th.d is not None:  # the dense search: p from its last pass, kept for the backward
+                dense = True
                 p = mapping.probs_from_d(th.d)
                 omega = mapping.omega_dense(p, th.d, tau, th.sums)
             else:
@@ -857,8 +944,18 @@ class FYLossFunction(torch.autograd.Function):
             loss = omega - _dot_masked(q, zs) - tsallis(q, a)
         loss = loss.clamp(min=0).squeeze(-1)
         ctx.topk = top_i is not None
-        # backward: bisect keeps p; top-k keeps p on the top k; else p is rebuilt from zs and tau
-        ctx.save_for_backward(p, top_i, zs if p is None else None, tau, y, q, alpha, z, m)
+        ctx.fused = dense and divisor is not None and y is not None and ctx.needs_input_grad[0]
+        if ctx.fused:
+            # the whole gradient, (p* - onehot(y)) / divisor, built in p's own buffer (the dense
+            # search's last pass, owned here); the backward returns it as it is for a unit grad
+            scale = 1.0 / divisor
+            if divisor != 1:
+                p.mul_(scale)
+            p.scatter_add_(-1, y.unsqueeze(-1), m.new_full((1, 1), -scale).expand(y.shape[0], 1))
+            ctx.save_for_backward(p)
+        else:
+            # backward: bisect keeps p; top-k keeps p on the top k; else p is rebuilt from zs and tau
+            ctx.save_for_backward(p, top_i, zs if p is None else None, tau, y, q, alpha, z, m)
         if divisor is not None:  # every position has unit weight 1: the reduction is done here
             total = loss.sum()
             return total if divisor == 1 else total / divisor
@@ -867,6 +964,11 @@ class FYLossFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable("sparsemax_loss / entmax15_loss / entmax_bisect_loss")
     def backward(ctx, grad):
+        if ctx.fused:  # the forward built the gradient for a unit grad (the usual loss.backward())
+            (dz,) = ctx.saved_tensors
+            if not (grad.device.type == "cpu" and not _compiling() and float(grad) == 1.0):
+                dz = dz * grad
+            return dz, None, None, None, None, None, None, None, None
         mapping = MAPPINGS[ctx.kind]
         p, top_i, zs, tau, y, q, alpha, z, m = ctx.saved_tensors
         if ctx.divisor is not None:  # one scalar gradient for every row

@@ -320,6 +320,29 @@ def test_dense_search_with_chunk_maxima_matches_sort(kind, c, dtype, tol):
         assert set(ops.bucket_max(row[None], 128)[0].tolist()) <= set(row.tolist())
 
 
+@pytest.mark.parametrize("c", [8, 300, 1000, 1024])
+def test_chunk_maxima_levels_are_sub_multisets_of_the_row(c):
+    """The narrow levels of the dense search hold each score at most once: the halving maxima are
+    the chunk maxima (positions ``j, j + w, ...``), the top-2 level adds each chunk's runner-up."""
+    ops = importlib.import_module("losses.classification._entmax_ops")
+    g = torch.Generator().manual_seed(21)
+    x = torch.randn(6, c, generator=g, dtype=torch.float64)
+    x[1] = x[1].round()  # ties
+    x[2, ::3] = NINF
+    for narrow in (ops.halving_max(x, 128), ops.top2_halving(x, 128)):
+        assert narrow.shape[1] <= 256
+        for row, full in zip(narrow, x):
+            left = full.tolist()
+            for v in row.tolist():
+                left.remove(v)  # raises if v is not (or no longer) in the row
+    two = ops.top2_halving(x, 128)
+    w = two.shape[1] // 2
+    chunks = x.reshape(6, -1, w)  # chunk j: positions j, j + w, ...
+    top2 = chunks.topk(2, dim=1).values
+    torch.testing.assert_close(two[:, :w], top2[:, 0], rtol=0, atol=0)
+    torch.testing.assert_close(two[:, w:], top2[:, 1], rtol=0, atol=0)
+
+
 def test_newton_search_packs_candidates_and_falls_back():
     ops = importlib.import_module("losses.classification._entmax_ops")
     zs = torch.tensor([[0.0, -0.5, -1.5, -3.0, -0.99, NINF], [0.0, -2.0, -1.0, -0.2, -5.0, -7.0]])
@@ -535,6 +558,35 @@ def test_gradient_is_p_minus_q(name):
     q = raw / raw.sum(1, keepdim=True)
     (gx,) = torch.autograd.grad(call_loss(name, x, q, reduction="sum"), x)
     torch.testing.assert_close(gx, p - q, rtol=0, atol=1e-12)
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("name", ["sparsemax", "entmax15"])
+def test_gradient_built_in_the_forward_obeys_grad_scale_and_retained_graphs(name, reduction):
+    """Reduced losses over rows of 300+ classes (the dense CPU search) build ``(p* - onehot) / N``
+    in the forward and return it as it is for a unit grad: a scaled loss, a graph kept for a second
+    backward and an accumulating ``.grad`` must all still see the exact gradient."""
+    g = torch.Generator().manual_seed(12)
+    x = (torch.randn(128, 300, generator=g, dtype=torch.float64) * 2).requires_grad_(True)
+    y = torch.randint(0, 300, (128,), generator=g)
+    ops = importlib.import_module("losses.classification._entmax_ops")
+    assert ops.auto_search(name, 128, 300) == ("dense", None)
+    act = {"sparsemax": losses.sparsemax, "entmax15": losses.entmax15}[name]
+    expected = act(x.detach()) - torch.nn.functional.one_hot(y, 300).double()
+    if reduction == "mean":
+        expected = expected / 128
+    loss = call_loss(name, x, y, reduction=reduction)
+    loss.backward(retain_graph=True)
+    torch.testing.assert_close(x.grad, expected, rtol=0, atol=1e-13)
+    loss.backward(retain_graph=True)  # the saved gradient is not consumed by the first backward
+    torch.testing.assert_close(x.grad, 2 * expected, rtol=0, atol=1e-13)
+    (2.5 * loss).backward()
+    torch.testing.assert_close(x.grad, 4.5 * expected, rtol=0, atol=1e-13)
+    x.grad = None
+    (gx,) = torch.autograd.grad(call_loss(name, x, y, reduction=reduction) * -3.0, x)
+    torch.testing.assert_close(gx, -3.0 * expected, rtol=0, atol=1e-13)
+    (gx,) = torch.autograd.grad(call_loss(name, x, y, reduction=reduction), x)
+    torch.testing.assert_close(gx, expected, rtol=0, atol=1e-13)
+
 
 
 @pytest.mark.parametrize("name", list(LOSSES))
