@@ -7,29 +7,14 @@ evaluates at the final choice. No training: the runs are fakes that score a poin
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import math
-import os
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "benchmarks", "reproduce_results.py")
+from tests.test_claims import CF, rr  # the script loaded once, and the claims file
+
 LR = "model.init_args.lr"
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("reproduce_results", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-rr = _module()
-CF = rr.load_claims()
 
 
 def _arm(key, lrs, widen=True, seconds=10.0):
