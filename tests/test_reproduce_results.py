@@ -354,12 +354,12 @@ def test_reports_regenerate_from_the_committed_runs_without_running_anything(tmp
     committed = os.path.join(ROOT, "results", "revision2")
     out, work = tmp_path / "out", tmp_path / "work"
     # the revision-2 reports regenerate under the revision-2 claims file frozen beside their runs
-    code = rr.main(["--claims", "nbc_softmax,pfc_arcface", "--runs-from", committed, "--out", str(out),
+    code = rr.main(["--claims", "nbc_softmax,partial_fc_ml100k", "--runs-from", committed, "--out", str(out),
                     "--workdir", str(work), "--jobs", "1", "--claims-file", os.path.join(committed, "claims.yaml"),
                     "--allow-dirty"])  # nothing runs: a checkout with uncommitted changes may regenerate
     assert code == 0
     claims = {c.key: c for c in CF.claims}
-    for bench, key in (("retrieval", "nbc_softmax"), ("many_class", "pfc_arcface")):
+    for bench, key in (("retrieval", "nbc_softmax"), ("recommendation", "partial_fc_ml100k")):
         arms = claims[key].arms
         with open(os.path.join(committed, f"{bench}_runs.csv"), newline="") as fh:
             old = [r for r in csv.DictReader(fh) if r["arm"] in arms]
@@ -369,13 +369,34 @@ def test_reports_regenerate_from_the_committed_runs_without_running_anything(tmp
         key = lambda r: (r["arm"], r["phase"], r["seed"], r["params"])
         new_by = {key(r): r for r in new}
         for r in old:
-            assert {k: new_by[key(r)].get(k) for k in r} == r
+            assert {k: new_by[key(r)].get(k, "") for k in r} == r  # a column only other arms fill is empty
         assert all(r["key"] for r in new)  # the rebuilt rows carry the exact run key
     # the verdicts are the committed report's
     old_summary = open(os.path.join(committed, "summary.md")).read()
     for line in (out / "summary.md").read_text().splitlines():
         if line.startswith("| ") and "[" in line and "|---" not in line:
             assert line in old_summary
+
+
+def test_a_changed_recipe_never_reuses_the_committed_runs_of_the_old_one(tmp_path):
+    """A run's key holds its recipe's parsed content: the many-class recipes changed after revision 2
+    (the nuisance mixing), so none of revision 2's many-class rows stands in for a run of the current
+    recipes, while the unchanged retrieval recipes' rows all do."""
+    committed = os.path.join(ROOT, "results", "revision2")
+    rev2 = rr.load_claims(os.path.join(committed, "claims.yaml"))
+    for bench, key, expect_hits in (("many_class", "pfc_arcface", False), ("retrieval", "nbc_softmax", True)):
+        claim = next(c for c in rev2.claims if c.key == key)
+        arms = [rev2.arms[k] for k in claim.arms]
+        runs = rr.tuning_runs(arms, [1000], quick=False)
+        path = os.path.join(committed, f"{bench}_runs.csv")
+        with open(path, newline="") as fh:
+            rows = [r for r in csv.DictReader(fh) if r["arm"] in claim.arms and r["phase"] == "tune"]
+        assert rows and all(r["key"] for r in rows)
+        changed = {r["recipe_sha"] != rr._recipe_sha(rev2.arms[r["arm"]]) for r in rows}
+        assert changed == {not expect_hits}
+        written, had = rr.seed_workdir(runs, [path], workdir=str(tmp_path / key), quick=False)
+        assert had == 0
+        assert (written == len({r["key"] for r in rows})) if expect_hits else written == 0
 
 
 def test_exported_runs_resume_on_another_workdir(tmp_path, monkeypatch):
