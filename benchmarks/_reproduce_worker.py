@@ -79,9 +79,11 @@ def _data_info(dm) -> dict:
 
 
 def _curve(trainer, digits: int = 6) -> dict:
-    """``{metric: [value per validation epoch]}`` of the ``val/...`` scalars the run logged, read from
-    the CSV logger's ``metrics.csv`` (one row per logging call; the validation rows carry ``epoch``).
-    Empty when the run has no CSV log or validated never."""
+    """``{metric: [value per validation pass]}`` of the ``val/...`` scalars the run logged, read from
+    the CSV logger's ``metrics.csv`` (one row per logging call; the validation rows carry ``epoch``
+    and ``step``): one point per validation pass, in order -- per epoch, or several per epoch when the
+    run validates within it (``val_check_interval``). Empty when the run has no CSV log or validated
+    never."""
     import csv
 
     path = None
@@ -92,16 +94,18 @@ def _curve(trainer, digits: int = 6) -> dict:
             break
     if path is None:
         return {}
-    by_epoch: dict = {}
+    by_pass: dict = {}
     with open(path, newline="") as fh:
         for row in csv.DictReader(fh):
             vals = {k: v for k, v in row.items() if k and k.startswith("val/") and v not in ("", None)}
             if not vals or row.get("epoch") in ("", None):
                 continue
-            by_epoch.setdefault(int(float(row["epoch"])), {}).update({k: float(v) for k, v in vals.items()})
-    epochs = sorted(by_epoch)
-    names = sorted({k for e in epochs for k in by_epoch[e]})
-    return {k: [float(f"{by_epoch[e][k]:.{digits}g}") if k in by_epoch[e] else None for e in epochs] for k in names}
+            step = row.get("step")
+            key = (int(float(row["epoch"])), int(float(step)) if step not in ("", None) else -1)
+            by_pass.setdefault(key, {}).update({k: float(v) for k, v in vals.items()})
+    passes = sorted(by_pass)
+    names = sorted({k for e in passes for k in by_pass[e]})
+    return {k: [float(f"{by_pass[e][k]:.{digits}g}") if k in by_pass[e] else None for e in passes] for k in names}
 
 
 def run(spec: dict) -> dict:

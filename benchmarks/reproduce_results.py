@@ -115,6 +115,8 @@ def _load_stats():
 
 stats = _load_stats()
 
+#: evaluation runs of a one-epoch budget validate at this fraction of the epoch (their learning curve)
+ONE_EPOCH_VAL_INTERVAL = 0.25
 QUICK_ARGS = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
               "--trainer.limit_test_batches=2", "--trainer.num_sanity_val_steps=0"]
 QUICK_GRID = 1  # grid points tuned in --quick (the selection itself is unit-tested)
@@ -563,6 +565,8 @@ def run_args(arm: Arm, seed: int, params: Dict[str, Any], *, phase: str, quick: 
         args += [f"--trainer.check_val_every_n_epoch={arm.epochs}"]
     elif arm.curves:  # a validation pass per epoch: the learning curve (nothing selects on it)
         args += ["--trainer.check_val_every_n_epoch=1"]
+        if arm.epochs == 1:  # a one-epoch budget: a pass at every quarter of it, so the curve has 4 points
+            args += [f"--trainer.val_check_interval={ONE_EPOCH_VAL_INTERVAL}"]
     else:  # the checkpoint is the end of the last epoch; nothing reads validation here
         args += ["--trainer.limit_val_batches=0"]
     return args
@@ -1542,6 +1546,7 @@ def claim_budget(c: Claim, prim: dict, rows: Sequence[dict], seeds: Sequence[int
     half = (r.ci.high - r.ci.low) / 2.0 if math.isfinite(r.ci.low) else float("nan")
     margin = ch.margin if ch.rule_kind() in MARGIN_KINDS else None
     return {"arm": ch.baseline, "metric": metric, "curves": len(curves),
+            "epochs": (arms or {})[ch.baseline].epochs if ch.baseline in (arms or {}) else None,
             "rule": stats.budget_limited(curves, better=better, margin=margin, half_width=half)}
 
 
@@ -1798,12 +1803,13 @@ def budget_text(res: dict, arms: Dict[str, Arm]) -> str:
         return f"Learning curve: not recorded for {label} (runs made without validation per epoch)."
     head = f"Learning curve of the primary baseline {label} ({b['metric']}, {b['curves']} seed(s)): "
     if rule.n == 0:
-        return head + "fewer than 2 epochs, so no last-epoch gain: budget-limited n/a."
+        return head + "fewer than 2 validation passes, so no last gain: budget-limited n/a."
     gain = f"{rule.gain:+.4f}" if math.isfinite(rule.gain) else "n/a"
     thr = f"{rule.threshold:.4f} ({rule.basis})" if math.isfinite(rule.threshold) else rule.basis
     word = {True: "**budget-limited**: the baseline was still improving when the budget ended",
             False: "not budget-limited", None: "budget-limited: n/a"}[rule.limited]
-    return head + f"last-epoch gain {gain} (mean of {rule.n}) against {thr}: {word}."
+    last = ("gain over the last quarter of the epoch" if b.get("epochs") == 1 else "last-epoch gain")
+    return head + f"{last} {gain} (mean of {rule.n}) against {thr}: {word}."
 
 
 def _rev3_run_lines(res: dict, arms: Dict[str, Arm]) -> List[str]:

@@ -972,5 +972,24 @@ def test_worker_reads_the_validation_curve_from_the_csv_log(tmp_path):
         loggers = [Logger()]
 
     assert worker._curve(Trainer()) == {"val/loss": [1.9, 1.5, None], "val/top1": [0.5, 0.612346, 0.7]}
+    # a one-epoch run validating within the epoch: one point per pass (epoch 0 at steps 74, 149, ...)
+    intra = tmp_path / "intra"
+    intra.mkdir()
+    (intra / "metrics.csv").write_text(
+        "epoch,step,train/loss,val/top1\n"
+        "0,74,,0.1\n" "0,99,3.0,\n" "0,149,,0.15\n" "0,224,,0.18\n" "0,299,,0.19\n")
+    Logger.log_dir = str(intra)
+    assert worker._curve(Trainer()) == {"val/top1": [0.1, 0.15, 0.18, 0.19]}
     Logger.log_dir = str(tmp_path / "none")
     assert worker._curve(Trainer()) == {}
+
+
+def test_one_epoch_evaluation_runs_validate_every_quarter():
+    """An evaluation run of a one-epoch budget validates 4 times within the epoch (its learning curve);
+    its tuning runs and multi-epoch arms are unchanged."""
+    lm = CF.arms["ce_lm"]
+    assert lm.epochs == 1
+    ev = rr.run_args(lm, 0, {"model.init_args.lr": 0.001}, phase="eval", quick=False)
+    assert "--trainer.val_check_interval=0.25" in ev and "--trainer.check_val_every_n_epoch=1" in ev
+    assert not any("val_check_interval" in a for a in rr.run_args(lm, 1000, {}, phase="tune", quick=False))
+    assert not any("val_check_interval" in a for a in rr.run_args(CF.arms["ce"], 0, {}, phase="eval", quick=False))
