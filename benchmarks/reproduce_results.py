@@ -1788,7 +1788,7 @@ def test_split_text(res: dict) -> str:
         return f"**Test split not fixed**: {ts['problem']} (the seeds' verdicts are read on different test images)."
     known = sorted({v for v in fps.values() if v})
     if not known:
-        return "Test split: not recorded by these runs (made before each run recorded its test split's fingerprint)."
+        return "Test split: not recorded by these runs (made before their run or their DataModule recorded a test-split fingerprint)."
     return f"Test split: one for all {len(fps)} evaluation runs (`{known[0]}`)."
 
 

@@ -357,6 +357,16 @@ class LanguageModelDataModule(BenchmarkDataModule):
             out[f"{s}_tokens"] = int(len(self._streams[s]))
         return out
 
+    def test_split_fingerprint(self) -> str:
+        """The first 12 hex digits of the SHA-256 of the test token stream (int32, little-endian) and
+        the window length: a name of what was tested, equal for every ``seed`` (the split is fixed by
+        a hash of each file's path, never by the seed) and different when the tokenizer, the
+        interpreter's source files or ``max_eval_tokens`` differ."""
+        import numpy as np
+
+        ids = np.asarray(self.stream("test").cpu(), dtype="<i4")
+        return hashlib.sha256(ids.tobytes() + f"|{self.seq_len}".encode()).hexdigest()[:12]
+
     @property
     def meta(self) -> Dict[str, Any]:
         """:meth:`stats`, logged as ``data/*`` hyperparameters with every run."""

@@ -91,6 +91,11 @@ def test_token_cache_hit_roundtrip_windows_and_invalidation(tmp_path):
     other.setup("fit")
     assert other.cache_hits == {s: False for s in SPLITS} and other.fingerprint != dm.fingerprint
     assert other.num_classes == 600 and int(other.stream("train").max()) < 600
+    # the test split's name: the test stream's hash, the same for every seed, another for another tokenizer
+    expect = hashlib.sha256(dm.stream("test").numpy().astype("<i4").tobytes() + b"|32").hexdigest()[:12]
+    assert dm.test_split_fingerprint() == again.test_split_fingerprint() == expect
+    reseeded = LanguageModelDataModule(cache_dir=cache, max_tokens=20000, max_eval_tokens=3000, seed=5, **SMALL)
+    assert reseeded.test_split_fingerprint() == expect != other.test_split_fingerprint()
     # windows: target[t] = input[t + 1] along the stream; the last window is padded with ignore_index
     ds = dm.dataset("val")
     w0, last = ds[0], ds[len(ds) - 1]
