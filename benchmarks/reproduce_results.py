@@ -1928,7 +1928,11 @@ def plot_curves(benchmark: str, results: Sequence[dict], rows: Sequence[dict], a
                 n = max(len(v) for v in curves)
                 mean = [float(np.nanmean([v[e] if e < len(v) and v[e] is not None else np.nan for v in curves]))
                         for e in range(n)]
-                series.append((arms[k].label if k in arms else k, mean, len(curves)))
+                epochs = arms[k].epochs if k in arms and arms[k].epochs else n
+                # a point per validation pass: at the end of each epoch, or at each fraction of one when
+                # the run validates within it (a one-epoch budget validates every quarter)
+                xs = [(e + 1) * epochs / n for e in range(n)]
+                series.append((arms[k].label if k in arms else k, xs, mean, len(curves)))
         if series:
             items.append((c, metric, series, bool(b and b["rule"].limited)))
     if not items:
@@ -1938,8 +1942,8 @@ def plot_curves(benchmark: str, results: Sequence[dict], rows: Sequence[dict], a
     nrows = math.ceil(len(items) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.4 * nrows), squeeze=False)
     for ax, (c, metric, series, limited) in zip(axes.flat, items):
-        for label, mean, n in series:
-            ax.plot(range(1, len(mean) + 1), mean, marker="o", ms=2, lw=1, label=f"{label} (n={n})")
+        for label, xs, mean, n in series:
+            ax.plot(xs, mean, marker="o", ms=2, lw=1, label=f"{label} (n={n})")
         ax.set_xlabel("epoch")
         ax.set_title(f"{c.key}: {metric.split('/', 1)[-1]}" + (" -- budget-limited" if limited else ""), fontsize=8,
                      color="tab:red" if limited else "k")
