@@ -24,7 +24,7 @@ metric), the seeds and each check's claimed direction or equivalence margin. Thi
    secondary checks are Holm-adjusted within the claim, sanity checks are reported apart, an arm
    under the claim's competence floor makes it *invalid*, and "decidable at this n" replaces the
    MDE (``stats.evaluate_claim``; docs/benchmarks.md, "Protocol, revision 3"); a claim whose
-   evaluation runs were tested on more than one test split is flagged (``stats.test_split_problem``)
+   evaluation runs were tested on more than one test split is invalid (``stats.test_split_problem``)
    and one whose primary baseline was still improving at the end of its budget is marked
    *budget-limited* (``stats.budget_limited``);
 4. **reports**: ``<out>/<benchmark>.md`` (per claim: the arms' mean +- sd, the chosen
@@ -1487,11 +1487,11 @@ def claim_results(c: Claim, rows: Sequence[dict], *, seeds: Sequence[int], metho
     inputs = [stats.CheckInput(name=f"{i}", kind=ch.kind, values=tuple(check_sample(ch, rows, seeds).values()),
                                primary=ch.primary, rule=ch.rule, better=ch.better, margin=ch.margin, level=ch.level,
                                effect=ch.effect) for i, ch in enumerate(c.checks)]
+    fps = test_splits(c, rows, seeds)
     res = stats.evaluate_claim(inputs, invalid_arms=competence(c, rows, seeds), method=method, confidence=confidence,
-                               n_boot=n_boot)
+                               n_boot=n_boot, test_splits=fps)
     checks = [{"check": ch, "verdict": r.verdict, "ci": r.reported_ci, "result": r} for ch, r in zip(c.checks, res.checks)]
     out = {"claim": c, "checks": checks, "verdict": res.verdict_text(), "rev3": res, "seeds": list(seeds)}
-    fps = test_splits(c, rows, seeds)
     out["test_split"] = {"fingerprints": fps, "problem": stats.test_split_problem(fps)}
     prim = next((x for x in checks if x["result"].role == "primary"), None)
     out["budget"] = claim_budget(c, prim, rows, seeds, arms) if prim is not None else None
@@ -1774,9 +1774,9 @@ def _rev3_check_lines(res: dict, rows: Sequence[dict], seeds: Sequence[int], arm
     if r3.sanity:
         lines += [f"**Sanity claim: {res['verdict']}** (never counted as a reproduction).", ""]
     else:
-        lines += [f"**Verdict: {res['verdict']}** (the primary check's" + (", made invalid by the competence gate"
-                                                                          if r3.verdict == stats.INVALID else "")
-                  + ").", ""]
+        why = ([", made invalid by the competence gate"] if r3.invalid_arms else []) + \
+              ([", made invalid because its runs were tested on more than one test split"] if r3.split_problem else [])
+        lines += [f"**Verdict: {res['verdict']}** (the primary check's" + "".join(why) + ").", ""]
     return lines
 
 
@@ -1785,7 +1785,9 @@ def test_split_text(res: dict) -> str:
     ts = res.get("test_split") or {}
     fps = ts.get("fingerprints") or {}
     if ts.get("problem"):
-        return f"**Test split not fixed**: {ts['problem']} (the seeds' verdicts are read on different test images)."
+        several = len({v for v in fps.values() if v}) > 1
+        return (f"**Test split not fixed**: {ts['problem']} (the seeds' verdicts are read on different test images"
+                + ("; the claim is invalid" if several else "") + ").")
     known = sorted({v for v in fps.values() if v})
     if not known:
         return "Test split: not recorded by these runs (made before their run or their DataModule recorded a test-split fingerprint)."

@@ -447,11 +447,17 @@ class ClaimResult:
     checks: Tuple[CheckResult, ...]
     invalid_arms: Tuple[Tuple[str, str, float, float], ...]  # (arm, metric, its mean, the floor)
     sanity: bool  # the primary check is a sanity check: a claim reported in the sanity section
+    split_problem: Optional[str] = None  # more than one recorded test split: the claim is INVALID
 
     def verdict_text(self) -> str:
         if self.verdict == INVALID:
-            names = ", ".join(dict.fromkeys(a for a, *_ in self.invalid_arms))
-            return f"invalid (arm {names} did not train)"
+            why = []
+            if self.invalid_arms:
+                names = ", ".join(dict.fromkeys(a for a, *_ in self.invalid_arms))
+                why.append(f"arm {names} did not train")
+            if self.split_problem:
+                why.append(f"test split not fixed: {self.split_problem}")
+            return f"invalid ({'; '.join(why)})"
         return self.verdict
 
 
@@ -473,12 +479,16 @@ def _sample_interval(values: Sequence[float], conf: float, method: str, n_boot: 
 
 
 def evaluate_claim(checks: Sequence[CheckInput], *, invalid_arms: Sequence[Tuple[str, str, float, float]] = (),
-                   method: str = "t", confidence: float = 0.95, n_boot: int = 10000, seed: int = 0) -> ClaimResult:
+                   method: str = "t", confidence: float = 0.95, n_boot: int = 10000, seed: int = 0,
+                   test_splits: Optional[Mapping[Tuple[str, int], str]] = None) -> ClaimResult:
     """Revision-3 verdicts of one claim.
 
     * The **primary** check (exactly one) decides the claim: its verdict at the nominal
       ``confidence``. A claim with an arm under its competence floor (``invalid_arms``) is
-      :data:`INVALID` whatever its checks say.
+      :data:`INVALID` whatever its checks say, and so is a claim whose evaluation runs recorded
+      more than one test split (``test_splits``: ``{(arm, seed): fingerprint}``, ``""`` where a
+      run recorded none; runs that recorded nothing are no evidence either way and leave the
+      verdict as it is, :func:`test_split_problem` names them).
     * **Secondary** checks (every other check but sanity ones) are reported with Holm's step-down
       adjustment within the claim: each check's p-value for its claimed side (:func:`p_value`) is
       adjusted over the ``m`` secondary checks (:func:`holm`); the check ranked ``r`` is shown
@@ -526,11 +536,10 @@ def evaluate_claim(checks: Sequence[CheckInput], *, invalid_arms: Sequence[Tuple
         out.append(CheckResult(c.name, c.kind, rule, role, v, ci, shown, pv[i], p_adj, rank, fl, dec, dec_text))
     prim = next(r for r in out if r.role == "primary")
     is_sanity = next(c for c in checks if c.primary).kind == "sanity"
-    if invalid_arms:
-        v = INVALID
-    else:
-        v = prim.verdict
-    return ClaimResult(v, prim, tuple(out), tuple(tuple(x) for x in invalid_arms), is_sanity)
+    recorded = {f for f in (test_splits or {}).values() if f}
+    split_problem = test_split_problem(test_splits) if len(recorded) > 1 else None
+    v = INVALID if invalid_arms or split_problem else prim.verdict
+    return ClaimResult(v, prim, tuple(out), tuple(tuple(x) for x in invalid_arms), is_sanity, split_problem)
 
 
 # ------------------------------------------------------------------------------------------------

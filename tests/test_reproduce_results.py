@@ -852,7 +852,7 @@ def _curve_rows(test_split, gain):
     return rows
 
 
-def test_revision_3_report_flags_a_test_split_that_is_not_fixed_and_a_budget_limited_baseline(tmp_path):
+def test_revision_3_report_refuses_a_test_split_that_is_not_fixed_and_flags_a_budget_limited_baseline(tmp_path):
     claim = next(c for c in CF.claims if c.key == "wcdas")
     seeds = list(range(10))
     meta = {**_meta({"wcdas": seeds}), "revision": 3}
@@ -868,11 +868,14 @@ def test_revision_3_report_flags_a_test_split_that_is_not_fixed_and_a_budget_lim
     assert res["test_split"]["problem"] is None and res["budget"]["rule"].limited is False
     assert "Test split: one for all 50 evaluation runs (`5a1b2c3d4e5f`)." in md
     assert "not budget-limited" in md and "flagged" not in "\n".join(summary)
-    # a new test split per seed (as revision 2's runs): flagged in the claim's section and the summary
+    # a new test split per seed (as revision 2's runs): the claim is invalid, said in its section and the summary
     res, md, summary = report(_curve_rows(lambda a, s: f"split{s}", gain=0.0))
     assert res["test_split"]["problem"] == "10 different test splits over 50 evaluation runs"
-    assert "**Test split not fixed**: 10 different test splits over 50 evaluation runs" in md
+    assert res["verdict"] == "invalid (test split not fixed: 10 different test splits over 50 evaluation runs)"
+    assert "**Test split not fixed**: 10 different test splits over 50 evaluation runs" in md and "the claim is invalid" in md
+    assert "made invalid because its runs were tested on more than one test split" in md
     assert any("flagged: test split not fixed (10 different test splits" in line for line in summary)
+    assert any("| invalid (test split not fixed" in line for line in summary)
     # cross-entropy's balanced accuracy still rises by 0.02 over its last epoch, more than half the
     # primary check's CI half-width: budget-limited
     rows = _curve_rows(lambda a, s: "5a1b2c3d4e5f", gain=0.02)

@@ -327,6 +327,23 @@ def test_test_split_problem_names_splits_broken_seeds_and_missing_records():
     assert st.test_split_problem({**one, ("b", 1): ""}) == "1 of 4 runs recorded no test split"
 
 
+def test_a_claim_tested_on_more_than_one_split_is_invalid():
+    """Two recorded test splits refuse the claim whatever its checks say; one split, or runs that
+    recorded none, leave the primary check's verdict."""
+    prim = [_ci("higher", _five(0.02), primary=True)]
+    one = {("a", 0): "aaa", ("b", 0): "aaa", ("a", 1): "aaa", ("b", 1): "aaa"}
+    assert st.evaluate_claim(prim, test_splits=one).verdict == st.REPRODUCED
+    assert st.evaluate_claim(prim, test_splits={k: "" for k in one}).verdict == st.REPRODUCED
+    assert st.evaluate_claim(prim, test_splits={**one, ("b", 1): ""}).verdict == st.REPRODUCED  # flagged only
+    per_seed = {("a", 0): "s0", ("b", 0): "s0", ("a", 1): "s1", ("b", 1): "s1"}
+    res = st.evaluate_claim(prim, test_splits=per_seed)
+    assert res.primary.verdict == st.REPRODUCED and res.verdict == st.INVALID
+    assert res.verdict_text() == "invalid (test split not fixed: 2 different test splits over 4 evaluation runs)"
+    both = st.evaluate_claim(prim, test_splits=per_seed, invalid_arms=[("b", "test/top1", 0.09, 0.1)])
+    assert both.verdict_text() == ("invalid (arm b did not train; test split not fixed: 2 different test splits "
+                                   "over 4 evaluation runs)")
+
+
 def test_budget_limited_rule_on_hand_made_curves():
     rising = [[0.5, 0.7, 0.80, 0.84], [0.5, 0.6, 0.78, 0.82]]  # last-epoch gains 0.04, 0.04
     flat = [[0.5, 0.7, 0.84, 0.841], [0.5, 0.6, 0.82, 0.819]]  # +0.001, -0.001
