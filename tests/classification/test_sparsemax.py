@@ -320,6 +320,55 @@ def test_dense_search_with_chunk_maxima_matches_sort(kind, c, dtype, tol):
         assert set(ops.bucket_max(row[None], 128)[0].tolist()) <= set(row.tolist())
 
 
+@pytest.mark.parametrize("kind", ["sparsemax", "entmax15"])
+def test_wide_rows_with_wide_supports_leave_the_top_k_doubling_for_the_dense_search(kind, monkeypatch):
+    """The CPU default on wide rows (C > 2048) starts with a top-k; when the support outgrows it
+    after AUTO_TOPK_DOUBLINGS doublings (near-uniform rows: a language model's logits at
+    initialisation), the batch goes to the dense search, with the sort's probabilities, loss and
+    gradient; rows whose support fits keep the top-k."""
+    ops = importlib.import_module("losses.classification._entmax_ops")
+    fn = getattr(losses, f"{kind}_loss")
+    g = torch.Generator().manual_seed(9)
+    c = 4099  # odd: the chunk levels take the bucket path
+    x = torch.randn(12, c, generator=g, dtype=torch.float64) * 0.01  # support: hundreds to all of the row
+    x[0] *= 300.0  # a row with a small support in the same batch
+    x[1, : c // 3] = NINF
+    y = torch.randint(0, c, (12,), generator=g)
+    calls = {"topk": [], "dense": 0}
+    real_topk, real_dense = torch.topk, ops._threshold_dense
+
+    def topk(t, k, *a, **kw):
+        calls["topk"].append(k)
+        return real_topk(t, k, *a, **kw)
+
+    def dense(*a, **kw):
+        calls["dense"] += 1
+        return real_dense(*a, **kw)
+
+    monkeypatch.setattr(torch, "topk", topk)
+    monkeypatch.setattr(ops, "_threshold_dense", dense)
+    th = ops.threshold(kind, x, None)
+    k0 = ops.AUTO_TOPK[kind][1]
+    assert calls == {"topk": [k0 * 2 ** i for i in range(ops.AUTO_TOPK_DOUBLINGS + 1)], "dense": 1}
+    assert th.d is not None
+    ref = ops.threshold(kind, x, None, method="sort")
+    torch.testing.assert_close(ops.dense_probs(kind, x, th), ops.dense_probs(kind, x, ref), rtol=0, atol=1e-13)
+    torch.testing.assert_close(th.tau, ref.tau, rtol=0, atol=1e-12)
+    monkeypatch.undo()
+    xa = x.clone().requires_grad_()
+    values, grads, _ = oracle_loss(kind, x, y)  # independent float64 oracle, row by row
+    la = fn(xa, y, reduction="sum")
+    torch.testing.assert_close(la, values.sum(), rtol=0, atol=1e-10)
+    ga, = torch.autograd.grad(la, xa)
+    torch.testing.assert_close(ga, grads, rtol=0, atol=1e-12)
+    # a batch whose supports fit the first top-k never reaches the dense search
+    calls.update(topk=[], dense=0)
+    monkeypatch.setattr(torch, "topk", topk)
+    monkeypatch.setattr(ops, "_threshold_dense", dense)
+    ops.threshold(kind, x[:1] * 10.0, None)
+    assert calls == {"topk": [k0], "dense": 0}
+
+
 @pytest.mark.parametrize("c", [8, 300, 1000, 1024])
 def test_chunk_maxima_levels_are_sub_multisets_of_the_row(c):
     """The narrow levels of the dense search hold each score at most once: the halving maxima are
@@ -793,9 +842,10 @@ def test_half_precision_rows_sum_to_one(dtype, c, tol):
     cases = [torch.randn(n, c, generator=g) * 3, torch.randn(n, c, generator=g) * 0.01, torch.zeros(n, c)]
     for i, x in enumerate(cases):
         x = x.to(dtype)
-        fns = [losses.sparsemax, losses.entmax15, losses.entmax_bisect]
-        if c <= 1000 or i == 0:  # (wide supports at C = 1e5 would redo top-k up to a full sort)
-            fns += [lambda z: losses.sparsemax(z, k=16), lambda z: losses.entmax15(z, k=16)]
+        # near-uniform and equal rows at C = 1e5: supports of 1e3-1e5 entries, which leave the top-k
+        # search for the dense one (their rows then sum to one after its final Newton step)
+        fns = [losses.sparsemax, losses.entmax15, losses.entmax_bisect,
+               lambda z: losses.sparsemax(z, k=16), lambda z: losses.entmax15(z, k=16)]
         for fn in fns:
             # the mappings return the input dtype (as torch.softmax) and compute in float32 inside
             p = fn(x)
