@@ -45,7 +45,9 @@ Conventions shared by every kernel:
   exact, so the fastest for the batch shape ``(M, C)`` is used, from one-thread measurements
   (benchmarks/perf_losses.py, docs/performance.md): top-k (with the doubling above) for wide
   rows (``C > 2048``) and for small batches of narrow rows, the dense search in between, the sort for
-  entmax-1.5 rows of at most 32 classes. Every ``k`` takes that choice on CPU (a given ``k`` was
+  entmax-1.5 rows of at most 32 classes. On wide rows a batch whose support outgrows the top-k
+  after :data:`AUTO_TOPK_DOUBLINGS` doublings goes to the dense search (near-uniform rows would
+  otherwise double up to a full sort). Every ``k`` takes that choice on CPU (a given ``k`` was
   measured slower than the choice wherever they differ, e.g. sparsemax at (256, 1e4) with
   ``k=128`` 1.14x ``F.cross_entropy`` against 0.50x); on GPU a given ``k`` is the first top-k size.
 """
