@@ -134,6 +134,8 @@ INIT_SEED_MODELS = ("VisionClassifier", "VisionSegmenter", "Recommender", "Ident
 #: DataModules taking ``test_seed`` (one test split for every seed; the claims file's evaluation.test_seed)
 TEST_SEED_DATA = ("DigitsDataModule", "MNISTDataModule", "DigitsSegmentationDataModule", "MNISTSegmentationDataModule",
                   "RetrievalDataModule", "MovieLensDataModule", "IdentitiesDataModule")
+#: DataModules taking ``ood`` (out-of-distribution sets scored at test; the claims file's evaluation.ood)
+OOD_DATA = ("MNISTDataModule",)
 #: the code a run executes, hashed into its ``code_hash`` (with the arm's recipe)
 CODE_DIRS = ("losses", "lightning_modules")
 #: folders whose uncommitted changes make the reproduction refuse to start (``--allow-dirty``)
@@ -158,6 +160,7 @@ class Arm:
     # the claims file's evaluation section (revision 3), the same for every arm of the file
     test_seed: Optional[int] = None  # one test split for every seed (DataModules of TEST_SEED_DATA)
     curves: bool = False  # evaluation runs validate every epoch: the run's learning curve
+    ood: Optional[str] = None  # evaluation runs score these OOD sets at test (DataModules of OOD_DATA)
     widen: bool = True  # False: the grid is the condition under test; never widened (tuning.widen)
 
     def recipe_text(self) -> str:
@@ -300,6 +303,7 @@ def load_claims(path: str = CLAIMS_FILE) -> ClaimsFile:
                         grid=tuple((k, tuple(v)) for k, v in grid.items()),
                         overrides=tuple((a.get("overrides") or {}).items()), seconds=float(a.get("seconds", 60)),
                         test_seed=evaluation.get("test_seed"), curves=bool(evaluation.get("curves", False)),
+                        ood=evaluation.get("ood"),
                         widen=bool(a.get("widen", True)))
     claims = []
     for c in raw.get("claims") or []:
@@ -328,7 +332,7 @@ def without_evaluation(cf: ClaimsFile) -> ClaimsFile:
     """``cf`` with its evaluation section dropped: runs made as revision 2 made them (a test split per
     seed, no validation during evaluation runs), so that revision 2's committed runs are read under
     the current claims file (``--revision-2-runs``)."""
-    arms = {k: dataclasses.replace(a, test_seed=None, curves=False) for k, a in cf.arms.items()}
+    arms = {k: dataclasses.replace(a, test_seed=None, curves=False, ood=None) for k, a in cf.arms.items()}
     return dataclasses.replace(cf, arms=arms, evaluation={})
 
 
@@ -355,9 +359,13 @@ def validate_claims(cf: ClaimsFile) -> List[str]:
     if not cf.tuning_seeds:
         problems.append("tuning.seeds: declare at least one tuning seed")
     ev = cf.evaluation
-    unknown = sorted(set(ev) - {"test_seed", "curves"})
+    unknown = sorted(set(ev) - {"test_seed", "curves", "ood"})
     if unknown:
-        problems.append(f"evaluation: unknown key(s) {unknown} (test_seed, curves)")
+        problems.append(f"evaluation: unknown key(s) {unknown} (test_seed, curves, ood)")
+    ood = ev.get("ood")
+    if ood is not None and (not isinstance(ood, str) or not [n for n in ood.split(",") if n.strip()]):
+        problems.append(f"evaluation.ood must be comma-separated OOD set names, e.g. 'digits8x8,uniform_noise' "
+                        f"(got {ood!r})")
     ts = ev.get("test_seed")
     if ts is not None and (isinstance(ts, bool) or not isinstance(ts, int)):
         problems.append(f"evaluation.test_seed must be an integer (got {ts!r})")
@@ -547,6 +555,11 @@ def run_args(arm: Arm, seed: int, params: Dict[str, Any], *, phase: str, quick: 
     args = [f"--seed_everything={seed}", f"--data.init_args.seed={seed}"]
     if arm.test_seed is not None and data_cls.endswith(TEST_SEED_DATA):
         args.append(f"--data.init_args.test_seed={arm.test_seed}")  # one test split for every seed
+    if (arm.ood and phase == "eval" and data_cls.endswith(OOD_DATA)
+            and "ood" not in ((cfg.get("data") or {}).get("init_args") or {})
+            and not any(k == "data.init_args.ood" for k, _ in arm.overrides)):
+        # scored at test only: tuning runs (validation alone) keep their arguments
+        args.append(f"--data.init_args.ood={arm.ood}")
     if model_cls.endswith(INIT_SEED_MODELS):
         args.append(f"--model.init_args.init_seed={seed}")  # the same initial weights for every loss
     if arm.loss_has_seed():

@@ -242,6 +242,15 @@ def test_run_args_pair_the_arms():
         arm = next(x for x in CF.arms.values() if name in x.recipe_config()["data"]["class_path"])
         assert ("--data.init_args.test_seed=7" in rr.run_args(arm, 0, {}, phase="eval", quick=False)) == has, name
     assert "--model.init_args.lr=0.005" in a and "--model.init_args.loss.init_args.a=2.0" in b
+    # the OOD sets are scored by evaluation runs of MNIST arms only: tuning runs keep their arguments
+    ood = "--data.init_args.ood=digits8x8,uniform_noise"
+    assert ood in a and ood in b and c.count(ood) == 0
+    assert ood not in rr.run_args(ce, 1000, {"model.init_args.lr": 0.005}, phase="tune", quick=False)
+    for name in ("MovieLens", "Retrieval", "Identities", "LanguageModel", "Segmentation"):
+        arm = next(x for x in CF.arms.values() if name in x.recipe_config()["data"]["class_path"])
+        assert not any(x.startswith("--data.init_args.ood") for x in rr.run_args(arm, 0, {}, phase="eval", quick=False))
+    bad = dataclasses.replace(CF, evaluation={**CF.evaluation, "ood": ""})
+    assert any(p.startswith("evaluation.ood must be") for p in rr.validate_claims(bad))
     t = rr.run_args(CF.arms["wcdas_lt_2s"], 1000, CF.arms["wcdas_lt_2s"].grid_points()[1], phase="tune",
                     quick=False)
     assert "--model.init_args.two_stage_epoch=15" in t and "--model.init_args.loss.init_args.scale=16.0" in t
@@ -360,7 +369,7 @@ def test_language_model_claims():
 def test_revision_2_claims_file_is_frozen_beside_its_runs():
     old = rr.load_claims(os.path.join(ROOT, "results", "revision2", "claims.yaml"))
     assert old.revision == 2 and rr.validate_claims(old) == []
-    assert old.evaluation == {} and all(a.test_seed is None and not a.curves for a in old.arms.values())
+    assert old.evaluation == {} and all(a.test_seed is None and not a.curves and a.ood is None for a in old.arms.values())
     assert not any(ch.primary or ch.kind in ("did", "sanity") for c in old.claims for ch in c.checks)
 
 
@@ -389,4 +398,4 @@ def test_validator_requires_the_revision_3_evaluation_section():
                          ({"test_seed": 7, "curves": "yes"}, "curves must be true or false"),
                          ({"test_seed": 7, "curves": True, "tests": 1}, "unknown key(s) ['tests']")):
         assert fragment in "\n".join(rr.validate_claims(dataclasses.replace(CF, evaluation=ev))), fragment
-    assert CF.evaluation == {"test_seed": 7, "curves": True} and rr.validate_claims(CF) == []
+    assert CF.evaluation == {"test_seed": 7, "curves": True, "ood": "digits8x8,uniform_noise"} and rr.validate_claims(CF) == []
