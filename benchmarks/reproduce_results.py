@@ -1965,7 +1965,10 @@ def plot_curves(benchmark: str, results: Sequence[dict], rows: Sequence[dict], a
         ax.legend(fontsize=6)
     for ax in list(axes.flat)[len(items):]:
         ax.axis("off")
-    fig.suptitle(f"{benchmark}: validation curves of the evaluation runs (mean over seeds)", fontsize=10)
+    if cols > 1:
+        fig.suptitle(f"{benchmark}: validation curves of the evaluation runs (mean over seeds)", fontsize=10)
+    else:  # one panel: a narrow figure
+        fig.suptitle(f"{benchmark}: validation curves\n(evaluation runs, mean over seeds)", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
