@@ -97,7 +97,7 @@ class MNISTDataModule(ClassificationVariantsDataModule):
     bilinearly to ``image_size`` like MNIST (a near-OOD set: digits from another source and
     resolution); ``"uniform_noise"`` -- 1,000 images of uniform ``[0, 1)`` pixels drawn from
     ``seed`` (a far-OOD set). :meth:`ood_sets` returns them; the classifier scores them at the end of
-    every validation and test epoch.
+    every test epoch (not at validation: nothing selects on them).
     """
 
     _name = "MNISTDataModule"

@@ -378,7 +378,8 @@ def _confidence_metrics_case():
                              robust_eval=False)
     dm = MNISTDataModule(ood="digits8x8,uniform_noise", image_size=16, eval_batch_size=200, seed=0)  # 16: cheap
     trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, limit_test_batches=2)
+                         enable_progress_bar=False, enable_model_summary=False, limit_test_batches=2,
+                         limit_val_batches=2)
     trainer.test(model, datamodule=dm, verbose=False)
     m = {k: float(v) for k, v in trainer.callback_metrics.items()}
     # independent: the same 400 test images through the model, float64 numpy
@@ -401,3 +402,7 @@ def _confidence_metrics_case():
     assert m["test/ood_auroc_msp"] == pytest.approx(float(pairs), abs=1e-5)
     for k in ("test/ood_auroc_energy", "test/ood_noise_auroc_msp", "test/ood_noise_auroc_energy"):
         assert 0.0 <= m[k] <= 1.0, k
+    # validation (a pass per epoch in the learning-curve runs) scores the in-distribution metrics only
+    trainer.validate(model, datamodule=dm, verbose=False)
+    val = set(trainer.callback_metrics)
+    assert "val/aurc" in val and not any(k.startswith("val/ood") for k in val)
