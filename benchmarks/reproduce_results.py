@@ -960,16 +960,26 @@ def candidate_runs(arms: Sequence[Arm], tune_seeds: Sequence[int], eval_seeds: D
 
 def file_points(files: Sequence[str], arms: Sequence[Arm]) -> Dict[str, List[Dict[str, Any]]]:
     """Per arm, the grid points its rows in the runs ``files`` were run at (widened points included)."""
-    keys = {a.key for a in arms}
+    by_key = {a.key: a for a in arms}
     out: Dict[str, List[Dict[str, Any]]] = {}
     for path in files:
         with open(path, newline="") as fh:
             for row in csv.DictReader(fh):
-                if row.get("arm") in keys and row.get("params"):
-                    p = json.loads(row["params"])
+                if row.get("arm") in by_key and row.get("params"):
+                    p = grid_order(by_key[row["arm"]], json.loads(row["params"]))
                     if p not in out.setdefault(row["arm"], []):
                         out[row["arm"]].append(p)
     return out
+
+
+def grid_order(arm: Arm, point: Dict[str, Any]) -> Dict[str, Any]:
+    """``point`` with its keys in the order the arm's grid declares them (the order of its runs'
+    arguments, hence of their keys): a runs file writes ``params`` with sorted keys, and a point
+    read back in that order would name another run than the one the tuning replay looks up (a grid
+    of two keys whose sorted order differs from the declared one, e.g. ``lr`` and
+    ``loss.init_args.scale``)."""
+    order = [k for k, _ in arm.grid] or [k for k, _ in (arm.points[0] if arm.points else ())]
+    return {**{k: point[k] for k in order if k in point}, **{k: v for k, v in point.items() if k not in order}}
 
 
 def _match_fields(run: Run) -> Tuple[str, ...]:

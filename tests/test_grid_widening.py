@@ -6,6 +6,7 @@ evaluates at the final choice. No training: the runs are fakes that score a poin
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import math
@@ -172,3 +173,24 @@ def test_explicit_points_widen_along_the_key_every_point_sets():
     assert st.final and st.rounds == 1
     assert st.points["a"][-1] == {LR: 0.0125, scale: 16.0}  # 0.005 * 0.005 / 0.002, the chosen setting kept
     assert st.chosen["a"] == {LR: 0.005, scale: 16.0}
+
+
+def test_points_read_from_a_runs_file_take_the_grid_order_so_they_name_the_same_runs(tmp_path):
+    """A runs file writes ``params`` with sorted keys; a widened point of a two-key grid read back in
+    that order would give its run other arguments (another key) than the replay's point, so a report
+    could not regenerate from its committed runs. ``file_points`` puts the keys in the grid's order."""
+    arm = CF.arms["cosine_lt"]  # grid: lr, then loss.init_args.scale (sorted: scale first)
+    lr, scale = "model.init_args.lr", "model.init_args.loss.init_args.scale"
+    assert [k for k, _ in arm.grid] == [lr, scale]
+    widened = {lr: 0.0125, scale: 8.0}  # the replay's point: the grid's order
+    path = tmp_path / "runs.csv"
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerows([["arm", "params"], ["cosine_lt", json.dumps(widened, sort_keys=True)]])
+    (read,) = rr.file_points([str(path)], [arm])["cosine_lt"]
+    assert list(read) == [lr, scale] and read == widened
+    run_read, run_replay = (rr.Run(arm, 1000, "tune", tuple(p.items())) for p in (read, widened))
+    assert run_read.args(False) == run_replay.args(False)
+    assert rr._run_key(run_read, run_read.args(False)) == rr._run_key(run_replay, run_replay.args(False))
+    # keys the grid does not declare keep their place after the declared ones
+    assert list(rr.grid_order(arm, {"x": 1, scale: 8.0, lr: 0.01})) == [lr, scale, "x"]
