@@ -1808,9 +1808,9 @@ def test_split_text(res: dict) -> str:
     ts = res.get("test_split") or {}
     fps = ts.get("fingerprints") or {}
     if ts.get("problem"):
-        several = len({v for v in fps.values() if v}) > 1
+        invalid = bool(getattr(res.get("rev3"), "split_problem", None))  # stats.evaluate_claim decided it
         return (f"**Test split not fixed**: {ts['problem']} (the seeds' verdicts are read on different test images"
-                + ("; the claim is invalid" if several else "") + ").")
+                + ("; the claim is invalid" if invalid else "") + ").")
     known = sorted({v for v in fps.values() if v})
     if not known:
         return "Test split: not recorded by these runs (made before their run or their DataModule recorded a test-split fingerprint)."

@@ -419,7 +419,7 @@ def _polish_dense(entmax: bool, tau: Tensor, d: Tensor, s1: Tensor, s2: Optional
     (reached from the top-k search when a support outgrows it) get their ``sum d^2`` summed
     again pairwise first."""
     tol = 8 * torch.finfo(d.dtype).eps
-    if entmax and d.shape[-1] > 2048:
+    if entmax and d.shape[-1] > WIDE_ROWS:
         # the passes' sum d^2 (vector_norm: fast, one running sum per lane) drifts on wide rows
         # (1.6e-4 over 1e5 equal entries in float32); a dot product sums pairwise
         s2 = torch.linalg.vecdot(d, d, dim=-1).unsqueeze(-1)
@@ -429,11 +429,12 @@ def _polish_dense(entmax: bool, tau: Tensor, d: Tensor, s1: Tensor, s2: Optional
         return tau, s1, s2, s3
     rows = off.squeeze(1).nonzero().squeeze(1)
     dr = d.index_select(0, rows)
+    support = dr > 0  # the found support: the step is a rounding correction, no entry joins it
     if entmax:
         step = (s2.index_select(0, rows) - 1) / (2 * s1.index_select(0, rows))
     else:
         step = (s1.index_select(0, rows) - 1) / cnt.index_select(0, rows)
-    dr = dr.sub_(step).mul_(d.index_select(0, rows) > 0).clamp_(min=0)  # the support kept
+    dr = dr.sub_(step).mul_(support).clamp_(min=0)
     d.index_copy_(0, rows, dr)
     tau = tau.index_add(0, rows, step)
     s1 = s1.index_copy(0, rows, dr.sum(dim=-1, keepdim=True))
@@ -479,6 +480,11 @@ class Threshold:
 NEWTON_MAX_ITER = 32
 
 
+#: rows wider than this take the top-k search on CPU (:func:`auto_search`); the dense search meets
+#: them only when a support outgrows the top-k (:data:`AUTO_TOPK_DOUBLINGS`)
+WIDE_ROWS = 2048
+
+
 #: top-k first sizes of :func:`auto_search` (typical supports are a few entries; wider ones double)
 AUTO_TOPK = {"sparsemax": (8, 32), "entmax15": (32, 128)}
 
@@ -487,7 +493,7 @@ def auto_search(kind: str, m: int, c: int) -> Tuple[str, Optional[int]]:
     """``(method, k)`` of the fastest exact search for an ``(m, c)`` batch on one CPU thread:
     ``("topk", k0)``, ``("dense", None)`` or ``("sort", None)`` (measured crossovers)."""
     narrow, wide = AUTO_TOPK[kind]
-    if c > 2048:
+    if c > WIDE_ROWS:
         return "topk", wide
     small = m * c <= 32768
     if kind == "entmax15":
