@@ -6,7 +6,7 @@ backward (docs/losses/comp_sum.md).
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -28,6 +28,38 @@ def _grad(x: Tensor, y: Tensor, m: Tensor, log_s: Tensor, r: Tensor, log_g, tau_
     grad.scatter_(1, idx, 0.0)
     others = grad.sum(dim=1, keepdim=True)  # |g| exp(r + logsumexp_{j != y} lp_j)
     return grad.scatter_(1, idx, -others)
+
+
+def _others_mass(x: Tensor, y: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(m, log_s, log_so, ce)`` from one reduction over the logits that skips the target: the row max
+    ``m``, ``log_so = log sum_{k != y} exp(x_k - m)`` (the non-target mass, summed without the
+    target term), then ``log_s = log sum_k exp(x_k - m) = logaddexp(x_y - m, log_so)`` and
+    ``ce = -log p_y = log(1 + u) = softplus(log u)`` with ``log u = log_so + m - x_y``, precise as
+    ``p_y -> 1`` too. Used under ``torch.compile``: the forward's value needs the non-target mass,
+    so the compiler computes it there, in the reduction that cross-entropy's forward also makes, and
+    the backward (:func:`_grad_from_others`) is one element-wise pass with no reduction of its own
+    (with ``log_s`` alone the compiler puts a second exponential reduction into the backward)."""
+    m = torch.nan_to_num(x.amax(dim=1), nan=0.0, posinf=0.0, neginf=0.0)
+    cols = torch.arange(x.shape[1], device=x.device)
+    xo = torch.where(cols.unsqueeze(0) == y.unsqueeze(1), float("-inf"), x)
+    log_so = torch.exp(xo - m.unsqueeze(1)).sum(dim=1).log()
+    x_y = x.gather(1, y.unsqueeze(1)).squeeze(1)
+    log_s = torch.logaddexp(x_y - m, log_so)
+    ce = torch.nn.functional.softplus(log_so + (m - x_y))
+    return m, log_s, log_so, ce
+
+
+def _grad_from_others(x: Tensor, y: Tensor, m: Tensor, log_s: Tensor, log_so: Tensor, r: Tensor, log_g,
+                      tau_below_one: bool) -> Tensor:
+    """:func:`_grad` with the non-target mass ``log_so`` taken from the forward: one element-wise
+    pass (``exp(x_j - m + k)`` off the target, ``-exp(k + log_so)`` at it), no reduction."""
+    k = (r - log_s) + log_g
+    grad = torch.exp(x - (m - k).unsqueeze(1))
+    if tau_below_one:
+        grad = torch.where(x == float("-inf"), torch.zeros((), dtype=grad.dtype, device=grad.device), grad)
+    cols = torch.arange(x.shape[1], device=x.device)
+    others = torch.exp(k + log_so).unsqueeze(1)
+    return torch.where(cols.unsqueeze(0) == y.unsqueeze(1), -others, grad)
 
 
 def _seed_grad(x: Tensor, y: Tensor, m: Tensor, log_s: Tensor, r: Tensor, divisor: int, tau_below_one: bool,
@@ -68,21 +100,26 @@ class CompSumFunction(torch.autograd.Function):
         fused = (divisor is not None and grad_mode and ctx.needs_input_grad[0] and x.device.type == "cpu" and not _compiling())
         e = None
         ctx.tau_one = tau == 1.0 and x.shape[1] > 0
+        log_so = None
         if fused and ctx.tau_one:
             # the exp(x - m) buffer kept: the gradient is that buffer scaled per row
             m, e, s_sum = row_max_exp(x)
             log_s = s_sum.log()
+        elif _compiling():
+            # traced: the non-target mass joins the forward's reduction, the backward is one pass
+            m, log_s, log_so, ce = _others_mass(x, y)
         else:
             m, log_s = row_max_logsum(x)
-        x_y = x.gather(1, y.unsqueeze(1)).squeeze(1)
-        ce = ((m - x_y) + log_s).clamp_min(0)
+        if log_so is None:
+            x_y = x.gather(1, y.unsqueeze(1)).squeeze(1)
+            ce = ((m - x_y) + log_s).clamp_min(0)
         if tau == 1.0:
             r = torch.zeros_like(ce)
             value = ce
         else:
             r = (1.0 - tau) * ce
             value = torch.expm1(r) / (1.0 - tau)
-        ctx.save_for_backward(x, y, m, log_s, r)
+        ctx.save_for_backward(x, y, m, log_s, r, log_so)
         ctx.tau_below_one = tau < 1.0
         ctx.divisor = divisor
         ctx.grad = None
@@ -100,14 +137,17 @@ class CompSumFunction(torch.autograd.Function):
     def backward(ctx, g: Tensor):
         grad = ctx.grad
         ctx.grad = None  # hand the buffer over to autograd (a second backward recomputes it)
-        x, y, m, log_s, r = ctx.saved_tensors
+        x, y, m, log_s, r, log_so = ctx.saved_tensors
         if ctx.fused and g.item() == 1.0:
             if grad is None:  # a second backward through a retained graph: the same arithmetic
                 grad = _seed_grad(x, y, m, log_s, r, ctx.divisor, ctx.tau_below_one, ctx.tau_one)
             return grad, None, None, None, None
         if ctx.divisor is not None:  # reduced in the forward (no ignored row): one scalar gradient
             g = g / ctx.divisor
-        grad = _grad(x, y, m, log_s, r, torch.log(g.abs()), ctx.tau_below_one)  # -inf where g == 0
+        if log_so is not None:
+            grad = _grad_from_others(x, y, m, log_s, log_so, r, torch.log(g.abs()), ctx.tau_below_one)
+        else:
+            grad = _grad(x, y, m, log_s, r, torch.log(g.abs()), ctx.tau_below_one)  # -inf where g == 0
         if g.dim() == 0:  # one sign for every row (the fused reduction runs eagerly on CPU only)
             if not bool(g >= 0):
                 grad.neg_()  # g < 0 (g == 0 left every entry 0 already)

@@ -321,3 +321,51 @@ def test_validation_off_skips_only_data_checks():
             losses.comp_sum_loss(x, t[:1])
     with pytest.raises(ValueError, match="NaN"):
         losses.comp_sum_loss(xb, t)
+
+
+# --------------------------------------------------------------------------------------
+# the traced path (torch.compile): the non-target mass in the forward's reduction
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tau", [0.0, 1.0, 2.0])
+def test_compiled_path_matches_the_oracle_fp64(tau):
+    # aot_eager traces the same Python as inductor (the forward takes the traced branch), without C++ builds
+    torch._dynamo.reset()
+    x, t = _inputs((6, 5, 3), seed=11)
+    x = x.detach().clone()
+    x[0, 1, 0] = -math.inf  # a masked class
+    x[1, :, 1] = torch.tensor([40.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64)  # p_y -> 1 at target 0
+    t[1, 1] = 0
+    t[0, 0] = 0  # the target is not the masked class
+    for reduction in REDUCTIONS:
+        fn = torch.compile(lambda a, b: losses.comp_sum_loss(a, b, tau=tau, reduction=reduction),
+                           backend="aot_eager", fullgraph=True)
+        weights = None if reduction != "none" else torch.linspace(-0.5, 1.0, 18, dtype=torch.float64).reshape(6, 3)
+        out, g = value_and_grad(fn, x, t, weights=weights)
+        ref, g_ref = value_and_grad(comp_sum_loop, x, t, tau=tau, reduction=reduction, weights=weights)
+        torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(g, g_ref, rtol=1e-10, atol=1e-12)
+        assert g[0, 1, 0] == 0  # the masked class: an exact zero
+    # the target entry at p_y -> 1 keeps its relative precision (no cancellation)
+    one_minus_p = 4 * math.exp(-40.0) / (1 + 4 * math.exp(-40.0))
+    fn = torch.compile(lambda a, b: losses.comp_sum_loss(a, b, tau=tau, reduction="sum"), backend="aot_eager")
+    _, g = value_and_grad(fn, x, t)
+    expected = -one_minus_p * (1 - one_minus_p) ** (tau - 1)
+    assert abs(float(g[1, 0, 1]) - expected) <= 1e-12 * abs(expected)
+
+
+def test_compiled_path_extreme_logits_and_masked_targets():
+    torch._dynamo.reset()
+    x = torch.tensor([[1.0, 0.3, -1.0], [0.5, 0.1, 0.2], [0.0, -math.inf, 1.0]]) * 1e4
+    t = torch.tensor([2, 0, 1])  # row 2: the target is a masked class
+    with losses.validation(False):
+        for tau in (0.0, 0.5, 1.0, 2.0):
+            fn = torch.compile(lambda a, b: losses.comp_sum_loss(a, b, tau=tau, reduction="none"), backend="aot_eager")
+            eager = lambda a, b: losses.comp_sum_loss(a, b, tau=tau, reduction="none")  # noqa: E731
+            out, g = value_and_grad(fn, x, t, weights=torch.tensor([1.0, 1.0, 1.0]))
+            ref, g_ref = value_and_grad(eager, x, t, weights=torch.tensor([1.0, 1.0, 1.0]))
+            assert torch.equal(out.isnan(), ref.isnan()) and not out[:2].isnan().any()
+            torch.testing.assert_close(out[:2], ref[:2], rtol=1e-6, atol=0)
+            torch.testing.assert_close(g[:2], g_ref[:2], rtol=1e-6, atol=0)
+            assert not g[:2].isnan().any()
