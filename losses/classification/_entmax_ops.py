@@ -524,18 +524,42 @@ def _fake_threshold(z: Tensor, kind: str) -> Tuple[Tensor, Tensor]:
 #: loss value, the backward) are traced and fused as usual. ``None`` on a torch without
 #: ``torch.library.custom_op`` (the sort is traced there).
 _THRESHOLD_OP = None
+_THRESHOLD_KEEP_OP = None
+
+
+def _eager_threshold_keep(z: Tensor, keep: Tensor, kind: str) -> Tuple[Tensor, Tensor]:
+    """:func:`_eager_threshold` of ``z`` with the rows where ``keep (M,)`` is False set to 0 first
+    (ignored positions, whose scores may be anything), the zeroing made only when some row is
+    ignored (a host look at ``keep`` is free inside the eager operator)."""
+    if keep.numel() and not bool(keep.all()):
+        z = torch.where(keep.unsqueeze(1), z, torch.zeros((), dtype=z.dtype))
+    return _eager_threshold(z, kind)
+
+
+def _fake_threshold_keep(z: Tensor, keep: Tensor, kind: str) -> Tuple[Tensor, Tensor]:
+    return _fake_threshold(z, kind)
+
+
 if hasattr(torch, "library") and hasattr(torch.library, "custom_op"):
     try:
         _THRESHOLD_OP = torch.library.custom_op(
             "losses::exact_entmax_threshold", _eager_threshold, mutates_args=(), device_types="cpu",
             schema="(Tensor z, str kind) -> (Tensor, Tensor)")
         _THRESHOLD_OP.register_fake(_fake_threshold)
+        # the same search on the raw scores and the kept-rows mask: a traced graph whose ignored rows
+        # are zeroed by a `where` would otherwise materialise that `where` (a read and a write of the
+        # whole scores) only to hand it to the opaque operator; the passes after the search fuse it
+        _THRESHOLD_KEEP_OP = torch.library.custom_op(
+            "losses::exact_entmax_threshold_keep", _eager_threshold_keep, mutates_args=(), device_types="cpu",
+            schema="(Tensor z, Tensor keep, str kind) -> (Tensor, Tensor)")
+        _THRESHOLD_KEEP_OP.register_fake(_fake_threshold_keep)
     except (RuntimeError, TypeError):  # pragma: no cover - registered twice (module reloaded) or old API
-        _THRESHOLD_OP = None
+        _THRESHOLD_OP = _THRESHOLD_KEEP_OP = None
 
 
 def threshold(kind: str, z: Tensor, k: Optional[int], method: Optional[str] = None,
-              max_iter: int = NEWTON_MAX_ITER) -> Threshold:
+              max_iter: int = NEWTON_MAX_ITER, raw: Optional[Tensor] = None,
+              keep: Optional[Tensor] = None) -> Threshold:
     """Exact threshold search for ``kind`` in {"sparsemax", "entmax15"} on ``z (M, C)``.
 
     ``k`` given (and ``< C``): top-k partial sort, the batch redone with ``2k`` while some row's
@@ -544,11 +568,16 @@ def threshold(kind: str, z: Tensor, k: Optional[int], method: Optional[str] = No
     the sort-free exact Newton search (falling back to the sort after ``max_iter`` steps).
     The default (``None``) is :func:`auto_search` on CPU, which then decides whatever ``k`` says
     (under ``torch.compile`` the search runs as the opaque operator above), and the sort (or the
-    given ``k``'s top-k) elsewhere (no host syncs, one static graph).
+    given ``k``'s top-k) elsewhere (no host syncs, one static graph). ``raw``, ``keep``: when ``z`` is
+    ``raw`` with the rows where ``keep`` is False zeroed (ignored positions), the compiled CPU path
+    hands the operator ``raw`` and ``keep`` instead, so that the zeroed copy is never materialised.
     """
     c = z.shape[-1]
     if method is None and z.device.type == "cpu" and _THRESHOLD_OP is not None and _compiling():
-        m, tau = _THRESHOLD_OP(z, kind)
+        if raw is not None and keep is not None and _THRESHOLD_KEEP_OP is not None:
+            m, tau = _THRESHOLD_KEEP_OP(raw, keep, kind)
+        else:
+            m, tau = _THRESHOLD_OP(z, kind)
         zs = z - m
         return Threshold(m, tau, zs, zs=zs)
     if method is None and z.device.type == "cpu" and not _compiling():
@@ -970,7 +999,8 @@ class FYLossFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, z, y, q, alpha, kind, k, n_iter, alpha_float, divisor=None):
+    def forward(ctx, z, y, q, alpha, kind, k, n_iter, alpha_float, divisor=None, raw=None, keep=None):
+        # raw, keep: z is raw with the rows where keep is False zeroed (see threshold); no gradient
         mapping = MAPPINGS[kind]
         ctx.divisor = divisor
         ctx.kind = kind
@@ -983,7 +1013,7 @@ class FYLossFunction(torch.autograd.Function):
             omega = _dot_masked(p, zs) + tsallis(p, alpha)
         else:
             # value from tau and the support only (th.vals holds it); no dense pass here
-            th = threshold(kind, z, k)
+            th = threshold(kind, z, k, raw=raw, keep=keep)
             if th.d is not None and y is not None and divisor is not None:
                 # the dense search with ids and a sum / mean: value and gradient from its last pass
                 ctx.fused = ctx.needs_input_grad[0]
@@ -1034,7 +1064,7 @@ class FYLossFunction(torch.autograd.Function):
             (dz,) = ctx.saved_tensors
             if not (grad.device.type == "cpu" and not _compiling() and float(grad) == 1.0):
                 dz = dz * grad
-            return dz, None, None, None, None, None, None, None, None
+            return dz, None, None, None, None, None, None, None, None, None, None
         mapping = MAPPINGS[ctx.kind]
         p, top_i, zs, tau, y, q, alpha, z, m = ctx.saved_tensors
         if ctx.divisor is not None:  # one scalar gradient for every row
@@ -1063,4 +1093,4 @@ class FYLossFunction(torch.autograd.Function):
             da = dH * g
             if da.shape != alpha.shape:
                 da = da.sum(dim=0, keepdim=True)
-        return dz, None, dq, da, None, None, None, None, None
+        return dz, None, dq, da, None, None, None, None, None, None, None

@@ -15,7 +15,7 @@ there is no ``variant``. Nothing here is derived from its code.
 from __future__ import annotations
 
 import math
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -346,6 +346,7 @@ def _fy_loss(
     alpha_t = alpha if isinstance(alpha, Tensor) else None
     dtype = compute_dtype(input, alpha_t, target if soft else None)
     out_shape = (input.shape[0],) + tuple(input.shape[2:])
+    search: Tuple[Optional[Tensor], Optional[Tensor]] = (None, None)  # raw scores and kept rows (traced)
     if soft:
         check_finite(fn, "target", target)
         check_distribution(fn, "target", target, dim=1, tol=1e-4)
@@ -363,7 +364,10 @@ def _fy_loss(
         if all_kept(valid):  # no ignored position (seen on the host): ids as they are, unit weights 1
             y2, weights = t2.long(), None
         else:
+            raw = z2
             z2 = zero_rows(z2, valid, verified_finite=finite)
+            if z2 is not raw:  # traced: the search reads raw and valid, not a materialised zeroed copy
+                search = (raw, valid.reshape(-1))
             y2 = torch.where(valid, t2, torch.zeros_like(t2)).long()
             weights = valid.to(dtype)
     a2 = None if alpha is None else _alpha_rows_loss(fn, alpha, input, out_shape, dtype)
@@ -371,11 +375,11 @@ def _fy_loss(
         a_float = None if alpha is None or isinstance(alpha, Tensor) else float(alpha)
         divisor = fused_divisor(None if weights is None else weights, reduction, z2.shape[0])
         if divisor is not None:  # unit weights 1, "mean" / "sum": reduced inside the Function
-            return FYLossFunction.apply(z2, y2, q2, a2, kind, k, n_iter, a_float, divisor)
+            return FYLossFunction.apply(z2, y2, q2, a2, kind, k, n_iter, a_float, divisor, *search)
         if z2.shape[0] == 0:
             values = z2.sum(dim=-1)
         else:
-            values = FYLossFunction.apply(z2, y2, q2, a2, kind, k, n_iter, a_float)
+            values = FYLossFunction.apply(z2, y2, q2, a2, kind, k, n_iter, a_float, None, *search)
         values = values.reshape(out_shape)
         if weights is not None:
             weights = weights.reshape(out_shape)

@@ -1148,3 +1148,49 @@ def test_compiled_search_operator_returns_the_eager_threshold():
     torch._dynamo.reset()
     graphs = torch._dynamo.explain(losses.sparsemax_loss)(z, torch.zeros(16, dtype=torch.long), k=10).graphs
     assert any("exact_entmax_threshold" in gm.code for gm in graphs)  # on CPU the choice decides, k or not
+
+
+def test_compiled_search_reads_the_raw_scores_and_the_kept_rows():
+    """With an ignore_index the traced graph cannot see on the host that no row is ignored; the search
+    then takes the raw scores and the kept-rows mask (the zeroing of ignored rows happens inside it,
+    and only when a row is ignored), so no zeroed copy of the scores is materialised for it. Ignored
+    rows holding NaN / +-inf give the eager values and exact zero gradients."""
+    from losses.classification import _entmax_ops
+
+    if _entmax_ops._THRESHOLD_KEEP_OP is None:
+        pytest.skip("this torch has no torch.library.custom_op")
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(12, 300, generator=g, dtype=torch.float64) * 2
+    keep = torch.ones(12, dtype=torch.bool)
+    keep[[2, 7]] = False
+    for kind in ("sparsemax", "entmax15"):
+        m, tau = _entmax_ops._THRESHOLD_KEEP_OP(z, keep, kind)
+        zeroed = torch.where(keep.unsqueeze(1), z, 0.0)
+        m_ref, tau_ref = _entmax_ops._THRESHOLD_OP(zeroed, kind)
+        assert torch.equal(m, m_ref) and torch.equal(tau, tau_ref)
+        torch.library.opcheck(_entmax_ops._THRESHOLD_KEEP_OP, (z, keep, kind),
+                              test_utils=("test_schema", "test_faketensor"))
+    torch._dynamo.reset()
+    y = torch.randint(0, 300, (12,), generator=g)
+    graphs = torch._dynamo.explain(losses.sparsemax_loss)(z, y).graphs
+    assert any("exact_entmax_threshold_keep" in gm.code for gm in graphs)
+    bad = z.clone()
+    bad[2] = float("nan")
+    bad[7, :5] = float("inf")
+    y[[2, 7]] = -100
+    for name in ("sparsemax_loss", "entmax15_loss"):
+        fn = getattr(losses, name)
+        for reduction in ("mean", "sum", "none"):
+            torch._dynamo.reset()
+            compiled = torch.compile(lambda t: fn(t, y, reduction=reduction), backend="aot_eager", fullgraph=True)
+            with losses.validation(False):
+                ze = bad.clone().requires_grad_(True)
+                ve = fn(ze, y, reduction=reduction)
+                ve.sum().backward()
+                zc = bad.clone().requires_grad_(True)
+                vc = compiled(zc)
+                vc.sum().backward()
+            torch.testing.assert_close(vc, ve, rtol=1e-12, atol=1e-12, msg=f"{name} {reduction}")
+            torch.testing.assert_close(zc.grad, ze.grad, rtol=1e-12, atol=1e-12, msg=f"{name} {reduction}")
+            assert torch.all(zc.grad[[2, 7]] == 0) and not zc.grad.isnan().any()
+    torch._dynamo.reset()
