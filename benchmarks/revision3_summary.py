@@ -26,7 +26,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import csv
 import glob
 import math
 import os
@@ -108,22 +107,23 @@ def _verdict_of(cell: str) -> str:
     return cell
 
 
-def runs_rows(folder_path: str) -> List[Dict[str, str]]:
-    rows: List[Dict[str, str]] = []
-    for f in sorted(glob.glob(os.path.join(folder_path, "*_runs.csv"))):
-        with open(f, newline="") as fh:
-            rows += list(csv.DictReader(fh))
-    return rows
+def runs_files(folder: str, summary_path: str) -> List[str]:
+    """The runs files beside a batch summary: every ``*_runs.csv`` of its folder, or for a
+    top-level ``<name>_summary.md`` its ``<name>_runs.csv`` (when it exists)."""
+    if folder:
+        return sorted(glob.glob(os.path.join(os.path.dirname(summary_path), "*_runs.csv")))
+    path = summary_path[: -len("_summary.md")] + "_runs.csv"
+    return [path] if os.path.exists(path) else []
 
 
 def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
-def confidence_cells(arm: str, rows: Sequence[Dict[str, str]]) -> Optional[List[str]]:
+def confidence_cells(arm: str, rows: Sequence[dict]) -> Optional[List[str]]:
     """``[n, means of the :data:`CONFIDENCE` columns...]`` over ``arm``'s finished evaluation runs
     (``-`` where the runs have no value); ``None`` when they hold no confidence metric at all."""
-    ev = [r for r in rows if r.get("arm") == arm and r.get("phase") == "eval" and r.get("ok", "True") != "False"]
+    ev = [r for r in rows if r.get("arm") == arm and r.get("phase") == "eval" and r["ok"]]
     cells = []
     for col, _ in CONFIDENCE:
         vals = [float(r[col]) for r in ev if r.get(col) not in (None, "")]
@@ -140,9 +140,9 @@ def build(root: str = RESULTS, claims_file: str = rr.CLAIMS_FILE) -> str:
     stale: List[Tuple[str, List[str]]] = []
     sanity: List[List[str]] = []
     conf: Dict[str, Tuple[List[str], List[str]]] = {}  # arm -> (its claims, cells)
-    runs_cache: Dict[str, List[Dict[str, str]]] = {}
     for folder, path in summaries(root):
         rows, san = parse_summary(path, folder)
+        runs = [r for f in runs_files(folder, path) for r in rr.read_csv(f)] if rows else []
         sanity += san
         for r in rows:
             c = by_text.get((r[0], r[1], r[2]))
@@ -150,12 +150,10 @@ def build(root: str = RESULTS, claims_file: str = rr.CLAIMS_FILE) -> str:
                 stale.append((os.path.relpath(path, root), r))
                 continue
             found[c.key] = (r, folder)
-            fp = os.path.dirname(path)
-            runs_cache.setdefault(fp, runs_rows(fp) if folder else _top_level_runs(path))
             for k in c.arms:  # the claim's own arms (not a difference-in-differences' clean arms)
                 if k in conf:
                     conf[k][0].append(c.key)
-                elif (cells := confidence_cells(k, runs_cache[fp])) is not None:
+                elif (cells := confidence_cells(k, runs)) is not None:
                     conf[k] = ([c.key], cells)
     counts = {v: 0 for v in VERDICTS}
     for r, _ in found.values():
@@ -225,16 +223,6 @@ def build(root: str = RESULTS, claims_file: str = rr.CLAIMS_FILE) -> str:
         lines += [f"- `{p}`: {r[0]} / {r[1]} / {r[2]}" for p, r in stale]
         lines.append("")
     return "\n".join(lines)
-
-
-def _top_level_runs(summary_path: str) -> List[Dict[str, str]]:
-    """The runs file of a top-level ``<name>_summary.md``: ``<name>_runs.csv`` beside it."""
-    base = summary_path[: -len("_summary.md")]
-    path = base + "_runs.csv"
-    if not os.path.exists(path):
-        return []
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -53,14 +53,14 @@ def test_a_hand_made_folder(tmp_path):
         f"| {sp.family} | {sp.data} | an edited claim text | top1: x | not resolved | - | [vision.md](vision.md) |",
         "", "Sanity checks:", "", "| claim | check | mean [CI] | result |", "|---|---|---|---|",
         f"| `{z.key}` | sanity: r@1 | +0.0000 [+0.0000, +0.0000] | holds |", ""]))
-    cols = ["arm", "phase", "ok", "test/top1", "test/ece"]
+    cols = ["arm", "phase", "ok", "seed", "test/top1", "test/ece"]
     with open(batch / "vision_runs.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=cols)
         w.writeheader()
-        w.writerow({"arm": "sparsemax", "phase": "eval", "ok": "True", "test/top1": "0.9", "test/ece": "0.1"})
-        w.writerow({"arm": "sparsemax", "phase": "eval", "ok": "True", "test/top1": "0.7", "test/ece": "0.3"})
-        w.writerow({"arm": "sparsemax", "phase": "tune", "ok": "True", "test/top1": "", "test/ece": ""})
-        w.writerow({"arm": "ce", "phase": "tune", "ok": "True", "test/top1": "", "test/ece": ""})
+        w.writerow({"arm": "sparsemax", "phase": "eval", "ok": "True", "seed": 0, "test/top1": "0.9", "test/ece": "0.1"})
+        w.writerow({"arm": "sparsemax", "phase": "eval", "ok": "True", "seed": 1, "test/top1": "0.7", "test/ece": "0.3"})
+        w.writerow({"arm": "sparsemax", "phase": "tune", "ok": "True", "seed": 1000, "test/top1": "", "test/ece": ""})
+        w.writerow({"arm": "ce", "phase": "tune", "ok": "True", "seed": 1000, "test/top1": "", "test/ece": ""})
     text = rs.build(str(tmp_path))
     assert f"**1 of {len(CF.claims)} claims** have revision-3 runs: 1 reproduced, 0 contradicted" in text
     assert "1 sanity claim(s) (`decoupled_softmax_stdlib`)" in text

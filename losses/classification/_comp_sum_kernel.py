@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from .._core import _compiling, once_differentiable
-from ._targets import reduced_sum, row_exp, row_max_exp, row_max_logsum
+from ._targets import finite_row_max, reduced_sum, row_exp, row_max_exp, row_max_logsum
 
 __all__ = ["CompSumFunction"]
 
@@ -30,6 +30,12 @@ def _grad(x: Tensor, y: Tensor, m: Tensor, log_s: Tensor, r: Tensor, log_g, tau_
     return grad.scatter_(1, idx, -others)
 
 
+def _target_mask(x: Tensor, y: Tensor) -> Tensor:
+    """``(M, C)`` bool, True at each row's target column: a broadcast comparison, which a compiler
+    fuses into the pass that reads it (no scatter, no materialised one-hot)."""
+    return torch.arange(x.shape[1], device=x.device).unsqueeze(0) == y.unsqueeze(1)
+
+
 def _others_mass(x: Tensor, y: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(m, log_s, log_so, ce)`` from one reduction over the logits that skips the target: the row max
     ``m``, ``log_so = log sum_{k != y} exp(x_k - m)`` (the non-target mass, summed without the
@@ -39,9 +45,8 @@ def _others_mass(x: Tensor, y: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     so the compiler computes it there, in the reduction that cross-entropy's forward also makes, and
     the backward (:func:`_grad_from_others`) is one element-wise pass with no reduction of its own
     (with ``log_s`` alone the compiler puts a second exponential reduction into the backward)."""
-    m = torch.nan_to_num(x.amax(dim=1), nan=0.0, posinf=0.0, neginf=0.0)
-    cols = torch.arange(x.shape[1], device=x.device)
-    xo = torch.where(cols.unsqueeze(0) == y.unsqueeze(1), float("-inf"), x)
+    m = finite_row_max(x)
+    xo = torch.where(_target_mask(x, y), float("-inf"), x)
     log_so = torch.exp(xo - m.unsqueeze(1)).sum(dim=1).log()
     x_y = x.gather(1, y.unsqueeze(1)).squeeze(1)
     log_s = torch.logaddexp(x_y - m, log_so)
@@ -57,9 +62,8 @@ def _grad_from_others(x: Tensor, y: Tensor, m: Tensor, log_s: Tensor, log_so: Te
     grad = torch.exp(x - (m - k).unsqueeze(1))
     if tau_below_one:
         grad = torch.where(x == float("-inf"), torch.zeros((), dtype=grad.dtype, device=grad.device), grad)
-    cols = torch.arange(x.shape[1], device=x.device)
     others = torch.exp(k + log_so).unsqueeze(1)
-    return torch.where(cols.unsqueeze(0) == y.unsqueeze(1), -others, grad)
+    return torch.where(_target_mask(x, y), -others, grad)
 
 
 def _seed_grad(x: Tensor, y: Tensor, m: Tensor, log_s: Tensor, r: Tensor, divisor: int, tau_below_one: bool,

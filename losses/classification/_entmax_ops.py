@@ -59,7 +59,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .._core import _compiling, once_differentiable
+from .._core import _compiling, once_differentiable, zero_rows
 
 __all__: list = []
 
@@ -529,11 +529,9 @@ _THRESHOLD_KEEP_OP = None
 
 def _eager_threshold_keep(z: Tensor, keep: Tensor, kind: str) -> Tuple[Tensor, Tensor]:
     """:func:`_eager_threshold` of ``z`` with the rows where ``keep (M,)`` is False set to 0 first
-    (ignored positions, whose scores may be anything), the zeroing made only when some row is
-    ignored (a host look at ``keep`` is free inside the eager operator)."""
-    if keep.numel() and not bool(keep.all()):
-        z = torch.where(keep.unsqueeze(1), z, torch.zeros((), dtype=z.dtype))
-    return _eager_threshold(z, kind)
+    (ignored positions, whose scores may be anything): :func:`losses._core.zero_rows`, which runs
+    eagerly here and so zeroes only when some row is ignored (a host look at ``keep`` is free)."""
+    return _eager_threshold(zero_rows(z, keep), kind)
 
 
 def _fake_threshold_keep(z: Tensor, keep: Tensor, kind: str) -> Tuple[Tensor, Tensor]:

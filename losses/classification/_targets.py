@@ -97,12 +97,18 @@ def row_exp(x: Tensor, m: Tensor) -> Tuple[Tensor, Tensor]:
     return e, e.sum(dim=1)
 
 
+def finite_row_max(x: Tensor) -> Tensor:
+    """``(M,)`` row maxima of a 2-D tensor, 0 where a row's max is not finite (all ``-inf``, or
+    ``+inf`` / NaN with validation off), so that no ``inf - inf`` arises when it is subtracted."""
+    return torch.nan_to_num(x.amax(dim=1), nan=0.0, posinf=0.0, neginf=0.0)
+
+
 def row_max_exp(x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
     """``(m, e, s)`` per row of a 2-D tensor: ``m = max_k x_k`` (0 for a row whose max is +-inf,
     only reachable with validation off, so that no ``inf - inf`` arises), ``e = exp(x - m)`` and
     ``s = sum_k e_k``; ``logsumexp(x) = m + log s``. For a caller that reuses ``e`` (a gradient
     written from the forward's buffer); :func:`row_max_logsum` keeps only the logarithm."""
-    m = torch.nan_to_num(x.amax(dim=1), nan=0.0, posinf=0.0, neginf=0.0)
+    m = finite_row_max(x)
     return (m, *row_exp(x, m))
 
 

@@ -366,7 +366,7 @@ def _fy_loss(
         else:
             raw = z2
             z2 = zero_rows(z2, valid, verified_finite=finite)
-            if z2 is not raw:  # traced: the search reads raw and valid, not a materialised zeroed copy
+            if z2 is not raw:  # zeroed by a where (traced, or off CPU): a compiled CPU search reads raw, valid
                 search = (raw, valid.reshape(-1))
             y2 = torch.where(valid, t2, torch.zeros_like(t2)).long()
             weights = valid.to(dtype)
