@@ -28,6 +28,19 @@ EXPECTED_ENTRIES = {
 }
 EXPECTED_HELPERS = ("sparsemax", "entmax15", "entmax_bisect")
 
+@pytest.fixture(params=["native", "torch"], autouse=True)
+def search_path(request, monkeypatch):
+    """Runs every test of this file once with the C threshold kernel
+    (losses/classification/_entmax_native.py) and once with the PyTorch searches it replaces on CPU
+    (the path taken where no C compiler exists, and whose shape-based choice then differs)."""
+    native = importlib.import_module("losses.classification._entmax_native")
+    if request.param == "native":
+        ok, why = native.available()
+        assert ok, f"the C threshold kernel did not build here: {why}"
+    monkeypatch.setattr(native, "enabled", request.param == "native")
+    return request.param
+
+
 INF = float("inf")
 NINF = float("-inf")
 
@@ -272,7 +285,7 @@ def test_topk_equals_sort_and_bisection(kind, k, dim):
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-13), (torch.float32, 2e-6)])
 @pytest.mark.parametrize("kind", ["sparsemax", "entmax15"])
 @pytest.mark.parametrize("scale", [0.01, 0.3, 1.0, 3.0, 30.0])
-def test_exact_search_methods_agree(kind, scale, dtype, tol):
+def test_exact_search_methods_agree(kind, scale, dtype, tol, search_path):
     """k=None: full sort == sort-free Newton search (packed or not) == its sort fallback."""
     ops = importlib.import_module("losses.classification._entmax_ops")
     g = torch.Generator().manual_seed(16)
@@ -295,7 +308,7 @@ def test_exact_search_methods_agree(kind, scale, dtype, tol):
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-13), (torch.float32, 2e-6)])
 @pytest.mark.parametrize("kind", ["sparsemax", "entmax15"])
 @pytest.mark.parametrize("c", [300, 1000, 1777])
-def test_dense_search_with_chunk_maxima_matches_sort(kind, c, dtype, tol):
+def test_dense_search_with_chunk_maxima_matches_sort(kind, c, dtype, tol, search_path):
     """Rows wider than 2 * DENSE_BUCKETS: the chunk-maxima levels then the whole rows, the
     finished rows dropped between passes; p and tau equal the sort's, also for masked rows."""
     ops = importlib.import_module("losses.classification._entmax_ops")
@@ -321,7 +334,7 @@ def test_dense_search_with_chunk_maxima_matches_sort(kind, c, dtype, tol):
 
 
 @pytest.mark.parametrize("kind", ["sparsemax", "entmax15"])
-def test_wide_rows_with_wide_supports_leave_the_top_k_doubling_for_the_dense_search(kind, monkeypatch):
+def test_wide_rows_with_wide_supports_leave_the_top_k_doubling_for_the_dense_search(kind, monkeypatch, search_path):
     """The CPU default on wide rows (C > 2048) starts with a top-k; when the support outgrows it
     after AUTO_TOPK_DOUBLINGS doublings (near-uniform rows: a language model's logits at
     initialisation), the batch goes to the dense search, with the sort's probabilities, loss and
@@ -355,6 +368,8 @@ def test_wide_rows_with_wide_supports_leave_the_top_k_doubling_for_the_dense_sea
     torch.testing.assert_close(ops.dense_probs(kind, x, th), ops.dense_probs(kind, x, ref), rtol=0, atol=1e-13)
     torch.testing.assert_close(th.tau, ref.tau, rtol=0, atol=1e-12)
     monkeypatch.undo()
+    monkeypatch.setattr(importlib.import_module("losses.classification._entmax_native"), "enabled",
+                        search_path == "native")
     xa = x.clone().requires_grad_()
     values, grads, _ = oracle_loss(kind, x, y)  # independent float64 oracle, row by row
     la = fn(xa, y, reduction="sum")
@@ -610,7 +625,7 @@ def test_gradient_is_p_minus_q(name):
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("name", ["sparsemax", "entmax15"])
-def test_gradient_built_in_the_forward_obeys_grad_scale_and_retained_graphs(name, reduction):
+def test_gradient_built_in_the_forward_obeys_grad_scale_and_retained_graphs(name, reduction, search_path):
     """Reduced losses over rows of 300+ classes (the dense CPU search) build ``(p* - onehot) / N``
     in the forward and return it as it is for a unit grad: a scaled loss, a graph kept for a second
     backward and an accumulating ``.grad`` must all still see the exact gradient."""

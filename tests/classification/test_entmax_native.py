@@ -1,0 +1,259 @@
+"""The C threshold kernel of the sparsemax / entmax-1.5 losses on CPU
+(losses/classification/_entmax_native.py).
+
+It replaces the PyTorch dense search where it is built, so it is held to the same float64 loop
+oracles as every search (tests/classification/test_sparsemax.py), to the PyTorch search it replaces
+(the path where no compiler exists), and to the cases it hands back: NaN / ``+inf`` scores and ids
+out of range with the data checks off, a search that does not end. Building is tested for real: a
+compiler-less environment, ``LOSSES_NATIVE=0`` and concurrent builds into one empty cache, each in
+its own interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import losses
+from losses.classification import _entmax_native as native
+from losses.classification import _entmax_ops as ops
+from tests.classification.test_sparsemax import oracle_activation, oracle_loss
+
+NINF = float("-inf")
+KINDS = ["sparsemax", "entmax15"]
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def hard_rows(c: int, dtype: torch.dtype, seed: int = 3, rows: int = 24) -> torch.Tensor:
+    """Rows that stress an exact threshold search: equal scores, masks, a single finite score,
+    ties, evenly spaced and clustered scores, large and tiny scales."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, c, generator=g, dtype=torch.float64)
+    x[0] = 0.0  # all equal: the support is the whole row
+    x[1] = NINF  # no finite score: zeros
+    x[2, 1:] = NINF  # one finite score: p = e_0
+    x[3, : c // 2] = NINF
+    x[4] = torch.linspace(0, -1.2, c, dtype=torch.float64)  # evenly spaced
+    x[5] = -torch.logspace(-6, 0.5, c, dtype=torch.float64)  # clustered at the max
+    x[6] = x[6].round()  # ties
+    x[7] *= 30.0  # one-hot-like
+    x[8] *= 0.01  # near-uniform
+    x[9, ::2] = x[9, 1::2][: x[9, ::2].shape[0]] if c % 2 == 0 else x[9, ::2]
+    x[10] = 1e6 + torch.randn(c, generator=g, dtype=torch.float64)  # far from 0
+    return x.to(dtype)
+
+
+def test_the_kernel_builds_here():
+    ok, why = native.available()
+    assert ok, f"the C threshold kernel did not build: {why}"
+    assert why.startswith("built with")
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-13), (torch.float32, 3e-6)])
+@pytest.mark.parametrize("c", [1, 2, 37, 300, 1000])
+@pytest.mark.parametrize("kind", KINDS)
+def test_threshold_and_probabilities_match_the_oracle_and_the_torch_search(kind, c, dtype, tol, monkeypatch):
+    x = hard_rows(c, dtype)
+    found = native.threshold(x, kind == "entmax15")
+    assert found is not None
+    m, tau, d, s1, s2, s3, cnt = found
+    p = d if kind == "sparsemax" else d * d
+    # the oracle on the scores shifted by the row max (the same probabilities; unshifted, its sums of
+    # scores near 1e6 would carry 1e-10 of rounding)
+    shift = x.double().amax(1, keepdim=True)
+    expected = oracle_activation(kind, x.double() - torch.where(torch.isfinite(shift), shift, 0.0))
+    torch.testing.assert_close(p.double(), expected, rtol=0, atol=tol)
+    # the sums are the support's: |S|, sum d, sum d^2, sum d^3
+    dd = d.double()
+    assert torch.equal(cnt.squeeze(1), (d > 0).sum(1).to(cnt.dtype))
+    for got, want in ((s1, dd.sum(1)), (s2, (dd * dd).sum(1)), (s3, (dd ** 3).sum(1))):
+        torch.testing.assert_close(got.squeeze(1).double(), want, rtol=0, atol=50 * tol)
+    # the PyTorch search it replaces: the same m, tau and d
+    monkeypatch.setattr(native, "enabled", False)
+    th = ops.threshold(kind, x, None, method="dense") if c > 1 else ops.threshold(kind, x, None, method="sort")
+    torch.testing.assert_close(m, th.m, rtol=0, atol=0)
+    finite_rows = torch.isfinite(x).any(1)
+    torch.testing.assert_close(tau[finite_rows], th.tau[finite_rows], rtol=0, atol=10 * tol * max(1.0, 1.0))
+    torch.testing.assert_close(p, ops.dense_probs(kind, x, th), rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_fused_loss_and_gradient_match_the_oracle(kind, reduction, dtype, tol, monkeypatch):
+    """Ids with a sum / mean over rows the CPU default searches densely: the kernel's value and
+    whole gradient against the float64 loop oracle and against the PyTorch path."""
+    c, rows = 300, 128
+    assert ops.auto_search(kind, rows, c) == ("dense", None)
+    x = hard_rows(c, dtype, seed=8, rows=rows)
+    x[1] = torch.randn(c, dtype=dtype)  # the loss refuses rows without a finite score (data check)
+    g = torch.Generator().manual_seed(2)
+    y = torch.randint(0, c, (rows,), generator=g)
+    y[3] = c - 1  # a target on a kept score of a half-masked row
+    fn = getattr(losses, f"{kind}_loss")
+    # the oracle on shifted scores (the loss and its gradient are shift-invariant; see above)
+    values, grads, _ = oracle_loss(kind, x.double() - x.double().amax(1, keepdim=True), y)
+    div = rows if reduction == "mean" else 1
+    xa = x.clone().requires_grad_()
+    out = fn(xa, y, reduction=reduction)
+    (gx,) = torch.autograd.grad(out, xa)
+    assert out.dtype == dtype and gx.dtype == dtype
+    torch.testing.assert_close(out.double(), values.sum() / div, rtol=tol, atol=tol)
+    torch.testing.assert_close(gx.double(), grads / div, rtol=0, atol=tol)
+    monkeypatch.setattr(native, "enabled", False)
+    xb = x.clone().requires_grad_()
+    ref = fn(xb, y, reduction=reduction)
+    (gr,) = torch.autograd.grad(ref, xb)
+    torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(gx, gr, rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_target_on_a_masked_score_gives_inf_with_a_finite_gradient(kind):
+    x = torch.randn(8, 300, dtype=torch.float64)
+    x[0, 5] = NINF
+    y = torch.zeros(8, dtype=torch.long)
+    y[0] = 5
+    xa = x.clone().requires_grad_()
+    out = getattr(losses, f"{kind}_loss")(xa, y, reduction="sum")
+    assert out.item() == float("inf")
+    (gx,) = torch.autograd.grad(out, xa)
+    assert torch.isfinite(gx).all()
+    p = getattr(losses, kind)(x)
+    torch.testing.assert_close(gx, p - torch.nn.functional.one_hot(y, 300).double(), rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "id"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_cases_the_kernel_hands_back_behave_as_without_it(kind, bad, monkeypatch):
+    """With the data checks off, NaN / +inf scores and an id out of range reach the kernel, which
+    returns a status; the PyTorch path then runs and gives what it gives without the kernel (the
+    same values, or the same error)."""
+    x = torch.randn(16, 300, dtype=torch.float64)
+    y = torch.randint(0, 300, (16,))
+    if bad == "nan":
+        x[4, 7] = float("nan")
+    elif bad == "inf":
+        x[4, 7] = float("inf")
+    else:
+        y[4] = 300
+    assert native.threshold(x, kind == "entmax15") is None or bad == "id"
+    assert native.fy_ids(x, y, kind == "entmax15", 16, True) is None
+    fn = getattr(losses, f"{kind}_loss")
+
+    def run():
+        with losses.validation(False):
+            try:
+                return fn(x, y, reduction="mean"), None
+            except Exception as exc:  # the torch path's own error
+                return None, type(exc)
+
+    got = run()
+    monkeypatch.setattr(native, "enabled", False)
+    want = run()
+    assert got[1] == want[1]
+    if want[0] is not None:
+        torch.testing.assert_close(got[0], want[0], rtol=0, atol=0, equal_nan=True)
+
+
+def test_a_search_that_does_not_end_goes_back_to_torch(monkeypatch):
+    x = torch.linspace(0, -1.2, 300, dtype=torch.float64).repeat(4, 1)  # several Michelot steps
+    monkeypatch.setattr(native, "MAX_STEPS", 1)
+    assert native.threshold(x, False) is None
+    th = ops.threshold("sparsemax", x, None, method="dense")  # the PyTorch search takes over
+    torch.testing.assert_close(ops.dense_probs("sparsemax", x, th), oracle_activation("sparsemax", x), rtol=0,
+                               atol=1e-13)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rows_split_over_threads_give_the_same_bits(kind):
+    """Above PARALLEL_MIN scores the rows are split over torch's thread count; every row is
+    computed by the same code, and the total is summed in row order afterwards."""
+    g = torch.Generator().manual_seed(6)
+    rows = native.PARALLEL_MIN // 1000 + 37
+    x = torch.randn(rows, 1000, generator=g)
+    y = torch.randint(0, 1000, (rows,), generator=g)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = native.fy_ids(x, y, kind == "entmax15", rows, True)
+        one_th = native.threshold(x, kind == "entmax15")
+        torch.set_num_threads(3)
+        assert native._threads(rows, 1000) == 3
+        three = native.fy_ids(x, y, kind == "entmax15", rows, True)
+        three_th = native.threshold(x, kind == "entmax15")
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one[0], three[0]) and torch.equal(one[1], three[1])
+    for a, b in zip(one_th, three_th):
+        assert torch.equal(a, b)
+
+
+def test_non_contiguous_and_class_dim_one_inputs():
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(6, 400, 5, generator=g, dtype=torch.float64)  # classes on dim 1: rows are strided
+    y = torch.randint(0, 400, (6, 5), generator=g)
+    for kind in KINDS:
+        fn = getattr(losses, f"{kind}_loss")
+        xa = x.clone().requires_grad_()
+        out = fn(xa, y, reduction="sum")
+        (gx,) = torch.autograd.grad(out, xa)
+        values, grads, _ = oracle_loss(kind, x, y)
+        torch.testing.assert_close(out, values.sum(), rtol=0, atol=1e-11)
+        torch.testing.assert_close(gx, grads, rtol=0, atol=1e-12)
+
+
+def _interpreter(code: str, env: dict) -> subprocess.CompletedProcess:
+    full = dict(os.environ)
+    full.update(env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=full, capture_output=True,
+                          text=True, timeout=240)
+
+
+PROBE = """
+    import torch, losses
+    from losses.classification import _entmax_native as native
+    ok, why = native.available()
+    x = torch.randn(64, 500, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    y = torch.arange(64) % 500
+    print(ok, "|", why, "|", repr(losses.entmax15_loss(x, y).item()))
+"""
+
+
+def test_without_a_compiler_or_when_disabled_the_torch_search_runs(tmp_path):
+    """No compiler on PATH (and none cached) or LOSSES_NATIVE=0: nothing is built, the reason is
+    reported, and the loss gives the value of the native run to rounding."""
+    base = _interpreter(PROBE, {"LOSSES_CACHE_DIR": str(tmp_path / "with")})
+    assert base.returncode == 0, base.stderr
+    ok, why, value = [s.strip() for s in base.stdout.strip().split("|")]
+    assert ok == "True" and why.startswith("built with"), base.stdout
+    bare = _interpreter(PROBE, {"LOSSES_CACHE_DIR": str(tmp_path / "bare"), "PATH": "", "CC": ""})
+    assert bare.returncode == 0, bare.stderr
+    ok2, why2, value2 = [s.strip() for s in bare.stdout.strip().split("|")]
+    assert ok2 == "False" and "no C compiler" in why2
+    assert not (tmp_path / "bare" / "kernels").exists() or not list((tmp_path / "bare" / "kernels").glob("*.so"))
+    off = _interpreter(PROBE, {"LOSSES_CACHE_DIR": str(tmp_path / "with"), "LOSSES_NATIVE": "0"})
+    ok3, why3, value3 = [s.strip() for s in off.stdout.strip().split("|")]
+    assert ok3 == "False" and "LOSSES_NATIVE=0" in why3
+    assert abs(float(value) - float(value2)) <= 1e-13 and value2 == value3
+
+
+def test_concurrent_builds_into_one_empty_cache(tmp_path):
+    """Processes that start at once (pytest -n, a DDP job) may all build: each writes its own
+    temporary file and renames it into place, so every one loads a whole library."""
+    env = {"LOSSES_CACHE_DIR": str(tmp_path)}
+    full = dict(os.environ)
+    full.update(env)
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(PROBE)], cwd=REPO, env=full,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
+    assert all(o[0].startswith("True") for o in outs), outs
+    assert len({o[0].split("|")[2] for o in outs}) == 1
+    assert len(list((tmp_path / "kernels").glob("*.so"))) == 1
+    assert not [p for p in (tmp_path / "kernels").iterdir() if p.is_dir()]  # temporary folders removed
