@@ -161,6 +161,7 @@ static int row_threshold_##SUFFIX(const T* z, int64_t c, double m, int entmax, d
 typedef struct {                                                                                   \
     const T* z; const T* mrow; int64_t r0, r1, c; int entmax, max_steps;                           \
     const int64_t* ids; double gscale; /* ids != NULL: fused loss and gradient */                 \
+    const uint8_t* keep; /* NULL, or rows to compute (others: zero gradient, loss 0) */           \
     T* m; T* tau; T* out; T* s1; T* s2; T* s3; T* cnt; double* row_loss;                           \
     int status;                                                                                    \
 } job_##SUFFIX;                                                                                    \
@@ -175,6 +176,11 @@ static void* run_##SUFFIX(void* arg) {                                          
     for (int64_t r = J->r0; r < J->r1; ++r) {                                                      \
         const T* z = J->z + r * c;                                                                 \
         T* o = J->out + r * c;                                                                     \
+        if (J->keep && !J->keep[r]) { /* an ignored row: its scores are not read */               \
+            for (int64_t j = 0; j < c; ++j) o[j] = (T)0;                                           \
+            J->row_loss[r] = 0.0;                                                                  \
+            continue;                                                                              \
+        }                                                                                          \
         double m = (double)J->mrow[r], tau, sums[4];                                               \
         int st = row_threshold_##SUFFIX(z, c, m, J->entmax, buf, J->max_steps, &tau, sums);       \
         if (st != ST_OK) { J->status = st; break; }                                                \
@@ -234,16 +240,16 @@ static int launch_##SUFFIX(job_##SUFFIX* base, int64_t rows, int threads) {     
                                                                                                    \
 int entmax_threshold_##SUFFIX(const T* z, int64_t rows, int64_t c, int entmax, int max_steps,     \
                               int threads, T* m, T* tau, T* d, T* s1, T* s2, T* s3, T* cnt) {      \
-    job_##SUFFIX J = {z, m, 0, rows, c, entmax, max_steps, NULL, 0.0, m, tau, d, s1, s2, s3, cnt,   \
-                      NULL, 0};                                                                    \
+    job_##SUFFIX J = {z, m, 0, rows, c, entmax, max_steps, NULL, 0.0, NULL, m, tau, d, s1, s2, s3, \
+                      cnt, NULL, 0};                                                               \
     return launch_##SUFFIX(&J, rows, threads);                                                     \
 }                                                                                                  \
                                                                                                    \
 int entmax_fy_ids_##SUFFIX(const T* z, const T* mrow, int64_t rows, int64_t c, int entmax,         \
-                           int max_steps, int threads, const int64_t* ids, double gscale, T* grad, \
-                           double* row_loss, double* total) {                                      \
-    job_##SUFFIX J = {z, mrow, 0, rows, c, entmax, max_steps, ids, gscale, NULL, NULL, grad, NULL,     \
-                      NULL, NULL, NULL, row_loss, 0};                                              \
+                           int max_steps, int threads, const int64_t* ids, const uint8_t* keep,    \
+                           double gscale, T* grad, double* row_loss, double* total) {              \
+    job_##SUFFIX J = {z, mrow, 0, rows, c, entmax, max_steps, ids, gscale, keep, NULL, NULL, grad, \
+                      NULL, NULL, NULL, NULL, row_loss, 0};                                        \
     int st = launch_##SUFFIX(&J, rows, threads);                                                   \
     double acc = 0.0;                                                                              \
     for (int64_t r = 0; r < rows; ++r) acc += row_loss[r];                                         \
@@ -315,7 +321,7 @@ def _build() -> Tuple[Optional[ctypes.CDLL], str]:
         fn.argtypes = [ptr, i64, i64, i32, i32, i32] + [ptr] * 7
         fn.restype = i32
         fn = getattr(lib, f"entmax_fy_ids_{sfx}")
-        fn.argtypes = [ptr, ptr, i64, i64, i32, i32, i32, ptr, dbl, ptr, ptr, ptr]
+        fn.argtypes = [ptr, ptr, i64, i64, i32, i32, i32, ptr, ptr, dbl, ptr, ptr, ptr]
         fn.restype = i32
     return lib, f"built with {os.path.basename(cc)}: {path}"
 
@@ -368,12 +374,8 @@ def threshold(z: Tensor, entmax: bool) -> Optional[tuple]:
     return m, tau, d, s1, s2, s3, cnt
 
 
-def fy_ids(z: Tensor, y: Tensor, entmax: bool, divisor: int, need_grad: bool) -> Optional[Tuple[Tensor, Optional[Tensor]]]:
-    """``(total, grad)`` of the Fenchel-Young loss with ids ``y (M,)`` int64 and a sum / mean
-    reduction (``divisor`` 1 or ``M``): ``total = sum_rows L / divisor`` (0-dim, ``z``'s dtype) and
-    ``grad = (p* - onehot(y)) / divisor`` (``None`` unless ``need_grad``; the buffer is written
-    either way). ``None`` when the kernel cannot decide (see :func:`threshold`) or an id is out of
-    range: the caller then runs the PyTorch path, which raises or gives the same values."""
+def _fy(z: Tensor, y: Tensor, keep: Optional[Tensor], entmax: bool, gscale: float):
+    """One call of the fused kernel: ``(row_loss (M,) float64, total (float), grad)`` or ``None``."""
     lib = library()
     z = z.contiguous()
     y = y.contiguous()
@@ -383,11 +385,40 @@ def fy_ids(z: Tensor, y: Tensor, entmax: bool, divisor: int, need_grad: bool) ->
     grad = torch.empty_like(z)
     row_loss = torch.empty(rows, dtype=torch.float64)
     total = ctypes.c_double(0.0)
-    fn = lib.entmax_fy_ids_f32 if z.dtype == torch.float32 else lib.entmax_fy_ids_f64
+    # the row max by torch (NaN propagates; the kernel reports it); the kernel does not look at the
+    # ignored rows, max included
     m = z.amax(dim=1)
-    st = fn(z.data_ptr(), m.data_ptr(), rows, c, int(entmax), MAX_STEPS, _threads(rows, c), y.data_ptr(), 1.0 / divisor,
-            grad.data_ptr(), row_loss.data_ptr(), ctypes.byref(total))
+    flags = None if keep is None else keep.contiguous().to(torch.uint8)
+    fn = lib.entmax_fy_ids_f32 if z.dtype == torch.float32 else lib.entmax_fy_ids_f64
+    st = fn(z.data_ptr(), m.data_ptr(), rows, c, int(entmax), MAX_STEPS, _threads(rows, c), y.data_ptr(),
+            None if flags is None else flags.data_ptr(), gscale, grad.data_ptr(), row_loss.data_ptr(),
+            ctypes.byref(total))
     if st != 0:
         return None
-    value = total.value if divisor == 1 else total.value / divisor
+    return row_loss, total.value, grad
+
+
+def fy_ids(z: Tensor, y: Tensor, entmax: bool, divisor: int, need_grad: bool) -> Optional[Tuple[Tensor, Optional[Tensor]]]:
+    """``(total, grad)`` of the Fenchel-Young loss with ids ``y (M,)`` and a sum / mean reduction
+    (``divisor`` 1 or ``M``): ``total = sum_rows L / divisor`` (0-dim, ``z``'s dtype) and
+    ``grad = (p* - onehot(y)) / divisor`` (``None`` unless ``need_grad``; the buffer is written
+    either way). ``None`` when the kernel cannot decide (see :func:`threshold`) or an id is out of
+    range: the caller then runs the PyTorch path, which raises or gives the same values."""
+    done = _fy(z, y, None, entmax, 1.0 / divisor)
+    if done is None:
+        return None
+    _, total, grad = done
+    value = total if divisor == 1 else total / divisor
     return torch.tensor(value, dtype=z.dtype), (grad if need_grad else None)
+
+
+def fy_rows(z: Tensor, y: Tensor, keep: Optional[Tensor], entmax: bool) -> Optional[Tuple[Tensor, Tensor]]:
+    """``(values (M,), grad (M, C))``: the per-row Fenchel-Young losses with ids ``y`` and their
+    gradients ``p* - onehot(y)`` (for a unit gradient of each row's loss), in ``z``'s dtype. Rows
+    where ``keep (M,)`` bool is False are not read (their scores may be anything) and get 0 and a
+    zero gradient row. ``None`` as for :func:`fy_ids`."""
+    done = _fy(z, y, keep, entmax, 1.0)
+    if done is None:
+        return None
+    row_loss, _, grad = done
+    return row_loss.to(z.dtype), grad

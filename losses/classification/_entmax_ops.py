@@ -1019,6 +1019,7 @@ class FYLossFunction(torch.autograd.Function):
         mapping = MAPPINGS[kind]
         ctx.divisor = divisor
         ctx.kind = kind
+        ctx.rows = False
         ctx.has_y = y is not None
         zs = tau = top_i = p = None
         dense = False
@@ -1027,6 +1028,22 @@ class FYLossFunction(torch.autograd.Function):
             zs = z - m
             omega = _dot_masked(p, zs) + tsallis(p, alpha)
         else:
+            rows = None
+            if y is not None and z.device.type == "cpu" and _entmax_native.usable(z):
+                if _compiling() and _FY_ROWS_OP is not None:
+                    # traced: the rows' losses and gradients as one opaque operator (see _FY_ROWS_OP)
+                    rows = _FY_ROWS_OP(z if raw is None else raw, y.long(), None if raw is None else keep, kind)
+                elif divisor is None and auto_search(kind, z.shape[0], z.shape[-1])[0] == "dense":
+                    rows = _entmax_native.fy_rows(z, y, None, mapping.scale != 1.0)  # None: the path below
+            if rows is not None:
+                values, grad = rows
+                ctx.rows = ctx.needs_input_grad[0]
+                if ctx.rows:
+                    ctx.save_for_backward(grad)
+                if divisor is not None:
+                    total = values.sum()
+                    return total if divisor == 1 else total / divisor
+                return values
             if (y is not None and divisor is not None and raw is None and z.device.type == "cpu"
                     and not _compiling() and auto_search(kind, z.shape[0], z.shape[-1])[0] == "dense"
                     and _entmax_native.usable(z)):
@@ -1087,6 +1104,13 @@ class FYLossFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable("sparsemax_loss / entmax15_loss / entmax_bisect_loss")
     def backward(ctx, grad):
+        if ctx.rows:  # the rows' gradients p* - onehot(y), for unit row gradients
+            (dz,) = ctx.saved_tensors
+            if ctx.divisor is not None:
+                dz = dz * (grad / ctx.divisor)
+            else:
+                dz = dz * grad.unsqueeze(-1)
+            return dz, None, None, None, None, None, None, None, None, None, None
         if ctx.fused:  # the forward built the gradient for a unit grad (the usual loss.backward())
             (dz,) = ctx.saved_tensors
             if not (grad.device.type == "cpu" and not _compiling() and float(grad) == 1.0):
@@ -1121,3 +1145,55 @@ class FYLossFunction(torch.autograd.Function):
             if da.shape != alpha.shape:
                 da = da.sum(dim=0, keepdim=True)
         return dz, None, dq, da, None, None, None, None, None, None, None
+
+
+# --------------------------------------------------------------------------------------
+# the per-row loss and gradient as one opaque operator under torch.compile (CPU)
+# --------------------------------------------------------------------------------------
+
+
+def _eager_fy_rows(z: Tensor, y: Tensor, keep: Optional[Tensor], kind: str) -> Tuple[Tensor, Tensor]:
+    """``(values (M,), grad (M, C))``: the exact Fenchel-Young losses of the rows with ids ``y`` and
+    their gradients ``p* - onehot(y)``, rows where ``keep`` is False (``None``: every row kept)
+    given 0 and a zero gradient without being read. The C kernel where the CPU default searches
+    densely, else (wide rows, or a case the kernel hands back) the eager autograd path itself, so
+    that values, errors and fallbacks are the eager ones."""
+    if auto_search(kind, z.shape[0], z.shape[-1])[0] == "dense" and _entmax_native.usable(z):
+        done = _entmax_native.fy_rows(z, y, keep, kind == "entmax15")
+        if done is not None:
+            return done
+    # autograd does not record inside an operator: the forward's arithmetic, p* - onehot by hand
+    zz = z if keep is None else zero_rows(z, keep)
+    mapping = _exact(kind)
+    th = threshold(kind, zz, None)
+    p = dense_probs(kind, zz, th)
+    if th.d is not None:
+        omega = mapping.omega_dense(p, th.d, th.tau, th.sums)
+    else:
+        omega = mapping.omega(mapping.probs(th.vals, th.tau), th.tau)
+    values = (omega - (zz.gather(-1, y.unsqueeze(-1)) - th.m)).clamp(min=0).squeeze(-1)
+    grad = p.clone().scatter_add_(-1, y.unsqueeze(-1), p.new_full((1, 1), -1.0).expand(y.shape[0], 1))
+    if keep is not None:
+        values = values.masked_fill(~keep, 0.0)
+        grad = grad.masked_fill(~keep.unsqueeze(-1), 0.0)
+    return values, grad
+
+
+def _fake_fy_rows(z: Tensor, y: Tensor, keep: Optional[Tensor], kind: str) -> Tuple[Tensor, Tensor]:
+    return z.new_empty(z.shape[:1]), torch.empty_like(z)
+
+
+#: under ``torch.compile`` on CPU, the exact losses with ids are this one opaque operator when the C
+#: kernel is built (one call: the row max, the search, the values and the gradients ``p* - onehot``
+#: of the rows; the ignored rows' raw scores are not read): the traced graph keeps the reduction and,
+#: in the backward, the scaling of the saved gradient. Without the kernel, the threshold operator
+#: above and traced passes run.
+_FY_ROWS_OP = None
+if _THRESHOLD_OP is not None:
+    try:
+        _FY_ROWS_OP = torch.library.custom_op(
+            "losses::exact_entmax_fy_rows", _eager_fy_rows, mutates_args=(), device_types="cpu",
+            schema="(Tensor z, Tensor y, Tensor? keep, str kind) -> (Tensor, Tensor)")
+        _FY_ROWS_OP.register_fake(_fake_fy_rows)
+    except (RuntimeError, TypeError):  # pragma: no cover - registered twice (module reloaded) or old API
+        _FY_ROWS_OP = None

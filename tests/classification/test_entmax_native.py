@@ -113,6 +113,58 @@ def test_fused_loss_and_gradient_match_the_oracle(kind, reduction, dtype, tol, m
     torch.testing.assert_close(gx, gr, rtol=0, atol=tol)
 
 
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_per_row_losses_with_ignored_positions(kind, reduction, monkeypatch):
+    """Ignored positions or reduction="none": the kernel's per-row values and gradients
+    (p* - onehot) against the oracle and the PyTorch path, ignored rows exactly 0."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(6, 300, 7, generator=g, dtype=torch.float64) * 2
+    y = torch.randint(0, 300, (6, 7), generator=g)
+    y[1, 3] = y[4, 0] = -100
+    fn = getattr(losses, f"{kind}_loss")
+    w = torch.rand(6, 7, generator=g, dtype=torch.float64)
+    results = []
+    for enabled in (True, False):
+        monkeypatch.setattr(native, "enabled", enabled)
+        xa = x.clone().requires_grad_()
+        out = fn(xa, y, reduction=reduction)
+        (gx,) = torch.autograd.grad((out * w).sum() if reduction == "none" else out * 1.5, xa)
+        results.append((out, gx))
+    (out, gx), (ref, gref) = results
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(gx, gref, rtol=0, atol=1e-13)
+    if reduction == "none":
+        assert out[1, 3] == 0 and out[4, 0] == 0
+        values, grads, _ = oracle_loss(kind, x, y)
+        torch.testing.assert_close(out, values, rtol=0, atol=1e-12)
+    assert torch.all(gx[1, :, 3] == 0) and torch.all(gx[4, :, 0] == 0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_compiled_operator_on_wide_rows_and_handed_back_rows_matches_eager(kind):
+    """The per-row operator of compiled graphs runs the eager search where the kernel is not the
+    CPU choice (wide rows: top-k) or hands a row back (NaN), with the eager values and gradients."""
+    g = torch.Generator().manual_seed(5)
+    for c, poison in ((5000, False), (300, True)):
+        z = torch.randn(10, c, generator=g, dtype=torch.float64)
+        y = torch.randint(0, c, (10,), generator=g)
+        keep = torch.ones(10, dtype=torch.bool)
+        keep[3] = False
+        z[3] = float("nan")  # ignored: not read
+        if poison:
+            z[5, 9] = float("nan")  # kept: the kernel hands it back; the eager path gives NaN too
+        values, grad = ops._FY_ROWS_OP(z, y, keep, kind)
+        zz = torch.where(keep.unsqueeze(1), z, 0.0).requires_grad_(True)
+        with losses.validation(False):
+            ref = getattr(losses, f"{kind}_loss")(zz, torch.where(keep, y, -100), reduction="none")
+        (gref,) = torch.autograd.grad(ref.nansum(), zz)
+        torch.testing.assert_close(values, ref, rtol=0, atol=1e-13, equal_nan=True)
+        rows = torch.isfinite(ref)
+        torch.testing.assert_close(grad[rows], gref[rows], rtol=0, atol=1e-13)
+        assert values[3] == 0 and torch.all(grad[3] == 0)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_target_on_a_masked_score_gives_inf_with_a_finite_gradient(kind):
     x = torch.randn(8, 300, dtype=torch.float64)

@@ -1145,7 +1145,7 @@ def test_compiled_cpu_search_matches_eager(name):
     torch._dynamo.reset()
 
 
-def test_compiled_search_operator_returns_the_eager_threshold():
+def test_compiled_search_operator_returns_the_eager_threshold(search_path):
     from losses.classification import _entmax_ops
 
     if _entmax_ops._THRESHOLD_OP is None:
@@ -1157,15 +1157,22 @@ def test_compiled_search_operator_returns_the_eager_threshold():
         torch.testing.assert_close(m, th.m)
         torch.testing.assert_close(tau, th.tau, rtol=1e-5, atol=1e-6)
         torch.library.opcheck(_entmax_ops._THRESHOLD_OP, (z, kind), test_utils=("test_schema", "test_faketensor"))
+    # the search, not a traced sort; with the C kernel the whole per-row loss is one operator
+    op = "exact_entmax_fy_rows" if search_path == "native" else "exact_entmax_threshold"
     torch._dynamo.reset()
     graphs = torch._dynamo.explain(losses.sparsemax_loss)(z, torch.zeros(16, dtype=torch.long)).graphs
-    assert any("exact_entmax_threshold" in gm.code for gm in graphs)  # the search, not a traced sort
+    assert op in _graph_code(graphs)
     torch._dynamo.reset()
     graphs = torch._dynamo.explain(losses.sparsemax_loss)(z, torch.zeros(16, dtype=torch.long), k=10).graphs
-    assert any("exact_entmax_threshold" in gm.code for gm in graphs)  # on CPU the choice decides, k or not
+    assert op in _graph_code(graphs)  # on CPU the choice decides, k or not
 
 
-def test_compiled_search_reads_the_raw_scores_and_the_kept_rows():
+def _graph_code(graphs) -> str:
+    """The code of dynamo's graphs and of their submodules (an autograd.Function's traced forward)."""
+    return "\n".join(mod.code for gm in graphs for _, mod in gm.named_modules() if hasattr(mod, "code"))
+
+
+def test_compiled_search_reads_the_raw_scores_and_the_kept_rows(search_path):
     """With an ignore_index the traced graph cannot see on the host that no row is ignored; the search
     then takes the raw scores and the kept-rows mask (the zeroing of ignored rows happens inside it,
     and only when a row is ignored), so no zeroed copy of the scores is materialised for it. Ignored
@@ -1188,7 +1195,23 @@ def test_compiled_search_reads_the_raw_scores_and_the_kept_rows():
     torch._dynamo.reset()
     y = torch.randint(0, 300, (12,), generator=g)
     graphs = torch._dynamo.explain(losses.sparsemax_loss)(z, y).graphs
-    assert any("exact_entmax_threshold_keep" in gm.code for gm in graphs)
+    # the raw scores and the mask go to the operator (with the C kernel: the per-row loss operator)
+    op = "exact_entmax_fy_rows" if search_path == "native" else "exact_entmax_threshold_keep"
+    assert op in _graph_code(graphs)
+    if search_path == "native":
+        for kind in ("sparsemax", "entmax15"):
+            raw = z.clone()
+            raw[2] = float("nan")  # an ignored row is not read
+            values, grad = _entmax_ops._FY_ROWS_OP(raw, y, keep, kind)
+            xa = torch.where(keep.unsqueeze(1), z, 0.0).requires_grad_(True)
+            ref = getattr(losses, f"{kind}_loss")(xa, torch.where(keep, y, -100), reduction="none")
+            (gref,) = torch.autograd.grad(ref.sum(), xa)
+            torch.testing.assert_close(values, ref, rtol=0, atol=1e-13)
+            torch.testing.assert_close(grad, gref, rtol=0, atol=1e-13)
+            torch.library.opcheck(_entmax_ops._FY_ROWS_OP, (z, y, keep, kind),
+                                  test_utils=("test_schema", "test_faketensor"))
+            torch.library.opcheck(_entmax_ops._FY_ROWS_OP, (z, y, None, kind),
+                                  test_utils=("test_schema", "test_faketensor"))
     bad = z.clone()
     bad[2] = float("nan")
     bad[7, :5] = float("inf")
