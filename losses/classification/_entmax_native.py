@@ -141,7 +141,19 @@ static int row_threshold_##SUFFIX(const T* z, int64_t c, double m, int entmax, d
     if (m == -INFINITY) { *tau_out = -1.0; return ST_OK; } /* no finite score: empty support */   \
     T lim = (T)(m - 1.0 / scale); /* candidates x = scale (z - m) > -1 (and a rounding more) */   \
     int64_t k = 0;                                                                                 \
-    for (int64_t j = 0; j < c; ++j) { /* branch-free: store always, keep the candidates */       \
+    /* blocks of 16 scores: one test whether any is a candidate (most blocks of a wide row hold  \
+       none), then a branch-free store of the block's candidates */                               \
+    int64_t j = 0;                                                                                 \
+    for (; j + 16 <= c; j += 16) {                                                                 \
+        int any = 0;                                                                               \
+        for (int t = 0; t < 16; ++t) any |= z[j + t] >= lim;                                       \
+        if (!any) continue;                                                                        \
+        for (int t = 0; t < 16; ++t) {                                                             \
+            buf[k] = ((double)z[j + t] - m) * scale;                                               \
+            k += z[j + t] >= lim;                                                                  \
+        }                                                                                          \
+    }                                                                                              \
+    for (; j < c; ++j) {                                                                           \
         buf[k] = ((double)z[j] - m) * scale;                                                       \
         k += z[j] >= lim;                                                                          \
     }                                                                                              \

@@ -143,8 +143,9 @@ def test_per_row_losses_with_ignored_positions(kind, reduction, monkeypatch):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_compiled_operator_on_wide_rows_and_handed_back_rows_matches_eager(kind):
-    """The per-row operator of compiled graphs runs the eager search where the kernel is not the
-    CPU choice (wide rows: top-k) or hands a row back (NaN), with the eager values and gradients."""
+    """The per-row operator of compiled graphs on wide rows (the kernel, where the eager default
+    takes the top-k) and on a batch whose kept row holds NaN (handed back: the eager arithmetic)
+    gives the eager values and gradients."""
     g = torch.Generator().manual_seed(5)
     for c, poison in ((5000, False), (300, True)):
         z = torch.randn(10, c, generator=g, dtype=torch.float64)
