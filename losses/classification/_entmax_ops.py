@@ -32,6 +32,14 @@ Conventions shared by every kernel:
     ``[x - tau]_+`` itself, so the probabilities, the loss value and (for ids with a sum or mean
     reduction) the whole gradient ``(p* - onehot)/N`` cost no further search pass over the scores.
 
+  - The C kernel (:mod:`._entmax_native`, CPU, built on first use where a C compiler exists):
+    the same dense search per row with no operator calls (Michelot's algorithm for sparsemax,
+    Newton from the left with the support's closed form as the stopping test for entmax-1.5, in
+    float64), and with ids the per-row values and gradients ``p* - onehot`` in the same call.
+    Where it is built, :func:`_threshold_dense` and the Fenchel-Young Function call it first and
+    keep the PyTorch search as the fallback (cases it hands back: NaN or ``+inf`` scores, ids out
+    of range with the data checks off, a search longer than its step limit).
+
 * What differs between the mappings (threshold, probabilities, Fenchel-Young value, backward)
   lives in one small object each, :data:`MAPPINGS` ``"sparsemax"``, ``"entmax15"`` (exact
   thresholds, one shared autograd Function) and ``"bisect"`` (any alpha); the search drivers
@@ -42,7 +50,8 @@ Conventions shared by every kernel:
   data; deciding to redo is one host sync per round).
 
 * Choice of the search on CPU outside ``torch.compile`` (:func:`auto_search`): all three are
-  exact, so the fastest for the batch shape ``(M, C)`` is used, from one-thread measurements
+  exact, so the fastest for the batch shape ``(M, C)`` is used. With the C kernel that is the dense
+  search for every row of at most :data:`WIDE_ROWS` classes and the top-k above; without it, from one-thread measurements
   (benchmarks/perf_losses.py, docs/performance.md): top-k (with the doubling above) for wide
   rows (``C > 2048``) and for small batches of narrow rows, the dense search in between, the sort for
   entmax-1.5 rows of at most 32 classes. On wide rows a batch whose support outgrows the top-k
