@@ -170,22 +170,28 @@ def _build(case: Dict) -> tuple:
         def step():
             call(*args).backward()
     else:
-        # suite "sparsemax_forced": one exact search forced ("newton", "sort" or "topk<k>")
+        # suite "sparsemax_forced": one exact search forced: "native" (the C kernel, as the CPU default
+        # takes it for rows of at most 2,048 classes, fused value and gradient included), or one of
+        # the PyTorch searches with the kernel off ("dense", "newton", "sort", "topk<k>")
+        from losses.classification import _entmax_native as native
         from losses.classification import _entmax_ops as ops
 
-        original = ops.threshold
+        original, original_auto, was = ops.threshold, ops.auto_search, native.enabled
 
-        def forced(kind, z, k, method=None, max_iter=ops.NEWTON_MAX_ITER):
+        def forced(kind, z, k, method=None, max_iter=ops.NEWTON_MAX_ITER, **kw):
             if force.startswith("topk"):
                 return ops._threshold_topk(kind, z, min(int(force[4:]), z.shape[-1]))
-            return original(kind, z, None, force, max_iter)
+            return original(kind, z, None, "dense" if force == "native" else force, max_iter)
 
         def step():
             ops.threshold = forced
+            native.enabled = force == "native"
+            if force == "native":
+                ops.auto_search = lambda kind, m, c, native=None: ("dense", None)
             try:
                 module(*args).backward()
             finally:
-                ops.threshold = original
+                ops.threshold, ops.auto_search, native.enabled = original, original_auto, was
 
     return _with_optimizer(case, step, list(module.parameters())), tensors
 
@@ -421,7 +427,7 @@ def suite_cases(suite: str, classes: List[int]) -> List[Dict]:
                 if b * c > 3e7:
                     continue
                 for name in ("sparsemax", "entmax15"):
-                    for force in ("newton", "sort", "topk8", "topk32", "topk128"):
+                    for force in ("native", "dense", "newton", "sort", "topk8", "topk32", "topk128"):
                         if force.startswith("topk") and int(force[4:]) >= c:
                             continue
                         cases.append({"name": name, "label": f"{name} ({force})", "B": b, "C": c,
