@@ -350,6 +350,22 @@ def library() -> Optional[ctypes.CDLL]:
     return _lib
 
 
+def _ready() -> bool:
+    return library() is not None
+
+
+# torch.compile: whether the kernel is built is a constant of the process. Dynamo calls this
+# eagerly while tracing and bakes its answer in, instead of tracing into the build (its lock, files
+# and subprocess would break the graph the first time a compiled loss reaches it).
+if hasattr(torch, "_dynamo") and hasattr(torch._dynamo, "assume_constant_result"):
+    _ready = torch._dynamo.assume_constant_result(_ready)
+
+
+def ready() -> bool:
+    """Whether the kernel is built and enabled (builds it on the first call)."""
+    return enabled and _ready()
+
+
 def available() -> Tuple[bool, str]:
     """``(True, where)`` when the kernel is built and loaded, else ``(False, why not)``."""
     return library() is not None, _why
@@ -363,7 +379,7 @@ def usable(z: Tensor) -> bool:
     """Whether the kernel can take ``z``: a CPU float32 / float64 2-D tensor with at least one row
     (contiguous or made so by the caller), and the kernel built."""
     return (enabled and z.device.type == "cpu" and z.dtype in (torch.float32, torch.float64) and z.dim() == 2
-            and z.shape[0] > 0 and z.shape[1] > 0 and library() is not None)
+            and z.shape[0] > 0 and z.shape[1] > 0 and _ready())
 
 
 def threshold(z: Tensor, entmax: bool) -> Optional[tuple]:

@@ -518,7 +518,7 @@ def auto_search(kind: str, m: int, c: int, native: Optional[bool] = None) -> Tup
     if c > WIDE_ROWS:
         return "topk", wide
     if native is None:
-        native = _entmax_native.enabled and _entmax_native.library() is not None
+        native = _entmax_native.ready()
     if native:
         return "dense", None
     small = m * c <= 32768

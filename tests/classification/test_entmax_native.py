@@ -310,3 +310,31 @@ def test_concurrent_builds_into_one_empty_cache(tmp_path):
     assert len({o[0].split("|")[2] for o in outs}) == 1
     assert len(list((tmp_path / "kernels").glob("*.so"))) == 1
     assert not [p for p in (tmp_path / "kernels").iterdir() if p.is_dir()]  # temporary folders removed
+
+
+def test_first_use_inside_torch_compile_builds_without_a_graph_break(tmp_path):
+    """A process whose first sparse loss call is compiled (empty kernel cache): dynamo must not
+    trace into the build (its lock, files and compiler run), which would break the graph; the
+    build runs eagerly at trace time and fullgraph=True compiles."""
+    code = """
+        import torch, losses
+        from losses.classification import _entmax_native as native
+        assert native._tried is False
+        g = torch.Generator().manual_seed(0)
+        z = torch.randn(64, 500, generator=g, requires_grad=True)
+        y = torch.randint(0, 500, (64,), generator=g)
+        with losses.validation(False):
+            ex = torch._dynamo.explain(losses.SparsemaxLoss())(z, y)
+            assert ex.graph_break_count == 0, ex.break_reasons
+            torch._dynamo.reset()
+            out = torch.compile(losses.SparsemaxLoss(), fullgraph=True)(z, y)
+            (g1,) = torch.autograd.grad(out, z)
+            ref = losses.sparsemax_loss(z, y)
+            (g2,) = torch.autograd.grad(ref, z)
+        assert native.available()[0]
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-6)
+        torch.testing.assert_close(g1, g2, rtol=0, atol=1e-7)
+        print("ok")
+    """
+    done = _interpreter(code, {"LOSSES_CACHE_DIR": str(tmp_path)})
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
