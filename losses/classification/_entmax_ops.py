@@ -51,7 +51,7 @@ Conventions shared by every kernel:
 
 * Choice of the search on CPU outside ``torch.compile`` (:func:`auto_search`): all three are
   exact, so the fastest for the batch shape ``(M, C)`` is used. With the C kernel that is the dense
-  search for every row of at most :data:`WIDE_ROWS` classes and the top-k above; without it, from one-thread measurements
+  search at every width; without it, from one-thread measurements
   (benchmarks/perf_losses.py, docs/performance.md): top-k (with the doubling above) for wide
   rows (``C > 2048``) and for small batches of narrow rows, the dense search in between, the sort for
   entmax-1.5 rows of at most 32 classes. On wide rows a batch whose support outgrows the top-k
@@ -510,17 +510,20 @@ def auto_search(kind: str, m: int, c: int, native: Optional[bool] = None) -> Tup
     ``("topk", k0)``, ``("dense", None)`` or ``("sort", None)`` (measured crossovers).
 
     ``native``: whether the dense search runs in the C kernel (:mod:`._entmax_native`; ``None``:
-    whether it is built and enabled now). With it the dense search is the fastest for every row of
-    at most :data:`WIDE_ROWS` classes (at (64, 100) sparsemax 3.8x ``F.cross_entropy`` against the
-    top-k's 13.5x; at (256, 1e3) 1.0-1.2x against 2.2-2.5x), so only wide rows keep the top-k;
-    without it the crossovers below are the PyTorch searches'."""
+    whether it is built and enabled now). With it the dense search is taken at every width: it was
+    the fastest at every shape measured up to 10,000 classes (one thread, idle machine, forward +
+    backward / ``F.cross_entropy``: at (256, 4096) sparsemax 0.53x against the top-k's 1.39x,
+    entmax-1.5 0.78x against 2.50x; at (256, 1e4) 0.60x / 0.62x against 0.89x / 1.49x; at
+    (64, 100) 3.8x against 13.5x on the loaded machine) and equal to the top-k within the noise at
+    1e5 classes (0.59x / 0.63x against 0.58x / 0.65x), where it also needs no doubling for wide
+    supports. Without the kernel the crossovers below are the PyTorch searches'."""
     narrow, wide = AUTO_TOPK[kind]
-    if c > WIDE_ROWS:
-        return "topk", wide
     if native is None:
         native = _entmax_native.ready()
     if native:
         return "dense", None
+    if c > WIDE_ROWS:
+        return "topk", wide
     small = m * c <= 32768
     if kind == "entmax15":
         if c <= 32:
