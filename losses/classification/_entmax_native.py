@@ -45,8 +45,9 @@ them (:data:`PARALLEL_MIN`).
 Building. The first use compiles the C source below with the system's C compiler (``$CC``, else
 ``cc``, ``gcc`` or ``clang``; about a second) into ``$LOSSES_CACHE_DIR/kernels`` (default
 ``~/.cache/softmax-losses/kernels``), under a name that hashes the source, the compiler's flags and
-the machine, written atomically so that concurrent processes can build at once. Without a
-compiler, off Linux / macOS, or with ``LOSSES_NATIVE=0`` in the environment, nothing is built and
+the machine, written atomically so that concurrent processes can build at once (a C++ driver such
+as ``g++``, the compiler ``torch.compile`` needs on CPU, is used as a C compiler where no C one is
+found). Without a compiler, off Linux / macOS, or with ``LOSSES_NATIVE=0`` in the environment, nothing is built and
 the PyTorch search runs (the same values, checked by the tests). :func:`available` says which.
 """
 
@@ -290,7 +291,9 @@ def _cache_dir() -> str:
 
 
 def _compiler() -> Optional[str]:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+    # a C++ driver compiles the source as C too ("-x c" below): machines with only g++ (what
+    # torch.compile's CPU backend needs) build the kernel as well
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang", "c++", "g++", "clang++"):
         if name and shutil.which(name):
             return shutil.which(name)
     return None
@@ -316,7 +319,8 @@ def _build() -> Tuple[Optional[ctypes.CDLL], str]:
                 with open(src, "w") as fh:
                     fh.write(_SOURCE)
                 so = os.path.join(tmp, "entmax_threshold.so")
-                done = subprocess.run([cc, *_FLAGS, src, "-o", so, "-lm"], capture_output=True, text=True,
+                done = subprocess.run([cc, *_FLAGS, "-x", "c", src, "-x", "none", "-o", so, "-lm"], capture_output=True,
+                                      text=True,
                                       timeout=120)
                 if done.returncode != 0:
                     return None, f"{os.path.basename(cc)} failed: {done.stderr.strip()[:300]}"

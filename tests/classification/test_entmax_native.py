@@ -338,3 +338,12 @@ def test_first_use_inside_torch_compile_builds_without_a_graph_break(tmp_path):
     """
     done = _interpreter(code, {"LOSSES_CACHE_DIR": str(tmp_path)})
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+def test_a_cxx_driver_builds_the_kernel_as_c(tmp_path):
+    """Where the only compiler is a C++ driver (g++: the one torch.compile's CPU backend needs),
+    the source is compiled as C (``-x c``), so its symbols keep C linkage and load."""
+    done = _interpreter(PROBE, {"LOSSES_CACHE_DIR": str(tmp_path), "CC": "g++"})
+    assert done.returncode == 0, done.stderr
+    ok, why, _ = [s.strip() for s in done.stdout.strip().split("|")]
+    assert ok == "True" and why.startswith("built with g++"), done.stdout
