@@ -306,7 +306,7 @@ def _build() -> Tuple[Optional[ctypes.CDLL], str]:
         return None, f"not built on {sys.platform}"
     cc = _compiler()
     if cc is None:
-        return None, "no C compiler found ($CC, cc, gcc, clang)"
+        return None, "no C compiler found ($CC, cc, gcc, clang, c++, g++, clang++)"
     key = hashlib.sha256("\0".join([_SOURCE, " ".join(_FLAGS), cc, platform.machine(), sys.platform])
                          .encode()).hexdigest()[:16]
     folder = _cache_dir()
@@ -382,8 +382,8 @@ def _threads(rows: int, cols: int) -> int:
 def usable(z: Tensor) -> bool:
     """Whether the kernel can take ``z``: a CPU float32 / float64 2-D tensor with at least one row
     (contiguous or made so by the caller), and the kernel built."""
-    return (enabled and z.device.type == "cpu" and z.dtype in (torch.float32, torch.float64) and z.dim() == 2
-            and z.shape[0] > 0 and z.shape[1] > 0 and _ready())
+    return (z.device.type == "cpu" and z.dtype in (torch.float32, torch.float64) and z.dim() == 2
+            and z.shape[0] > 0 and z.shape[1] > 0 and ready())
 
 
 def threshold(z: Tensor, entmax: bool) -> Optional[tuple]:

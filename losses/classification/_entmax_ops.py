@@ -1040,13 +1040,25 @@ class FYLossFunction(torch.autograd.Function):
             zs = z - m
             omega = _dot_masked(p, zs) + tsallis(p, alpha)
         else:
+            # ids on CPU with the C kernel built (the CPU default's search then, at every width):
+            # values and gradients from one kernel call; None from it leaves the case to the path below
             rows = None
             if y is not None and z.device.type == "cpu" and _entmax_native.usable(z):
-                if _compiling() and _FY_ROWS_OP is not None:
-                    # traced: the rows' losses and gradients as one opaque operator (see _FY_ROWS_OP)
-                    rows = _FY_ROWS_OP(z if raw is None else raw, y.long(), None if raw is None else keep, kind)
-                elif divisor is None and auto_search(kind, z.shape[0], z.shape[-1])[0] == "dense":
-                    rows = _entmax_native.fy_rows(z, y, None, mapping.scale != 1.0)  # None: the path below
+                entmax = mapping.scale != 1.0
+                if _compiling():
+                    if _FY_ROWS_OP is not None:  # traced: one opaque operator (see _FY_ROWS_OP)
+                        rows = _FY_ROWS_OP(z if raw is None else raw, y.long(), None if raw is None else keep, kind)
+                elif divisor is None:
+                    rows = _entmax_native.fy_rows(z, y, None, entmax)
+                elif raw is None:
+                    # a sum / mean: the kernel writes the whole gradient (p* - onehot) / divisor
+                    ctx.fused = ctx.needs_input_grad[0]
+                    done = _entmax_native.fy_ids(z, y, entmax, divisor, ctx.fused)
+                    if done is not None:
+                        total, grad = done
+                        if ctx.fused:
+                            ctx.save_for_backward(grad)
+                        return total
             if rows is not None:
                 values, grad = rows
                 ctx.rows = ctx.needs_input_grad[0]
@@ -1056,18 +1068,6 @@ class FYLossFunction(torch.autograd.Function):
                     total = values.sum()
                     return total if divisor == 1 else total / divisor
                 return values
-            if (y is not None and divisor is not None and raw is None and z.device.type == "cpu"
-                    and not _compiling() and auto_search(kind, z.shape[0], z.shape[-1])[0] == "dense"
-                    and _entmax_native.usable(z)):
-                # ids with a sum / mean where the CPU search is the dense one: value and whole
-                # gradient from the C kernel in one call (None: a case it leaves to the path below)
-                ctx.fused = ctx.needs_input_grad[0]
-                done = _entmax_native.fy_ids(z, y, mapping.scale != 1.0, divisor, ctx.fused)
-                if done is not None:
-                    total, grad = done
-                    if ctx.fused:
-                        ctx.save_for_backward(grad)
-                    return total
             # value from tau and the support only (th.vals holds it); no dense pass here
             th = threshold(kind, z, k, raw=raw, keep=keep)
             if th.d is not None and y is not None and divisor is not None:
