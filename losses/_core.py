@@ -43,7 +43,7 @@ import inspect
 import math
 import operator
 import warnings
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -125,6 +125,38 @@ def _compiling() -> bool:
         return torch.compiler.is_compiling()
     except AttributeError:  # pragma: no cover - very old torch
         return False
+
+
+def add_at_target(grad: Tensor, y: Tensor, value: Tensor) -> Tensor:
+    """``grad (M, C)`` with ``value`` (``(M,)``, or a shape that broadcasts to it) added at column
+    ``y (M,)`` of each row, in place where that is cheap.
+
+    Eagerly this is ``scatter_add_`` (it touches ``M`` entries). While ``torch.compile`` traces it
+    is an element-wise ``where(arange(C) == y, grad + value, grad)``: inductor fuses that into the
+    kernel that writes ``grad`` (and into whatever masking follows), where an in-place scatter
+    would end that kernel and make every later element-wise step one more pass over ``(M, C)``."""
+    if _compiling():
+        cols = torch.arange(grad.shape[1], device=grad.device)
+        v = value.reshape(-1, 1) if value.dim() > 0 else value
+        return torch.where(cols == y.unsqueeze(1), grad + v, grad)
+    v = value.reshape(-1, 1) if value.dim() > 0 else value.reshape(1, 1)
+    return grad.scatter_add_(1, y.unsqueeze(1), v.to(grad.dtype).expand(y.shape[0], 1))
+
+
+def set_at_index(x: Tensor, index: Tensor, value: Union[Tensor, float]) -> Tensor:
+    """``x.scatter_(1, index, value)`` for ``index`` shaped like ``x`` with dim 1 of size 1 (one
+    column per row, e.g. ``ids.unsqueeze(1)``); ``value`` a number or shaped like ``index``.
+
+    Eagerly the in-place scatter (it touches one entry per row). While ``torch.compile`` traces it,
+    an element-wise ``where(arange(C) == index, value, x)`` instead, so inductor keeps ``x`` in
+    registers and fuses the replacement into the kernel that computes ``x`` (and into a reduction
+    that follows), rather than storing ``x`` to memory for the scatter."""
+    if _compiling():
+        shape = [1] * x.dim()
+        shape[1] = x.shape[1]
+        cols = torch.arange(x.shape[1], device=x.device).reshape(shape)
+        return torch.where(cols == index, value, x)
+    return x.scatter_(1, index, value)
 
 
 def _emit_compile_warning(ctx: object = None) -> None:

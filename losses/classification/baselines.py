@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._core import (
+    add_at_target,
     once_differentiable,
     check_ignore_index,
     auto_extra_repr,
@@ -148,7 +149,14 @@ def bce_with_logits_loss(
     with no_autocast(input.device.type):
         zero = torch.zeros((), dtype=dtype, device=input.device)
         x = upcast(input, dtype)
-        if finite:  # verified finite: no -inf to define, no +-inf in ignored rows
+        if _compiling():
+            # one traced Function: value and gradient each one element-wise expression, which
+            # inductor fuses into one kernel apiece (autograd through the branches of
+            # _bce_values compiled to 1.6x compiled F.cross_entropy at (256, 1e5), this to 1.3x)
+            if not finite and not target.is_floating_point():
+                x = torch.where(unit > 0, x, zero)
+            values = _BCEElementwiseFunction.apply(x, y)
+        elif finite:  # verified finite: no -inf to define, no +-inf in ignored rows
             values = _bce_values(x, y, zero)
         else:
             if not target.is_floating_point():
@@ -166,9 +174,37 @@ def _bce_values(x: Tensor, y: Tensor, zero: Tensor) -> Tensor:
     """``softplus(x) - y x`` per element without cancellation: ``log(1 + exp(-|x|))`` plus
     ``(1 - y) x`` where ``x > 0`` and ``-y x`` elsewhere (both non-negative for ``y`` in
     ``[0, 1]``), so a confident logit (``softplus(10) - 10 ~ 4.5e-5``) keeps float32 precision.
-    ``|x|`` is written as a branch so that the gradient at ``x = 0`` is ``sigmoid(0) - y``."""
+    ``|x|`` is written as a branch so that the gradient at ``x = 0`` is ``sigmoid(0) - y``.
+    ``log1p(exp(.))`` of the non-positive ``-|x|`` rather than ``logaddexp(-|x|, 0)``: the same
+    value (``exp`` of a non-positive number cannot overflow), without ``logaddexp``'s handling of
+    infinite operands, which compiled to about a third more time per element."""
     pos = x > 0
-    return torch.logaddexp(torch.where(pos, -x, x), zero) + torch.where(pos, (1 - y) * x, -y * x)
+    return torch.log1p(torch.exp(torch.where(pos, -x, x))) + torch.where(pos, (1 - y) * x, -y * x)
+
+
+class _BCEElementwiseFunction(torch.autograd.Function):
+    """``softplus(x) - y x`` per element (:func:`_bce_values`; ``0`` at ``x = -inf, y = 0`` and
+    ``+inf`` at ``x = -inf, y > 0``) with the gradient written out: ``sigmoid(x) - y`` for ``x``
+    and ``-x`` for ``y`` (both 0 at ``x = -inf``, where the probability is fixed at 0). Used while
+    ``torch.compile`` traces: each direction is one element-wise expression for inductor to fuse.
+    The backward is built from differentiable operations, so a second derivative works too."""
+
+    @staticmethod
+    def forward(ctx, x, y):  # type: ignore[override]
+        ctx.save_for_backward(x, y)
+        neg = x == -math.inf
+        zero = torch.zeros((), dtype=x.dtype, device=x.device)
+        values = _bce_values(torch.where(neg, zero, x), y, zero)
+        return torch.where(neg, torch.where(y > 0, math.inf, 0.0).to(x.dtype), values)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        x, y = ctx.saved_tensors
+        keep = x != -math.inf
+        zero = torch.zeros((), dtype=x.dtype, device=x.device)
+        gx = torch.where(keep, torch.sigmoid(x) - y, zero) * grad if ctx.needs_input_grad[0] else None
+        gy = torch.where(keep, -x, zero) * grad if ctx.needs_input_grad[1] else None
+        return gx, gy
 
 
 class _BCEIdsFunction(torch.autograd.Function):
@@ -201,7 +237,7 @@ class _BCEIdsFunction(torch.autograd.Function):
         g = torch.sigmoid(x)
         if eps > 0:
             g.sub_(eps / x.shape[1])
-        g.scatter_add_(1, ids.unsqueeze(1), torch.full((x.shape[0], 1), -(1.0 - eps), dtype=g.dtype, device=g.device))
+        g = add_at_target(g, ids, torch.full((), -(1.0 - eps), dtype=g.dtype, device=g.device))
         if w is not None:
             g.mul_(w)
         g.mul_(grad.unsqueeze(1))

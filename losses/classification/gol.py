@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from .._core import (
     check_logits_dim,
     once_differentiable,
+    set_at_index,
     check_ignore_index,
     _compiling,
     auto_extra_repr,
@@ -285,18 +286,18 @@ def _paper_forward(x: Tensor, y: Optional[Tensor], ids: Optional[Tensor], valid:
     if grad is not None:
         if w is not None:
             grad = grad.mul_(w)
-        grad = grad.scatter_(1, idx, g_t.mul_(row_scale))
+        grad = set_at_index(grad, idx, g_t.mul_(row_scale))
     if reduction == "none":
         if w is not None:
             values = values.mul_(w)
-        return values.mul_(vb).scatter_(1, idx, val_t.mul_(vb)), grad
+        return set_at_index(values.mul_(vb), idx, val_t.mul_(vb)), grad
     # background sum over the valid rows with each id's own entry set to 0 first, then the ids'
     # values added: subtracting the background entry afterwards would cancel (at a confident
     # positive the background entry is ~x_t while the id's value is ~e^-x_t)
     class_w = w is not None and w.shape[0] == 1 and all(d == 1 for d in w.shape[2:])
     if w is not None and not class_w:
         values = values.mul_(w)
-    values = values.scatter_(1, idx, 0.0)
+    values = set_at_index(values, idx, 0.0)
     rows = torch.einsum("nc...,c->n...", values, w.reshape(-1)) if class_w else values.sum(1)
     del values
     rows = rows + val_t.squeeze(1)

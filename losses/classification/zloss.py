@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from .._core import (
     _compiling,
+    add_at_target,
     check_logits_dim,
     once_differentiable,
     check_ignore_index,
@@ -101,7 +102,7 @@ class _ZLossFunction(torch.autograd.Function):
         # two passes with one per-row operand each (vectorised), faster on CPU than one addcmul
         # with two broadcast operands
         grad = torch.mul(d, coef).add_(offset)
-        grad.scatter_add_(1, y.unsqueeze(1), (-gs / sigma).unsqueeze(1))
+        grad = add_at_target(grad, y, -gs / sigma)
         return grad, None, None, None, None, None
 
 
@@ -374,8 +375,7 @@ def _ce_logz_grad(x: Tensor, y: Tensor, m: Tensor, log_s: Tensor, g_ce: Tensor, 
     else:
         grad = torch.sub(x, m.unsqueeze(1))
         grad.sub_(log_s.unsqueeze(1)).exp_().mul_(g_p.unsqueeze(1))
-    grad.scatter_add_(1, y.unsqueeze(1), (-g_ce).expand(y.shape).unsqueeze(1))
-    return grad
+    return add_at_target(grad, y, -g_ce)
 
 
 def _logz_seed_grad(x: Tensor, y: Tensor, m: Tensor, lse: Tensor, coef: float, divisor: int,
@@ -388,8 +388,7 @@ def _logz_seed_grad(x: Tensor, y: Tensor, m: Tensor, lse: Tensor, coef: float, d
     assert s_sum is not None
     g_p = lse.mul(2.0 * coef / divisor).add_(1.0 / divisor)
     grad = e.mul_(g_p.div_(s_sum).unsqueeze(1))
-    return grad.scatter_add_(1, y.unsqueeze(1), torch.full((y.shape[0], 1), -1.0 / divisor, dtype=x.dtype,
-                                                             device=x.device))
+    return add_at_target(grad, y, torch.full((), -1.0 / divisor, dtype=x.dtype, device=x.device))
 
 
 class _CrossEntropyLogZMeanFunction(torch.autograd.Function):
