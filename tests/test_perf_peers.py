@@ -125,13 +125,39 @@ def test_compiled_suite_times_compiled_losses_beside_compiled_ce_and_a_copy(tmp_
     expected = {"F.cross_entropy", "F.cross_entropy (compiled)", "copy", "z_loss (compiled)", "sparsemax (compiled)"}
     assert set(rows) == expected
     suite = {c.get("label", c["name"]) for c in _bench().suite_cases("compiled", [10])}
+    bench = _bench()
     assert suite == expected | {f"{name} (compiled)" for name in ("cross_entropy", "bce_with_logits", "logz_penalty",
-                                                                  "comp_sum", "gol", "entmax15")}
+                                                                  "comp_sum", "gol", "entmax15")} | set(bench.PASSES) | {
+        "F.binary_cross_entropy_with_logits (compiled)"}
     for label, r in rows.items():
         assert not r["error"], r
         assert int(r["n"]) == 3 and float(r["x_copy"]) > 0 and float(r["x_ce_compiled"]) > 0, r
     assert float(rows["copy"]["x_copy"]) == 1.0 and float(rows["F.cross_entropy (compiled)"]["x_ce_compiled"]) == 1.0
     assert "| z_loss (compiled) | 256 | 10 |" in (tmp_path / "compiled.md").read_text()
+
+
+def test_compiled_bounds_add_the_extra_operation_to_the_target():
+    """The bound of a compiled row is 1.2x compiled CE plus the unit cost of the one operation per
+    element its maths needs beyond cross-entropy's (its pass minus the plain read), at C = 1e5 only."""
+    bench = _bench()
+
+    def row(label, ms, c=100000, **kw):
+        return dict({"loss": label, "B": 256, "C": c, "ms": ms}, **kw)
+
+    rows = [row("F.cross_entropy (compiled)", 100.0, x_ce_compiled=1.0), row("pass: sum(x)", 10.0),
+            row("pass: sum(log1p(|x|))", 50.0), row("pass: sum(log(1 + |x|))", 30.0),
+            row("bce_with_logits (compiled)", 155.0, x_ce_compiled=1.55),  # bound 1.2 + 40/100 = 1.6: met
+            row("gol (compiled)", 150.0, x_ce_compiled=1.45),  # bound 1.2 + 20/100 = 1.4: missed
+            row("gol (compiled)", 1.0, c=1000, x_ce_compiled=3.0)]  # not the target shape: no bound
+    got = {b["loss"]: b for b in bench.compiled_bounds(rows)}
+    assert set(got) == {"bce_with_logits (compiled)", "gol (compiled)"}
+    assert got["bce_with_logits (compiled)"]["bound"] == pytest.approx(1.6) and got["bce_with_logits (compiled)"]["met"]
+    assert got["gol (compiled)"]["bound"] == pytest.approx(1.4) and not got["gol (compiled)"]["met"]
+    text = "\n".join(bench._bounds_lines(rows))
+    assert "| bce_with_logits (compiled) | 256 | 100000 | log1p | 40.00 | 100.00 | 1.60 | 1.55 | met |" in text
+    assert "| gol (compiled) | 256 | 100000 | log | 20.00 | 100.00 | 1.40 | 1.45 | missed |" in text
+    cases = bench.suite_cases("compiled", [100000])
+    assert {c["name"] for c in cases if c["kind"] == "bound"} == set(bench.PASSES) | {"F.binary_cross_entropy_with_logits"}
 
 
 def test_paired_ratio_is_the_median_of_per_repetition_ratios():

@@ -192,10 +192,12 @@ class _BCEElementwiseFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, y):  # type: ignore[override]
         ctx.save_for_backward(x, y)
-        neg = x == -math.inf
+        # _bce_values with its -y x branch written as where(y > 0, -y x, 0): the same value for
+        # finite x, and at x = -inf exactly the defined 0 (y = 0) or +inf (y > 0), no NaN
+        pos = x > 0
         zero = torch.zeros((), dtype=x.dtype, device=x.device)
-        values = _bce_values(torch.where(neg, zero, x), y, zero)
-        return torch.where(neg, torch.where(y > 0, math.inf, 0.0).to(x.dtype), values)
+        return torch.log1p(torch.exp(torch.where(pos, -x, x))) + torch.where(
+            pos, (1 - y) * x, torch.where(y > 0, -y * x, zero))
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]

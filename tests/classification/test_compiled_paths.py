@@ -159,3 +159,16 @@ def test_logz_penalty_compiled_inductor_with_penalty_part():
         return loss + 3.0 * pen
 
     _compiled_matches_eager(both, x, y, backend="inductor")
+
+
+def test_gol_compiled_tanh_within_a_few_ulp():
+    from losses.classification.gol import _tanh_nonneg
+
+    h = torch.cat([torch.logspace(-38, 2, 200_001, dtype=torch.float64),
+                   torch.linspace(0, 1.5, 150_001, dtype=torch.float64)]).float()
+    ref = torch.tanh(h.double())
+    ulp = (torch.nextafter(ref.float(), torch.tensor(math.inf)).double() - ref.float().double()).clamp_min(1e-45)
+    err = (_tanh_nonneg(h).double() - ref).abs() / ulp
+    assert err.max().item() <= 2.5, (err.max().item(), h[err.argmax()].item())
+    assert _tanh_nonneg(torch.tensor([0.0])).item() == 0.0
+    assert _tanh_nonneg(torch.tensor([100.0])).item() == 1.0
