@@ -213,6 +213,43 @@ def test_matches_loop_oracle(kind, aggregate, soft):
             _compare(kind, x, t, aggregate=aggregate, mask=mask, reduction=reduction, **opts)
 
 
+@pytest.mark.parametrize("kind", ["dice", "jaccard", "soft_dice"])
+@pytest.mark.parametrize("activation", ["softmax", "sigmoid"])
+def test_ids_with_every_position_kept(kind, activation):
+    """Integer ids, no ignored id and no mask: the path that never builds the one-hot labels
+    (``_DiceStatsIds``) against the float64 loop oracle, every aggregation, reduction, weights and
+    log loss, 2-D / 3-D / no spatial dims; and equal to the one-hot path of the same labels."""
+    for i, shape in enumerate([(3, 5, 3, 2), (5, 7), (2, 4, 2, 3, 2)]):
+        x, t, _ = _data(shape, seed=20 + i, activation=activation, ignore=False)
+        for aggregate in ("dataset", "image", "class"):
+            for opts in ({}, {"active_classes": "all", "weight": torch.linspace(0.5, 2.0, shape[1],
+                                                                                dtype=torch.float64)},
+                         {"log_loss": True, "smooth": 0.3, "reduction": "sum"}):
+                opts.setdefault("reduction", "none" if aggregate == "image" else "mean")
+                _compare(kind, x, t, activation=activation, aggregate=aggregate, **opts)
+        # the same labels one-hot (soft labels of 0 and 1) through the general path: equal values and gradients
+        onehot = torch.nn.functional.one_hot(t, shape[1]).movedim(-1, 1).to(x.dtype)
+        for aggregate in ("dataset", "image"):
+            kw = dict(activation=activation, aggregate=aggregate, active_classes="present")
+            a = FUNCS[kind](x, t, **kw)
+            b = FUNCS[kind](x, onehot, **kw)
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+            ga = torch.autograd.grad(a, x)[0]
+            gb = torch.autograd.grad(b, x)[0]
+            torch.testing.assert_close(ga, gb, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["dice", "jaccard", "soft_dice"])
+def test_ids_with_every_position_kept_gradcheck(kind):
+    g = torch.Generator().manual_seed(5)
+    for activation, aggregate in (("softmax", "dataset"), ("sigmoid", "image"), ("softmax", "class")):
+        x = torch.randn(2, 4, 3, generator=g, dtype=torch.float64).requires_grad_(True)
+        t = torch.randint(0, 4, (2, 3), generator=g)
+        assert torch.autograd.gradcheck(
+            lambda z: FUNCS[kind](z, t, activation=activation, aggregate=aggregate, smooth=0.5,
+                                  weight=torch.linspace(0.5, 1.5, 4, dtype=torch.float64)), (x,))
+
+
 def test_custom_ignore_index_and_nd_input():
     x, t, _ = _data((2, 4, 2, 3, 2), seed=3, ignore=False)
     t[0, 0, 0, 0] = 255
