@@ -3,7 +3,8 @@ alternatives. Depends only on torch.
 
 Every loss is a pure function (``losses.<name>_loss`` / ``losses.functional``) plus a thin
 ``nn.Module``; ``losses.create_loss(name, **kwargs)`` builds one by its registry name and
-``losses.loss_names()`` lists their names and ``losses.list_losses()`` their metadata. ``losses.register(...)`` adds a loss of
+``losses.loss_names()`` lists their names and ``losses.list_losses()`` their metadata;
+``losses.native_kernels()`` says whether the optional C kernel is in use. ``losses.register(...)`` adds a loss of
 your own to the registry and ``losses.testing.check_loss(name)`` runs the library's contract checks
 on it (``docs/contributing.md``, Adding a loss).
 """
@@ -32,11 +33,33 @@ from . import testing  # noqa: E402  (after the families: it reads the registry)
 
 __version__ = "0.1.0"
 
+
+def native_kernels() -> dict:
+    """The optional C kernels and whether this process uses them: ``{name: (in_use, detail)}``,
+    ``detail`` being where the built library is or why it is not used.
+
+    One kernel today, ``"entmax_threshold"``: the exact sparsemax / entmax-1.5 threshold search per
+    CPU row (docs/losses/sparsemax.md), built with the system's C compiler on first use (this call
+    builds it if nothing has yet). Without it the PyTorch search runs and gives the same values; it
+    is not used where no compiler exists, off Linux / macOS, or with ``LOSSES_NATIVE=0``.
+
+    >>> import losses
+    >>> sorted(losses.native_kernels())
+    ['entmax_threshold']
+    """
+    from .classification import _entmax_native
+
+    built, detail = _entmax_native.available()
+    if built and not _entmax_native.enabled:
+        detail = f"built ({detail}) but switched off in this process"
+    return {"entmax_threshold": (built and _entmax_native.enabled, detail)}
+
 __all__ = [
     "ExperimentalWarning",
     "set_validation",
     "is_validation_enabled",
     "validation",
+    "native_kernels",
     "LossSpec",
     "INPUT_KINDS",
     "InputKind",

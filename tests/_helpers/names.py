@@ -79,11 +79,11 @@ LOSS_NAMES: FrozenSet[str] = frozenset(LOSSES)
 # the rest of the public API
 # ----------------------------------------------------------------------------------------------
 
-#: The registry and validation API (docs/conventions.md Registry, Errors, Randomness) and the
-#: two sub-modules.
+#: The registry and validation API (docs/conventions.md Registry, Errors, Randomness), the C kernel
+#: status (docs/losses/sparsemax.md) and the two sub-modules.
 API: Tuple[str, ...] = (
-    "ExperimentalWarning", "set_validation", "is_validation_enabled", "validation", "LossSpec", "INPUT_KINDS",
-    "InputKind", "register", "unregister", "spec_for_module", "create_loss", "get_loss_spec", "list_losses", "loss_names",
+    "ExperimentalWarning", "set_validation", "is_validation_enabled", "validation", "native_kernels", "LossSpec",
+    "INPUT_KINDS", "InputKind", "register", "unregister", "spec_for_module", "create_loss", "get_loss_spec", "list_losses", "loss_names",
     "functional", "testing",
 )
 

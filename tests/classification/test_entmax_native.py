@@ -347,3 +347,21 @@ def test_a_cxx_driver_builds_the_kernel_as_c(tmp_path):
     assert done.returncode == 0, done.stderr
     ok, why, _ = [s.strip() for s in done.stdout.strip().split("|")]
     assert ok == "True" and why.startswith("built with g++"), done.stdout
+
+
+def test_native_kernels_reports_the_kernel_and_why_not(monkeypatch):
+    """The public view of the kernel: in use where it is built and enabled, otherwise why not; and
+    a fresh interpreter with LOSSES_NATIVE=0 reports it disabled."""
+    status = losses.native_kernels()
+    assert set(status) == {"entmax_threshold"}
+    in_use, detail = status["entmax_threshold"]
+    assert in_use == native.ready() and isinstance(detail, str) and detail
+    if in_use:
+        monkeypatch.setattr(native, "enabled", False)
+        off, why = losses.native_kernels()["entmax_threshold"]
+        assert off is False and "switched off" in why
+    code = "import losses; print(losses.native_kernels()['entmax_threshold'])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, LOSSES_NATIVE="0"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "(False, 'disabled by LOSSES_NATIVE=0')"
