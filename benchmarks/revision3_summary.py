@@ -136,27 +136,40 @@ def confidence_cells(arm: str, rows: Sequence[dict]) -> Optional[List[str]]:
 def build(root: str = RESULTS, claims_file: str = rr.CLAIMS_FILE) -> str:
     cf = rr.load_claims(claims_file)
     by_text = {(c.family, c.data, c.claim): c for c in cf.claims}
-    found: Dict[str, Tuple[List[str], str]] = {}  # claim key -> (row, folder)
+    # a claim run again in a later batch (folders in name order, then the top-level summaries) takes
+    # that batch's line, sanity rows and runs; the earlier batch stays as the record of its runs
+    found: Dict[str, Tuple[List[str], str, str]] = {}  # claim key -> (row, folder, summary path)
+    superseded: List[Tuple[str, str, str]] = []  # (claim key, earlier folder, later folder)
     stale: List[Tuple[str, List[str]]] = []
-    sanity: List[List[str]] = []
-    conf: Dict[str, Tuple[List[str], List[str]]] = {}  # arm -> (its claims, cells)
+    sanity_by: Dict[Tuple[str, str], List[str]] = {}
     for folder, path in summaries(root):
         rows, san = parse_summary(path, folder)
-        runs = [r for f in runs_files(folder, path) for r in rr.read_csv(f)] if rows else []
-        sanity += san
+        for r in san:
+            sanity_by[(r[0], r[1])] = r
         for r in rows:
             c = by_text.get((r[0], r[1], r[2]))
             if c is None:
                 stale.append((os.path.relpath(path, root), r))
                 continue
-            found[c.key] = (r, folder)
-            for k in c.arms:  # the claim's own arms (not a difference-in-differences' clean arms)
-                if k in conf:
-                    conf[k][0].append(c.key)
-                elif (cells := confidence_cells(k, runs)) is not None:
-                    conf[k] = ([c.key], cells)
+            if c.key in found:
+                superseded.append((c.key, found[c.key][1] or "(top level)", folder or "(top level)"))
+            found[c.key] = (r, folder, path)
+    sanity = list(sanity_by.values())
+    conf: Dict[str, Tuple[List[str], List[str]]] = {}  # arm -> (its claims, cells)
+    runs_of: Dict[str, List[dict]] = {}
+    for c in cf.claims:
+        if c.key not in found:
+            continue
+        _, folder, path = found[c.key]
+        if path not in runs_of:
+            runs_of[path] = [r for f in runs_files(folder, path) for r in rr.read_csv(f)]
+        for k in c.arms:  # the claim's own arms (not a difference-in-differences' clean arms)
+            if k in conf:
+                conf[k][0].append(c.key)
+            elif (cells := confidence_cells(k, runs_of[path])) is not None:
+                conf[k] = ([c.key], cells)
     counts = {v: 0 for v in VERDICTS}
-    for r, _ in found.values():
+    for r, _, _ in found.values():
         v = _verdict_of(r[4])
         counts[v] = counts.get(v, 0) + 1
     order = [c.key for c in cf.claims]
@@ -182,6 +195,9 @@ def build(root: str = RESULTS, claims_file: str = rr.CLAIMS_FILE) -> str:
     ]
     lines += ["| " + " | ".join(found[k][0]) + " |" for k in order if k in found]
     lines.append("")
+    if superseded:
+        lines += ["Claims run again in a later batch take that batch's line (the earlier batch's report stays as "
+                  "the record of its runs): " + "; ".join(f"`{k}` ({a} -> {b})" for k, a, b in superseded) + ".", ""]
     if sanity:
         lines += ["Sanity checks (identities and levels met by construction; never counted as reproductions):", "",
                   "| claim | check | mean [CI] | result |", "|---|---|---|---|"]

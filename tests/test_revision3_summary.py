@@ -77,3 +77,31 @@ def test_a_hand_made_folder(tmp_path):
     assert rs.main(["--root", str(tmp_path), "--check"]) == 0
     (tmp_path / "summary.md").write_text("old\n")
     assert rs.main(["--root", str(tmp_path), "--check"]) == 1
+
+
+def test_a_claim_run_again_in_a_later_batch_takes_its_line_sanity_rows_and_runs(tmp_path):
+    """Two batches with the same claim: the later folder (name order) supplies the claim's line, its
+    sanity rows (no duplicate) and the confidence means; the page names the superseded batch."""
+    sp = _claim("sparsemax")
+    head = "| family | data | claim | primary check: mean difference [CI], decidable at this n | verdict | secondary checks (Holm) | details |"
+    cols = ["arm", "phase", "ok", "seed", "test/top1", "test/ece"]
+    for name, verdict, top1 in (("a_first", "not resolved", "0.5"), ("b_again", "reproduced", "0.9")):
+        batch = tmp_path / name
+        batch.mkdir()
+        (batch / "summary.md").write_text("\n".join([
+            "# Reproduced claims: summary", "", head, "|---|---|---|---|---|---|---|",
+            f"| {sp.family} | {sp.data} | {sp.claim} | top1: {name} | {verdict} | - | [vision.md](vision.md) |",
+            "", "Sanity checks:", "", "| claim | check | mean [CI] | result |", "|---|---|---|---|",
+            f"| `{sp.key}` | sanity: support < 10 | {name} | holds |", ""]))
+        with open(batch / "vision_runs.csv", "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=cols)
+            w.writeheader()
+            w.writerow({"arm": "sparsemax", "phase": "eval", "ok": "True", "seed": 0, "test/top1": top1, "test/ece": "0.1"})
+    text = rs.build(str(tmp_path))
+    assert "top1: b_again" in text and "top1: a_first" not in text
+    assert "1 reproduced, 0 contradicted, 0 not resolved" in text
+    assert text.count("sanity: support < 10") == 1 and "| b_again | holds |" in text
+    conf = text.split("## Confidence", 1)[1]
+    row = next(line for line in conf.splitlines() if line.startswith(f"| {CF.arms['sparsemax'].label} |"))
+    assert "| 1 | 0.900 |" in row, row
+    assert "`sparsemax` (a_first -> b_again)" in text
