@@ -740,20 +740,22 @@ def _write(rows: List[Dict], suite: str, out: str, meta: Dict) -> None:
 BOUND_CLASSES = 100000
 
 
+def _find_row(rows: List[Dict], label: str, b: int, c: int) -> Optional[Dict]:
+    """The row of ``label`` at ``(B, C)`` in one run's rows, or ``None``."""
+    m = [r for r in rows if r["loss"] == label and r["B"] == b and r["C"] == c]
+    return m[0] if m else None
+
+
 def compiled_bounds(rows: List[Dict]) -> List[Dict]:
     """The bounds of :data:`COMPILED_BOUNDS` from one run's rows: per (B, C), the unit cost of the
     extra operation (its pass minus the plain read, medians, ms), the bound as a ratio to compiled
     ``F.cross_entropy`` (``1.2`` + that cost over compiled CE's median) and the row's measured ratio."""
-    def find(label, b, c):
-        m = [r for r in rows if r["loss"] == label and r["B"] == b and r["C"] == c and r.get("ms")]
-        return m[0] if m else None
-
     out = []
     for label, op, pass_label, why in COMPILED_BOUNDS:
         for r in [r for r in rows if r["loss"] == label and r.get("ms") and r["C"] == BOUND_CLASSES]:
-            ce, read, unit = (find(n, r["B"], r["C"]) for n in ("F.cross_entropy (compiled)", "pass: sum(x)",
-                                                               pass_label))
-            if not (ce and read and unit) or r.get("x_ce_compiled") is None:
+            ce, read, unit = (_find_row(rows, n, r["B"], r["C"]) for n in ("F.cross_entropy (compiled)",
+                                                                           "pass: sum(x)", pass_label))
+            if not all(q and q.get("ms") for q in (ce, read, unit)) or r.get("x_ce_compiled") is None:
                 continue
             cost = max(unit["ms"] - read["ms"], 0.0)
             bound = 1.2 + cost / ce["ms"]
@@ -820,13 +822,9 @@ def _row_ratio(r: Dict, q: Dict, metric: str) -> Optional[float]:
 
 def write_targets(rows: List[Dict], out: str) -> None:
     """Evaluate :data:`TARGETS` on one run's rows and write ``targets_verdicts.md``."""
-    def find(label, b, c):
-        m = [r for r in rows if r["loss"] == label and r["B"] == b and r["C"] == c]
-        return m[0] if m else None
-
     lines = ["| target | measured | verdict |", "|---|---|---|"]
     for desc, label, b, c, ref, metric, bound in TARGETS:
-        r, q = find(label, b, c), find(ref, b, c)
+        r, q = _find_row(rows, label, b, c), _find_row(rows, ref, b, c)
         key = "ms" if metric == "x" else "peak_mb"
         ratio = _row_ratio(r, q, metric) if r and q else None
         if ratio is None:

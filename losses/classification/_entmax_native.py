@@ -319,9 +319,8 @@ def _build() -> Tuple[Optional[ctypes.CDLL], str]:
                 with open(src, "w") as fh:
                     fh.write(_SOURCE)
                 so = os.path.join(tmp, "entmax_threshold.so")
-                done = subprocess.run([cc, *_FLAGS, "-x", "c", src, "-x", "none", "-o", so, "-lm"], capture_output=True,
-                                      text=True,
-                                      timeout=120)
+                done = subprocess.run([cc, *_FLAGS, "-x", "c", src, "-x", "none", "-o", so, "-lm"],
+                                      capture_output=True, text=True, timeout=120)
                 if done.returncode != 0:
                     return None, f"{os.path.basename(cc)} failed: {done.stderr.strip()[:300]}"
                 os.replace(so, path)  # atomic: a concurrent build writes the same bytes

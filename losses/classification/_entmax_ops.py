@@ -68,7 +68,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .._core import _compiling, once_differentiable, zero_rows
+from .._core import _compiling, add_at_target, once_differentiable, zero_rows
 from . import _entmax_native
 
 __all__: list = []
@@ -1186,7 +1186,7 @@ def _eager_fy_rows(z: Tensor, y: Tensor, keep: Optional[Tensor], kind: str) -> T
     else:
         omega = mapping.omega(mapping.probs(th.vals, th.tau), th.tau)
     values = (omega - (zz.gather(-1, y.unsqueeze(-1)) - th.m)).clamp(min=0).squeeze(-1)
-    grad = p.clone().scatter_add_(-1, y.unsqueeze(-1), p.new_full((1, 1), -1.0).expand(y.shape[0], 1))
+    grad = add_at_target(p.clone(), y, p.new_full((), -1.0))
     if keep is not None:
         values = values.masked_fill(~keep, 0.0)
         grad = grad.masked_fill(~keep.unsqueeze(-1), 0.0)

@@ -241,6 +241,25 @@ def _softmax_dim1(z: Tensor) -> Tensor:
     return e.div_(e.sum(dim=1, keepdim=True))
 
 
+def _activate(z: Tensor, activation: str) -> Tensor:
+    """``x = activation(z)`` over the class dim 1 of ``(B, C, S)`` logits (``"none"``: ``z``)."""
+    if activation == "softmax":
+        return _softmax_dim1(z) if z.shape[1] >= _SPLIT_SOFTMAX_CLASSES else torch.softmax(z, dim=1)
+    if activation == "sigmoid":
+        return torch.sigmoid(z)
+    return z
+
+
+def _activation_backward(g: Tensor, x: Tensor, activation: str) -> Tensor:
+    """``dL/dz`` from ``g = dL/dx`` and the saved ``x = activation(z)`` (the activation's own
+    backward kernel)."""
+    if activation == "softmax":
+        return torch._softmax_backward_data(g, x, 1, x.dtype)
+    if activation == "sigmoid":
+        return torch.ops.aten.sigmoid_backward(g, x)
+    return g
+
+
 class _DiceStats(torch.autograd.Function):
     """``(|x|, A)`` per (image, class) with ``x = activation(z)``: the only ``N``-sized work.
 
@@ -256,12 +275,7 @@ class _DiceStats(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, z, y, k, activation, soft_dice):  # type: ignore[override]
-        if activation == "softmax":
-            x = _softmax_dim1(z) if z.shape[1] >= _SPLIT_SOFTMAX_CLASSES else torch.softmax(z, dim=1)
-        elif activation == "sigmoid":
-            x = torch.sigmoid(z)
-        else:
-            x = z
+        x = _activate(z, activation)
         sx = (x if k is None else x * k).sum(-1)
         if soft_dice:
             da = torch.rsub(y, 1.0, alpha=2.0)  # 1 - 2y
@@ -287,11 +301,7 @@ class _DiceStats(torch.autograd.Function):
         g = torch.mul(da, g_a).add_(g_x)  # (a broadcast addcmul is slower on CPU)
         if k is not None:
             g.mul_(k)
-        if ctx.activation == "softmax":
-            g = torch._softmax_backward_data(g, x, 1, x.dtype)
-        elif ctx.activation == "sigmoid":
-            g = torch.ops.aten.sigmoid_backward(g, x)
-        return g, None, None, None, None
+        return _activation_backward(g, x, ctx.activation), None, None, None, None
 
 
 class _DiceStatsIds(torch.autograd.Function):
@@ -307,10 +317,7 @@ class _DiceStatsIds(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, z, t, activation):  # type: ignore[override]
-        if activation == "softmax":
-            x = _softmax_dim1(z) if z.shape[1] >= _SPLIT_SOFTMAX_CLASSES else torch.softmax(z, dim=1)
-        else:
-            x = torch.sigmoid(z)
+        x = _activate(z, activation)
         sx = x.sum(-1)
         w = x.clone()
         w.scatter_(1, t, torch.rsub(x.gather(1, t), 1.0))
@@ -328,11 +335,7 @@ class _DiceStatsIds(torch.autograd.Function):
         g_a = zeros if g_a is None else g_a
         g = (g_x + g_a).unsqueeze(-1).expand(x.shape).contiguous()
         g.scatter_(1, t, (g_x - g_a).unsqueeze(-1).expand(x.shape).gather(1, t))
-        if ctx.activation == "softmax":
-            g = torch._softmax_backward_data(g, x, 1, x.dtype)
-        else:
-            g = torch.ops.aten.sigmoid_backward(g, x)
-        return g, None, None
+        return _activation_backward(g, x, ctx.activation), None, None
 
 
 def _dice_forward(
