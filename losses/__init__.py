@@ -36,23 +36,31 @@ __version__ = "0.1.0"
 
 def native_kernels() -> dict:
     """The optional C kernels and whether this process uses them: ``{name: (in_use, detail)}``,
-    ``detail`` being where the built library is or why it is not used.
+    ``detail`` being where the built library is (and, for ``"dice_stats"``, the instruction-set
+    variant in use) or why it is not used.
 
-    One kernel today, ``"entmax_threshold"``: the exact sparsemax / entmax-1.5 threshold search per
-    CPU row (docs/losses/sparsemax.md), built with the system's C compiler on first use (this call
-    builds it if nothing has yet). Without it the PyTorch search runs and gives the same values; it
-    is not used where no compiler exists, off Linux / macOS, or with ``LOSSES_NATIVE=0``.
+    - ``"entmax_threshold"``: the exact sparsemax / entmax-1.5 threshold search per CPU row
+      (docs/losses/sparsemax.md);
+    - ``"dice_stats"``: the Dice family's fused softmax / sigmoid and per-class sums on float32 CPU
+      maps, forward and backward (docs/losses/dice.md).
+
+    Each is built with the system's C compiler on first use (this call builds them if nothing has
+    yet). Without them the PyTorch paths run and give the same values to rounding; they are not used
+    where no compiler exists, off Linux / macOS, or with ``LOSSES_NATIVE=0``.
 
     >>> import losses
     >>> sorted(losses.native_kernels())
-    ['entmax_threshold']
+    ['dice_stats', 'entmax_threshold']
     """
-    from .classification import _entmax_native
+    from .classification import _dice_native, _entmax_native
 
-    built, detail = _entmax_native.available()
-    if built and not _entmax_native.enabled:
-        detail = f"built ({detail}) but switched off in this process"
-    return {"entmax_threshold": (built and _entmax_native.enabled, detail)}
+    out = {}
+    for name, mod in (("entmax_threshold", _entmax_native), ("dice_stats", _dice_native)):
+        built, detail = mod.available()
+        if built and not mod.enabled:
+            detail = f"built ({detail}) but switched off in this process"
+        out[name] = (built and mod.enabled, detail)
+    return out
 
 __all__ = [
     "ExperimentalWarning",

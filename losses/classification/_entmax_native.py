@@ -54,18 +54,13 @@ the PyTorch search runs (the same values, checked by the tests). :func:`availabl
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+
+from .. import _native
 
 __all__: list = []
 
@@ -285,47 +280,10 @@ _tried = False
 _why: str = "not built yet"
 
 
-def _cache_dir() -> str:
-    root = os.environ.get("LOSSES_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "softmax-losses")
-    return os.path.join(root, "kernels")
-
-
-def _compiler() -> Optional[str]:
-    # a C++ driver compiles the source as C too ("-x c" below): machines with only g++ (what
-    # torch.compile's CPU backend needs) build the kernel as well
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang", "c++", "g++", "clang++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
-
-
 def _build() -> Tuple[Optional[ctypes.CDLL], str]:
-    if os.environ.get("LOSSES_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
-        return None, "disabled by LOSSES_NATIVE=0"
-    if not sys.platform.startswith(("linux", "darwin")):
-        return None, f"not built on {sys.platform}"
-    cc = _compiler()
-    if cc is None:
-        return None, "no C compiler found ($CC, cc, gcc, clang, c++, g++, clang++)"
-    key = hashlib.sha256("\0".join([_SOURCE, " ".join(_FLAGS), cc, platform.machine(), sys.platform])
-                         .encode()).hexdigest()[:16]
-    folder = _cache_dir()
-    path = os.path.join(folder, f"entmax_threshold_{key}.so")
-    if not os.path.exists(path):
-        try:
-            os.makedirs(folder, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=folder) as tmp:
-                src = os.path.join(tmp, "entmax_threshold.c")
-                with open(src, "w") as fh:
-                    fh.write(_SOURCE)
-                so = os.path.join(tmp, "entmax_threshold.so")
-                done = subprocess.run([cc, *_FLAGS, "-x", "c", src, "-x", "none", "-o", so, "-lm"],
-                                      capture_output=True, text=True, timeout=120)
-                if done.returncode != 0:
-                    return None, f"{os.path.basename(cc)} failed: {done.stderr.strip()[:300]}"
-                os.replace(so, path)  # atomic: a concurrent build writes the same bytes
-        except (OSError, subprocess.SubprocessError) as exc:
-            return None, f"build failed: {exc}"
+    path, why = _native.compile_library("entmax_threshold", _SOURCE, _FLAGS)
+    if path is None:
+        return None, why
     try:
         lib = ctypes.CDLL(path)
     except OSError as exc:
@@ -338,7 +296,7 @@ def _build() -> Tuple[Optional[ctypes.CDLL], str]:
         fn = getattr(lib, f"entmax_fy_ids_{sfx}")
         fn.argtypes = [ptr, ptr, i64, i64, i32, i32, i32, ptr, ptr, dbl, ptr, ptr, ptr]
         fn.restype = i32
-    return lib, f"built with {os.path.basename(cc)}: {path}"
+    return lib, why
 
 
 def library() -> Optional[ctypes.CDLL]:

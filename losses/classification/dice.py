@@ -51,6 +51,7 @@ from .._core import (
     value_error,
 )
 from .._registry import register
+from . import _dice_native
 
 __all__ = [
     "dice_semimetric_loss",
@@ -162,6 +163,24 @@ def _unit_stats(
     # are identities and are skipped (one host sync; under torch.compile they are kept instead)
     all_kept = (mask is None and not hard) or (
         not _compiling() and keep.numel() > 0 and bool(keep.view(torch.uint8).min() == 1))
+    if activation != "none" and not _compiling() and _dice_native.usable(x):
+        # the fused C kernel (float32 on CPU): one read of the logits, one write of x
+        kept = None if all_kept else keep.contiguous()
+        ids = t.contiguous().to(torch.int64) if hard else None
+        y_in = None if hard else target.reshape(b, c, n_pos).to(dtype).contiguous()
+        flags = (activation == "sigmoid", hard or kind == "soft_dice")
+        done = _dice_native.forward(x, ids, y_in, kept, *flags)
+        if done is not None:
+            xs, sums = done
+            sx, sa = _DiceStatsNative.apply(x, xs, sums, ids, y_in, kept, *flags)
+            sy = sums[..., 2].to(dtype)
+            k = None if kept is None else kept.unsqueeze(1).to(dtype)
+            if hard or (active_classes or "all") != "present":
+                present = sy  # (read only in the "present" mode; hard labels: the label counts)
+            else:
+                present = ((y_in if k is None else y_in * k).amax(-1) > _PRESENT_THRESHOLD).to(dtype)
+            return _unit_weights_and_sums(sx, sy, sa, present, k, b, c, n_pos, dtype, x.device, hard,
+                                          active_classes, aggregate, weight, gather)
     if not finite and not all_kept:
         # dropped positions are zeroed before the activation: no +-inf/NaN there reaches the maths
         x = torch.where(keep.unsqueeze(1), x, torch.zeros((), dtype=dtype, device=x.device))
@@ -336,6 +355,32 @@ class _DiceStatsIds(torch.autograd.Function):
         g = (g_x + g_a).unsqueeze(-1).expand(x.shape).contiguous()
         g.scatter_(1, t, (g_x - g_a).unsqueeze(-1).expand(x.shape).gather(1, t))
         return _activation_backward(g, x, ctx.activation), None, None
+
+
+class _DiceStatsNative(torch.autograd.Function):
+    """``(|x|, A)`` per (image, class) from the fused C kernel's forward (computed by the caller,
+    which falls back to :class:`_DiceStats` / :class:`_DiceStatsIds` when the kernel declines);
+    the backward is the kernel's (``dL/dz`` in one pass over the saved ``x`` and the labels).
+
+    ``z (B, C, S)`` logits (only to join the graph), ``xs`` the kernel's ``x`` (0 at dropped
+    positions), ``sums (B, C, 3)`` float64, ``t (B, S)`` ids or ``y (B, C, S)`` labels, ``keep
+    (B, S)`` bool or ``None``, ``sigmoid``, ``soft_form``. No double backward."""
+
+    @staticmethod
+    def forward(ctx, z, xs, sums, t, y, keep, sigmoid, soft_form):  # type: ignore[override]
+        ctx.save_for_backward(xs, t, y, keep)
+        ctx.flags = (sigmoid, soft_form)
+        return sums[..., 0].to(z.dtype), sums[..., 1].to(z.dtype)
+
+    @staticmethod
+    @once_differentiable("dice_semimetric_loss / jaccard_metric_loss / soft_dice_loss")
+    def backward(ctx, g_x, g_a):  # type: ignore[override]
+        xs, t, y, keep = ctx.saved_tensors
+        zeros = torch.zeros(xs.shape[:2], dtype=xs.dtype, device=xs.device)
+        g_x = zeros if g_x is None else g_x
+        g_a = zeros if g_a is None else g_a
+        dz = _dice_native.backward(xs, t, y, keep, *ctx.flags, g_x, g_a)
+        return dz, None, None, None, None, None, None, None
 
 
 def _dice_forward(

@@ -1,0 +1,73 @@
+"""Building the optional C kernels (shared by every kernel module).
+
+A kernel module holds its C source as a string; :func:`compile_library` compiles it once with the
+system's C compiler (``$CC``, else ``cc``, ``gcc``, ``clang``, or a C++ driver such as ``g++``, the
+compiler ``torch.compile`` needs on CPU, told to read the file as C) into
+``$LOSSES_CACHE_DIR/kernels`` (default ``~/.cache/softmax-losses/kernels``), under a name that
+hashes the source, the flags, the compiler and the machine. The file is written to a temporary
+folder and renamed into place, so concurrent processes (``pytest -n``, a DDP job) may all build at
+once and each loads a whole library. ``LOSSES_NATIVE=0`` in the environment, no compiler, or a
+platform other than Linux / macOS: nothing is built, and the caller runs its PyTorch path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import List, Optional, Tuple
+
+__all__: list = []
+
+
+def cache_dir() -> str:
+    root = os.environ.get("LOSSES_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "softmax-losses")
+    return os.path.join(root, "kernels")
+
+
+def compiler() -> Optional[str]:
+    # a C++ driver compiles the source as C too ("-x c" below): machines with only g++ (what
+    # torch.compile's CPU backend needs) build the kernels as well
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang", "c++", "g++", "clang++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def disabled() -> bool:
+    return os.environ.get("LOSSES_NATIVE", "1").strip().lower() in ("0", "false", "no", "off")
+
+
+def compile_library(stem: str, source: str, flags: List[str]) -> Tuple[Optional[str], str]:
+    """``(path of the shared library, "built with <compiler>: <path>")``, or ``(None, why not)``."""
+    if disabled():
+        return None, "disabled by LOSSES_NATIVE=0"
+    if not sys.platform.startswith(("linux", "darwin")):
+        return None, f"not built on {sys.platform}"
+    cc = compiler()
+    if cc is None:
+        return None, "no C compiler found ($CC, cc, gcc, clang, c++, g++, clang++)"
+    key = hashlib.sha256("\0".join([source, " ".join(flags), cc, platform.machine(), sys.platform])
+                         .encode()).hexdigest()[:16]
+    folder = cache_dir()
+    path = os.path.join(folder, f"{stem}_{key}.so")
+    if not os.path.exists(path):
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=folder) as tmp:
+                src = os.path.join(tmp, f"{stem}.c")
+                with open(src, "w") as fh:
+                    fh.write(source)
+                so = os.path.join(tmp, f"{stem}.so")
+                done = subprocess.run([cc, *flags, "-x", "c", src, "-x", "none", "-o", so, "-lm"],
+                                      capture_output=True, text=True, timeout=120)
+                if done.returncode != 0:
+                    return None, f"{os.path.basename(cc)} failed: {done.stderr.strip()[:300]}"
+                os.replace(so, path)  # atomic: a concurrent build writes the same bytes
+        except (OSError, subprocess.SubprocessError) as exc:
+            return None, f"build failed: {exc}"
+    return path, f"built with {os.path.basename(cc)}: {path}"

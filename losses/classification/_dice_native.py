@@ -1,0 +1,521 @@
+"""A fused C kernel for the Dice family's per-class sums on CPU (soft Dice, Dice semimetric, Jaccard
+metric through softmax or sigmoid, float32).
+
+Why it exists. The Dice losses need, per (image, class), ``|x| = sum_s x``, the label mass
+``|y| = sum_s y`` and ``A = sum_s a(x, y)`` (``a = x + y - 2xy``, or ``|x - y|``), with
+``x = softmax(z)`` over the classes at every position. In PyTorch that is a softmax over a
+non-last dimension, then two or three element-wise passes and reductions, and the backward as many
+again: each pass reads and writes the whole ``(B, C, d1, ..., dk)`` map. This kernel reads the
+logits once and writes ``x`` once (kept for the backward), and its backward reads ``x`` (and the
+labels) once and writes the gradient once.
+
+What it computes, per block of 64 positions of one image (the vector loops' trip count):
+
+1. softmax: ``m = max_c z_c`` per position, ``e_c = exp(z_c - m)``, ``x_c = e_c / sum_c e_c``;
+   with class ids ``t``, also ``rest = sum_{c != t} e_c``, so that the target's ``1 - x_t`` is
+   ``rest / sum e`` with no cancellation. Sigmoid: ``x = 1 / (1 + e)`` or ``e / (1 + e)`` with
+   ``e = exp(-|z|)``, and ``1 - x`` the other one.
+2. the terms ``x``, ``y`` (a kept position's label: 1 at the id, or the float label) and ``a``,
+   summed in 16 float lanes within the block and in float64 across blocks.
+
+``exp`` is computed in float: ``v = n ln 2 + r`` (Cody-Waite, ``|r| <= ln 2 / 2``), a degree-6
+polynomial for ``e^r`` and ``2^n`` from the exponent bits; for the ``v <= 0`` the kernel needs its
+error is below one float spacing of the float64 value (0.98 at most over 3 million points, on each
+variant; the tests bound it by 1.5), and ``exp`` of
+``-inf`` (or of anything below ``ln`` of the smallest normal float, -87.34) is 0.
+
+Dropped positions (an ignored id, ``mask`` False) are not read: their ``x`` is 0, as are their
+terms and gradient. Positions are split into chunks of 4096 per image, each chunk's sums kept
+apart and added in chunk order at the end, so the sums are the same whatever the number of
+threads (chunks are spread over ``torch.get_num_threads()`` POSIX threads when the map is large
+enough to pay for them: :data:`PARALLEL_MIN`).
+
+A NaN or ``+inf`` logit at a kept position (or a kept position whose logits are all ``-inf``), or a
+kept id out of range, makes the call return a status instead: the caller then runs its PyTorch
+path, which gives the same values (or raises the same error) as without this kernel.
+
+The body is compiled three times under GCC on x86-64 (AVX-512, AVX2 + FMA, and the baseline), and
+the first that the CPU supports is used (:func:`variant`); other compilers build the baseline
+only. Built and loaded as :mod:`losses.classification._entmax_native` is (the shared builder in
+``losses/_native.py``); ``LOSSES_NATIVE=0``, no compiler, or float64 inputs: the PyTorch path runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .. import _native
+
+__all__: list = []
+
+#: positions per block (the kernel's vector trip count); maps with fewer positions per image than
+#: this take the PyTorch path (a (B, C) input would otherwise fill 1 of every 64 lanes)
+BLOCK = 64
+
+#: elements (B x C x positions) above which the chunks are split over ``torch.get_num_threads()``
+PARALLEL_MIN = 1 << 18
+
+_BODY = r"""
+static inline float exp_neg_@V@(float v) {
+    float w = v < -87.33654f ? -87.33654f : v; /* ln of the smallest normal float */
+    float n = (w * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* nearest integer */
+    float r = w - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    p = p * scale;
+    return v < -87.33654f ? 0.0f : p;
+}
+
+/* the kernel's exp over an array (for the tests) */
+void dice_exp_@V@(const float* in, float* out, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) out[i] = exp_neg_@V@(in[i]);
+}
+
+static inline double lanesum_@V@(const float* restrict a) {
+    float acc[LANES];
+    for (int v = 0; v < LANES; ++v) acc[v] = a[v];
+    for (int l0 = LANES; l0 < BL; l0 += LANES)
+        for (int v = 0; v < LANES; ++v) acc[v] += a[l0 + v];
+    double s = 0.0;
+    for (int v = 0; v < LANES; ++v) s += acc[v];
+    return s;
+}
+
+static inline void exp_row_@V@(const float* restrict zc, float* restrict xc, const float* restrict kf,
+                               const float* restrict m, float* restrict den, float* restrict rest,
+                               const int32_t* restrict tt, int32_t ci) {
+    for (int l = 0; l < BL; ++l) {
+        float zv = zc[l];
+        float e = exp_neg_@V@((kf[l] != 0.0f ? zv : 0.0f) - m[l]);
+        xc[l] = e;
+        den[l] += e;
+        rest[l] += tt[l] == ci ? 0.0f : e;
+    }
+}
+
+/* one block of BL positions (class c of z at z + c * zs, likewise x and y); adds the block's
+   sums to P (C, 3); returns 1 on a non-finite kept logit */
+static int fwd_block_@V@(const float* restrict z, int64_t zs, const float* restrict y, int64_t ys,
+                         float* restrict x, int64_t xs, const float* restrict kf, const int32_t* restrict tt,
+                         int64_t C, int sigmoid, int soft_form, double* restrict P) {
+    float m[BL], den[BL], rest[BL], inv[BL], ta[BL], ty[BL];
+    int bad = 0;
+    if (!sigmoid) {
+        for (int l = 0; l < BL; ++l) { m[l] = -INFINITY; den[l] = 0.0f; rest[l] = 0.0f; }
+        for (int64_t c = 0; c < C; ++c) {
+            const float* restrict zc = z + c * zs;
+            for (int l = 0; l < BL; ++l) {
+                float zv = zc[l];
+                float v = kf[l] != 0.0f ? zv : 0.0f;
+                bad |= !(v < INFINITY);
+                m[l] = v > m[l] ? v : m[l];
+            }
+        }
+        for (int l = 0; l < BL; ++l) bad |= !(m[l] > -INFINITY);
+        if (bad) return 1;
+        for (int64_t c = 0; c < C; ++c) exp_row_@V@(z + c * zs, x + c * xs, kf, m, den, rest, tt, (int32_t)c);
+        for (int l = 0; l < BL; ++l) inv[l] = kf[l] / den[l];
+    }
+    for (int64_t c = 0; c < C; ++c) {
+        const float* restrict zc = z + c * zs;
+        float* restrict xc = x + c * xs;
+        const int32_t ci = (int32_t)c;
+        if (sigmoid) {
+            for (int l = 0; l < BL; ++l) {
+                float zv = zc[l];
+                float v = kf[l] != 0.0f ? zv : 0.0f;
+                bad |= !(v < INFINITY);
+                float e = exp_neg_@V@(-fabsf(v)), d = 1.0f / (1.0f + e), lo = e * d;
+                xc[l] = (v >= 0.0f ? d : lo) * kf[l];
+                rest[l] = (v >= 0.0f ? lo : d) * kf[l];
+            }
+        } else {
+            for (int l = 0; l < BL; ++l) xc[l] = xc[l] * inv[l];
+        }
+        if (y) {
+            const float* restrict yc = y + c * ys;
+            if (soft_form) {
+                for (int l = 0; l < BL; ++l) {
+                    float yv = yc[l] * kf[l], xv = xc[l];
+                    ty[l] = yv;
+                    ta[l] = yv + xv * (1.0f - 2.0f * yv);
+                }
+            } else {
+                for (int l = 0; l < BL; ++l) {
+                    float yv = yc[l] * kf[l], xv = xc[l];
+                    ty[l] = yv;
+                    ta[l] = fabsf(xv - yv);
+                }
+            }
+        } else if (sigmoid) {
+            for (int l = 0; l < BL; ++l) {
+                int on = tt[l] == ci;
+                ty[l] = on ? 1.0f : 0.0f;
+                ta[l] = on ? rest[l] : xc[l];
+            }
+        } else {
+            for (int l = 0; l < BL; ++l) {
+                int on = tt[l] == ci;
+                ty[l] = on ? 1.0f : 0.0f;
+                ta[l] = on ? rest[l] * inv[l] : xc[l];
+            }
+        }
+        P[c * 3] += lanesum_@V@(xc);
+        P[c * 3 + 1] += lanesum_@V@(ta);
+        P[c * 3 + 2] += lanesum_@V@(ty);
+    }
+    return bad;
+}
+
+/* the gradient of one block: u = dL/dx per class and position, then through the activation */
+static void bwd_block_@V@(const float* restrict x, int64_t xs, const float* restrict y, int64_t ys,
+                          float* restrict dz, int64_t ds, const int32_t* restrict tt, int64_t C,
+                          int sigmoid, int soft_form, const float* restrict gx, const float* restrict ga,
+                          float* restrict u) {
+    float dot[BL];
+    for (int l = 0; l < BL; ++l) dot[l] = 0.0f;
+    for (int64_t c = 0; c < C; ++c) {
+        const float* restrict xc = x + c * xs;
+        float* restrict uc = u + c * BL;
+        const float off = gx[c] + ga[c], on = gx[c] - ga[c], gac = ga[c], gxc = gx[c];
+        const int32_t ci = (int32_t)c;
+        if (!y) {
+            for (int l = 0; l < BL; ++l) uc[l] = tt[l] == ci ? on : off;
+        } else if (soft_form) {
+            const float* restrict yc = y + c * ys;
+            for (int l = 0; l < BL; ++l) uc[l] = gxc + gac * (1.0f - 2.0f * yc[l]);
+        } else {
+            const float* restrict yc = y + c * ys;
+            for (int l = 0; l < BL; ++l) {
+                float d = xc[l] - yc[l];
+                uc[l] = gxc + (d > 0.0f ? gac : (d < 0.0f ? -gac : 0.0f));
+            }
+        }
+        if (!sigmoid)
+            for (int l = 0; l < BL; ++l) dot[l] += xc[l] * uc[l];
+    }
+    for (int64_t c = 0; c < C; ++c) {
+        const float* restrict xc = x + c * xs;
+        const float* restrict uc = u + c * BL;
+        float* restrict dc = dz + c * ds;
+        if (sigmoid) {
+            for (int l = 0; l < BL; ++l) dc[l] = uc[l] * (1.0f - xc[l]) * xc[l];
+        } else {
+            for (int l = 0; l < BL; ++l) dc[l] = xc[l] * (uc[l] - dot[l]);
+        }
+    }
+}
+
+static void job_@V@(job_t* J) {
+    const int64_t C = J->C, S = J->S;
+    /* padded copies of a chunk's last, partial block: z (or x), y, x (or dz), and u */
+    float* scratch = (float*)malloc(sizeof(float) * (size_t)(4 * C * BL));
+    if (!scratch) { J->status = ST_MEMORY; return; }
+    float* ipad = scratch; float* ypad = scratch + C * BL; float* opad = scratch + 2 * C * BL;
+    float* u = scratch + 3 * C * BL;
+    int bad = 0, badid = 0;
+    for (int64_t j = J->j0; j < J->jobs && !bad; j += J->jstep) {
+        int64_t b = j / J->nchunk, s_begin = (j % J->nchunk) * CHUNK;
+        int64_t s_end = s_begin + CHUNK < S ? s_begin + CHUNK : S;
+        double* P = J->part ? J->part + j * C * 3 : NULL;
+        if (P) for (int64_t i = 0; i < C * 3; ++i) P[i] = 0.0;
+        for (int64_t s0 = s_begin; s0 < s_end && !bad; s0 += BL) {
+            int64_t n = s_end - s0 < BL ? s_end - s0 : BL;
+            const float* ib = J->in + b * C * S + s0; int64_t is = S;
+            float* ob = J->out + b * C * S + s0; int64_t os = S;
+            const float* yb = J->y ? J->y + b * C * S + s0 : NULL; int64_t ys = S;
+            if (n < BL) {
+                for (int64_t c = 0; c < C; ++c)
+                    for (int l = 0; l < BL; ++l) ipad[c * BL + l] = l < n ? ib[c * S + l] : 0.0f;
+                if (yb) {
+                    for (int64_t c = 0; c < C; ++c)
+                        for (int l = 0; l < BL; ++l) ypad[c * BL + l] = l < n ? yb[c * S + l] : 0.0f;
+                    yb = ypad; ys = BL;
+                }
+                ib = ipad; is = BL; ob = opad; os = BL;
+            }
+            float kf[BL];
+            int32_t tt[BL];
+            const uint8_t* kp = J->keep ? J->keep + b * S + s0 : NULL;
+            const int64_t* ip = J->ids ? J->ids + b * S + s0 : NULL;
+            for (int l = 0; l < BL; ++l) {
+                int kept = l < n && (!kp || kp[l]);
+                int64_t t = (ip && kept) ? ip[l] : -1;
+                badid |= ip && kept && (t < 0 || t >= C);
+                kf[l] = kept ? 1.0f : 0.0f;
+                tt[l] = (t >= 0 && t < C) ? (int32_t)t : -1;
+            }
+            if (P)
+                bad = fwd_block_@V@(ib, is, yb, ys, ob, os, kf, tt, C, J->sigmoid, J->soft_form, P);
+            else
+                bwd_block_@V@(ib, is, yb, ys, ob, os, tt, C, J->sigmoid, J->soft_form, J->gx + b * C,
+                              J->ga + b * C, u);
+            if (n < BL && !bad)
+                for (int64_t c = 0; c < C; ++c)
+                    for (int64_t l = 0; l < n; ++l) J->out[b * C * S + c * S + s0 + l] = opad[c * BL + l];
+        }
+    }
+    free(scratch);
+    J->status = bad ? ST_NONFINITE : (badid ? ST_ID : ST_OK);
+}
+
+static void* run_@V@(void* arg) { job_@V@((job_t*)arg); return NULL; }
+
+static int launch_@V@(job_t* base, int threads) {
+    if (threads < 1) threads = 1;
+    if (threads > 64) threads = 64;
+    if (threads > base->jobs) threads = (int)(base->jobs > 0 ? base->jobs : 1);
+    job_t js[64]; pthread_t tid[64]; int started[64];
+    for (int t = 0; t < threads; ++t) { js[t] = *base; js[t].j0 = t; js[t].jstep = threads; started[t] = 0; }
+    for (int t = 1; t < threads; ++t) started[t] = pthread_create(&tid[t], NULL, run_@V@, &js[t]) == 0;
+    job_@V@(&js[0]);
+    for (int t = 1; t < threads; ++t) { if (started[t]) pthread_join(tid[t], NULL); else job_@V@(&js[t]); }
+    int status = ST_OK;
+    for (int t = 0; t < threads; ++t) if (js[t].status > status) status = js[t].status;
+    return status;
+}
+
+int dice_forward_@V@(const float* z, const int64_t* ids, const float* y, const uint8_t* keep, int64_t B,
+                     int64_t C, int64_t S, int sigmoid, int soft_form, int threads, float* x, double* sums) {
+    int64_t nchunk = (S + CHUNK - 1) / CHUNK, jobs = B * nchunk;
+    double* part = (double*)malloc(sizeof(double) * (size_t)(jobs * C * 3 > 0 ? jobs * C * 3 : 1));
+    if (!part) return ST_MEMORY;
+    job_t J = {z, ids, y, keep, C, S, sigmoid, soft_form, x, part, NULL, NULL, 0, 1, jobs, nchunk, 0};
+    int status = launch_@V@(&J, threads);
+    if (status == ST_OK) {
+        for (int64_t i = 0; i < B * C * 3; ++i) sums[i] = 0.0;
+        for (int64_t j = 0; j < jobs; ++j) {
+            int64_t b = j / nchunk;
+            for (int64_t i = 0; i < C * 3; ++i) sums[b * C * 3 + i] += part[j * C * 3 + i];
+        }
+    }
+    free(part);
+    return status;
+}
+
+int dice_backward_@V@(const float* x, const int64_t* ids, const float* y, const uint8_t* keep, int64_t B,
+                      int64_t C, int64_t S, int sigmoid, int soft_form, int threads, const float* gx,
+                      const float* ga, float* dz) {
+    int64_t nchunk = (S + CHUNK - 1) / CHUNK, jobs = B * nchunk;
+    job_t J = {x, ids, y, keep, C, S, sigmoid, soft_form, dz, NULL, gx, ga, 0, 1, jobs, nchunk, 0};
+    return launch_@V@(&J, threads);
+}
+"""
+
+_HEAD = r"""
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <pthread.h>
+
+#define ST_OK 0
+#define ST_NONFINITE 1
+#define ST_MEMORY 3
+#define ST_ID 4
+#define BL 64       /* positions per block */
+#define LANES 16    /* float accumulators per class within a block */
+#define CHUNK 4096  /* positions per job, a multiple of BL: the sums do not depend on the threads */
+
+typedef struct {
+    const float* in; const int64_t* ids; const float* y; const uint8_t* keep;
+    int64_t C, S; int sigmoid, soft_form;
+    float* out; double* part; /* forward: x and the chunks' sums (jobs, C, 3); backward: dz, NULL */
+    const float* gx; const float* ga;
+    int64_t j0, jstep, jobs, nchunk;
+    int status;
+} job_t;
+"""
+
+#: (name, GCC target) of the variants compiled on x86-64 with GCC, best first
+_VARIANTS = (("avx512", "arch=skylake-avx512"), ("avx2", "arch=haswell"))
+
+_DISPATCH = r"""
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define HAVE_VARIANTS 1
+#endif
+
+int dice_variant(void) {
+#ifdef HAVE_VARIANTS
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) return 2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
+#endif
+    return 0;
+}
+"""
+
+
+def _source() -> str:
+    parts = [_HEAD, _DISPATCH, _BODY.replace("@V@", "base")]
+    parts.append("#ifdef HAVE_VARIANTS\n")
+    for name, target in _VARIANTS:
+        parts.append(f'#pragma GCC push_options\n#pragma GCC target("{target}")\n')
+        parts.append(_BODY.replace("@V@", name))
+        parts.append("#pragma GCC pop_options\n")
+    parts.append("#endif\n")
+    return "".join(parts)
+
+
+_SOURCE = _source()
+
+_FLAGS = ["-O3", "-fPIC", "-shared", "-pthread", "-std=c99", "-fno-math-errno", "-fno-trapping-math"]
+
+#: set to False (e.g. by a test) to run the PyTorch path even where the kernel is built
+enabled = True
+
+_lock = threading.Lock()
+_lib: Optional[ctypes.CDLL] = None
+_tried = False
+_why: str = "not built yet"
+#: the variant in use: "avx512", "avx2" or "base" (set when the library loads)
+_variant: str = "base"
+_NAMES = ("base", "avx2", "avx512")
+
+
+def _build() -> Tuple[Optional[ctypes.CDLL], str]:
+    path, why = _native.compile_library("dice_stats", _SOURCE, _FLAGS)
+    if path is None:
+        return None, why
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as exc:
+        return None, f"load failed: {exc}"
+    i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+    lib.dice_variant.argtypes = []
+    lib.dice_variant.restype = i32
+    for name in _NAMES:
+        fn = getattr(lib, f"dice_forward_{name}", None)
+        if fn is None:
+            continue
+        fn.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i32, i32, i32, ptr, ptr]
+        fn.restype = i32
+        fn = getattr(lib, f"dice_backward_{name}")
+        fn.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i32, i32, i32, ptr, ptr, ptr]
+        fn.restype = i32
+        fn = getattr(lib, f"dice_exp_{name}")
+        fn.argtypes = [ptr, ptr, i64]
+        fn.restype = None
+    global _variant
+    _variant = _NAMES[lib.dice_variant()]
+    return lib, f"{why} ({_variant})"
+
+
+def library() -> Optional[ctypes.CDLL]:
+    """The loaded kernel, built on first use; ``None`` where it cannot be (see :func:`available`)."""
+    global _lib, _tried, _why
+    if _tried:
+        return _lib
+    with _lock:
+        if not _tried:
+            _lib, _why = _build()
+            _tried = True
+    return _lib
+
+
+def available() -> Tuple[bool, str]:
+    """``(True, where (variant))`` when the kernel is built and loaded, else ``(False, why not)``."""
+    return library() is not None, _why
+
+
+def ready() -> bool:
+    """Whether the kernel is built and enabled (builds it on the first call)."""
+    return enabled and library() is not None
+
+
+def variant() -> str:
+    """The instruction-set variant in use (``"avx512"``, ``"avx2"`` or ``"base"``)."""
+    library()
+    return _variant
+
+
+def variants() -> Tuple[str, ...]:
+    """Every variant this CPU can run, best first (a test runs them all)."""
+    if library() is None:
+        return ()
+    return tuple(n for n in reversed(_NAMES[: _NAMES.index(_variant) + 1])
+                 if getattr(_lib, f"dice_forward_{n}", None) is not None)
+
+
+def usable(z: Tensor) -> bool:
+    """Whether the kernel can take logits ``z (B, C, S)``: on CPU, float32, at least :data:`BLOCK`
+    positions per image, and the kernel built and enabled."""
+    return (z.device.type == "cpu" and z.dtype == torch.float32 and z.dim() == 3 and z.shape[0] > 0
+            and z.shape[1] > 0 and z.shape[2] >= BLOCK and ready())
+
+
+def _threads(z: Tensor) -> int:
+    return max(1, torch.get_num_threads()) if z.numel() >= PARALLEL_MIN else 1
+
+
+def _ptr(t: Optional[Tensor]):
+    return None if t is None else t.data_ptr()
+
+
+def forward(z: Tensor, ids: Optional[Tensor], y: Optional[Tensor], keep: Optional[Tensor], sigmoid: bool,
+            soft_form: bool, which: Optional[str] = None) -> Optional[Tuple[Tensor, Tensor]]:
+    """``(x (B, C, S), sums (B, C, 3) float64)`` with ``sums[..., 0] = |x|``, ``[..., 1] = A``,
+    ``[..., 2] = |y|`` over the kept positions, or ``None`` when the kernel cannot decide (a
+    non-finite kept logit, a kept id out of range). ``ids (B, S)`` integer or ``y (B, C, S)``
+    float32 labels (one of them); ``keep (B, S)`` bool or ``None`` (all kept); ``soft_form``: ``A``
+    sums ``x + y - 2xy`` (else ``|x - y|``; with ids the two agree). ``which``: a variant (tests)."""
+    lib = library()
+    z = z.contiguous()
+    b, c, s = z.shape
+    if ids is not None:
+        ids = ids.reshape(b, s).contiguous()
+        if ids.dtype != torch.int64:
+            ids = ids.long()
+    if y is not None:
+        y = y.reshape(b, c, s).contiguous()
+    flags = None if keep is None else keep.reshape(b, s).contiguous().view(torch.uint8)
+    x = torch.empty_like(z)
+    sums = torch.empty(b, c, 3, dtype=torch.float64)
+    fn = getattr(lib, f"dice_forward_{which or _variant}")
+    st = fn(z.data_ptr(), _ptr(ids), _ptr(y), _ptr(flags), b, c, s, int(sigmoid), int(soft_form), _threads(z),
+            x.data_ptr(), sums.data_ptr())
+    if st != 0:
+        return None
+    return x, sums
+
+
+def backward(x: Tensor, ids: Optional[Tensor], y: Optional[Tensor], keep: Optional[Tensor], sigmoid: bool,
+             soft_form: bool, g_x: Tensor, g_a: Tensor, which: Optional[str] = None) -> Tensor:
+    """``dL/dz (B, C, S)`` from the saved ``x`` (0 at dropped positions) and the gradients
+    ``g_x, g_a (B, C)`` of ``|x|`` and ``A`` (arguments as in :func:`forward`, already contiguous)."""
+    lib = library()
+    b, c, s = x.shape
+    flags = None if keep is None else keep.reshape(b, s).contiguous().view(torch.uint8)
+    g_x = g_x.to(torch.float32).contiguous()
+    g_a = g_a.to(torch.float32).contiguous()
+    dz = torch.empty_like(x)
+    fn = getattr(lib, f"dice_backward_{which or _variant}")
+    st = fn(x.data_ptr(), _ptr(ids), _ptr(y), _ptr(flags), b, c, s, int(sigmoid), int(soft_form), _threads(x),
+            g_x.data_ptr(), g_a.data_ptr(), dz.data_ptr())
+    if st != 0:  # only a failed allocation can stop the backward (its inputs were checked forward)
+        raise MemoryError("dice backward kernel: out of memory")
+    return dz
+
+
+def exp_neg(v: Tensor, which: Optional[str] = None) -> Tensor:
+    """The kernel's float ``exp`` applied to a float32 tensor of values ``<= 0`` or ``-inf`` (tests)."""
+    lib = library()
+    v = v.to(torch.float32).contiguous()
+    out = torch.empty_like(v)
+    getattr(lib, f"dice_exp_{which or _variant}")(v.data_ptr(), out.data_ptr(), v.numel())
+    return out
