@@ -11,12 +11,16 @@ labels) once and writes the gradient once.
 
 What it computes, per block of 64 positions of one image (the vector loops' trip count):
 
-1. softmax: ``m = max_c z_c`` per position, ``e_c = exp(z_c - m)``, ``x_c = e_c / sum_c e_c``;
-   with class ids ``t``, also ``rest = sum_{c != t} e_c``, so that the target's ``1 - x_t`` is
-   ``rest / sum e`` with no cancellation. Sigmoid: ``x = 1 / (1 + e)`` or ``e / (1 + e)`` with
-   ``e = exp(-|z|)``, and ``1 - x`` the other one.
+1. softmax: ``m = max_c z_c`` per position (reached first by class ``k``), ``e_c = exp(z_c - m)``,
+   ``x_c = e_c / sum_c e_c``, and ``rest = sum_{c != k} e_c``, so that ``1 - x_k = rest / sum e``
+   has no cancellation (for the other classes ``x_c <= 1/2``, so ``1 - x_c`` has none either).
+   Sigmoid: ``x = 1 / (1 + e)`` or ``e / (1 + e)`` with ``e = exp(-|z|)``, and ``1 - x`` the other
+   one.
 2. the terms ``x``, ``y`` (a kept position's label: 1 at the id, or the float label) and ``a``,
-   summed in 16 float lanes within the block and in float64 across blocks.
+   written from ``x`` and ``1 - x``: ``a = y (1 - x) + (1 - y) x`` (= ``x + y - 2xy``; ``1 - x`` at
+   the id), or ``|x - y|`` as ``|(1 - y) - (1 - x)|`` where ``y >= 1/2``. A confident prediction's
+   small loss keeps its relative precision, which a float32 ``1 - x`` rounds away. Summed in 16
+   float lanes within the block and in float64 across blocks.
 
 ``exp`` is computed in float: ``v = n ln 2 + r`` (Cody-Waite, ``|r| <= ln 2 / 2``), a degree-6
 polynomial for ``e^r`` and ``2^n`` from the exponent bits; for the ``v <= 0`` the kernel needs its
@@ -97,13 +101,13 @@ static inline double lanesum_@V@(const float* restrict a) {
 
 static inline void exp_row_@V@(const float* restrict zc, float* restrict xc, const float* restrict kf,
                                const float* restrict m, float* restrict den, float* restrict rest,
-                               const int32_t* restrict tt, int32_t ci) {
+                               const int32_t* restrict am, int32_t ci) {
     for (int l = 0; l < BL; ++l) {
         float zv = zc[l];
         float e = exp_neg_@V@((kf[l] != 0.0f ? zv : 0.0f) - m[l]);
         xc[l] = e;
         den[l] += e;
-        rest[l] += tt[l] == ci ? 0.0f : e;
+        rest[l] += am[l] == ci ? 0.0f : e;
     }
 }
 
@@ -112,66 +116,71 @@ static inline void exp_row_@V@(const float* restrict zc, float* restrict xc, con
 static int fwd_block_@V@(const float* restrict z, int64_t zs, const float* restrict y, int64_t ys,
                          float* restrict x, int64_t xs, const float* restrict kf, const int32_t* restrict tt,
                          int64_t C, int sigmoid, int soft_form, double* restrict P) {
-    float m[BL], den[BL], rest[BL], inv[BL], ta[BL], ty[BL];
+    float m[BL], den[BL], rest[BL], inv[BL], comp[BL], ta[BL], ty[BL];
+    int32_t am[BL];
     int bad = 0;
     if (!sigmoid) {
-        for (int l = 0; l < BL; ++l) { m[l] = -INFINITY; den[l] = 0.0f; rest[l] = 0.0f; }
+        /* m: the max over the classes, am: the first class that reaches it; rest: the sum of
+           the other classes' exponentials, so that 1 - x_am = rest / sum e without cancellation
+           (1 - x_c of every other class is at least 1/2: no cancellation either) */
+        for (int l = 0; l < BL; ++l) { m[l] = -INFINITY; am[l] = 0; den[l] = 0.0f; rest[l] = 0.0f; }
         for (int64_t c = 0; c < C; ++c) {
             const float* restrict zc = z + c * zs;
+            const int32_t ci = (int32_t)c;
             for (int l = 0; l < BL; ++l) {
                 float zv = zc[l];
                 float v = kf[l] != 0.0f ? zv : 0.0f;
                 bad |= !(v < INFINITY);
+                am[l] = v > m[l] ? ci : am[l];
                 m[l] = v > m[l] ? v : m[l];
             }
         }
         for (int l = 0; l < BL; ++l) bad |= !(m[l] > -INFINITY);
         if (bad) return 1;
-        for (int64_t c = 0; c < C; ++c) exp_row_@V@(z + c * zs, x + c * xs, kf, m, den, rest, tt, (int32_t)c);
-        for (int l = 0; l < BL; ++l) inv[l] = kf[l] / den[l];
+        for (int64_t c = 0; c < C; ++c) exp_row_@V@(z + c * zs, x + c * xs, kf, m, den, rest, am, (int32_t)c);
+        for (int l = 0; l < BL; ++l) { inv[l] = kf[l] / den[l]; rest[l] = rest[l] * inv[l]; }
     }
     for (int64_t c = 0; c < C; ++c) {
         const float* restrict zc = z + c * zs;
         float* restrict xc = x + c * xs;
         const int32_t ci = (int32_t)c;
         if (sigmoid) {
+            /* x = sigmoid(z), comp = 1 - x = sigmoid(-z), both from e = exp(-|z|) */
             for (int l = 0; l < BL; ++l) {
                 float zv = zc[l];
                 float v = kf[l] != 0.0f ? zv : 0.0f;
                 bad |= !(v < INFINITY);
                 float e = exp_neg_@V@(-fabsf(v)), d = 1.0f / (1.0f + e), lo = e * d;
                 xc[l] = (v >= 0.0f ? d : lo) * kf[l];
-                rest[l] = (v >= 0.0f ? lo : d) * kf[l];
+                comp[l] = (v >= 0.0f ? lo : d) * kf[l];
             }
         } else {
-            for (int l = 0; l < BL; ++l) xc[l] = xc[l] * inv[l];
+            for (int l = 0; l < BL; ++l) {
+                float xv = xc[l] * inv[l];
+                xc[l] = xv;
+                comp[l] = am[l] == ci ? rest[l] : 1.0f - xv;
+            }
         }
         if (y) {
             const float* restrict yc = y + c * ys;
-            if (soft_form) {
+            if (soft_form) { /* x + y - 2xy = y (1 - x) + (1 - y) x */
                 for (int l = 0; l < BL; ++l) {
-                    float yv = yc[l] * kf[l], xv = xc[l];
+                    float yv = yc[l] * kf[l];
                     ty[l] = yv;
-                    ta[l] = yv + xv * (1.0f - 2.0f * yv);
+                    ta[l] = yv * comp[l] + (1.0f - yv) * xc[l];
                 }
-            } else {
+            } else { /* |x - y|, from (1 - y) - (1 - x) where y >= 1/2 (1 - y is exact there) */
                 for (int l = 0; l < BL; ++l) {
-                    float yv = yc[l] * kf[l], xv = xc[l];
+                    float yv = yc[l] * kf[l];
                     ty[l] = yv;
-                    ta[l] = fabsf(xv - yv);
+                    ta[l] = fabsf(yv >= 0.5f ? (1.0f - yv) - comp[l] : xc[l] - yv);
                 }
-            }
-        } else if (sigmoid) {
-            for (int l = 0; l < BL; ++l) {
-                int on = tt[l] == ci;
-                ty[l] = on ? 1.0f : 0.0f;
-                ta[l] = on ? rest[l] : xc[l];
             }
         } else {
             for (int l = 0; l < BL; ++l) {
                 int on = tt[l] == ci;
                 ty[l] = on ? 1.0f : 0.0f;
-                ta[l] = on ? rest[l] * inv[l] : xc[l];
+                ta[l] = on ? comp[l] : xc[l];
             }
         }
         P[c * 3] += lanesum_@V@(xc);

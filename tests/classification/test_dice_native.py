@@ -176,14 +176,20 @@ def test_each_variant_against_float64_autograd():
 
 
 def test_the_targets_one_minus_x_has_no_cancellation():
-    """With ids, the target's term ``1 - x_t`` is summed from the other classes' exponentials: a
-    confident prediction keeps its relative precision (the PyTorch float32 path rounds ``1 - x``
-    to float spacings of 1)."""
+    """``1 - x`` of the most probable class is summed from the other classes' exponentials: a
+    confident prediction keeps its relative precision with ids, one-hot labels (both forms of the
+    term) and through sigmoid (the PyTorch float32 path rounds ``1 - x`` to float spacings of 1)."""
     z = torch.full((1, 3, 64), -12.0)
     z[0, 0] = 6.0
     t = torch.zeros(1, 64, dtype=torch.long)
-    _, sums = native.forward(z, t, None, None, False, True)
+    onehot = torch.nn.functional.one_hot(t, 3).movedim(-1, 1).float().contiguous()
     exact = (1 - torch.softmax(z.double(), 1)[0, 0]).sum().item()  # 1.9e-6
+    for ids, y, soft_form in [(t, None, True), (None, onehot, True), (None, onehot, False)]:
+        _, sums = native.forward(z, ids, y, None, False, soft_form)
+        assert abs(sums[0, 0, 1].item() - exact) / exact < 1e-6, (ids is None, soft_form)
+    zs = torch.full((1, 1, 64), 17.0)
+    _, sums = native.forward(zs, None, torch.ones(1, 1, 64), None, True, False)
+    exact = 64 * torch.sigmoid(torch.tensor(-17.0, dtype=torch.float64)).item()
     assert abs(sums[0, 0, 1].item() - exact) / exact < 1e-6
     loss = losses.dice_semimetric_loss(z.reshape(1, 3, 8, 8), t.reshape(1, 8, 8), smooth=0.0, reduction="none")
     ref = losses.dice_semimetric_loss(z.double().reshape(1, 3, 8, 8), t.reshape(1, 8, 8), smooth=0.0,
