@@ -84,7 +84,7 @@ def measure(margins=MARGINS, shape=SHAPE, seed: int = 0):
     return rows
 
 
-def write(rows, out: str) -> str:
+def write(rows, out: str, shape=SHAPE) -> str:
     os.makedirs(out, exist_ok=True)
     cols = [k for k in rows[0] if k not in ("margin", "loss")]
     lines = [
@@ -92,7 +92,7 @@ def write(rows, out: str) -> str:
         "",
         f"torch {torch.__version__}, {platform.processor() or platform.machine()}, Dice kernel: "
         f"{_dice_native.available()[1].split(': ')[0]} ({_dice_native.variant()}). `soft_dice_loss` "
-        f"(smooth 5e-6, every class active) on {'x'.join(map(str, SHAPE))} maps, logits "
+        f"(smooth 5e-6, every class active) on {'x'.join(map(str, shape))} maps, logits "
         "`margin * onehot + 0.5 * randn`; each cell |float32 - float64| / float64 of the same formula "
         "on the same (float32) logits. Written by `benchmarks/dice_precision.py`.",
         "",

@@ -295,3 +295,20 @@ def test_native_kernels_reports_the_dice_kernel():
                          env=dict(os.environ, LOSSES_NATIVE="0"))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "(False, 'disabled by LOSSES_NATIVE=0')"
+
+
+def test_the_precision_benchmark_script(tmp_path):
+    """benchmarks/dice_precision.py on a small map: the kernel's float32 error stays at rounding
+    level where the loss is small, and the report is written."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    try:
+        import dice_precision
+    finally:
+        sys.path.pop(0)
+    rows = dice_precision.measure(margins=(2.0, 18.0), shape=(2, 11, 16, 16))
+    assert [r["margin"] for r in rows] == [2.0, 18.0] and rows[1]["loss"] < 1e-5
+    assert rows[1]["kernel, ids"] < 1e-6 and rows[1]["kernel, one-hot"] < 1e-6
+    assert rows[1]["PyTorch path, ids"] > 100 * rows[1]["kernel, ids"]
+    path = dice_precision.write(rows, str(tmp_path), shape=(2, 11, 16, 16))
+    text = open(path).read()
+    assert text.count("\n| ") == 3 and "kernel, ids" in text and "2x11x16x16 maps" in text
