@@ -920,11 +920,12 @@ def _build_peer(case: Dict) -> tuple:
             return logits, ids, onehot
 
         logits, ids, onehot = _shared(("dice",) + tuple(shape), make)
-        onehot_target = case["target"] == "one-hot"
+        onehot_target = case["target"].startswith("one-hot")
+        sigmoid = case["target"].endswith("(sigmoid)")  # per-class sigmoid (multi-label maps) on both sides
         if impl == "monai.DiceLoss":
             from monai.losses import DiceLoss
 
-            mod = DiceLoss(softmax=True, batch=True, to_onehot_y=not onehot_target)
+            mod = DiceLoss(softmax=not sigmoid, sigmoid=sigmoid, batch=True, to_onehot_y=not onehot_target)
             tgt = onehot if onehot_target else ids.unsqueeze(1)
             return (lambda: mod(logits, tgt).backward()), {"x": logits}
         fn = {"losses.soft_dice_loss": losses.soft_dice_loss,
@@ -932,7 +933,8 @@ def _build_peer(case: Dict) -> tuple:
               "losses.jaccard_metric_loss": losses.jaccard_metric_loss}[impl]
         tgt = onehot if onehot_target else ids
         # smooth 5e-6 (2s = 1e-5) and every class active: soft Dice then equals MONAI's value
-        return (lambda: fn(logits, tgt, smooth=5e-6, active_classes="all").backward()), {"x": logits}
+        act = "sigmoid" if sigmoid else "softmax"
+        return (lambda: fn(logits, tgt, smooth=5e-6, active_classes="all", activation=act).backward()), {"x": logits}
 
     if case["family"] == "inbatch":
         b, d = shape
@@ -994,7 +996,8 @@ def peer_groups(small: bool) -> List[Dict]:
             [("losses.MarginSoftmaxLoss", "pml.ArcFaceLoss"), ("losses.PartialFCLoss (rate 0.1)", "pml.ArcFaceLoss")])
     dice_shapes = [(2, 11, 16, 16), (1, 4, 16, 16, 16)] if small else [(16, 11, 64, 64), (2, 4, 64, 64, 64)]
     for shape in dice_shapes:
-        for target in ("id", "one-hot"):
+        # (sigmoid: one group, informational, no target; on the 2-D maps)
+        for target in ("id", "one-hot") + (("one-hot (sigmoid)",) if shape == dice_shapes[0] else ()):
             names = ["losses.soft_dice_loss", "losses.dice_semimetric_loss", "losses.jaccard_metric_loss"]
             add("dice", "monai", shape, ["monai.DiceLoss"] + names, [(n, "monai.DiceLoss") for n in names],
                 target=target)

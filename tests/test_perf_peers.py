@@ -76,6 +76,13 @@ def test_peers_suite_small_runs_and_reports_every_peer(tmp_path):
     paired = [r for r in rows if r["vs"] and r["vs"] in timed and r["ms"]]
     assert paired and all(float(r["ratio"]) > 0 for r in paired)
     assert (tmp_path / "peers.png").exists() or importlib.util.find_spec("matplotlib") is None
+    # the Dice family through a per-class sigmoid, beside MONAI's DiceLoss(sigmoid=True), on the 2-D maps
+    sig = [r for r in rows if r["family"] == "dice" and r["target"] == "one-hot (sigmoid)"]
+    assert {r["impl"] for r in sig} == {"monai.DiceLoss", "losses.soft_dice_loss", "losses.dice_semimetric_loss",
+                                        "losses.jaccard_metric_loss"}
+    assert {r["shape"] for r in sig} == {"2x11x16x16"}
+    if importlib.util.find_spec("monai") is not None:
+        assert all(float(r["ratio"]) > 0 for r in sig if r["side"] == "project")
 
 
 @pytest.mark.slow

@@ -84,6 +84,28 @@ static inline float exp_neg_@V@(float v) {
     return v < -87.33654f ? 0.0f : p;
 }
 
+/* z where the lane mask km is all ones, else +0 (bit operations: the loops vectorise with SSE2 too,
+   where GCC does not if-convert a float select on a float comparison) */
+static inline float keep_@V@(float z, int32_t km) {
+    int32_t b;
+    memcpy(&b, &z, sizeof b);
+    b &= km;
+    float r;
+    memcpy(&r, &b, sizeof r);
+    return r;
+}
+
+/* a where the mask is all ones, else b */
+static inline float pick_@V@(int32_t mask, float a, float b) {
+    int32_t ia, ib;
+    memcpy(&ia, &a, sizeof ia);
+    memcpy(&ib, &b, sizeof ib);
+    ia = (ia & mask) | (ib & ~mask);
+    float r;
+    memcpy(&r, &ia, sizeof r);
+    return r;
+}
+
 /* the kernel's exp over an array (for the tests) */
 void dice_exp_@V@(const float* in, float* out, int64_t n) {
     for (int64_t i = 0; i < n; ++i) out[i] = exp_neg_@V@(in[i]);
@@ -99,12 +121,11 @@ static inline double lanesum_@V@(const float* restrict a) {
     return s;
 }
 
-static inline void exp_row_@V@(const float* restrict zc, float* restrict xc, const float* restrict kf,
+static inline void exp_row_@V@(const float* restrict zc, float* restrict xc, const int32_t* restrict km,
                                const float* restrict m, float* restrict den, float* restrict rest,
                                const int32_t* restrict am, int32_t ci) {
     for (int l = 0; l < BL; ++l) {
-        float zv = zc[l];
-        float e = exp_neg_@V@((kf[l] != 0.0f ? zv : 0.0f) - m[l]);
+        float e = exp_neg_@V@(keep_@V@(zc[l], km[l]) - m[l]);
         xc[l] = e;
         den[l] += e;
         rest[l] += am[l] == ci ? 0.0f : e;
@@ -114,8 +135,8 @@ static inline void exp_row_@V@(const float* restrict zc, float* restrict xc, con
 /* one block of BL positions (class c of z at z + c * zs, likewise x and y); adds the block's
    sums to P (C, 3); returns 1 on a non-finite kept logit */
 static int fwd_block_@V@(const float* restrict z, int64_t zs, const float* restrict y, int64_t ys,
-                         float* restrict x, int64_t xs, const float* restrict kf, const int32_t* restrict tt,
-                         int64_t C, int sigmoid, int soft_form, double* restrict P) {
+                         float* restrict x, int64_t xs, const float* restrict kf, const int32_t* restrict km,
+                         const int32_t* restrict tt, int64_t C, int sigmoid, int soft_form, double* restrict P) {
     float m[BL], den[BL], rest[BL], inv[BL], comp[BL], ta[BL], ty[BL];
     int32_t am[BL];
     int bad = 0;
@@ -127,17 +148,21 @@ static int fwd_block_@V@(const float* restrict z, int64_t zs, const float* restr
         for (int64_t c = 0; c < C; ++c) {
             const float* restrict zc = z + c * zs;
             const int32_t ci = (int32_t)c;
+            int nb = 0; /* (a loop-local flag: an outer one keeps the loop from vectorising) */
             for (int l = 0; l < BL; ++l) {
-                float zv = zc[l];
-                float v = kf[l] != 0.0f ? zv : 0.0f;
-                bad |= !(v < INFINITY);
-                am[l] = v > m[l] ? ci : am[l];
+                float v = keep_@V@(zc[l], km[l]);
+                nb |= !(v < INFINITY);
+                int32_t gt = -(int32_t)(v > m[l]);
+                am[l] = (ci & gt) | (am[l] & ~gt);
                 m[l] = v > m[l] ? v : m[l];
             }
+            bad |= nb;
         }
-        for (int l = 0; l < BL; ++l) bad |= !(m[l] > -INFINITY);
+        int nb = 0;
+        for (int l = 0; l < BL; ++l) nb |= !(m[l] > -INFINITY);
+        bad |= nb;
         if (bad) return 1;
-        for (int64_t c = 0; c < C; ++c) exp_row_@V@(z + c * zs, x + c * xs, kf, m, den, rest, am, (int32_t)c);
+        for (int64_t c = 0; c < C; ++c) exp_row_@V@(z + c * zs, x + c * xs, km, m, den, rest, am, (int32_t)c);
         for (int l = 0; l < BL; ++l) { inv[l] = kf[l] / den[l]; rest[l] = rest[l] * inv[l]; }
     }
     for (int64_t c = 0; c < C; ++c) {
@@ -146,14 +171,18 @@ static int fwd_block_@V@(const float* restrict z, int64_t zs, const float* restr
         const int32_t ci = (int32_t)c;
         if (sigmoid) {
             /* x = sigmoid(z), comp = 1 - x = sigmoid(-z), both from e = exp(-|z|) */
+            int32_t flag[BL]; /* (a flag per lane: an OR over the loop kept it from vectorising) */
             for (int l = 0; l < BL; ++l) {
-                float zv = zc[l];
-                float v = kf[l] != 0.0f ? zv : 0.0f;
-                bad |= !(v < INFINITY);
+                float v = keep_@V@(zc[l], km[l]);
+                flag[l] = !(v < INFINITY);
                 float e = exp_neg_@V@(-fabsf(v)), d = 1.0f / (1.0f + e), lo = e * d;
-                xc[l] = (v >= 0.0f ? d : lo) * kf[l];
-                comp[l] = (v >= 0.0f ? lo : d) * kf[l];
+                int32_t pos = -(int32_t)(v >= 0.0f);
+                xc[l] = pick_@V@(pos, d, lo) * kf[l];
+                comp[l] = pick_@V@(pos, lo, d) * kf[l];
             }
+            int nb = 0;
+            for (int l = 0; l < BL; ++l) nb |= flag[l];
+            bad |= nb;
         } else {
             for (int l = 0; l < BL; ++l) {
                 float xv = xc[l] * inv[l];
@@ -258,18 +287,26 @@ static void job_@V@(job_t* J) {
                 ib = ipad; is = BL; ob = opad; os = BL;
             }
             float kf[BL];
-            int32_t tt[BL];
+            int32_t km[BL], tt[BL];
             const uint8_t* kp = J->keep ? J->keep + b * S + s0 : NULL;
             const int64_t* ip = J->ids ? J->ids + b * S + s0 : NULL;
-            for (int l = 0; l < BL; ++l) {
-                int kept = l < n && (!kp || kp[l]);
-                int64_t t = (ip && kept) ? ip[l] : -1;
-                badid |= ip && kept && (t < 0 || t >= C);
-                kf[l] = kept ? 1.0f : 0.0f;
-                tt[l] = (t >= 0 && t < C) ? (int32_t)t : -1;
+            for (int l = 0; l < BL; ++l) kf[l] = l < n ? 1.0f : 0.0f;
+            if (kp)
+                for (int l = 0; l < n; ++l) kf[l] = kp[l] ? 1.0f : 0.0f;
+            for (int l = 0; l < BL; ++l) km[l] = -(int32_t)(kf[l] != 0.0f);
+            for (int l = 0; l < BL; ++l) tt[l] = -1;
+            if (ip) {
+                int nb = 0;
+                for (int l = 0; l < n; ++l) {
+                    int64_t t = ip[l];
+                    int in = t >= 0 && t < C, kept = kf[l] != 0.0f;
+                    nb |= kept && !in;
+                    tt[l] = kept && in ? (int32_t)t : -1;
+                }
+                badid |= nb;
             }
             if (P)
-                bad = fwd_block_@V@(ib, is, yb, ys, ob, os, kf, tt, C, J->sigmoid, J->soft_form, P);
+                bad = fwd_block_@V@(ib, is, yb, ys, ob, os, kf, km, tt, C, J->sigmoid, J->soft_form, P);
             else
                 bwd_block_@V@(ib, is, yb, ys, ob, os, tt, C, J->sigmoid, J->soft_form, J->gx + b * C,
                               J->ga + b * C, u);
