@@ -1103,7 +1103,7 @@ class FYLossFunction(torch.autograd.Function):
             scale = 1.0 / divisor
             if divisor != 1:
                 p.mul_(scale)
-            p.scatter_add_(-1, y.unsqueeze(-1), m.new_full((1, 1), -scale).expand(y.shape[0], 1))
+            p = add_at_target(p, y, m.new_full((), -scale))
             ctx.save_for_backward(p)
         else:
             # backward: bisect keeps p; top-k keeps p on the top k; else p is rebuilt from zs and tau
@@ -1142,7 +1142,7 @@ class FYLossFunction(torch.autograd.Function):
                 zs = z - m
             dz = mapping.probs(zs, tau).mul_(g)
         if ctx.has_y:
-            dz.scatter_add_(-1, y.unsqueeze(-1), -g)
+            dz = add_at_target(dz, y, -g)
         else:
             dz = dz - q * g
         dq = da = None
