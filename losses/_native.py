@@ -12,6 +12,7 @@ platform other than Linux / macOS: nothing is built, and the caller runs its PyT
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import platform
@@ -19,7 +20,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from typing import List, Optional, Tuple
+import threading
+from typing import Callable, List, Optional, Tuple
 
 __all__: list = []
 
@@ -71,3 +73,38 @@ def compile_library(stem: str, source: str, flags: List[str]) -> Tuple[Optional[
         except (OSError, subprocess.SubprocessError) as exc:
             return None, f"build failed: {exc}"
     return path, f"built with {os.path.basename(cc)}: {path}"
+
+
+class NativeLibrary:
+    """One optional C library of a kernel module: compiled (:func:`compile_library`) and loaded on
+    the first :meth:`load` of the process, once, under a lock; ``declare(lib)`` sets the
+    functions' ``argtypes`` / ``restype`` and may return a note for the detail (e.g. the
+    instruction-set variant in use). ``tried``, ``lib`` and ``why`` hold the outcome."""
+
+    def __init__(self, stem: str, source: str, flags: List[str], declare: Callable[[ctypes.CDLL], Optional[str]]):
+        self.stem, self.source, self.flags, self.declare = stem, source, flags, declare
+        self.lib: Optional[ctypes.CDLL] = None
+        self.tried = False
+        self.why = "not built yet"
+        self._lock = threading.Lock()
+
+    def _build(self) -> Tuple[Optional[ctypes.CDLL], str]:
+        path, why = compile_library(self.stem, self.source, self.flags)
+        if path is None:
+            return None, why
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as exc:
+            return None, f"load failed: {exc}"
+        note = self.declare(lib)
+        return lib, (f"{why} ({note})" if note else why)
+
+    def load(self) -> Optional[ctypes.CDLL]:
+        """The loaded library, built on the first call; ``None`` where it cannot be (``why`` says)."""
+        if self.tried:
+            return self.lib
+        with self._lock:
+            if not self.tried:
+                self.lib, self.why = self._build()
+                self.tried = True
+        return self.lib

@@ -47,7 +47,6 @@ only. Built and loaded as :mod:`losses.classification._entmax_native` is (the sh
 from __future__ import annotations
 
 import ctypes
-import threading
 from typing import Optional, Tuple
 
 import torch
@@ -425,23 +424,12 @@ _FLAGS = ["-O3", "-fPIC", "-shared", "-pthread", "-std=c99", "-fno-math-errno", 
 #: set to False (e.g. by a test) to run the PyTorch path even where the kernel is built
 enabled = True
 
-_lock = threading.Lock()
-_lib: Optional[ctypes.CDLL] = None
-_tried = False
-_why: str = "not built yet"
 #: the variant in use: "avx512", "avx2" or "base" (set when the library loads)
 _variant: str = "base"
 _NAMES = ("base", "avx2", "avx512")
 
 
-def _build() -> Tuple[Optional[ctypes.CDLL], str]:
-    path, why = _native.compile_library("dice_stats", _SOURCE, _FLAGS)
-    if path is None:
-        return None, why
-    try:
-        lib = ctypes.CDLL(path)
-    except OSError as exc:
-        return None, f"load failed: {exc}"
+def _declare(lib: ctypes.CDLL) -> str:
     i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
     lib.dice_variant.argtypes = []
     lib.dice_variant.restype = i32
@@ -459,24 +447,20 @@ def _build() -> Tuple[Optional[ctypes.CDLL], str]:
         fn.restype = None
     global _variant
     _variant = _NAMES[lib.dice_variant()]
-    return lib, f"{why} ({_variant})"
+    return _variant
+
+
+_KERNEL = _native.NativeLibrary("dice_stats", _SOURCE, _FLAGS, _declare)
 
 
 def library() -> Optional[ctypes.CDLL]:
     """The loaded kernel, built on first use; ``None`` where it cannot be (see :func:`available`)."""
-    global _lib, _tried, _why
-    if _tried:
-        return _lib
-    with _lock:
-        if not _tried:
-            _lib, _why = _build()
-            _tried = True
-    return _lib
+    return _KERNEL.load()
 
 
 def available() -> Tuple[bool, str]:
     """``(True, where (variant))`` when the kernel is built and loaded, else ``(False, why not)``."""
-    return library() is not None, _why
+    return library() is not None, _KERNEL.why
 
 
 def ready() -> bool:
@@ -494,8 +478,9 @@ def variants() -> Tuple[str, ...]:
     """Every variant this CPU can run, best first (a test runs them all)."""
     if library() is None:
         return ()
+    lib = library()
     return tuple(n for n in reversed(_NAMES[: _NAMES.index(_variant) + 1])
-                 if getattr(_lib, f"dice_forward_{n}", None) is not None)
+                 if getattr(lib, f"dice_forward_{n}", None) is not None)
 
 
 def usable(z: Tensor) -> bool:

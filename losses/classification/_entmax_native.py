@@ -42,7 +42,7 @@ search, which gives the same result (or raises the same error) as without this k
 split over ``torch.get_num_threads()`` POSIX threads when the batch is large enough to pay for
 them (:data:`PARALLEL_MIN`).
 
-Building. The first use compiles the C source below with the system's C compiler (``$CC``, else
+Building (shared with the Dice kernel: ``losses/_native.py``). The first use compiles the C source below with the system's C compiler (``$CC``, else
 ``cc``, ``gcc`` or ``clang``; about a second) into ``$LOSSES_CACHE_DIR/kernels`` (default
 ``~/.cache/softmax-losses/kernels``), under a name that hashes the source, the compiler's flags and
 the machine, written atomically so that concurrent processes can build at once (a C++ driver such
@@ -54,7 +54,6 @@ the PyTorch search runs (the same values, checked by the tests). :func:`availabl
 from __future__ import annotations
 
 import ctypes
-import threading
 from typing import Optional, Tuple
 
 import torch
@@ -274,20 +273,7 @@ _FLAGS = ["-O3", "-fPIC", "-shared", "-pthread", "-std=c99", "-fno-math-errno"]
 #: set to False (e.g. by a test) to run the PyTorch search even where the kernel is built
 enabled = True
 
-_lock = threading.Lock()
-_lib: Optional[ctypes.CDLL] = None
-_tried = False
-_why: str = "not built yet"
-
-
-def _build() -> Tuple[Optional[ctypes.CDLL], str]:
-    path, why = _native.compile_library("entmax_threshold", _SOURCE, _FLAGS)
-    if path is None:
-        return None, why
-    try:
-        lib = ctypes.CDLL(path)
-    except OSError as exc:
-        return None, f"load failed: {exc}"
+def _declare(lib: ctypes.CDLL) -> None:
     i64, i32, dbl, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_double, ctypes.c_void_p
     for sfx in ("f32", "f64"):
         fn = getattr(lib, f"entmax_threshold_{sfx}")
@@ -296,19 +282,14 @@ def _build() -> Tuple[Optional[ctypes.CDLL], str]:
         fn = getattr(lib, f"entmax_fy_ids_{sfx}")
         fn.argtypes = [ptr, ptr, i64, i64, i32, i32, i32, ptr, ptr, dbl, ptr, ptr, ptr]
         fn.restype = i32
-    return lib, why
+
+
+_KERNEL = _native.NativeLibrary("entmax_threshold", _SOURCE, _FLAGS, _declare)
 
 
 def library() -> Optional[ctypes.CDLL]:
     """The loaded kernel, built on first use; ``None`` where it cannot be (see :func:`available`)."""
-    global _lib, _tried, _why
-    if _tried:
-        return _lib
-    with _lock:
-        if not _tried:
-            _lib, _why = _build()
-            _tried = True
-    return _lib
+    return _KERNEL.load()
 
 
 def _ready() -> bool:
@@ -329,7 +310,7 @@ def ready() -> bool:
 
 def available() -> Tuple[bool, str]:
     """``(True, where)`` when the kernel is built and loaded, else ``(False, why not)``."""
-    return library() is not None, _why
+    return library() is not None, _KERNEL.why
 
 
 def _threads(rows: int, cols: int) -> int:
