@@ -235,7 +235,9 @@ def test_importing_the_adapters_imports_neither_library():
     assert out.stdout.strip() == "[]"
 
 
-def test_model_fit_legacy_api_trains_with_the_adapter():
+def test_model_fit_legacy_api_trains_with_the_adapter(tmp_path, monkeypatch):
+    """(``fit`` writes its trainer folder, ``checkpoints/model``, under the working directory: a
+    temporary one here, so the test leaves nothing in the checkout.)"""
     from sentence_transformers import InputExample
     from torch.utils.data import DataLoader
 
@@ -244,6 +246,7 @@ def test_model_fit_legacy_api_trains_with_the_adapter():
     examples = [InputExample(texts=[a, p1, p2]) for a, p1, p2 in zip(ANCHORS, POS1, POS2)] * 2  # two steps
     loss = DecoupledSoftmaxRankingLoss(model, num_positives=2)
     before = [t.detach().clone() for t in model.parameters()]
+    monkeypatch.chdir(tmp_path)
     model.fit(train_objectives=[(DataLoader(examples, batch_size=4), loss)], epochs=1, show_progress_bar=False)
     assert any(not torch.equal(b, t) for b, t in zip(before, model.parameters()))
 
