@@ -20,6 +20,8 @@ import pytest
 import torch
 
 import losses
+from losses import _native
+from losses.classification import _dice_native as dice_native
 from losses.classification import _entmax_native as native
 from losses.classification import _entmax_ops as ops
 from tests.classification.test_sparsemax import oracle_activation, oracle_loss
@@ -268,48 +270,62 @@ def _interpreter(code: str, env: dict) -> subprocess.CompletedProcess:
                           text=True, timeout=240)
 
 
-PROBE = """
-    import torch, losses
-    from losses.classification import _entmax_native as native
-    ok, why = native.available()
-    x = torch.randn(64, 500, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    y = torch.arange(64) % 500
-    print(ok, "|", why, "|", repr(losses.entmax15_loss(x, y).item()))
-"""
+def _fresh(module):
+    """A new, unbuilt handle on ``module``'s kernel (the state a fresh process starts from)."""
+    k = module._KERNEL
+    return _native.NativeLibrary(k.stem, k.source, k.flags, k.declare)
 
 
-def test_without_a_compiler_or_when_disabled_the_torch_search_runs(tmp_path):
-    """No compiler on PATH (and none cached) or LOSSES_NATIVE=0: nothing is built, the reason is
-    reported, and the loss gives the value of the native run to rounding."""
-    base = _interpreter(PROBE, {"LOSSES_CACHE_DIR": str(tmp_path / "with")})
-    assert base.returncode == 0, base.stderr
-    ok, why, value = [s.strip() for s in base.stdout.strip().split("|")]
-    assert ok == "True" and why.startswith("built with"), base.stdout
-    bare = _interpreter(PROBE, {"LOSSES_CACHE_DIR": str(tmp_path / "bare"), "PATH": "", "CC": ""})
-    assert bare.returncode == 0, bare.stderr
-    ok2, why2, value2 = [s.strip() for s in bare.stdout.strip().split("|")]
-    assert ok2 == "False" and "no C compiler" in why2
-    assert not (tmp_path / "bare" / "kernels").exists() or not list((tmp_path / "bare" / "kernels").glob("*.so"))
-    off = _interpreter(PROBE, {"LOSSES_CACHE_DIR": str(tmp_path / "with"), "LOSSES_NATIVE": "0"})
-    ok3, why3, value3 = [s.strip() for s in off.stdout.strip().split("|")]
-    assert ok3 == "False" and "LOSSES_NATIVE=0" in why3
-    assert abs(float(value) - float(value2)) <= 1e-13 and value2 == value3
+KERNEL_MODULES = [native, dice_native]
 
 
-def test_concurrent_builds_into_one_empty_cache(tmp_path):
-    """Processes that start at once (pytest -n, a DDP job) may all build: each writes its own
-    temporary file and renames it into place, so every one loads a whole library."""
-    env = {"LOSSES_CACHE_DIR": str(tmp_path)}
-    full = dict(os.environ)
-    full.update(env)
-    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(PROBE)], cwd=REPO, env=full,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
-    outs = [p.communicate(timeout=240) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
-    assert all(o[0].startswith("True") for o in outs), outs
-    assert len({o[0].split("|")[2] for o in outs}) == 1
+def test_without_a_compiler_or_when_disabled_nothing_is_built(tmp_path, monkeypatch):
+    """No compiler on PATH (and none cached) or LOSSES_NATIVE=0: nothing is built and the reason is
+    reported; with a compiler each kernel builds into the cache and loads. (The losses' values with
+    a kernel switched off are the PyTorch path's, which every kernel test compares with.)"""
+    for module in KERNEL_MODULES:
+        monkeypatch.setenv("LOSSES_CACHE_DIR", str(tmp_path / "with"))
+        built = _fresh(module)
+        assert built.load() is not None and built.why.startswith("built with"), built.why
+        monkeypatch.setenv("LOSSES_CACHE_DIR", str(tmp_path / "bare"))
+        monkeypatch.setenv("PATH", "")
+        monkeypatch.setenv("CC", "")
+        bare = _fresh(module)
+        assert bare.load() is None and bare.tried and "no C compiler" in bare.why
+        assert not list((tmp_path / "bare").rglob("*.so"))
+        monkeypatch.undo()
+        monkeypatch.setenv("LOSSES_CACHE_DIR", str(tmp_path / "with"))
+        monkeypatch.setenv("LOSSES_NATIVE", "0")
+        off = _fresh(module)
+        assert off.load() is None and off.why == "disabled by LOSSES_NATIVE=0"
+        monkeypatch.undo()
+    assert len(list((tmp_path / "with" / "kernels").glob("*.so"))) == len(KERNEL_MODULES)
+
+
+def test_concurrent_builds_into_one_empty_cache(tmp_path, monkeypatch):
+    """Builds that start at once (pytest -n, a DDP job: here three handles in three threads, each
+    running the compiler) each write their own temporary file and rename it into place, so every
+    one loads a whole library and one file is left."""
+    import threading
+
+    monkeypatch.setenv("LOSSES_CACHE_DIR", str(tmp_path))
+    handles = [_fresh(native) for _ in range(3)]
+    threads = [threading.Thread(target=h.load) for h in handles]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=240)
+    assert all(h.lib is not None for h in handles), [h.why for h in handles]
+    assert len({h.why for h in handles}) == 1
     assert len(list((tmp_path / "kernels").glob("*.so"))) == 1
     assert not [p for p in (tmp_path / "kernels").iterdir() if p.is_dir()]  # temporary folders removed
+    x = torch.randn(8, 50, generator=torch.Generator().manual_seed(0))
+    for h in handles:  # each loaded library runs
+        out = [x.amax(1, keepdim=True)] + [torch.empty(8, 1) for _ in range(5)]
+        d = torch.empty_like(x)
+        st = h.lib.entmax_threshold_f32(x.data_ptr(), 8, 50, 0, native.MAX_STEPS, 1, out[0].data_ptr(),
+                                        out[1].data_ptr(), d.data_ptr(), *(t.data_ptr() for t in out[2:]))
+        assert st == 0 and torch.allclose(d.sum(1), torch.ones(8))
 
 
 def test_first_use_inside_torch_compile_builds_without_a_graph_break(tmp_path):
@@ -340,13 +356,14 @@ def test_first_use_inside_torch_compile_builds_without_a_graph_break(tmp_path):
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
 
 
-def test_a_cxx_driver_builds_the_kernel_as_c(tmp_path):
+def test_a_cxx_driver_builds_the_kernel_as_c(tmp_path, monkeypatch):
     """Where the only compiler is a C++ driver (g++: the one torch.compile's CPU backend needs),
     the source is compiled as C (``-x c``), so its symbols keep C linkage and load."""
-    done = _interpreter(PROBE, {"LOSSES_CACHE_DIR": str(tmp_path), "CC": "g++"})
-    assert done.returncode == 0, done.stderr
-    ok, why, _ = [s.strip() for s in done.stdout.strip().split("|")]
-    assert ok == "True" and why.startswith("built with g++"), done.stdout
+    monkeypatch.setenv("LOSSES_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "g++")
+    for module in KERNEL_MODULES:
+        h = _fresh(module)
+        assert h.load() is not None and h.why.startswith("built with g++"), h.why
 
 
 def test_native_kernels_reports_the_kernel_and_why_not(monkeypatch):
