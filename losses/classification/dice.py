@@ -175,12 +175,8 @@ def _unit_stats(
             sx, sa = _DiceStatsNative.apply(x, xs, sums, ids, y_in, kept, *flags)
             sy = sums[..., 2].to(dtype)
             k = None if kept is None else kept.unsqueeze(1).to(dtype)
-            if hard or (active_classes or "all") != "present":
-                present = sy  # (read only in the "present" mode; hard labels: the label counts)
-            else:
-                present = ((y_in if k is None else y_in * k).amax(-1) > _PRESENT_THRESHOLD).to(dtype)
-            return _unit_weights_and_sums(sx, sy, sa, present, k, b, c, n_pos, dtype, x.device, hard,
-                                          active_classes, aggregate, weight, gather)
+            return _unit_weights_and_sums(sx, sy, sa, _present_units(active_classes, hard, sy, y_in, k), k, b, c,
+                                          n_pos, dtype, x.device, hard, active_classes, aggregate, weight, gather)
     if not finite and not all_kept:
         # dropped positions are zeroed before the activation: no +-inf/NaN there reaches the maths
         x = torch.where(keep.unsqueeze(1), x, torch.zeros((), dtype=dtype, device=x.device))
@@ -206,18 +202,24 @@ def _unit_stats(
     sx, sa = _DiceStats.apply(x, y, k, activation, kind == "soft_dice" or (hard and activation != "none"))
     yk = y if (k is None or hard) else y * k
     sy = yk.sum(-1)
+    return _unit_weights_and_sums(sx, sy, sa, _present_units(active_classes, hard, sy, yk, None), k, b, c, n_pos,
+                                  dtype, x.device, hard, active_classes, aggregate, weight, gather)
+
+
+def _present_units(active_classes: Optional[str], hard: bool, sy: Tensor, y: Optional[Tensor],
+                   k: Optional[Tensor]) -> Optional[Tensor]:
+    """The per-(image, class) presence read in the ``"present"`` mode (``None`` in the others, where
+    every unit with a kept position is active): hard labels, the kept label counts ``sy`` (a kept
+    hard label is 1 > 0.01); soft labels ``y (B, C, S)`` with keep weights ``k (B, 1, S)`` or
+    ``None``, whether the largest kept label value exceeds the threshold (only "> 0" is read)."""
     if (active_classes or ("present" if hard else "all")) != "present":
-        present = None  # not read: every unit with a kept position is active
-    elif hard:
-        present = sy  # a kept hard label is 1 > 0.01: the label counts
-    elif n_pos > 0:
-        # a unit has the class present iff its largest kept label value exceeds the threshold
-        # (only "> 0" of these counts is ever read)
-        present = (yk.amax(-1) > _PRESENT_THRESHOLD).to(dtype)
-    else:
-        present = torch.zeros(b, c, dtype=dtype, device=x.device)
-    return _unit_weights_and_sums(sx, sy, sa, present, k, b, c, n_pos, dtype, x.device, hard, active_classes,
-                                  aggregate, weight, gather)
+        return None
+    if hard:
+        return sy
+    if y.shape[-1] == 0:
+        return torch.zeros_like(sy)
+    yk = y if k is None else y * k
+    return (yk.amax(-1) > _PRESENT_THRESHOLD).to(sy.dtype)
 
 
 def _unit_weights_and_sums(sx: Tensor, sy: Tensor, sa: Tensor, present: Optional[Tensor], k: Optional[Tensor], b: int, c: int,
