@@ -476,9 +476,9 @@ def variant() -> str:
 
 def variants() -> Tuple[str, ...]:
     """Every variant this CPU can run, best first (a test runs them all)."""
-    if library() is None:
-        return ()
     lib = library()
+    if lib is None:
+        return ()
     return tuple(n for n in reversed(_NAMES[: _NAMES.index(_variant) + 1])
                  if getattr(lib, f"dice_forward_{n}", None) is not None)
 
@@ -498,6 +498,19 @@ def _ptr(t: Optional[Tensor]):
     return None if t is None else t.data_ptr()
 
 
+def _labels(ids: Optional[Tensor], y: Optional[Tensor], keep: Optional[Tensor], b: int, c: int, s: int):
+    """The labels and keep flags as the kernel reads them: contiguous int64 ids ``(B, S)``, float
+    labels ``(B, C, S)``, keep flags ``(B, S)`` uint8 (no copy where they already are)."""
+    if ids is not None:
+        ids = ids.reshape(b, s).contiguous()
+        if ids.dtype != torch.int64:
+            ids = ids.long()
+    if y is not None:
+        y = y.reshape(b, c, s).contiguous()
+    flags = None if keep is None else keep.reshape(b, s).contiguous().view(torch.uint8)
+    return ids, y, flags
+
+
 def forward(z: Tensor, ids: Optional[Tensor], y: Optional[Tensor], keep: Optional[Tensor], sigmoid: bool,
             soft_form: bool, which: Optional[str] = None) -> Optional[Tuple[Tensor, Tensor]]:
     """``(x (B, C, S), sums (B, C, 3) float64)`` with ``sums[..., 0] = |x|``, ``[..., 1] = A``,
@@ -508,13 +521,7 @@ def forward(z: Tensor, ids: Optional[Tensor], y: Optional[Tensor], keep: Optiona
     lib = library()
     z = z.contiguous()
     b, c, s = z.shape
-    if ids is not None:
-        ids = ids.reshape(b, s).contiguous()
-        if ids.dtype != torch.int64:
-            ids = ids.long()
-    if y is not None:
-        y = y.reshape(b, c, s).contiguous()
-    flags = None if keep is None else keep.reshape(b, s).contiguous().view(torch.uint8)
+    ids, y, flags = _labels(ids, y, keep, b, c, s)
     x = torch.empty_like(z)
     sums = torch.empty(b, c, 3, dtype=torch.float64)
     fn = getattr(lib, f"dice_forward_{which or _variant}")
@@ -528,10 +535,10 @@ def forward(z: Tensor, ids: Optional[Tensor], y: Optional[Tensor], keep: Optiona
 def backward(x: Tensor, ids: Optional[Tensor], y: Optional[Tensor], keep: Optional[Tensor], sigmoid: bool,
              soft_form: bool, g_x: Tensor, g_a: Tensor, which: Optional[str] = None) -> Tensor:
     """``dL/dz (B, C, S)`` from the saved ``x`` (0 at dropped positions) and the gradients
-    ``g_x, g_a (B, C)`` of ``|x|`` and ``A`` (arguments as in :func:`forward`, already contiguous)."""
+    ``g_x, g_a (B, C)`` of ``|x|`` and ``A`` (other arguments as in :func:`forward`)."""
     lib = library()
     b, c, s = x.shape
-    flags = None if keep is None else keep.reshape(b, s).contiguous().view(torch.uint8)
+    ids, y, flags = _labels(ids, y, keep, b, c, s)
     g_x = g_x.to(torch.float32).contiguous()
     g_a = g_a.to(torch.float32).contiguous()
     dz = torch.empty_like(x)
