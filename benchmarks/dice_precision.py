@@ -31,7 +31,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import losses  # noqa: E402
-from losses.classification import _dice_native  # noqa: E402
+from losses.kernels import dice_native as _dice_native  # noqa: E402
 
 MARGINS = (2.0, 6.0, 10.0, 14.0, 18.0)
 SHAPE = (16, 11, 64, 64)

@@ -188,7 +188,7 @@ def _build(case: Dict) -> tuple:
         # suite "sparsemax_forced": one exact search forced: "native" (the C kernel, as the CPU default
         # takes it for rows of at most 2,048 classes, fused value and gradient included), or one of
         # the PyTorch searches with the kernel off ("dense", "newton", "sort", "topk<k>")
-        from losses.classification import _entmax_native as native
+        from losses.kernels import entmax_native as native
         from losses.classification import _entmax_ops as ops
 
         original, original_auto, was = ops.threshold, ops.auto_search, native.enabled

@@ -4,7 +4,7 @@ alternatives. Depends only on torch.
 Every loss is a pure function (``losses.<name>_loss`` / ``losses.functional``) plus a thin
 ``nn.Module``; ``losses.create_loss(name, **kwargs)`` builds one by its registry name and
 ``losses.loss_names()`` lists their names and ``losses.list_losses()`` their metadata;
-``losses.native_kernels()`` says whether the optional C kernel is in use. ``losses.register(...)`` adds a loss of
+``losses.native_kernels()`` says whether the optional C and Triton kernels are in use. ``losses.register(...)`` adds a loss of
 your own to the registry and ``losses.testing.check_loss(name)`` runs the library's contract checks
 on it (``docs/contributing.md``, Adding a loss).
 """
@@ -35,24 +35,35 @@ __version__ = "0.1.0"
 
 
 def native_kernels() -> dict:
-    """The optional C kernels and whether this process uses them: ``{name: (in_use, detail)}``,
-    ``detail`` being where the built library is (and, for ``"dice_stats"``, the instruction-set
-    variant in use) or why it is not used.
+    """The optional kernels (all in ``losses/kernels/``) and whether this process uses them:
+    ``{name: (in_use, detail)}``, ``detail`` being where the built library is (and, for
+    ``"dice_stats"``, the instruction-set variant in use), the Triton version and GPU, or why a
+    kernel is not used.
+
+    C kernels for the CPU, built with the system's C compiler on first use (this call builds them if
+    nothing has yet); not used where no compiler exists, off Linux / macOS, or with
+    ``LOSSES_NATIVE=0``:
 
     - ``"entmax_threshold"``: the exact sparsemax / entmax-1.5 threshold search per CPU row
       (docs/losses/sparsemax.md);
     - ``"dice_stats"``: the Dice family's fused softmax / sigmoid and per-class sums on float32 CPU
       maps, forward and backward (docs/losses/dice.md).
 
-    Each is built with the system's C compiler on first use (this call builds them if nothing has
-    yet). Without them the PyTorch paths run and give the same values to rounding; they are not used
-    where no compiler exists, off Linux / macOS, or with ``LOSSES_NATIVE=0``.
+    Triton kernels for CUDA tensors (float32 / bfloat16 / float16); not used without ``triton`` or a
+    CUDA device, or with ``LOSSES_TRITON=0`` (docs/performance.md, GPU kernels):
+
+    - ``"softmax_rows"``: the fused row kernel of cross-entropy (weights, ``ignore_index``, label
+      smoothing, soft-capping), the log-Z penalty, logit-adjusted cross-entropy and balanced softmax;
+    - ``"z_loss_rows"``: the Z-loss's fused row kernel.
+
+    Without them the PyTorch paths run and give the same values to rounding.
 
     >>> import losses
     >>> sorted(losses.native_kernels())
-    ['dice_stats', 'entmax_threshold']
+    ['dice_stats', 'entmax_threshold', 'softmax_rows', 'z_loss_rows']
     """
-    from .classification import _dice_native, _entmax_native
+    from . import kernels
+    from .kernels import dice_native as _dice_native, entmax_native as _entmax_native
 
     out = {}
     for name, mod in (("entmax_threshold", _entmax_native), ("dice_stats", _dice_native)):
@@ -60,6 +71,7 @@ def native_kernels() -> dict:
         if built and not mod.enabled:
             detail = f"built ({detail}) but switched off in this process"
         out[name] = (built and mod.enabled, detail)
+    out.update(kernels.report())
     return out
 
 __all__ = [

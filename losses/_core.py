@@ -863,7 +863,8 @@ def auto_extra_repr(module: torch.nn.Module) -> str:
     Skipped: arguments without such an attribute, the module's own tensors (its parameters and
     buffers, also when unset: ``weight``), the names in the class attribute ``_repr_skip``
     (``process_group``), and those in ``_repr_omit_none`` while their value is ``None``
-    (``softcap``, shown only when set).
+    (``softcap``, shown only when set), and those in ``_repr_omit_false`` while their value is
+    ``False`` (``inplace_backward``, shown only when switched on).
     A class whose stored value is not the argument (``bias`` becomes a parameter) maps the name
     to the shown value in a method ``_repr_values(self) -> dict``.
 
@@ -875,6 +876,7 @@ def auto_extra_repr(module: torch.nn.Module) -> str:
     """
     values = getattr(module, "_repr_values", dict)()
     omit_none = getattr(module, "_repr_omit_none", ())
+    omit_false = getattr(module, "_repr_omit_false", ())
     skip = getattr(module, "_repr_skip", ())
     owned = set(module._parameters) | set(module._buffers)
     parts = []
@@ -887,7 +889,7 @@ def auto_extra_repr(module: torch.nn.Module) -> str:
             continue
         else:
             value = getattr(module, name)
-        if isinstance(value, Tensor) or (value is None and name in omit_none):
+        if isinstance(value, Tensor) or (value is None and name in omit_none) or (value is False and name in omit_false):
             continue
         parts.append(f"{name}={value!r}")
     return ", ".join(parts)

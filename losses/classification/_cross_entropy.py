@@ -28,13 +28,15 @@ from .._core import (
     check_unit_interval,
     compute_dtype,
     check_target_shape,
+    move_class_dim_last,
     no_autocast,
     reduce_loss,
     upcast,
 )
 from .._softcap import apply_softcap, check_softcap
+from .. import kernels
 
-__all__ = ["softmax_cross_entropy", "class_view"]
+__all__ = ["softmax_cross_entropy", "class_view", "reduce_rows"]
 
 
 def class_view(w: Tensor, input: Tensor) -> Tensor:
@@ -54,12 +56,14 @@ def softmax_cross_entropy(
     reduction: str = "mean",
     softcap: Optional[float] = None,
     logit_shift: Optional[Tensor] = None,
+    inplace_backward: bool = False,
 ) -> Tensor:
     """:func:`losses.cross_entropy_loss` (see there for the maths, masks, units and dtypes) with
     the errors of ``fn``. ``logit_shift``: an already validated ``(C,)`` tensor added to the
     (soft-capped, upcast) logits of every position before the softmax; a ``-inf`` entry removes
     that class like a ``-inf`` logit does. The dtype follows ``input``, ``weight`` and a float64
-    soft target, never the shift."""
+    soft target, never the shift. ``inplace_backward``: on the Triton kernel path the backward
+    writes the gradient over the logits' storage (see :func:`losses.cross_entropy_loss`)."""
     check_floating(fn, "input", input)
     check_tensor(fn, "target", target)
     check_reduction(fn, reduction)
@@ -71,6 +75,13 @@ def softmax_cross_entropy(
     cap = check_softcap(fn, softcap)
     soft = check_class_target(fn, input, target, soft=True, soft_name="probabilities")
     dtype = compute_dtype(input, weight, target)  # float64 soft targets count; ids never do
+    if not soft and dtype == torch.float32 and kernels.use_triton(input):
+        check_target_shape(fn, input, target)
+        check_ids_in_range(fn, target, c, ignore_index)
+        valid = target != ignore_index
+        check_masked_logits(fn, "input", input, active=valid)
+        return _kernel_cross_entropy(input, target, valid, weight, logit_shift, cap, eps, ignore_index, reduction,
+                                     inplace_backward)
     with no_autocast(input.device.type):
         x = apply_softcap(upcast(input, dtype), cap)
         if logit_shift is not None:
@@ -130,3 +141,35 @@ def softmax_cross_entropy(
         return total / torch.where(denom > 0, denom, torch.ones_like(denom))
 
 
+
+
+def reduce_rows(values: Tensor, valid: Tensor, w: Optional[Tensor], target: Tensor, reduction: str) -> Tensor:
+    """The reduction of per-position values ``(M,)`` (already 0 and weighted where the unit weight
+    says so) whose unit weight is ``w[target]`` on kept positions (1 without ``w``), 0 on ignored
+    ones: ``"none"`` in the target's shape, ``"sum"``, or the weighted mean (an exact 0 when every
+    position is ignored)."""
+    if reduction == "none":
+        return values.reshape(target.shape)
+    total = values.sum()
+    if reduction == "sum":
+        return total
+    unit = valid.reshape(-1).to(values.dtype)
+    if w is not None:
+        ids = target.reshape(-1).long()
+        unit = unit * w.to(values.dtype)[torch.where(valid.reshape(-1), ids, torch.zeros_like(ids))]
+    denom = unit.sum()
+    return total / torch.where(denom > 0, denom, torch.ones_like(denom))
+
+
+def _kernel_cross_entropy(input: Tensor, target: Tensor, valid: Tensor, w: Optional[Tensor],
+                          shift: Optional[Tensor], cap: Optional[float], eps: float, ignore_index: int,
+                          reduction: str, inplace: bool) -> Tensor:
+    """The class-id cross-entropy through the fused Triton row kernel (losses/kernels/triton_rows.py):
+    the logits are read in their own dtype (no float32 copy), the per-row statistics are float32 and
+    the gradient is written once, in the logits' dtype."""
+    from ..kernels import triton_rows
+
+    values, _ = triton_rows.softmax_rows(move_class_dim_last(input), target.reshape(-1), weight=w, shift=shift,
+                                         softcap=cap, label_smoothing=eps, ignore_index=ignore_index,
+                                         inplace=inplace)
+    return reduce_rows(values, valid, w, target, reduction)

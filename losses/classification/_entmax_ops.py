@@ -32,7 +32,7 @@ Conventions shared by every kernel:
     ``[x - tau]_+`` itself, so the probabilities, the loss value and (for ids with a sum or mean
     reduction) the whole gradient ``(p* - onehot)/N`` cost no further search pass over the scores.
 
-  - The C kernel (:mod:`._entmax_native`, CPU, built on first use where a C compiler exists):
+  - The C kernel (:mod:`losses.kernels.entmax_native`, CPU, built on first use where a C compiler exists):
     the same dense search per row with no operator calls (Michelot's algorithm for sparsemax,
     Newton from the left with the support's closed form as the stopping test for entmax-1.5, in
     float64), and with ids the per-row values and gradients ``p* - onehot`` in the same call.
@@ -69,7 +69,7 @@ import torch
 from torch import Tensor
 
 from .._core import _compiling, add_at_target, once_differentiable, zero_rows
-from . import _entmax_native
+from ..kernels import entmax_native as _entmax_native
 
 __all__: list = []
 
@@ -367,7 +367,7 @@ def _threshold_dense(kind: str, z: Tensor, max_iter: int) -> Optional[Threshold]
     mapping = _exact(kind)
     entmax = mapping.scale != 1.0
     if not _compiling() and _entmax_native.usable(z):
-        # the same search per row in C (losses/classification/_entmax_native.py): no operator calls
+        # the same search per row in C (losses/kernels/entmax_native.py): no operator calls
         found = _entmax_native.threshold(z, entmax)
         if found is not None:
             m, tau, d, s1, s2, s3, _ = found
@@ -509,7 +509,7 @@ def auto_search(kind: str, m: int, c: int, native: Optional[bool] = None) -> Tup
     """``(method, k)`` of the fastest exact search for an ``(m, c)`` batch on one CPU thread:
     ``("topk", k0)``, ``("dense", None)`` or ``("sort", None)`` (measured crossovers).
 
-    ``native``: whether the dense search runs in the C kernel (:mod:`._entmax_native`; ``None``:
+    ``native``: whether the dense search runs in the C kernel (:mod:`losses.kernels.entmax_native`; ``None``:
     whether it is built and enabled now). With it the dense search is taken at every width: it was
     the fastest at every shape measured up to 10,000 classes (one thread, idle machine, forward +
     backward / ``F.cross_entropy``: at (256, 4096) sparsemax 0.53x against the top-k's 1.39x,

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from .._core import (
     add_at_target,
+    check_bool,
     once_differentiable,
     check_ignore_index,
     auto_extra_repr,
@@ -50,6 +51,7 @@ def cross_entropy_loss(
     ignore_index: int = -100,
     reduction: str = "mean",
     softcap: Optional[float] = None,
+    inplace_backward: bool = False,
 ) -> Tensor:
     r"""Softmax cross-entropy, the baseline of every classification family.
 
@@ -86,14 +88,26 @@ def cross_entropy_loss(
     ``c * tanh(input / c)`` (computed in float32 or wider) before the softmax, i.e. final-logit
     soft-capping as in Gemma 2 (arXiv:2408.00118); ``-inf`` entries stay masks.
 
+    **On a GPU** (CUDA logits in float32, bfloat16 or float16, class ids) the loss runs in one fused
+    Triton row kernel (``losses/kernels/``): the logits are read in their own dtype, never copied to
+    float32, and the gradient is written once in their dtype; ``LOSSES_TRITON=0`` switches it off.
+    ``inplace_backward=True`` makes that kernel write the gradient over the logits' own storage
+    (no second logits-sized buffer, as Liger-Kernel does). **Danger**: after ``backward()`` the
+    tensor passed as ``input`` holds its gradient, not the logits; use it only when nothing reads
+    those logits afterwards (no metric on them, no other loss on them, no autograd node that saved
+    them, e.g. a soft-capping you applied yourself). Elsewhere (CPU, float64, soft targets) the flag
+    changes nothing.
+
     >>> import torch, losses
     >>> x = torch.tensor([[2.0, 0.0, -1.0]])
     >>> bool(torch.isclose(losses.cross_entropy_loss(x, torch.tensor([0])),
     ...                    torch.nn.functional.cross_entropy(x, torch.tensor([0]))))
     True
     """
+    check_bool("cross_entropy_loss", "inplace_backward", inplace_backward)
     return softmax_cross_entropy("cross_entropy_loss", input, target, label_smoothing=label_smoothing,
-                                 weight=weight, ignore_index=ignore_index, reduction=reduction, softcap=softcap)
+                                 weight=weight, ignore_index=ignore_index, reduction=reduction, softcap=softcap,
+                                 inplace_backward=inplace_backward)
 
 
 def bce_with_logits_loss(
@@ -299,6 +313,8 @@ class CrossEntropyLoss(nn.Module):
         ignore_index: target id whose positions are skipped (default -100).
         reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
         softcap: ``None`` (default, off) or ``c > 0``: logits become ``c * tanh(input / c)``.
+        inplace_backward: on the GPU kernel path, write the gradient over the logits (default
+            False; see :func:`losses.cross_entropy_loss` for when that is safe).
 
     ``forward(input, target)``: ``input (N, C)`` or ``(N, C, d1..dk)`` logits, ``target`` ids
     ``(N,)`` / ``(N, d1..dk)`` or probabilities shaped like ``input``. Returns a scalar for
@@ -315,9 +331,11 @@ class CrossEntropyLoss(nn.Module):
         ignore_index: int = -100,
         reduction: str = "mean",
         softcap: Optional[float] = None,
+        inplace_backward: bool = False,
     ) -> None:
         super().__init__()
         check_reduction("CrossEntropyLoss", reduction)
+        self.inplace_backward = check_bool("CrossEntropyLoss", "inplace_backward", inplace_backward)
         check_number("CrossEntropyLoss", "label_smoothing", label_smoothing, low=0.0, high=1.0)
         self.softcap = check_softcap("CrossEntropyLoss", softcap)
         self.label_smoothing = float(label_smoothing)
@@ -336,11 +354,13 @@ class CrossEntropyLoss(nn.Module):
             A scalar (``"mean"``, ``"sum"``) or the per-position losses ``(N, d1..dk)`` (``"none"``).
         """
         return cross_entropy_loss(input, target, label_smoothing=self.label_smoothing, weight=self.weight,
-                                  ignore_index=self.ignore_index, reduction=self.reduction, softcap=self.softcap)
+                                  ignore_index=self.ignore_index, reduction=self.reduction, softcap=self.softcap,
+                                  inplace_backward=self.inplace_backward)
 
     extra_repr = auto_extra_repr
 
     _repr_omit_none = ("softcap",)
+    _repr_omit_false = ("inplace_backward",)
 
 
 class BCEWithLogitsLoss(nn.Module):

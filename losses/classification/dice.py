@@ -51,7 +51,7 @@ from .._core import (
     value_error,
 )
 from .._registry import register
-from . import _dice_native
+from ..kernels import dice_native as _dice_native
 
 __all__ = [
     "dice_semimetric_loss",

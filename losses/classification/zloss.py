@@ -49,6 +49,8 @@ from .._core import (
 )
 from .._registry import position_unit_weights, register
 from .._softcap import apply_softcap, check_softcap
+from .. import kernels
+from ._cross_entropy import reduce_rows
 from .._precision import softplus
 from ._targets import class_ids, fused_divisor, reduced_sum, row_exp, row_max_exp, row_max_logsum
 
@@ -246,6 +248,11 @@ def z_loss(
     x2d, y, valid, out_shape = class_ids(fn, input, target, ignore_index, softmax=False, none_if_all_kept=True)
     finite = check_finite(fn, "input", input, hint=_ZLOSS_NEG_INF_HINT)
     dtype = compute_dtype(input)
+    if kernels.use_triton(input):  # one fused row kernel (losses/kernels/triton_rows.py)
+        from ..kernels import triton_rows
+
+        rows = triton_rows.z_loss_rows(x2d, target.reshape(-1), a=a, b=b, eps=eps, ignore_index=ignore_index)
+        return reduce_rows(rows, target.reshape(-1) != ignore_index, None, target, reduction)
     with no_autocast(input.device.type):
         x = upcast(x2d, dtype)
         divisor = fused_divisor(valid, reduction, y.numel())
@@ -513,6 +520,7 @@ def cross_entropy_with_logz_penalty(
     reduction: str = "mean",
     return_penalty: bool = False,
     softcap: Optional[float] = None,
+    inplace_backward: bool = False,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     r"""Softmax cross-entropy plus the PaLM log-Z penalty: ``(log Z - o_y) + coef * (log Z)^2``.
 
@@ -539,6 +547,11 @@ def cross_entropy_with_logz_penalty(
         softcap: ``None`` (off) or a positive float ``c``: the logits become
             ``c * tanh(o / c)`` before the softmax and the penalty (final-logit soft-capping,
             Gemma 2, arXiv:2408.00118).
+        inplace_backward: on the GPU kernel path (CUDA logits in float32 / bfloat16 / float16:
+            one fused Triton row kernel, ``LOSSES_TRITON=0`` switches it off), write the gradient
+            over the logits' own storage; after ``backward()`` ``input`` holds its gradient, so
+            use it only when nothing reads the logits afterwards (see
+            :func:`losses.cross_entropy_loss`). Elsewhere it changes nothing.
 
     Returns:
         the loss, or ``(loss, penalty)`` when ``return_penalty``.
@@ -566,9 +579,19 @@ def cross_entropy_with_logz_penalty(
     coef = check_number(fn, "coef", coef, low=0.0)
     check_bool(fn, "return_penalty", return_penalty)
     cap = check_softcap(fn, softcap)
+    check_bool(fn, "inplace_backward", inplace_backward)
     x2d, y, valid, out_shape = class_ids(fn, input, target, ignore_index, none_if_all_kept=True)
     finite = check_masked_logits(fn, "input", x2d, active=valid)
     dtype = compute_dtype(input)
+    if kernels.use_triton(input):  # one fused row kernel (losses/kernels/triton_rows.py)
+        from ..kernels import triton_rows
+
+        ids = target.reshape(-1)
+        ce, lse = triton_rows.softmax_rows(x2d, ids, softcap=cap, ignore_index=ignore_index, inplace=inplace_backward)
+        kept = ids != ignore_index
+        penalty = coef * lse.square()  # 0 on ignored rows (their lse is 0)
+        loss = reduce_rows(ce + penalty, kept, None, target, reduction)
+        return (loss, reduce_rows(penalty, kept, None, target, reduction)) if return_penalty else loss
     with no_autocast(input.device.type):
         x = upcast(x2d, dtype)
         divisor = None if return_penalty else fused_divisor(valid, reduction, y.numel())
@@ -598,6 +621,8 @@ class CrossEntropyWithLogZPenalty(nn.Module):
         reduction: ``"mean"`` (default), ``"sum"`` or ``"none"``.
         return_penalty: also return the penalty part alone, reduced the same way (default False).
         softcap: ``None`` (default, off) or ``c > 0``: logits become ``c * tanh(input / c)``.
+        inplace_backward: on the GPU kernel path, write the gradient over the logits (default
+            False; see :func:`losses.cross_entropy_loss` for when that is safe).
 
     ``forward(input, target)``: ``input (N, C)`` or ``(N, C, d1..dk)`` logits, ``target`` ids
     ``(N,)`` / ``(N, d1..dk)``. Returns a scalar for ``"mean"``/``"sum"``, ``(N, d1..dk)`` for
@@ -616,9 +641,11 @@ class CrossEntropyWithLogZPenalty(nn.Module):
         reduction: str = "mean",
         return_penalty: bool = False,
         softcap: Optional[float] = None,
+        inplace_backward: bool = False,
     ) -> None:
         super().__init__()
         fn = "CrossEntropyWithLogZPenalty"
+        self.inplace_backward = check_bool(fn, "inplace_backward", inplace_backward)
         self.softcap = check_softcap(fn, softcap)
         check_reduction(fn, reduction)
         self.coef = check_number(fn, "coef", coef, low=0.0)
@@ -640,11 +667,12 @@ class CrossEntropyWithLogZPenalty(nn.Module):
         """
         return cross_entropy_with_logz_penalty(input, target, coef=self.coef, ignore_index=self.ignore_index,
                                                reduction=self.reduction, return_penalty=self.return_penalty,
-                                               softcap=self.softcap)
+                                               softcap=self.softcap, inplace_backward=self.inplace_backward)
 
     extra_repr = auto_extra_repr
 
     _repr_omit_none = ("softcap",)
+    _repr_omit_false = ("inplace_backward",)
 
 
 register(

@@ -1,4 +1,4 @@
-"""The Dice family's fused C kernel (losses/classification/_dice_native.py).
+"""The Dice family's fused C kernel (losses/kernels/dice_native.py).
 
 The kernel serves float32 CPU maps with at least 64 positions per image through softmax or sigmoid.
 Every case here is checked against the PyTorch path in float64 (which test_dice.py checks against
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import losses
-from losses.classification import _dice_native as native
+from losses.kernels import dice_native as native
 
 pytestmark = pytest.mark.skipif(not native.available()[0], reason="the Dice kernel is not built here: "
                                 + native.available()[1])

@@ -1,5 +1,5 @@
 """The C threshold kernel of the sparsemax / entmax-1.5 losses on CPU
-(losses/classification/_entmax_native.py).
+(losses/kernels/entmax_native.py).
 
 It replaces the PyTorch dense search where it is built, so it is held to the same float64 loop
 oracles as every search (tests/classification/test_sparsemax.py), to the PyTorch search it replaces
@@ -20,9 +20,9 @@ import pytest
 import torch
 
 import losses
-from losses import _native
-from losses.classification import _dice_native as dice_native
-from losses.classification import _entmax_native as native
+from losses.kernels import _native
+from losses.kernels import dice_native
+from losses.kernels import entmax_native as native
 from losses.classification import _entmax_ops as ops
 from tests.classification.test_sparsemax import oracle_activation, oracle_loss
 
@@ -334,7 +334,7 @@ def test_first_use_inside_torch_compile_builds_without_a_graph_break(tmp_path):
     build runs eagerly at trace time and fullgraph=True compiles."""
     code = """
         import torch, losses
-        from losses.classification import _entmax_native as native
+        from losses.kernels import entmax_native as native
         assert native._KERNEL.tried is False
         g = torch.Generator().manual_seed(0)
         z = torch.randn(64, 500, generator=g, requires_grad=True)

@@ -31,9 +31,9 @@ EXPECTED_HELPERS = ("sparsemax", "entmax15", "entmax_bisect")
 @pytest.fixture(params=["native", "torch"], autouse=True)
 def search_path(request, monkeypatch):
     """Runs every test of this file once with the C threshold kernel
-    (losses/classification/_entmax_native.py) and once with the PyTorch searches it replaces on CPU
+    (losses/kernels/entmax_native.py) and once with the PyTorch searches it replaces on CPU
     (the path taken where no C compiler exists, and whose shape-based choice then differs)."""
-    native = importlib.import_module("losses.classification._entmax_native")
+    native = importlib.import_module("losses.kernels.entmax_native")
     if request.param == "native":
         ok, why = native.available()
         assert ok, f"the C threshold kernel did not build here: {why}"
@@ -371,7 +371,7 @@ def test_wide_rows_with_wide_supports_leave_the_top_k_doubling_for_the_dense_sea
     torch.testing.assert_close(ops.dense_probs(kind, x, th), ops.dense_probs(kind, x, ref), rtol=0, atol=1e-13)
     torch.testing.assert_close(th.tau, ref.tau, rtol=0, atol=1e-12)
     monkeypatch.undo()
-    monkeypatch.setattr(importlib.import_module("losses.classification._entmax_native"), "enabled",
+    monkeypatch.setattr(importlib.import_module("losses.kernels.entmax_native"), "enabled",
                         search_path == "native")
     xa = x.clone().requires_grad_()
     values, grads, _ = oracle_loss(kind, x, y)  # independent float64 oracle, row by row

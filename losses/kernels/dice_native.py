@@ -40,8 +40,8 @@ path, which gives the same values (or raises the same error) as without this ker
 
 The body is compiled three times under GCC on x86-64 (AVX-512, AVX2 + FMA, and the baseline), and
 the first that the CPU supports is used (:func:`variant`); other compilers build the baseline
-only. Built and loaded as :mod:`losses.classification._entmax_native` is (the shared builder in
-``losses/_native.py``); ``LOSSES_NATIVE=0``, no compiler, or float64 inputs: the PyTorch path runs.
+only. Built and loaded as :mod:`losses.kernels.entmax_native` is (the shared builder in
+``losses/kernels/_native.py``); ``LOSSES_NATIVE=0``, no compiler, or float64 inputs: the PyTorch path runs.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .. import _native
+from . import _native
 
 __all__: list = []
 

@@ -42,7 +42,7 @@ search, which gives the same result (or raises the same error) as without this k
 split over ``torch.get_num_threads()`` POSIX threads when the batch is large enough to pay for
 them (:data:`PARALLEL_MIN`).
 
-Building (shared with the Dice kernel: ``losses/_native.py``). The first use compiles the C source below with the system's C compiler (``$CC``, else
+Building (shared with the Dice kernel: ``losses/kernels/_native.py``). The first use compiles the C source below with the system's C compiler (``$CC``, else
 ``cc``, ``gcc`` or ``clang``; about a second) into ``$LOSSES_CACHE_DIR/kernels`` (default
 ``~/.cache/softmax-losses/kernels``), under a name that hashes the source, the compiler's flags and
 the machine, written atomically so that concurrent processes can build at once (a C++ driver such
@@ -59,7 +59,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .. import _native
+from . import _native
 
 __all__: list = []
 

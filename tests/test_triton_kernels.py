@@ -1,0 +1,310 @@
+"""The Triton row kernels (losses/kernels/triton_rows.py) against the float64 PyTorch path.
+
+Without a GPU the kernels run on CPU tensors through Triton's interpreter (tests/conftest.py sets
+``TRITON_INTERPRET=1`` before torch is imported on a machine without an NVIDIA device, and each
+kernel call here sits inside ``losses.kernels.interpret()``); with a GPU the same tests run on CUDA
+tensors through the compiled kernels. Shapes are small (the interpreter runs one row at a time);
+``BLOCK = 32`` cases walk rows in several blocks with a ragged last one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import losses
+from losses import kernels
+
+if not kernels.triton_status()[0]:  # pragma: no cover - triton ships with every CUDA build of torch
+    pytest.skip("triton does not import here", allow_module_level=True)
+
+from losses.kernels import triton_rows  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+if not CUDA and not kernels.interpreter_ready():  # pragma: no cover - conftest sets TRITON_INTERPRET=1
+    pytest.skip("Triton is not in interpreter mode (run with TRITON_INTERPRET=1)", allow_module_level=True)
+
+DTYPES = {"fp32": (torch.float32, 2e-5, 2e-5), "bf16": (torch.bfloat16, 2e-5, 1e-2), "fp16": (torch.float16, 2e-5, 2e-3)}
+
+
+@contextlib.contextmanager
+def on_kernel(block=None):
+    """The kernel path for the calls inside (interpreted on CPU), with an optional block size."""
+    previous = triton_rows.override_config
+    triton_rows.override_config = None if block is None else (block, 4)
+    try:
+        with kernels.interpret(not CUDA):
+            yield
+    finally:
+        triton_rows.override_config = previous
+
+
+def _logits(m, c, dtype, seed=0, scale=3.0, extra=()):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn((m, c) + tuple(extra), generator=g, dtype=torch.float64) * scale
+    return x.to(dtype).to(torch.float64)  # values exactly representable in dtype
+
+
+def _compare(fn, x64, dtype, val_tol, grad_tol, block=None, seed=1, **kwargs):
+    """``fn(x, **kwargs)`` on the kernel path (input in ``dtype`` on DEV) against ``fn`` on the
+    float64 PyTorch path (CPU): the values, and the gradients for a random incoming gradient."""
+    xk = x64.to(DEV, dtype).requires_grad_(True)
+    with on_kernel(block):
+        out = fn(xk, **{k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()})
+    xr = x64.clone().requires_grad_(True)
+    ref = fn(xr, **kwargs)
+    outs, refs = (out, ref) if isinstance(out, tuple) else ((out,), (ref,))
+    g = torch.Generator().manual_seed(seed)
+    total_k, total_r = 0.0, 0.0
+    for o, r in zip(outs, refs):
+        assert o.dtype == torch.float32, o.dtype  # the kernel path computes and returns float32
+        assert o.shape == r.shape
+        finite = torch.isfinite(r)
+        assert torch.equal(torch.isfinite(o.cpu()), finite), (o, r)
+        torch.testing.assert_close(o.cpu().double()[finite], r[finite], rtol=val_tol, atol=val_tol)
+        w = torch.randn(r.shape, generator=g, dtype=torch.float64)
+        total_k = total_k + (o.cpu().double()[finite] * w[finite]).sum()
+        total_r = total_r + (r[finite] * w[finite]).sum()
+    total_k.backward()
+    total_r.backward()
+    assert xk.grad.dtype == dtype
+    torch.testing.assert_close(xk.grad.cpu().double(), xr.grad, rtol=grad_tol, atol=grad_tol)
+    return out
+
+
+def _target(m, c, seed=2, ignored=(), extra=()):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, c, (m,) + tuple(extra), generator=g)
+    for i in ignored:
+        y.view(-1)[i] = -100
+    return y
+
+
+# ---------------------------------------------------------------------------------------------
+# cross-entropy family
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("block", [None, 32])
+def test_cross_entropy_matches_float64(dtype, reduction, block):
+    dt, vt, gt = DTYPES[dtype]
+    x = _logits(6, 77, dt)
+    y = _target(6, 77, ignored=(2,))
+    _compare(losses.cross_entropy_loss, x, dt, vt, gt, block, target=y, reduction=reduction)
+
+
+@pytest.mark.parametrize("block", [None, 32])
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("softcap", [None, 4.0])
+def test_cross_entropy_options(block, smoothing, weighted, softcap):
+    x = _logits(5, 45, torch.float32, seed=3)
+    x[1, 7] = -math.inf  # a masked class
+    x[3, :20] = -math.inf
+    y = _target(5, 45, seed=4, ignored=(4,))
+    y[3] = 30  # a kept class of the masked row
+    w = torch.rand(45, generator=torch.Generator().manual_seed(5), dtype=torch.float64) + 0.1
+    kw = dict(target=y, label_smoothing=smoothing, softcap=softcap, weight=w.float() if weighted else None)
+    for reduction in ("mean", "none"):
+        _compare(losses.cross_entropy_loss, x, torch.float32, 2e-5, 2e-5, block, reduction=reduction, **kw)
+
+
+def test_cross_entropy_target_on_a_masked_class_is_inf_with_finite_gradient():
+    x = _logits(3, 20, torch.float32, seed=6)
+    x[0, 4] = -math.inf
+    y = torch.tensor([4, 1, 2])
+    xk = x.float().to(DEV).requires_grad_(True)
+    with on_kernel():
+        v = losses.cross_entropy_loss(xk, y.to(DEV), reduction="none")
+    assert math.isinf(float(v[0])) and float(v[0]) > 0 and torch.isfinite(v[1:]).all()
+    v[1:].sum().backward()
+    assert torch.isfinite(xk.grad).all()
+
+
+def test_all_ignored_batch_is_an_exact_zero_with_zero_gradients():
+    x = _logits(4, 30, torch.float32).float().to(DEV).requires_grad_(True)
+    y = torch.full((4,), -100, device=DEV)
+    with on_kernel():
+        loss = losses.cross_entropy_loss(x, y)
+    assert float(loss) == 0.0
+    loss.backward()
+    assert torch.count_nonzero(x.grad) == 0
+
+
+def test_ignored_rows_holding_inf_give_zero_gradients_without_validation():
+    x = _logits(4, 30, torch.float32).float()
+    x[1] = math.inf
+    x[2, 3] = math.nan
+    xk = x.to(DEV).requires_grad_(True)
+    y = torch.tensor([3, -100, -100, 5], device=DEV)
+    with on_kernel(), losses.validation(False):
+        loss = losses.cross_entropy_loss(xk, y)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(xk.grad).all()
+    assert torch.count_nonzero(xk.grad[1:3]) == 0
+    ref = losses.cross_entropy_loss(x[[0, 3]].double(), y[[0, 3]].cpu())
+    torch.testing.assert_close(loss.cpu().double(), ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_cross_entropy_n_d_input(dtype):
+    dt, vt, gt = DTYPES[dtype]
+    x = _logits(2, 11, dt, extra=(3, 5))
+    y = _target(2, 11, extra=(3, 5), ignored=(4,))
+    _compare(losses.cross_entropy_loss, x, dt, vt, gt, 16, target=y)
+
+
+def test_inplace_backward_writes_the_gradient_over_the_logits():
+    x = _logits(5, 40, torch.float32).float()
+    y = _target(5, 40, ignored=(1,))
+    ref_x = x.double().requires_grad_(True)
+    losses.cross_entropy_loss(ref_x, y, label_smoothing=0.1).backward()
+    h = x.to(DEV).requires_grad_(True)
+    logits = h * 1.0  # a non-leaf, as a model's output is
+    with on_kernel():
+        loss = losses.CrossEntropyLoss(label_smoothing=0.1, inplace_backward=True)(logits, y.to(DEV))
+    loss.backward()
+    torch.testing.assert_close(h.grad.cpu().double(), ref_x.grad, rtol=2e-5, atol=2e-5)
+    # the logits' storage now holds the gradient: the documented price of the option
+    torch.testing.assert_close(logits.detach().cpu().double(), ref_x.grad, rtol=2e-5, atol=2e-5)
+    assert "inplace_backward=True" in repr(losses.CrossEntropyLoss(inplace_backward=True))
+    assert "inplace_backward" not in repr(losses.CrossEntropyLoss())
+
+
+def test_inplace_backward_must_be_a_bool():
+    with pytest.raises(TypeError, match="inplace_backward"):
+        losses.cross_entropy_loss(torch.randn(2, 3), torch.tensor([0, 1]), inplace_backward=1)
+    with pytest.raises(TypeError, match="inplace_backward"):
+        losses.CrossEntropyWithLogZPenalty(inplace_backward="yes")
+
+
+@pytest.mark.parametrize("block", [None, 32])
+def test_logit_adjusted_and_balanced_softmax(block):
+    x = _logits(6, 50, torch.float32, seed=7)
+    y = _target(6, 50, seed=8, ignored=(0,))
+    counts = torch.arange(1, 51, dtype=torch.float64)
+    prior = counts / counts.sum()
+    _compare(losses.logit_adjusted_loss, x, torch.float32, 2e-5, 2e-5, block, target=y, class_prior=prior, tau=1.5)
+    _compare(losses.balanced_softmax_loss, x, torch.float32, 2e-5, 2e-5, block, target=y, class_counts=counts)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("block", [None, 32])
+def test_logz_penalty_with_its_penalty(dtype, block):
+    dt, vt, gt = DTYPES[dtype]
+    x = _logits(6, 70, dt, seed=9)
+    y = _target(6, 70, seed=10, ignored=(3,))
+    out = _compare(losses.cross_entropy_with_logz_penalty, x, dt, vt, gt, block, target=y, coef=0.05,
+                   return_penalty=True)
+    assert isinstance(out, tuple) and out[1] > 0
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_logz_penalty_softcap_and_masks(reduction):
+    x = _logits(5, 33, torch.float32, seed=11)
+    x[2, 5:9] = -math.inf
+    y = _target(5, 33, seed=12, ignored=(1,))
+    y[2] = 0
+    _compare(losses.cross_entropy_with_logz_penalty, x, torch.float32, 2e-5, 2e-5, 16, target=y, coef=1e-2,
+             softcap=3.0, reduction=reduction)
+
+
+# ---------------------------------------------------------------------------------------------
+# Z-loss
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("block", [None, 32])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_z_loss_matches_float64(dtype, block, reduction):
+    dt, vt, gt = DTYPES[dtype]
+    x = _logits(7, 61, dt, seed=13) + 20.0  # an offset: the one-read variance must not cancel
+    x = x.to(dt).double()
+    y = _target(7, 61, seed=14, ignored=(5,))
+    _compare(losses.z_loss, x, dt, vt, gt, block, target=y, a=2.0, b=1.5, reduction=reduction)
+
+
+def test_z_loss_constant_rows_and_n_d():
+    x = torch.zeros(2, 5, 3, dtype=torch.float64)
+    x[1] = _logits(5, 3, torch.float32, seed=15)
+    y = torch.tensor([[1, 2, 0], [4, -100, 3]])
+    _compare(losses.z_loss, x, torch.float32, 2e-5, 2e-5, None, target=y)
+
+
+# ---------------------------------------------------------------------------------------------
+# dispatch, reporting, compile
+# ---------------------------------------------------------------------------------------------
+
+
+def test_dispatch_rule():
+    x = torch.randn(3, 4, device=DEV)
+    assert kernels.use_triton(x) == CUDA  # CPU tensors only inside interpret()
+    with on_kernel():
+        assert kernels.use_triton(x)
+        assert not kernels.use_triton(x.double())  # float64 keeps the exact PyTorch path
+        assert not kernels.use_triton(x.to(torch.int64))
+
+
+def test_losses_triton_0_forces_the_pytorch_path(monkeypatch):
+    calls = []
+    real = triton_rows.softmax_rows
+    monkeypatch.setattr(triton_rows, "softmax_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
+    x, y = torch.randn(3, 9, device=DEV), torch.tensor([1, 2, 3], device=DEV)
+    with on_kernel():
+        losses.cross_entropy_loss(x, y)
+        assert calls == [1]
+        monkeypatch.setenv("LOSSES_TRITON", "0")
+        assert not kernels.use_triton(x)
+        losses.cross_entropy_loss(x, y)
+        assert calls == [1]
+    assert all(not used and "LOSSES_TRITON=0" in why for used, why in kernels.report().values())
+
+
+def test_native_kernels_reports_the_triton_kernels():
+    report = losses.native_kernels()
+    for name in ("softmax_rows", "z_loss_rows"):
+        used, detail = report[name]
+        assert used == CUDA
+        assert "triton" in detail
+
+
+def test_interpret_needs_the_interpreter_mode():
+    code = ("import os; os.environ.pop('TRITON_INTERPRET', None)\n"
+            "import losses, losses.kernels as k\n"
+            "try:\n    k.interpret().__enter__()\nexcept RuntimeError as e:\n    print('refused:', e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert "refused:" in out.stdout and "TRITON_INTERPRET=1" in out.stdout, out.stderr[-2000:]
+
+
+def test_compiled_step_goes_through_the_custom_operators():
+    """torch.compile traces the loss into one graph: the kernels are custom operators with fake
+    implementations (aot_eager: the same graph inductor would get, without a C++ build)."""
+    torch._dynamo.reset()
+    x = _logits(4, 24, torch.float32, seed=16).float().to(DEV)
+    y = _target(4, 24, seed=17, ignored=(2,)).to(DEV)
+
+    def step(x, y):
+        loss, pen = losses.cross_entropy_with_logz_penalty(x, y, coef=1e-2, return_penalty=True)
+        return loss + losses.z_loss(x, y) + losses.cross_entropy_loss(x, y, label_smoothing=0.1)
+
+    xk = x.clone().requires_grad_(True)
+    xe = x.clone().requires_grad_(True)
+    with on_kernel(), losses.validation(False):
+        compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+        out = compiled(xk, y)
+        out.backward()
+        ref = step(xe, y)
+        ref.backward()
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(xk.grad, xe.grad)
