@@ -27,9 +27,11 @@ def _build(module):
 
 def _may_be_hidden(module):
     """Constructor arguments the repr leaves out: the registry's ``tensor_args`` (the module's own
-    tensors), the class's ``_repr_skip`` and, while unset, its ``_repr_omit_none``."""
+    tensors), the class's ``_repr_skip`` and, while unset, its ``_repr_omit_none`` and
+    ``_repr_omit_false``."""
     hidden = {a for s in _specs_of(module) for a in s.tensor_args}
-    return hidden | set(getattr(module, "_repr_skip", ())) | set(getattr(module, "_repr_omit_none", ()))
+    return (hidden | set(getattr(module, "_repr_skip", ())) | set(getattr(module, "_repr_omit_none", ()))
+            | set(getattr(module, "_repr_omit_false", ())))
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)

@@ -218,6 +218,75 @@ def test_logz_penalty_softcap_and_masks(reduction):
              softcap=3.0, reduction=reduction)
 
 
+@pytest.mark.parametrize("tau", [0.0, 0.5, 1.0, 1.5, 2.0])
+@pytest.mark.parametrize("block", [None, 32])
+def test_comp_sum_matches_float64(tau, block):
+    x = _logits(6, 40, torch.float32, seed=20)
+    x[2, 3] = -math.inf
+    y = _target(6, 40, seed=21, ignored=(4,))
+    for reduction in ("mean", "none"):
+        _compare(losses.comp_sum_loss, x, torch.float32, 2e-5, 2e-5, block, target=y, tau=tau, reduction=reduction)
+    for dtype in ("bf16", "fp16"):
+        dt, vt, gt = DTYPES[dtype]
+        _compare(losses.comp_sum_loss, x.to(dt).double(), dt, vt, gt, block, target=y, tau=tau)
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 2.0])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_focal_matches_float64(gamma, weighted):
+    x = _logits(6, 40, torch.float32, seed=22)
+    x[0, :] = -5.0
+    x[0, 7] = 30.0  # p_y = 1 to float precision: value and gradient 0 (the limit)
+    y = _target(6, 40, seed=23, ignored=(3,))
+    y[0] = 7
+    alpha = torch.rand(40, generator=torch.Generator().manual_seed(24)).float() + 0.1 if weighted else None
+    for reduction in ("mean", "sum", "none"):
+        _compare(losses.focal_loss, x, torch.float32, 2e-5, 2e-5, 16, target=y, gamma=gamma, alpha=alpha,
+                 reduction=reduction)
+    _compare(losses.focal_loss, x.bfloat16().double(), torch.bfloat16, *DTYPES["bf16"][1:], None, target=y, gamma=gamma,
+             alpha=alpha)
+
+
+@pytest.mark.parametrize("name,kw", [("cross_entropy_loss", {}), ("comp_sum_loss", {"tau": 0.5}),
+                                     ("comp_sum_loss", {"tau": 1.5}), ("focal_loss", {"gamma": 2.0}),
+                                     ("cross_entropy_with_logz_penalty", {"coef": 0.1})])
+def test_target_on_a_masked_class_gives_the_documented_limits(name, kw):
+    """Value +inf (or comp-sum's 1/(tau - 1) for tau > 1) and the PyTorch path's gradient (finite
+    softmax - onehot where documented; +-inf entries for comp-sum with tau < 1)."""
+    x = _logits(3, 20, torch.float32, seed=6)
+    x[0, 4] = -math.inf
+    x[1, 9] = -math.inf
+    y = torch.tensor([4, 1, 2])
+    fn = getattr(losses, name)
+    xk = x.float().to(DEV).requires_grad_(True)
+    with on_kernel():
+        v = fn(xk, y.to(DEV), reduction="none", **kw)
+    xr = x.clone().requires_grad_(True)
+    r = fn(xr, y, reduction="none", **kw)
+    assert torch.equal(v.detach().cpu().double(), r.detach()) or torch.allclose(v.detach().cpu().double(), r.detach())
+    v.sum().backward()
+    r.sum().backward()
+    assert not torch.isnan(xk.grad).any()
+    torch.testing.assert_close(xk.grad.cpu().double(), xr.grad, rtol=2e-5, atol=2e-5)
+
+
+def test_confident_rows_keep_their_relative_precision():
+    """ce = log(1 + u) from the non-target mass u = 49 exp(-32): the loss (6e-13) and its target
+    gradient -u/(1 + u) keep float32's relative precision (logsumexp(x) - x_y cancels: even float64
+    F.cross_entropy is off by 6e-4 relative here)."""
+    x = torch.zeros(2, 50, dtype=torch.float64)
+    x[:, 0] = 32.0
+    y = torch.tensor([0, 0])
+    ref = torch.full((2,), math.log1p(49 * math.exp(-32.0)), dtype=torch.float64)
+    xk = x.float().to(DEV).requires_grad_(True)
+    with on_kernel():
+        v = losses.cross_entropy_loss(xk, y.to(DEV), reduction="none")
+    v.sum().backward()
+    torch.testing.assert_close(v.detach().cpu().double(), ref, rtol=1e-5, atol=0)
+    torch.testing.assert_close(xk.grad[:, 0].cpu().double(), -49 * torch.exp(torch.tensor(-32.0, dtype=torch.float64))
+                               * torch.ones(2, dtype=torch.float64), rtol=1e-5, atol=0)
+
+
 # ---------------------------------------------------------------------------------------------
 # Z-loss
 # ---------------------------------------------------------------------------------------------
@@ -257,8 +326,8 @@ def test_dispatch_rule():
 
 def test_losses_triton_0_forces_the_pytorch_path(monkeypatch):
     calls = []
-    real = triton_rows.softmax_rows
-    monkeypatch.setattr(triton_rows, "softmax_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = triton_rows.softmax_reduced
+    monkeypatch.setattr(triton_rows, "softmax_reduced", lambda *a, **k: calls.append(1) or real(*a, **k))
     x, y = torch.randn(3, 9, device=DEV), torch.tensor([1, 2, 3], device=DEV)
     with on_kernel():
         losses.cross_entropy_loss(x, y)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._core import (
+    _checking,
     all_kept,
     check_class_target,
     check_class_weight,
@@ -36,7 +37,7 @@ from .._core import (
 from .._softcap import apply_softcap, check_softcap
 from .. import kernels
 
-__all__ = ["softmax_cross_entropy", "class_view", "reduce_rows"]
+__all__ = ["softmax_cross_entropy", "class_view"]
 
 
 def class_view(w: Tensor, input: Tensor) -> Tensor:
@@ -78,9 +79,9 @@ def softmax_cross_entropy(
     if not soft and dtype == torch.float32 and kernels.use_triton(input):
         check_target_shape(fn, input, target)
         check_ids_in_range(fn, target, c, ignore_index)
-        valid = target != ignore_index
-        check_masked_logits(fn, "input", input, active=valid)
-        return _kernel_cross_entropy(input, target, valid, weight, logit_shift, cap, eps, ignore_index, reduction,
+        if _checking():
+            check_masked_logits(fn, "input", input, active=target != ignore_index)
+        return _kernel_cross_entropy(input, target, weight, logit_shift, cap, eps, ignore_index, reduction,
                                      inplace_backward)
     with no_autocast(input.device.type):
         x = apply_softcap(upcast(input, dtype), cap)
@@ -143,33 +144,15 @@ def softmax_cross_entropy(
 
 
 
-def reduce_rows(values: Tensor, valid: Tensor, w: Optional[Tensor], target: Tensor, reduction: str) -> Tensor:
-    """The reduction of per-position values ``(M,)`` (already 0 and weighted where the unit weight
-    says so) whose unit weight is ``w[target]`` on kept positions (1 without ``w``), 0 on ignored
-    ones: ``"none"`` in the target's shape, ``"sum"``, or the weighted mean (an exact 0 when every
-    position is ignored)."""
-    if reduction == "none":
-        return values.reshape(target.shape)
-    total = values.sum()
-    if reduction == "sum":
-        return total
-    unit = valid.reshape(-1).to(values.dtype)
-    if w is not None:
-        ids = target.reshape(-1).long()
-        unit = unit * w.to(values.dtype)[torch.where(valid.reshape(-1), ids, torch.zeros_like(ids))]
-    denom = unit.sum()
-    return total / torch.where(denom > 0, denom, torch.ones_like(denom))
-
-
-def _kernel_cross_entropy(input: Tensor, target: Tensor, valid: Tensor, w: Optional[Tensor],
-                          shift: Optional[Tensor], cap: Optional[float], eps: float, ignore_index: int,
-                          reduction: str, inplace: bool) -> Tensor:
+def _kernel_cross_entropy(input: Tensor, target: Tensor, w: Optional[Tensor], shift: Optional[Tensor],
+                          cap: Optional[float], eps: float, ignore_index: int, reduction: str, inplace: bool) -> Tensor:
     """The class-id cross-entropy through the fused Triton row kernel (losses/kernels/triton_rows.py):
-    the logits are read in their own dtype (no float32 copy), the per-row statistics are float32 and
-    the gradient is written once, in the logits' dtype."""
-    from ..kernels import triton_rows
-
-    values, _ = triton_rows.softmax_rows(move_class_dim_last(input), target.reshape(-1), weight=w, shift=shift,
-                                         softcap=cap, label_smoothing=eps, ignore_index=ignore_index,
-                                         inplace=inplace)
-    return reduce_rows(values, valid, w, target, reduction)
+    the logits are read in their own dtype (no float32 copy), the per-row statistics are float32,
+    a mean or sum is reduced by one more launch and the gradient is written once, in the logits'
+    dtype."""
+    triton_rows = kernels.triton_rows_module()
+    x2d, ids = move_class_dim_last(input), target.reshape(-1)
+    opts = dict(weight=w, shift=shift, softcap=cap, label_smoothing=eps, ignore_index=ignore_index, inplace=inplace)
+    if reduction == "none":
+        return triton_rows.softmax_rows(x2d, ids, **opts)[0].reshape(target.shape)
+    return triton_rows.softmax_reduced(x2d, ids, reduction=reduction, **opts)[0]

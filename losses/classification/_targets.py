@@ -24,7 +24,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._core import (
+    _checking,
     all_kept,
+    check_masked_logits,
     check_logits_dim,
     check_class_target,
     check_softmax_classes,
@@ -141,6 +143,33 @@ def class_ids(fn: str, input: Tensor, target: Tensor, ignore_index: int, *, soft
         return x2d, t.long(), None, out_shape
     safe = torch.where(valid, t, torch.zeros_like(t)).long()
     return x2d, safe, valid, out_shape
+
+
+def kernel_rows(fn: str, input: Tensor, target: Tensor, ignore_index: int, *, softmax: bool = True,
+                finite_hint: Optional[str] = None) -> Tuple[Tensor, Tensor, Tuple[int, ...]]:
+    """The checks of :func:`class_ids` for a loss that takes a fused row kernel
+    (``losses/kernels/``): ``(x2d (M, C), ids (M,), out_shape)``, with no safe ids or ``valid`` mask
+    built (the kernel reads ``ignore_index`` itself). The data checks run as they do on the
+    PyTorch path: ``-inf`` as masks (``check_masked_logits``), or every logit finite when
+    ``finite_hint`` is given (losses without masks)."""
+    x2d, t, out_shape = flatten_logits_and_target(fn, input, target)
+    c = input.shape[1]
+    if c < 1:
+        raise value_error(fn, "input needs at least one class", f"C={c}", "pass logits with C >= 1")
+    if softmax:
+        check_softmax_classes(fn, c)
+    check_ids_in_range(fn, target, c, ignore_index)
+    if _checking():
+        if finite_hint is not None:
+            check_finite(fn, "input", input, hint=finite_hint)
+        else:
+            check_masked_logits(fn, "input", x2d, active=t.reshape(-1) != ignore_index)
+    return x2d, t.reshape(-1), out_shape
+
+
+def kernel_result(loss: Tensor, out_shape: Tuple[int, ...], reduction: str) -> Tensor:
+    """A kernel's per-row values in the positions' shape (``"none"``), or its reduced scalar."""
+    return loss.reshape(out_shape) if reduction == "none" else loss
 
 
 def fused_divisor(valid: Optional[Tensor], reduction: str, m: int) -> Optional[int]:

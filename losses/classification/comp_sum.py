@@ -25,7 +25,9 @@ from .._core import (
 )
 from .._registry import position_unit_weights, register
 from ._comp_sum_kernel import CompSumFunction
-from ._targets import class_ids, fused_divisor
+from .. import kernels
+from ..kernels import triton_rows_module as triton_rows
+from ._targets import class_ids, fused_divisor, kernel_result, kernel_rows
 
 __all__ = ["comp_sum_loss", "CompSumLoss"]
 
@@ -98,6 +100,13 @@ def comp_sum_loss(
     check_integer_target(fn, target)
     check_reduction(fn, reduction)
     tau = _check_tau(fn, tau)
+    if kernels.use_triton(input):  # one fused row kernel (losses/kernels/triton_rows.py)
+        x2d, ids, out_shape = kernel_rows(fn, input, target, ignore_index)
+        mode = dict(mode="ce") if tau == 1.0 else dict(mode="comp_sum", hyper=1.0 - tau)
+        if reduction == "none":
+            return kernel_result(triton_rows().softmax_rows(x2d, ids, ignore_index=ignore_index, **mode)[0],
+                                 out_shape, reduction)
+        return triton_rows().softmax_reduced(x2d, ids, reduction=reduction, ignore_index=ignore_index, **mode)[0]
     x2d, y, valid, out_shape = class_ids(fn, input, target, ignore_index, none_if_all_kept=True)
     finite = check_masked_logits(fn, "input", x2d, active=valid)
     dtype = compute_dtype(input)

@@ -28,7 +28,9 @@ from .._core import (
     zero_rows,
 )
 from .._registry import position_unit_weights, register
-from ._targets import class_ids
+from .. import kernels
+from ..kernels import triton_rows_module as triton_rows
+from ._targets import class_ids, kernel_result, kernel_rows
 
 __all__ = ["focal_loss", "FocalLoss"]
 
@@ -126,6 +128,13 @@ def focal_loss(
     check_integer_target(fn, target)
     check_reduction(fn, reduction)
     gamma = _check_gamma(fn, gamma)
+    if kernels.use_triton(input) and compute_dtype(input, alpha) == torch.float32:  # one fused row kernel
+        x2d, ids, out_shape = kernel_rows(fn, input, target, ignore_index)
+        check_class_weight(fn, alpha, input.shape[1], name="alpha")
+        opts = dict(weight=alpha, ignore_index=ignore_index, mode="focal" if gamma > 0 else "ce", hyper=gamma)
+        if reduction == "none":
+            return kernel_result(triton_rows().softmax_rows(x2d, ids, **opts)[0], out_shape, reduction)
+        return triton_rows().softmax_reduced(x2d, ids, reduction=reduction, **opts)[0]
     x2d, y, valid, out_shape = class_ids(fn, input, target, ignore_index)
     check_class_weight(fn, alpha, input.shape[1], name="alpha")
     finite = check_masked_logits(fn, "input", x2d, active=valid)

@@ -50,9 +50,10 @@ from .._core import (
 from .._registry import position_unit_weights, register
 from .._softcap import apply_softcap, check_softcap
 from .. import kernels
-from ._cross_entropy import reduce_rows
+from ..kernels import triton_rows_module as triton_rows
 from .._precision import softplus
-from ._targets import class_ids, fused_divisor, reduced_sum, row_exp, row_max_exp, row_max_logsum
+from ._targets import (class_ids, fused_divisor, kernel_result, kernel_rows, reduced_sum, row_exp, row_max_exp,
+                       row_max_logsum)
 
 __all__ = [
     "z_loss",
@@ -245,14 +246,14 @@ def z_loss(
             "with C=2 the target z-score is always ±1, so the loss is constant and its gradient zero "
             "— use binary_cross_entropy_with_logits",
         )
+    if kernels.use_triton(input):  # one fused row kernel (losses/kernels/triton_rows.py)
+        x2d, ids, out_shape = kernel_rows(fn, input, target, ignore_index, softmax=False,
+                                          finite_hint=_ZLOSS_NEG_INF_HINT)
+        out = triton_rows().z_loss_rows(x2d, ids, a=a, b=b, eps=eps, ignore_index=ignore_index, reduction=reduction)
+        return kernel_result(out, out_shape, reduction)
     x2d, y, valid, out_shape = class_ids(fn, input, target, ignore_index, softmax=False, none_if_all_kept=True)
     finite = check_finite(fn, "input", input, hint=_ZLOSS_NEG_INF_HINT)
     dtype = compute_dtype(input)
-    if kernels.use_triton(input):  # one fused row kernel (losses/kernels/triton_rows.py)
-        from ..kernels import triton_rows
-
-        rows = triton_rows.z_loss_rows(x2d, target.reshape(-1), a=a, b=b, eps=eps, ignore_index=ignore_index)
-        return reduce_rows(rows, target.reshape(-1) != ignore_index, None, target, reduction)
     with no_autocast(input.device.type):
         x = upcast(x2d, dtype)
         divisor = fused_divisor(valid, reduction, y.numel())
@@ -580,18 +581,20 @@ def cross_entropy_with_logz_penalty(
     check_bool(fn, "return_penalty", return_penalty)
     cap = check_softcap(fn, softcap)
     check_bool(fn, "inplace_backward", inplace_backward)
+    if kernels.use_triton(input):  # one fused row kernel (losses/kernels/triton_rows.py)
+        x2d, ids, out_shape = kernel_rows(fn, input, target, ignore_index)
+        if reduction == "none":
+            ce, lse = triton_rows().softmax_rows(x2d, ids, softcap=cap, ignore_index=ignore_index,
+                                                 inplace=inplace_backward)
+            penalty = (coef * lse.square()).reshape(out_shape)  # 0 on ignored rows (their lse is 0)
+            loss = ce.reshape(out_shape) + penalty
+        else:
+            loss, penalty = triton_rows().softmax_reduced(x2d, ids, reduction=reduction, softcap=cap, coef=coef,
+                                                          ignore_index=ignore_index, inplace=inplace_backward)
+        return (loss, penalty) if return_penalty else loss
     x2d, y, valid, out_shape = class_ids(fn, input, target, ignore_index, none_if_all_kept=True)
     finite = check_masked_logits(fn, "input", x2d, active=valid)
     dtype = compute_dtype(input)
-    if kernels.use_triton(input):  # one fused row kernel (losses/kernels/triton_rows.py)
-        from ..kernels import triton_rows
-
-        ids = target.reshape(-1)
-        ce, lse = triton_rows.softmax_rows(x2d, ids, softcap=cap, ignore_index=ignore_index, inplace=inplace_backward)
-        kept = ids != ignore_index
-        penalty = coef * lse.square()  # 0 on ignored rows (their lse is 0)
-        loss = reduce_rows(ce + penalty, kept, None, target, reduction)
-        return (loss, reduce_rows(penalty, kept, None, target, reduction)) if return_penalty else loss
     with no_autocast(input.device.type):
         x = upcast(x2d, dtype)
         divisor = None if return_penalty else fused_divisor(valid, reduction, y.numel())

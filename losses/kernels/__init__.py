@@ -35,7 +35,8 @@ from typing import Iterator, Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["use_triton", "triton_status", "triton_disabled", "interpret", "interpreting", "interpreter_ready"]
+__all__ = ["use_triton", "triton_status", "triton_disabled", "interpret", "interpreting", "interpreter_ready",
+           "triton_rows_module"]
 
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INTERPRET_FORCED = False
@@ -107,6 +108,14 @@ def use_triton(x: Tensor) -> bool:
     elif not (dev == "cpu" and interpreting()):
         return False
     return triton_status()[0]
+
+
+def triton_rows_module():
+    """The Triton kernel module (:mod:`.triton_rows`), imported on first use: the loss files call
+    its functions through this, and never import ``triton`` themselves."""
+    from . import triton_rows
+
+    return triton_rows
 
 
 def report() -> dict:

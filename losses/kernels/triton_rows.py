@@ -52,22 +52,31 @@ __all__ = ["softmax_rows", "z_loss_rows"]
 # --------------------------------------------------------------------------------------
 
 
-def _softmax_fwd(X, stride_x, Y, W, SHIFT, LOSS, LSE, AUX, C, ignore_index, cap, eps,
+def _softmax_fwd(X, stride_x, Y, W, SHIFT, LOSS, LSE, AUX, C, ignore_index, cap, eps, hyper,
                  HAS_W: tl.constexpr, HAS_SHIFT: tl.constexpr, HAS_CAP: tl.constexpr, SMOOTH: tl.constexpr,
-                 BLOCK: tl.constexpr):
+                 MODE: tl.constexpr, BLOCK: tl.constexpr):
+    # AUX (M, 3): the non-target probability mass, then W / n and 1 / n (smoothing) or the row's
+    # gradient factor f'(ce) (MODE 1 comp-sum, 2 focal)
     row = tl.program_id(0).to(tl.int64)
     y = tl.load(Y + row).to(tl.int64)
     if y == ignore_index:
         tl.store(LOSS + row, 0.0)
         tl.store(LSE + row, 0.0)
-        if SMOOTH:
-            tl.store(AUX + row * 2, 0.0)
-            tl.store(AUX + row * 2 + 1, 0.0)
+        tl.store(AUX + row * 3, 0.0)
+        tl.store(AUX + row * 3 + 1, 0.0)
+        tl.store(AUX + row * 3 + 2, 0.0)
         return
     y = tl.minimum(tl.maximum(y, 0), C - 1)  # an id out of range (data checks off) reads inside the row
     x_row = X + row * stride_x
+    xy = tl.load(x_row + y).to(tl.float32)
+    if HAS_CAP:
+        ty = 1.0 - 2.0 / (tl.exp(2.0 * xy / cap) + 1.0)
+        xy = tl.where(xy == -float("inf"), xy, cap * ty)
+    if HAS_SHIFT:
+        xy = xy + tl.load(SHIFT + y).to(tl.float32)
     m = -float("inf")
     s = 0.0
+    so = 0.0  # the same sum without the target: ce and the target's gradient without cancellation
     wx = 0.0
     wsum = 0.0
     nfin = 0.0
@@ -82,7 +91,10 @@ def _softmax_fwd(X, stride_x, Y, W, SHIFT, LOSS, LSE, AUX, C, ignore_index, cap,
             x = x + tl.load(SHIFT + cols, mask=inside, other=0.0).to(tl.float32)
         m_new = tl.maximum(m, tl.max(x, 0))
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-        s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe), 0)
+        r = tl.exp(m - m_safe)
+        e = tl.exp(x - m_safe)
+        s = s * r + tl.sum(e, 0)
+        so = so * r + tl.sum(tl.where(cols == y, 0.0, e), 0)
         m = m_new
         if SMOOTH:
             fin = x > -float("inf")
@@ -93,30 +105,48 @@ def _softmax_fwd(X, stride_x, Y, W, SHIFT, LOSS, LSE, AUX, C, ignore_index, cap,
             wx += tl.sum(w * tl.where(fin, x, 0.0), 0)
             wsum += tl.sum(tl.where(fin, w, 0.0), 0)
             nfin += tl.sum(tl.where(fin, 1.0, 0.0), 0)
-    lse = tl.where(m == -float("inf"), 0.0, m) + tl.log(s)
-    xy = tl.load(x_row + y).to(tl.float32)
-    if HAS_CAP:
-        ty = 1.0 - 2.0 / (tl.exp(2.0 * xy / cap) + 1.0)
-        xy = tl.where(xy == -float("inf"), xy, cap * ty)
-    if HAS_SHIFT:
-        xy = xy + tl.load(SHIFT + y).to(tl.float32)
+    m0 = tl.where(m == -float("inf"), 0.0, m)
+    lse = m0 + tl.log(s)
+    # ce = -log p_y = log(1 + u), u = exp(log so + m - x_y): exact as p_y -> 1 (u tiny)
+    lu = tl.log(so) + (m0 - xy)
+    eu = tl.exp(-tl.abs(lu))
+    ce = tl.maximum(lu, 0.0) + tl.where(eu < 1e-4, eu * (1.0 - eu * (0.5 - eu / 3.0)), tl.log(1.0 + eu))
     if HAS_W:
         wy = tl.load(W + y).to(tl.float32)
     else:
         wy = 1.0
-    loss = wy * (lse - xy)
+    loss = wy * ce
     if SMOOTH:
         n = tl.maximum(nfin, 1.0)
         loss = (1.0 - eps) * loss + eps * (lse * wsum - wx) / n
-        tl.store(AUX + row * 2, wsum / n)
-        tl.store(AUX + row * 2 + 1, 1.0 / n)
+        tl.store(AUX + row * 3 + 1, wsum / n)
+        tl.store(AUX + row * 3 + 2, 1.0 / n)
+    if MODE == 1:  # comp-sum, hyper = 1 - tau: f = expm1(v) / (1 - tau), f' = exp(v), v = (1 - tau) ce
+        v = hyper * ce
+        ev = tl.exp(v)
+        em1 = tl.where(tl.abs(v) < 1e-4, v * (1.0 + v * (0.5 + v / 6.0)), ev - 1.0)
+        loss = wy * (em1 / hyper)
+        tl.store(AUX + row * 3 + 1, ev)
+    if MODE == 2:  # focal, hyper = gamma > 0: f = u^gamma ce, u = 1 - p_y = -expm1(-ce)
+        pe = tl.exp(-ce)
+        u = tl.where(ce < 1e-4, ce * (1.0 - ce * (0.5 - ce / 6.0)), 1.0 - pe)
+        lnu = tl.log(u)
+        ug = tl.where(u > 0.0, tl.exp(hyper * lnu), 0.0)
+        d = tl.where(u > 0.0, hyper * tl.exp((hyper - 1.0) * lnu) * pe * ce, 0.0)
+        loss = wy * (ug * ce)
+        tl.store(AUX + row * 3 + 1, tl.where(ce == float("inf"), 1.0, d + ug))
+    tl.store(AUX + row * 3, so / s)
     tl.store(LOSS + row, loss)
     tl.store(LSE + row, lse)
 
 
-def _softmax_bwd(X, stride_x, Y, W, SHIFT, LSE, AUX, G, stride_g, GL, stride_gl, OUT, stride_o, C, ignore_index,
-                 cap, eps, HAS_W: tl.constexpr, HAS_SHIFT: tl.constexpr, HAS_CAP: tl.constexpr,
-                 SMOOTH: tl.constexpr, HAS_G: tl.constexpr, HAS_GL: tl.constexpr, BLOCK: tl.constexpr):
+def _softmax_bwd(X, stride_x, Y, W, SHIFT, LSE, AUX, G, stride_g, GL, stride_gl, SCALE, OUT, stride_o, C,
+                 ignore_index, cap, eps, coef, HAS_W: tl.constexpr, HAS_SHIFT: tl.constexpr, HAS_CAP: tl.constexpr,
+                 SMOOTH: tl.constexpr, HAS_G: tl.constexpr, HAS_GL: tl.constexpr, REDUCED: tl.constexpr,
+                 MODE: tl.constexpr, BLOCK: tl.constexpr):
+    # REDUCED: G and GL are the incoming gradients of the reduced loss and penalty (scalars), SCALE
+    # the reduction's 1 / denominator; the row's lse gradient is then 2 coef lse (g + g_pen) scale.
+    # Otherwise G and GL are per-row gradients of the row losses and of the row lse.
     row = tl.program_id(0).to(tl.int64)
     y = tl.load(Y + row).to(tl.int64)
     x_row = X + row * stride_x
@@ -128,6 +158,7 @@ def _softmax_bwd(X, stride_x, Y, W, SHIFT, LSE, AUX, G, stride_g, GL, stride_gl,
         return
     y = tl.minimum(tl.maximum(y, 0), C - 1)
     lse = tl.load(LSE + row)
+    po = tl.load(AUX + row * 3)
     if HAS_G:
         g = tl.load(G + row * stride_g).to(tl.float32)
     else:
@@ -136,17 +167,24 @@ def _softmax_bwd(X, stride_x, Y, W, SHIFT, LSE, AUX, G, stride_g, GL, stride_gl,
         gl = tl.load(GL + row * stride_gl).to(tl.float32)
     else:
         gl = 0.0
+    if REDUCED:
+        sc = tl.load(SCALE)
+        g = g * sc
+        gl = 2.0 * coef * lse * (g + gl * sc)
+    if MODE != 0:
+        g = g * tl.load(AUX + row * 3 + 1)
     if HAS_W:
         wy = tl.load(W + y).to(tl.float32)
     else:
         wy = 1.0
+    # dL/dx_k = at_target (p_k - [k = y]) + extra p_k (- the smoothing's eps w_k / n term)
     at_target = g * wy
-    a = g * wy
+    extra = gl
     if SMOOTH:
         at_target = g * (1.0 - eps) * wy
-        a = g * ((1.0 - eps) * wy + eps * tl.load(AUX + row * 2))
-        nfin_inv = g * eps * tl.load(AUX + row * 2 + 1)  # g eps / n
-    a = a + gl
+        extra = extra + g * eps * tl.load(AUX + row * 3 + 1)
+        nfin_inv = g * eps * tl.load(AUX + row * 3 + 2)  # g eps / n
+    a = at_target + extra
     for start in range(0, C, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         inside = cols < C
@@ -158,7 +196,9 @@ def _softmax_bwd(X, stride_x, Y, W, SHIFT, LSE, AUX, G, stride_g, GL, stride_gl,
         if HAS_SHIFT:
             x = x + tl.load(SHIFT + cols, mask=inside, other=0.0).to(tl.float32)
         p = tl.exp(x - lse)
-        grad = a * p - tl.where(cols == y, at_target, 0.0)
+        is_y = cols == y
+        # at the target, p_y - 1 is written as -(the non-target mass): no cancellation
+        grad = tl.where(is_y, extra * p - at_target * po, a * p)
         if SMOOTH:
             if HAS_W:
                 w = tl.load(W + cols, mask=inside, other=0.0).to(tl.float32)
@@ -166,8 +206,8 @@ def _softmax_bwd(X, stride_x, Y, W, SHIFT, LSE, AUX, G, stride_g, GL, stride_gl,
                 w = 1.0
             grad = grad - tl.where(x > -float("inf"), nfin_inv * w, 0.0)
         if HAS_CAP:
-            grad = grad * (1.0 - t * t)
-        grad = tl.where(raw == -float("inf"), 0.0, grad)
+            grad = grad * tl.where(raw == -float("inf"), 1.0, 1.0 - t * t)
+        grad = tl.where((raw == -float("inf")) & (cols != y), 0.0, grad)  # masked classes: exactly 0
         tl.store(o_row + cols, grad.to(OUT.dtype.element_ty), mask=inside)
 
 
@@ -212,7 +252,8 @@ def _zloss_fwd(X, stride_x, Y, LOSS, STATS, C, ignore_index, a, b, eps, BLOCK: t
     tl.store(STATS + row * 4 + 3, sig)
 
 
-def _zloss_bwd(X, stride_x, Y, STATS, G, stride_g, OUT, stride_o, C, ignore_index, BLOCK: tl.constexpr):
+def _zloss_bwd(X, stride_x, Y, STATS, G, stride_g, SCALE, OUT, stride_o, C, ignore_index, REDUCED: tl.constexpr,
+               BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     y = tl.load(Y + row).to(tl.int64)
     o_row = OUT + row * stride_o
@@ -227,6 +268,8 @@ def _zloss_bwd(X, stride_x, Y, STATS, G, stride_g, OUT, stride_o, C, ignore_inde
     inv_sigma = tl.load(STATS + row * 4 + 1)
     z = tl.load(STATS + row * 4 + 2)
     gs = tl.load(G + row * stride_g).to(tl.float32) * tl.load(STATS + row * 4 + 3)
+    if REDUCED:
+        gs = gs * tl.load(SCALE)
     coef = gs * z * inv_sigma * inv_sigma / C
     offset = gs * inv_sigma / C
     at_target = gs * inv_sigma
@@ -238,7 +281,41 @@ def _zloss_bwd(X, stride_x, Y, STATS, G, stride_g, OUT, stride_o, C, ignore_inde
         tl.store(o_row + cols, grad.to(OUT.dtype.element_ty), mask=inside)
 
 
-_RAW = {"softmax_fwd": _softmax_fwd, "softmax_bwd": _softmax_bwd, "zloss_fwd": _zloss_fwd, "zloss_bwd": _zloss_bwd}
+def _reduce(LOSS, LSE, Y, W, OUT, M, C, ignore_index, coef, MEAN: tl.constexpr, HAS_W: tl.constexpr,
+            HAS_PEN: tl.constexpr, BLOCK: tl.constexpr):
+    # one program: OUT = [(sum of row losses + coef sum lse^2) * scale, coef sum lse^2 * scale, scale]
+    # with scale = 1 / (sum of the kept rows' unit weights) for a mean (1 when that sum is 0: an
+    # all-ignored batch gives an exact 0), 1 for a sum
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    pen = tl.zeros([BLOCK], dtype=tl.float32)
+    den = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, M, BLOCK):
+        r = start + tl.arange(0, BLOCK)
+        inside = r < M
+        acc += tl.load(LOSS + r, mask=inside, other=0.0)
+        if HAS_PEN:
+            s = tl.load(LSE + r, mask=inside, other=0.0)  # 0 on ignored rows
+            pen += s * s
+        if MEAN:
+            y = tl.load(Y + r, mask=inside, other=ignore_index).to(tl.int64)
+            kept = inside & (y != ignore_index)
+            if HAS_W:
+                den += tl.load(W + tl.minimum(tl.maximum(y, 0), C - 1), mask=kept, other=0.0)
+            else:
+                den += tl.where(kept, 1.0, 0.0)
+    total = tl.sum(acc, 0)
+    penalty = coef * tl.sum(pen, 0)
+    scale = 1.0
+    if MEAN:
+        d = tl.sum(den, 0)
+        scale = tl.where(d > 0, 1.0 / d, 1.0)
+    tl.store(OUT, (total + penalty) * scale)
+    tl.store(OUT + 1, penalty * scale)
+    tl.store(OUT + 2, scale)
+
+
+_RAW = {"softmax_fwd": _softmax_fwd, "softmax_bwd": _softmax_bwd, "zloss_fwd": _zloss_fwd, "zloss_bwd": _zloss_bwd,
+        "reduce": _reduce}
 _JIT: dict = {}
 
 
@@ -251,28 +328,39 @@ def _kernel(name: str):
 
 
 def _config(c: int, itemsize: int) -> Tuple[int, int]:
-    """``(BLOCK, num_warps)`` for rows of ``c`` columns of ``itemsize``-byte elements."""
-    block = min(triton.next_power_of_2(max(c, 1)), 16384 if itemsize <= 2 else 8192)
-    block = max(block, 16)
-    warps = 4 if block <= 2048 else (8 if block <= 4096 else 16)
+    """``(BLOCK, num_warps)`` for rows of ``c`` columns of ``itemsize``-byte elements. Chosen from
+    the configs group of ``benchmarks/perf_gpu.py`` on an H200 (cross-entropy forward + backward
+    at (8192, 128256): bf16 best at 8192 / 8 warps, fp32 at 8192 / 16; at (256, 1e5) fp32 the
+    choices were within 5% of each other)."""
+    block = max(16, min(triton.next_power_of_2(max(c, 1)), 8192))
+    if block <= 2048:
+        warps = 4
+    elif block <= 4096 or itemsize <= 2:
+        warps = 8
+    else:
+        warps = 16
     return block, warps
 
 
 #: set by benchmarks to try other block sizes: ``(BLOCK, num_warps)`` or None (the heuristic)
 override_config: Optional[Tuple[int, int]] = None
+_DUMMY: dict = {}
 
 
-def _launch(name: str, x: Tensor, grid_rows: int, *args, **meta) -> None:
-    if grid_rows == 0:
+def _launch(name: str, x: Tensor, grid_rows: int, *args, block: Optional[int] = None, **meta) -> None:
+    if grid_rows == 0 and name != "reduce":
         return
-    block, warps = override_config or _config(x.shape[1], x.element_size())
-    on_cpu = x.device.type == "cpu"
+    blk, warps = override_config or _config(x.shape[1], x.element_size())
+    if block is not None:
+        blk, warps = block, 4
     kern = _kernel(name)
-    if on_cpu:
-        kern[(grid_rows,)](*args, BLOCK=block, **meta)
+    if x.device.type == "cpu":  # Triton's interpreter (losses.kernels.interpret())
+        kern[(max(grid_rows, 1),)](*args, BLOCK=blk, **meta)
+    elif x.device.index == torch.cuda.current_device():
+        kern[(max(grid_rows, 1),)](*args, BLOCK=blk, num_warps=warps, **meta)
     else:
         with torch.cuda.device(x.device):
-            kern[(grid_rows,)](*args, BLOCK=block, num_warps=warps, **meta)
+            kern[(max(grid_rows, 1),)](*args, BLOCK=blk, num_warps=warps, **meta)
 
 
 def _rows2d(x: Tensor) -> Tensor:
@@ -280,7 +368,15 @@ def _rows2d(x: Tensor) -> Tensor:
 
 
 def _null(x: Tensor) -> Tensor:
-    return torch.empty(1, dtype=torch.float32, device=x.device)
+    """A one-element float32 tensor on ``x``'s device for the pointer of an absent operand (never read)."""
+    t = _DUMMY.get(x.device)
+    if t is None:
+        t = _DUMMY[x.device] = torch.zeros(1, dtype=torch.float32, device=x.device)
+    return t
+
+
+def _opt(t: Optional[Tensor], x: Tensor) -> Tensor:
+    return t if t is not None else _null(x)
 
 
 # --------------------------------------------------------------------------------------
@@ -289,41 +385,53 @@ def _null(x: Tensor) -> Tensor:
 
 
 def _softmax_fwd_impl(x: Tensor, y: Tensor, w: Optional[Tensor], shift: Optional[Tensor], cap: float,
-                      eps: float, ignore_index: int) -> Tuple[Tensor, Tensor, Tensor]:
+                      eps: float, ignore_index: int, mode: int, hyper: float) -> Tuple[Tensor, Tensor, Tensor]:
     m, c = x.shape
     loss = torch.empty(m, dtype=torch.float32, device=x.device)
     lse = torch.empty(m, dtype=torch.float32, device=x.device)
-    aux = torch.empty((m if eps > 0 else 0, 2), dtype=torch.float32, device=x.device)
-    _launch("softmax_fwd", x, m, x, x.stride(0), y, w if w is not None else _null(x),
-            shift if shift is not None else _null(x), loss, lse, aux if eps > 0 else _null(x), c, ignore_index,
-            float(cap), float(eps), HAS_W=w is not None, HAS_SHIFT=shift is not None, HAS_CAP=cap > 0,
-            SMOOTH=eps > 0)
+    aux = torch.empty((m, 3), dtype=torch.float32, device=x.device)
+    _launch("softmax_fwd", x, m, x, x.stride(0), y, _opt(w, x), _opt(shift, x), loss, lse, aux, c, ignore_index,
+            float(cap), float(eps), float(hyper), HAS_W=w is not None, HAS_SHIFT=shift is not None, HAS_CAP=cap > 0,
+            SMOOTH=eps > 0, MODE=mode)
     return loss, lse, aux
 
 
+def _reduce_impl(loss: Tensor, lse: Optional[Tensor], y: Tensor, w: Optional[Tensor], c: int, ignore_index: int,
+                 coef: float, mean: bool) -> Tensor:
+    """``[loss, penalty, scale]`` (float32, ``(3,)``) of the row losses: one launch."""
+    out = torch.empty(3, dtype=torch.float32, device=loss.device)
+    m = loss.shape[0]
+    block = max(16, min(1024, triton.next_power_of_2(max(m, 1))))
+    _launch("reduce", loss.view(-1, 1), 1, loss, _opt(lse, loss), y, _opt(w, loss), out, m, c, ignore_index,
+            float(coef), block=block, MEAN=mean, HAS_W=w is not None, HAS_PEN=lse is not None and coef > 0)
+    return out
+
+
 def _softmax_bwd_impl(x: Tensor, y: Tensor, w: Optional[Tensor], shift: Optional[Tensor], lse: Tensor, aux: Tensor,
-                      g: Optional[Tensor], gl: Optional[Tensor], cap: float, eps: float, ignore_index: int,
-                      out: Tensor) -> None:
+                      g: Optional[Tensor], gl: Optional[Tensor], scale: Optional[Tensor], cap: float, eps: float,
+                      coef: float, ignore_index: int, mode: int, out: Tensor) -> None:
     m, c = x.shape
-    _launch("softmax_bwd", x, m, x, x.stride(0), y, w if w is not None else _null(x),
-            shift if shift is not None else _null(x), lse, aux if eps > 0 else _null(x),
-            g if g is not None else _null(x), 0 if g is None else g.stride(0),
-            gl if gl is not None else _null(x), 0 if gl is None else gl.stride(0), out, out.stride(0), c,
-            ignore_index, float(cap), float(eps), HAS_W=w is not None, HAS_SHIFT=shift is not None,
-            HAS_CAP=cap > 0, SMOOTH=eps > 0, HAS_G=g is not None, HAS_GL=gl is not None)
+    _launch("softmax_bwd", x, m, x, x.stride(0), y, _opt(w, x), _opt(shift, x), lse, aux,
+            _opt(g, x), 0 if g is None or g.dim() == 0 else g.stride(0), _opt(gl, x),
+            0 if gl is None or gl.dim() == 0 else gl.stride(0), _opt(scale, x), out, out.stride(0), c,
+            ignore_index, float(cap), float(eps), float(coef), HAS_W=w is not None, HAS_SHIFT=shift is not None,
+            HAS_CAP=cap > 0, SMOOTH=eps > 0, HAS_G=g is not None, HAS_GL=gl is not None, REDUCED=scale is not None,
+            MODE=mode)
 
 
 def _zloss_fwd_impl(x: Tensor, y: Tensor, a: float, b: float, eps: float, ignore_index: int) -> Tuple[Tensor, Tensor]:
     m, c = x.shape
     loss = torch.empty(m, dtype=torch.float32, device=x.device)
-    stats = torch.zeros(m, 4, dtype=torch.float32, device=x.device)
+    stats = torch.empty(m, 4, dtype=torch.float32, device=x.device)
     _launch("zloss_fwd", x, m, x, x.stride(0), y, loss, stats, c, ignore_index, float(a), float(b), float(eps))
     return loss, stats
 
 
-def _zloss_bwd_impl(x: Tensor, y: Tensor, stats: Tensor, g: Tensor, ignore_index: int, out: Tensor) -> None:
+def _zloss_bwd_impl(x: Tensor, y: Tensor, stats: Tensor, g: Tensor, scale: Optional[Tensor], ignore_index: int,
+                    out: Tensor) -> None:
     m, c = x.shape
-    _launch("zloss_bwd", x, m, x, x.stride(0), y, stats, g, g.stride(0), out, out.stride(0), c, ignore_index)
+    _launch("zloss_bwd", x, m, x, x.stride(0), y, stats, g, 0 if g.dim() == 0 else g.stride(0), _opt(scale, x), out,
+            out.stride(0), c, ignore_index, REDUCED=scale is not None)
 
 
 # --------------------------------------------------------------------------------------
@@ -334,33 +442,42 @@ _OPS: dict = {}
 
 
 def _ops() -> dict:
-    """The custom operators, registered on first use (``torch.library.custom_op``, torch >= 2.4)."""
+    """The custom operators, registered once (``torch.library.custom_op``, torch >= 2.4)."""
     if _OPS:
         return _OPS
     lib = torch.library
+    f32 = torch.float32
 
     @lib.custom_op("losses::softmax_rows_fwd", mutates_args=())
     def softmax_rows_fwd(x: Tensor, y: Tensor, w: Optional[Tensor], shift: Optional[Tensor], cap: float, eps: float,
-                         ignore_index: int) -> Tuple[Tensor, Tensor, Tensor]:
-        return _softmax_fwd_impl(x, y, w, shift, cap, eps, ignore_index)
+                         ignore_index: int, mode: int, hyper: float) -> Tuple[Tensor, Tensor, Tensor]:
+        return _softmax_fwd_impl(x, y, w, shift, cap, eps, ignore_index, mode, hyper)
 
     @softmax_rows_fwd.register_fake
-    def _(x, y, w, shift, cap, eps, ignore_index):
+    def _(x, y, w, shift, cap, eps, ignore_index, mode, hyper):
         m = x.shape[0]
-        f = dict(dtype=torch.float32, device=x.device)
-        return x.new_empty(m, **f), x.new_empty(m, **f), x.new_empty((m if eps > 0 else 0, 2), **f)
+        return (x.new_empty(m, dtype=f32), x.new_empty(m, dtype=f32), x.new_empty((m, 3), dtype=f32))
+
+    @lib.custom_op("losses::rows_reduce", mutates_args=())
+    def rows_reduce(loss: Tensor, lse: Optional[Tensor], y: Tensor, w: Optional[Tensor], c: int, ignore_index: int,
+                    coef: float, mean: bool) -> Tensor:
+        return _reduce_impl(loss, lse, y, w, c, ignore_index, coef, mean)
+
+    @rows_reduce.register_fake
+    def _(loss, lse, y, w, c, ignore_index, coef, mean):
+        return loss.new_empty(3, dtype=f32)
 
     @lib.custom_op("losses::softmax_rows_bwd", mutates_args=())
     def softmax_rows_bwd(x: Tensor, y: Tensor, w: Optional[Tensor], shift: Optional[Tensor], lse: Tensor,
-                         aux: Tensor, g: Optional[Tensor], gl: Optional[Tensor], cap: float, eps: float,
-                         ignore_index: int) -> Tensor:
+                         aux: Tensor, g: Optional[Tensor], gl: Optional[Tensor], scale: Optional[Tensor], cap: float,
+                         eps: float, coef: float, ignore_index: int, mode: int) -> Tensor:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        _softmax_bwd_impl(x, y, w, shift, lse, aux, g, gl, cap, eps, ignore_index, out)
+        _softmax_bwd_impl(x, y, w, shift, lse, aux, g, gl, scale, cap, eps, coef, ignore_index, mode, out)
         return out
 
     @softmax_rows_bwd.register_fake
-    def _(x, y, w, shift, lse, aux, g, gl, cap, eps, ignore_index):
-        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    def _(x, y, w, shift, lse, aux, g, gl, scale, cap, eps, coef, ignore_index, mode):
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
 
     @lib.custom_op("losses::z_loss_rows_fwd", mutates_args=())
     def z_loss_rows_fwd(x: Tensor, y: Tensor, a: float, b: float, eps: float, ignore_index: int) -> Tuple[Tensor, Tensor]:
@@ -369,21 +486,21 @@ def _ops() -> dict:
     @z_loss_rows_fwd.register_fake
     def _(x, y, a, b, eps, ignore_index):
         m = x.shape[0]
-        return (torch.empty(m, dtype=torch.float32, device=x.device),
-                torch.empty(m, 4, dtype=torch.float32, device=x.device))
+        return x.new_empty(m, dtype=f32), x.new_empty((m, 4), dtype=f32)
 
     @lib.custom_op("losses::z_loss_rows_bwd", mutates_args=())
-    def z_loss_rows_bwd(x: Tensor, y: Tensor, stats: Tensor, g: Tensor, ignore_index: int) -> Tensor:
+    def z_loss_rows_bwd(x: Tensor, y: Tensor, stats: Tensor, g: Tensor, scale: Optional[Tensor],
+                        ignore_index: int) -> Tensor:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        _zloss_bwd_impl(x, y, stats, g, ignore_index, out)
+        _zloss_bwd_impl(x, y, stats, g, scale, ignore_index, out)
         return out
 
     @z_loss_rows_bwd.register_fake
-    def _(x, y, stats, g, ignore_index):
-        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    def _(x, y, stats, g, scale, ignore_index):
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
 
-    _OPS.update(softmax_fwd=softmax_rows_fwd, softmax_bwd=softmax_rows_bwd, zloss_fwd=z_loss_rows_fwd,
-                zloss_bwd=z_loss_rows_bwd)
+    _OPS.update(softmax_fwd=softmax_rows_fwd, reduce=rows_reduce, softmax_bwd=softmax_rows_bwd,
+                zloss_fwd=z_loss_rows_fwd, zloss_bwd=z_loss_rows_bwd)
     return _OPS
 
 
@@ -397,75 +514,135 @@ def _compiling() -> bool:
         return False
 
 
+def _call(name: str, impl, *args):
+    """The custom operator ``name`` while torch.compile traces, else the launcher directly (no
+    dispatcher cost in eager mode)."""
+    return _OPS[name](*args) if _compiling() else impl(*args)
+
+
+def _softmax_bwd_call(x, y, w, shift, lse, aux, g, gl, scale, opts):
+    cap, eps, coef, ignore_index, mode, inplace = opts
+    if _compiling():
+        return _OPS["softmax_bwd"](x, y, w, shift, lse, aux, g, gl, scale, cap, eps, coef, ignore_index, mode)
+    # in place: a new tensor over the logits' storage, which autograd takes as the gradient
+    grad = x.detach() if inplace else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _softmax_bwd_impl(x, y, w, shift, lse, aux, g, gl, scale, cap, eps, coef, ignore_index, mode, grad)
+    return grad
+
+
 # --------------------------------------------------------------------------------------
 # autograd
 # --------------------------------------------------------------------------------------
 
 
 class _SoftmaxRows(torch.autograd.Function):
+    """Per-row ``(loss, lse)``: reduction ``"none"``."""
+
     @staticmethod
-    def forward(ctx, x, y, w, shift, cap, eps, ignore_index, inplace):
-        if _compiling():
-            loss, lse, aux = _ops()["softmax_fwd"](x, y, w, shift, cap, eps, ignore_index)
-        else:
-            loss, lse, aux = _softmax_fwd_impl(x, y, w, shift, cap, eps, ignore_index)
+    def forward(ctx, x, y, w, shift, opts, hyper):
+        cap, eps, _, ignore_index, mode, _ = opts
+        loss, lse, aux = _call("softmax_fwd", _softmax_fwd_impl, x, y, w, shift, cap, eps, ignore_index, mode, hyper)
         ctx.save_for_backward(x, y, w, shift, lse, aux)
-        ctx.opts = (cap, eps, ignore_index, inplace and not _compiling())
+        ctx.opts = opts
         return loss, lse
 
     @staticmethod
     def backward(ctx, g, gl):
         x, y, w, shift, lse, aux = ctx.saved_tensors
-        cap, eps, ignore_index, inplace = ctx.opts
-        if _compiling() or not inplace:
-            if _compiling():
-                grad = _ops()["softmax_bwd"](x, y, w, shift, lse, aux, g, gl, cap, eps, ignore_index)
-            else:
-                grad = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-                _softmax_bwd_impl(x, y, w, shift, lse, aux, g, gl, cap, eps, ignore_index, grad)
-        else:
-            _softmax_bwd_impl(x, y, w, shift, lse, aux, g, gl, cap, eps, ignore_index, x)
-            grad = x
-        return grad, None, None, None, None, None, None, None
+        return _softmax_bwd_call(x, y, w, shift, lse, aux, g, gl, None, ctx.opts), None, None, None, None, None
+
+
+class _SoftmaxReduced(torch.autograd.Function):
+    """``(loss, penalty)`` reduced to scalars (``"mean"`` / ``"sum"``): the row kernel and one
+    reduction launch; the backward is one launch."""
+
+    @staticmethod
+    def forward(ctx, x, y, w, shift, opts, hyper, mean):
+        cap, eps, coef, ignore_index, mode, _ = opts
+        rows, lse, aux = _call("softmax_fwd", _softmax_fwd_impl, x, y, w, shift, cap, eps, ignore_index, mode, hyper)
+        out = _call("reduce", _reduce_impl, rows, lse, y, w, x.shape[1], ignore_index, coef, mean)
+        ctx.save_for_backward(x, y, w, shift, lse, aux, out[2])
+        ctx.opts = opts
+        return out[0], out[1]
+
+    @staticmethod
+    def backward(ctx, g, gp):
+        x, y, w, shift, lse, aux, scale = ctx.saved_tensors
+        return _softmax_bwd_call(x, y, w, shift, lse, aux, g, gp, scale, ctx.opts), None, None, None, None, None, None
 
 
 class _ZLossRows(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, y, a, b, eps, ignore_index):
-        if _compiling():
-            loss, stats = _ops()["zloss_fwd"](x, y, a, b, eps, ignore_index)
-        else:
-            loss, stats = _zloss_fwd_impl(x, y, a, b, eps, ignore_index)
-        ctx.save_for_backward(x, y, stats)
+    def forward(ctx, x, y, a, b, eps, ignore_index, reduce, mean):
+        rows, stats = _call("zloss_fwd", _zloss_fwd_impl, x, y, a, b, eps, ignore_index)
+        scale = None
+        if reduce:
+            out = _call("reduce", _reduce_impl, rows, None, y, None, x.shape[1], ignore_index, 0.0, mean)
+            rows, scale = out[0], out[2]
+        ctx.save_for_backward(x, y, stats, scale)
         ctx.ignore_index = ignore_index
-        return loss
+        return rows
 
     @staticmethod
     def backward(ctx, g):
-        x, y, stats = ctx.saved_tensors
+        x, y, stats, scale = ctx.saved_tensors
         if _compiling():
-            grad = _ops()["zloss_bwd"](x, y, stats, g, ctx.ignore_index)
+            grad = _OPS["zloss_bwd"](x, y, stats, g, scale, ctx.ignore_index)
         else:
             grad = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-            _zloss_bwd_impl(x, y, stats, g, ctx.ignore_index, grad)
-        return grad, None, None, None, None, None
+            _zloss_bwd_impl(x, y, stats, g, scale, ctx.ignore_index, grad)
+        return grad, None, None, None, None, None, None, None
+
+
+def _prepare(x: Tensor, y: Tensor, weight: Optional[Tensor], shift: Optional[Tensor]):
+    x = _rows2d(x)
+    y = y if y.is_contiguous() else y.contiguous()
+    w = None if weight is None else weight.to(device=x.device, dtype=torch.float32).contiguous()
+    sh = None if shift is None else shift.to(device=x.device, dtype=torch.float32).contiguous()
+    return x, y, w, sh
+
+
+#: the row transforms f(ce) of the softmax kernel: the loss of a row is w_y f(ce), its gradient
+#: w_y f'(ce) (p - e_y)
+MODES = {"ce": 0, "comp_sum": 1, "focal": 2}
+
+
+def _opts(softcap, label_smoothing, coef, ignore_index, mode, inplace):
+    if mode not in MODES:
+        raise ValueError(f"softmax rows: mode must be one of {sorted(MODES)} (got {mode!r})")
+    if MODES[mode] and label_smoothing:
+        raise ValueError("softmax rows: label smoothing applies to mode 'ce' only")
+    return (float(softcap or 0.0), float(label_smoothing), float(coef), int(ignore_index), MODES[mode], bool(inplace))
 
 
 def softmax_rows(x: Tensor, y: Tensor, *, weight: Optional[Tensor] = None, shift: Optional[Tensor] = None,
                  softcap: Optional[float] = None, label_smoothing: float = 0.0, ignore_index: int = -100,
-                 inplace: bool = False) -> Tuple[Tensor, Tensor]:
+                 mode: str = "ce", hyper: float = 0.0, inplace: bool = False) -> Tuple[Tensor, Tensor]:
     """Per-row ``(loss, lse)`` (float32, ``(M,)``) of the logits ``x (M, C)`` against the ids ``y (M,)``;
-    the maths is the module docstring's. ``weight``, ``shift``: ``(C,)``; ``inplace``: the backward
-    writes the gradient over ``x``'s storage (``x`` must not be needed after the backward)."""
-    x = _rows2d(x)
-    y = y.contiguous()
-    w = None if weight is None else weight.to(device=x.device, dtype=torch.float32).contiguous()
-    sh = None if shift is None else shift.to(device=x.device, dtype=torch.float32).contiguous()
-    return _SoftmaxRows.apply(x, y, w, sh, float(softcap or 0.0), float(label_smoothing), int(ignore_index),
-                              bool(inplace))
+    the maths is the module docstring's. ``weight``, ``shift``: ``(C,)``; ``mode``: ``"ce"``,
+    ``"comp_sum"`` (``hyper = 1 - tau``, nonzero) or ``"focal"`` (``hyper = gamma > 0``); ``inplace``:
+    the backward writes the gradient over ``x``'s storage (``x`` must not be needed after the backward)."""
+    x, y, w, sh = _prepare(x, y, weight, shift)
+    return _SoftmaxRows.apply(x, y, w, sh, _opts(softcap, label_smoothing, 0.0, ignore_index, mode, inplace),
+                              float(hyper))
 
 
-def z_loss_rows(x: Tensor, y: Tensor, *, a: float, b: float, eps: float, ignore_index: int = -100) -> Tensor:
-    """Per-row Z-loss (float32, ``(M,)``) of ``x (M, C)`` against the ids ``y (M,)``, 0 where
-    ``y == ignore_index``; the maths is the module docstring's."""
-    return _ZLossRows.apply(_rows2d(x), y.contiguous(), float(a), float(b), float(eps), int(ignore_index))
+def softmax_reduced(x: Tensor, y: Tensor, *, reduction: str, weight: Optional[Tensor] = None,
+                    shift: Optional[Tensor] = None, softcap: Optional[float] = None, label_smoothing: float = 0.0,
+                    coef: float = 0.0, ignore_index: int = -100, mode: str = "ce", hyper: float = 0.0,
+                    inplace: bool = False) -> Tuple[Tensor, Tensor]:
+    """``(loss, penalty)`` scalars: the ``"mean"`` (over the kept rows' unit weights ``w_y``; an exact
+    0 when there are none) or ``"sum"`` of the row losses plus ``coef * lse^2`` per kept row, and
+    the penalty part alone, reduced the same way (arguments as :func:`softmax_rows`)."""
+    x, y, w, sh = _prepare(x, y, weight, shift)
+    return _SoftmaxReduced.apply(x, y, w, sh, _opts(softcap, label_smoothing, coef, ignore_index, mode, inplace),
+                                 float(hyper), reduction == "mean")
+
+
+def z_loss_rows(x: Tensor, y: Tensor, *, a: float, b: float, eps: float, ignore_index: int = -100,
+                reduction: str = "none") -> Tensor:
+    """The Z-loss of ``x (M, C)`` against the ids ``y (M,)``: per row (float32, ``(M,)``, 0 where
+    ``y == ignore_index``) for ``"none"``, else their sum or their mean over the kept rows."""
+    x, y, _, _ = _prepare(x, y, None, None)
+    return _ZLossRows.apply(x, y, float(a), float(b), float(eps), int(ignore_index), reduction != "none",
+                            reduction == "mean")

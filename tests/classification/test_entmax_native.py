@@ -370,7 +370,7 @@ def test_native_kernels_reports_the_kernel_and_why_not(monkeypatch):
     """The public view of the kernel: in use where it is built and enabled, otherwise why not; and
     a fresh interpreter with LOSSES_NATIVE=0 reports it disabled."""
     status = losses.native_kernels()
-    assert set(status) == {"entmax_threshold", "dice_stats"}
+    assert set(status) == {"entmax_threshold", "dice_stats", "softmax_rows", "z_loss_rows"}
     in_use, detail = status["entmax_threshold"]
     assert in_use == native.ready() and isinstance(detail, str) and detail
     if in_use:
