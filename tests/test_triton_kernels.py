@@ -31,6 +31,10 @@ DEV = "cuda" if CUDA else "cpu"
 if not CUDA and not kernels.interpreter_ready():  # pragma: no cover - conftest sets TRITON_INTERPRET=1
     pytest.skip("Triton is not in interpreter mode (run with TRITON_INTERPRET=1)", allow_module_level=True)
 
+# the interpreter runs the kernels' arithmetic in NumPy, which warns where IEEE gives the intended
+# inf / 0 (exp overflow, division by 0 in masked lanes)
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
 DTYPES = {"fp32": (torch.float32, 2e-5, 2e-5), "bf16": (torch.bfloat16, 2e-5, 1e-2), "fp16": (torch.float16, 2e-5, 2e-3)}
 
 
@@ -288,6 +292,61 @@ def test_confident_rows_keep_their_relative_precision():
 
 
 # ---------------------------------------------------------------------------------------------
+# element-wise binary losses (BCE, GOL) of class ids
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["bce_with_logits_loss", "gumbel_bce_loss"])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("block", [None, 32])
+def test_binary_losses_match_float64(name, reduction, block):
+    x = _logits(6, 45, torch.float32, seed=30, scale=6.0)
+    x[1, 3] = -math.inf  # probability 0: label 0 costs 0, gradient 0
+    x[2, 5] = -60.0  # below GOL's -50 floor
+    x[3, 8] = 40.0
+    y = _target(6, 45, seed=31, ignored=(4,))
+    y[1] = 0
+    w = torch.rand(45, generator=torch.Generator().manual_seed(32)) + 0.1
+    fn = getattr(losses, name)
+    for kw in ({}, {"weight": w}, {"label_smoothing": 0.1} if name == "gumbel_bce_loss" else {"label_smoothing": 0.0}):
+        _compare(fn, x, torch.float32, 2e-5, 2e-5, block, target=y, reduction=reduction, **kw)
+    _compare(fn, x.bfloat16().double(), torch.bfloat16, *DTYPES["bf16"][1:], block, target=y, reduction=reduction)
+
+
+def test_binary_losses_with_smoothing_on_minus_inf_are_inf_as_on_the_pytorch_path():
+    x = _logits(3, 10, torch.float32)
+    x[0, 2] = -math.inf
+    y = torch.tensor([1, 2, 3])
+    xk = x.float().to(DEV)
+    with on_kernel():
+        v = losses.bce_with_logits_loss(xk, y.to(DEV), label_smoothing=0.1)
+    assert math.isinf(float(v)) and math.isinf(float(losses.bce_with_logits_loss(x, y, label_smoothing=0.1)))
+
+
+def test_binary_losses_outside_the_kernel_take_the_pytorch_path():
+    """reduction "none", float labels, the reference GOL variant, a clamp or element-wise weights:
+    the PyTorch path (the same values as without the kernel)."""
+    x = _logits(4, 12, torch.float32).float()
+    y = torch.tensor([1, 2, -100, 3])
+    soft = torch.rand(4, 12)
+    dev = lambda *ts: [t.to(DEV) for t in ts]  # noqa: E731
+    for call in (lambda f, x, y, s: f(x, y, reduction="none"), lambda f, x, y, s: f(x, s)):
+        for name in ("bce_with_logits_loss", "gumbel_bce_loss"):
+            fn = getattr(losses, name)
+            with on_kernel():
+                got = call(fn, *dev(x, y, soft))
+            torch.testing.assert_close(got.cpu(), call(fn, x, y, soft))
+    for kw in ({"variant": "reference"}, {"clamp": (-4.0, 10.0)}):
+        with on_kernel():
+            got = losses.gumbel_bce_loss(*dev(x, y), **kw)
+        torch.testing.assert_close(got.cpu(), losses.gumbel_bce_loss(x, y, **kw))
+    w = torch.rand(4, 12)
+    with on_kernel():
+        got = losses.gumbel_bce_loss(*dev(x, y), weight=w.to(DEV))
+    torch.testing.assert_close(got.cpu(), losses.gumbel_bce_loss(x, y, weight=w))
+
+
+# ---------------------------------------------------------------------------------------------
 # Z-loss
 # ---------------------------------------------------------------------------------------------
 
@@ -365,7 +424,8 @@ def test_compiled_step_goes_through_the_custom_operators():
 
     def step(x, y):
         loss, pen = losses.cross_entropy_with_logz_penalty(x, y, coef=1e-2, return_penalty=True)
-        return loss + losses.z_loss(x, y) + losses.cross_entropy_loss(x, y, label_smoothing=0.1)
+        return (loss + losses.z_loss(x, y) + losses.cross_entropy_loss(x, y, label_smoothing=0.1)
+                + losses.focal_loss(x, y) + losses.gumbel_bce_loss(x, y) + losses.cross_entropy_loss(x, y, reduction="none").sum())
 
     xk = x.clone().requires_grad_(True)
     xe = x.clone().requires_grad_(True)

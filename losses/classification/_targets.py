@@ -37,6 +37,7 @@ from .._core import (
     check_target_shape,
     check_tensor,
     check_unit_interval,
+    move_class_dim_last,
     value_error,
 )
 
@@ -165,6 +166,22 @@ def kernel_rows(fn: str, input: Tensor, target: Tensor, ignore_index: int, *, so
         else:
             check_masked_logits(fn, "input", x2d, active=t.reshape(-1) != ignore_index)
     return x2d, t.reshape(-1), out_shape
+
+
+def binary_kernel(fn: str, kind: str, input: Tensor, target: Tensor, eps: float, weight: Optional[Tensor],
+                  ignore_index: int, reduction: str) -> Tensor:
+    """An element-wise binary loss (``kind``: ``"bce"`` / ``"gol"``) of integer ids, reduced, through
+    the fused Triton row kernel (``losses/kernels/triton_rows.py``): the checks of the PyTorch
+    path (shapes, id range, ``(C,)`` weights, NaN / ``+inf`` logits with ``-inf`` allowed), then one
+    kernel launch per direction and one reduction launch."""
+    from ..kernels import triton_rows_module
+
+    ids, _ = integer_targets(fn, input, target, ignore_index)
+    check_class_weight(fn, weight, input.shape[1])
+    check_finite(fn, "input", input, allow_neg_inf=True, neg_inf_note="-inf is allowed (probability 0)")
+    return triton_rows_module().binary_reduced(move_class_dim_last(input), ids.reshape(-1), kind=kind,
+                                               reduction=reduction, weight=weight, label_smoothing=eps,
+                                               ignore_index=ignore_index)
 
 
 def kernel_result(loss: Tensor, out_shape: Tuple[int, ...], reduction: str) -> Tensor:

@@ -37,7 +37,8 @@ from .._precision import softplus
 from .._registry import element_unit_weights, position_unit_weights, register
 from .._softcap import check_softcap
 from ._cross_entropy import softmax_cross_entropy
-from ._targets import broadcast_class_weight, elementwise_targets, integer_targets
+from .. import kernels
+from ._targets import binary_kernel, broadcast_class_weight, elementwise_targets, integer_targets
 
 __all__ = ["cross_entropy_loss", "bce_with_logits_loss", "CrossEntropyLoss", "BCEWithLogitsLoss"]
 
@@ -155,6 +156,8 @@ def bce_with_logits_loss(
     if (reduction != "none" and not _compiling() and isinstance(target, Tensor) and not target.is_floating_point()
             and not target.is_complex() and target.dtype != torch.bool and input.dim() >= 2
             and (weight is None or (isinstance(weight, Tensor) and weight.dim() == 1))):
+        if dtype == torch.float32 and kernels.use_triton(input):  # one fused row kernel (losses/kernels/)
+            return binary_kernel(fn, "bce", input, target, float(label_smoothing), weight, ignore_index, reduction)
         return _bce_ids(fn, input, target, float(label_smoothing), weight, ignore_index, reduction, dtype)
     y, unit = elementwise_targets(fn, input, target, label_smoothing=label_smoothing,
                                   ignore_index=ignore_index, dtype=dtype)

@@ -39,7 +39,8 @@ from .._core import (
     value_error,
 )
 from .._registry import element_unit_weights, register
-from ._targets import broadcast_class_weight, elementwise_targets, integer_targets
+from .. import kernels
+from ._targets import binary_kernel, broadcast_class_weight, elementwise_targets, integer_targets
 
 __all__ = [
     "gumbel_activation",
@@ -522,6 +523,10 @@ def gumbel_bce_loss(
         raise type_error(fn, "target must hold integer class ids or float labels in [0, 1]", str(target.dtype),
                          "pass target.float() for multi-hot labels")
     dtype = compute_dtype(input, weight, target if target.is_floating_point() else None)
+    if (variant == "paper" and clamp_ is None and reduction != "none" and not target.is_floating_point()
+            and (weight is None or (isinstance(weight, Tensor) and weight.dim() == 1))
+            and dtype == torch.float32 and kernels.use_triton(input)):  # one fused row kernel (losses/kernels/)
+        return binary_kernel(fn, "gol", input, target, smoothing, weight, ignore_index, reduction)
     if variant == "reference" or target.is_floating_point():
         y, unit = elementwise_targets(fn, input, target, label_smoothing=smoothing, ignore_index=ignore_index,
                                       dtype=dtype)

@@ -44,12 +44,28 @@ import triton
 import triton.language as tl
 
 
-__all__ = ["softmax_rows", "z_loss_rows"]
+__all__ = ["softmax_rows", "softmax_reduced", "z_loss_rows", "binary_reduced"]
 
 
 # --------------------------------------------------------------------------------------
 # kernels (plain functions; jitted or interpreted on first use)
 # --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _log1p(z):
+    # log(1 + z) for z > -1 to a few float32 ulps: log(w) z / (w - 1) with w = 1 + z rounded
+    # (Goldberg's correction), z itself where w rounds to 1
+    w = 1.0 + z
+    return tl.where(w == 1.0, z, tl.log(w) * (z / (w - 1.0)))
+
+
+@triton.jit
+def _expm1(v):
+    # exp(v) - 1: a degree-9 Taylor polynomial for |v| < 0.5 (error < 3e-10), exp(v) - 1 beyond
+    p = v * (1.0 + v * (0.5 + v * (1.0 / 6.0 + v * (1.0 / 24.0 + v * (1.0 / 120.0 + v * (
+        1.0 / 720.0 + v * (1.0 / 5040.0 + v * (1.0 / 40320.0 + v * (1.0 / 362880.0)))))))))
+    return tl.where(tl.abs(v) < 0.5, p, tl.exp(v) - 1.0)
 
 
 def _softmax_fwd(X, stride_x, Y, W, SHIFT, LOSS, LSE, AUX, C, ignore_index, cap, eps, hyper,
@@ -110,7 +126,7 @@ def _softmax_fwd(X, stride_x, Y, W, SHIFT, LOSS, LSE, AUX, C, ignore_index, cap,
     # ce = -log p_y = log(1 + u), u = exp(log so + m - x_y): exact as p_y -> 1 (u tiny)
     lu = tl.log(so) + (m0 - xy)
     eu = tl.exp(-tl.abs(lu))
-    ce = tl.maximum(lu, 0.0) + tl.where(eu < 1e-4, eu * (1.0 - eu * (0.5 - eu / 3.0)), tl.log(1.0 + eu))
+    ce = tl.maximum(lu, 0.0) + _log1p(eu)
     if HAS_W:
         wy = tl.load(W + y).to(tl.float32)
     else:
@@ -124,12 +140,11 @@ def _softmax_fwd(X, stride_x, Y, W, SHIFT, LOSS, LSE, AUX, C, ignore_index, cap,
     if MODE == 1:  # comp-sum, hyper = 1 - tau: f = expm1(v) / (1 - tau), f' = exp(v), v = (1 - tau) ce
         v = hyper * ce
         ev = tl.exp(v)
-        em1 = tl.where(tl.abs(v) < 1e-4, v * (1.0 + v * (0.5 + v / 6.0)), ev - 1.0)
-        loss = wy * (em1 / hyper)
+        loss = wy * (_expm1(v) / hyper)
         tl.store(AUX + row * 3 + 1, ev)
     if MODE == 2:  # focal, hyper = gamma > 0: f = u^gamma ce, u = 1 - p_y = -expm1(-ce)
         pe = tl.exp(-ce)
-        u = tl.where(ce < 1e-4, ce * (1.0 - ce * (0.5 - ce / 6.0)), 1.0 - pe)
+        u = -_expm1(-ce)
         lnu = tl.log(u)
         ug = tl.where(u > 0.0, tl.exp(hyper * lnu), 0.0)
         d = tl.where(u > 0.0, hyper * tl.exp((hyper - 1.0) * lnu) * pe * ce, 0.0)
@@ -242,8 +257,7 @@ def _zloss_fwd(X, stride_x, Y, LOSS, STATS, C, ignore_index, a, b, eps, BLOCK: t
     z = (xy - mean_a) * inv_sigma
     t = a * (b - z)
     e = tl.exp(-tl.abs(t))
-    log1p_e = tl.where(e < 1e-4, e * (1.0 - e * (0.5 - e / 3.0)), tl.log(1.0 + e))
-    loss = (tl.maximum(t, 0.0) + log1p_e) / a
+    loss = (tl.maximum(t, 0.0) + _log1p(e)) / a
     sig = tl.where(t >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
     tl.store(LOSS + row, loss)
     tl.store(STATS + row * 4 + 0, mean_a)
@@ -281,7 +295,69 @@ def _zloss_bwd(X, stride_x, Y, STATS, G, stride_g, SCALE, OUT, stride_o, C, igno
         tl.store(o_row + cols, grad.to(OUT.dtype.element_ty), mask=inside)
 
 
-def _reduce(LOSS, LSE, Y, W, OUT, M, C, ignore_index, coef, MEAN: tl.constexpr, HAS_W: tl.constexpr,
+def _binary_fwd(X, stride_x, Y, W, LOSS, C, ignore_index, eps, KIND: tl.constexpr, HAS_W: tl.constexpr,
+                BLOCK: tl.constexpr):
+    # one row of C independent binary losses against the one-hot labels of id y, smoothed:
+    # lab_k = (1 - eps) [k = y] + eps / C; KIND 0: BCE softplus(x) - lab x; KIND 1: GOL
+    # lab u - (1 - lab) log(1 - exp(-u)), u = exp(-max(x, -50)). LOSS[row] = sum_k w_k l_k.
+    row = tl.program_id(0).to(tl.int64)
+    y = tl.load(Y + row).to(tl.int64)
+    if y == ignore_index:
+        tl.store(LOSS + row, 0.0)
+        return
+    x_row = X + row * stride_x
+    off = eps / C
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, C, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        inside = cols < C
+        x = tl.load(x_row + cols, mask=inside, other=0.0).to(tl.float32)
+        lab = tl.where(cols == y, 1.0 - eps + off, off)
+        if KIND == 0:
+            z = tl.exp(-tl.abs(x))
+            l = _log1p(z) + tl.where(x > 0, (1.0 - lab) * x, -lab * tl.where(x == -float("inf"), 0.0, x))
+            l = tl.where(x == -float("inf"), tl.where(lab > 0, float("inf"), 0.0), l)
+        else:
+            u = tl.exp(-tl.maximum(x, -50.0))
+            l = lab * u - (1.0 - lab) * tl.log(-_expm1(-u))
+        if HAS_W:
+            l = l * tl.load(W + cols, mask=inside, other=0.0).to(tl.float32)
+        acc += tl.where(inside, l, 0.0)
+    tl.store(LOSS + row, tl.sum(acc, 0))
+
+
+def _binary_bwd(X, stride_x, Y, W, G, SCALE, OUT, stride_o, C, ignore_index, eps, KIND: tl.constexpr,
+                HAS_W: tl.constexpr, BLOCK: tl.constexpr):
+    # G: the reduced loss's incoming gradient (a scalar), SCALE the reduction's 1 / denominator
+    row = tl.program_id(0).to(tl.int64)
+    y = tl.load(Y + row).to(tl.int64)
+    o_row = OUT + row * stride_o
+    if y == ignore_index:
+        for start in range(0, C, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            tl.store(o_row + cols, tl.zeros([BLOCK], dtype=tl.float32).to(OUT.dtype.element_ty), mask=cols < C)
+        return
+    x_row = X + row * stride_x
+    g = tl.load(G).to(tl.float32) * tl.load(SCALE)
+    off = eps / C
+    for start in range(0, C, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        inside = cols < C
+        x = tl.load(x_row + cols, mask=inside, other=0.0).to(tl.float32)
+        lab = tl.where(cols == y, 1.0 - eps + off, off)
+        if KIND == 0:
+            z = tl.exp(-tl.abs(x))
+            sig = tl.where(x >= 0, 1.0 / (1.0 + z), z / (1.0 + z))
+            d = tl.where(x == -float("inf"), 0.0, sig - lab)
+        else:
+            u = tl.exp(-tl.maximum(x, -50.0))
+            d = tl.where(x > -50.0, (1.0 - lab) * (u / _expm1(u)) - lab * u, 0.0)
+        if HAS_W:
+            d = d * tl.load(W + cols, mask=inside, other=0.0).to(tl.float32)
+        tl.store(o_row + cols, (g * d).to(OUT.dtype.element_ty), mask=inside)
+
+
+def _reduce(LOSS, LSE, Y, W, OUT, M, C, ignore_index, coef, units, MEAN: tl.constexpr, HAS_W: tl.constexpr,
             HAS_PEN: tl.constexpr, BLOCK: tl.constexpr):
     # one program: OUT = [(sum of row losses + coef sum lse^2) * scale, coef sum lse^2 * scale, scale]
     # with scale = 1 / (sum of the kept rows' unit weights) for a mean (1 when that sum is 0: an
@@ -299,7 +375,7 @@ def _reduce(LOSS, LSE, Y, W, OUT, M, C, ignore_index, coef, MEAN: tl.constexpr, 
         if MEAN:
             y = tl.load(Y + r, mask=inside, other=ignore_index).to(tl.int64)
             kept = inside & (y != ignore_index)
-            if HAS_W:
+            if HAS_W:  # the unit weight w_y (softmax losses)
                 den += tl.load(W + tl.minimum(tl.maximum(y, 0), C - 1), mask=kept, other=0.0)
             else:
                 den += tl.where(kept, 1.0, 0.0)
@@ -307,7 +383,7 @@ def _reduce(LOSS, LSE, Y, W, OUT, M, C, ignore_index, coef, MEAN: tl.constexpr, 
     penalty = coef * tl.sum(pen, 0)
     scale = 1.0
     if MEAN:
-        d = tl.sum(den, 0)
+        d = tl.sum(den, 0) * units  # units: C for the binary losses (the unit is the element)
         scale = tl.where(d > 0, 1.0 / d, 1.0)
     tl.store(OUT, (total + penalty) * scale)
     tl.store(OUT + 1, penalty * scale)
@@ -315,7 +391,7 @@ def _reduce(LOSS, LSE, Y, W, OUT, M, C, ignore_index, coef, MEAN: tl.constexpr, 
 
 
 _RAW = {"softmax_fwd": _softmax_fwd, "softmax_bwd": _softmax_bwd, "zloss_fwd": _zloss_fwd, "zloss_bwd": _zloss_bwd,
-        "reduce": _reduce}
+        "reduce": _reduce, "binary_fwd": _binary_fwd, "binary_bwd": _binary_bwd}
 _JIT: dict = {}
 
 
@@ -397,14 +473,31 @@ def _softmax_fwd_impl(x: Tensor, y: Tensor, w: Optional[Tensor], shift: Optional
 
 
 def _reduce_impl(loss: Tensor, lse: Optional[Tensor], y: Tensor, w: Optional[Tensor], c: int, ignore_index: int,
-                 coef: float, mean: bool) -> Tensor:
-    """``[loss, penalty, scale]`` (float32, ``(3,)``) of the row losses: one launch."""
+                 coef: float, mean: bool, units: float = 1.0) -> Tensor:
+    """``[loss, penalty, scale]`` (float32, ``(3,)``) of the row losses: one launch. ``w``: the
+    class weights whose ``w_y`` is a row's unit weight; ``units``: units per kept row."""
     out = torch.empty(3, dtype=torch.float32, device=loss.device)
     m = loss.shape[0]
     block = max(16, min(1024, triton.next_power_of_2(max(m, 1))))
     _launch("reduce", loss.view(-1, 1), 1, loss, _opt(lse, loss), y, _opt(w, loss), out, m, c, ignore_index,
-            float(coef), block=block, MEAN=mean, HAS_W=w is not None, HAS_PEN=lse is not None and coef > 0)
+            float(coef), float(units), block=block, MEAN=mean, HAS_W=w is not None,
+            HAS_PEN=lse is not None and coef > 0)
     return out
+
+
+def _binary_fwd_impl(x: Tensor, y: Tensor, w: Optional[Tensor], eps: float, ignore_index: int, kind: int) -> Tensor:
+    m, c = x.shape
+    loss = torch.empty(m, dtype=torch.float32, device=x.device)
+    _launch("binary_fwd", x, m, x, x.stride(0), y, _opt(w, x), loss, c, ignore_index, float(eps), KIND=kind,
+            HAS_W=w is not None)
+    return loss
+
+
+def _binary_bwd_impl(x: Tensor, y: Tensor, w: Optional[Tensor], g: Tensor, scale: Tensor, eps: float,
+                     ignore_index: int, kind: int, out: Tensor) -> None:
+    m, c = x.shape
+    _launch("binary_bwd", x, m, x, x.stride(0), y, _opt(w, x), g, scale, out, out.stride(0), c, ignore_index,
+            float(eps), KIND=kind, HAS_W=w is not None)
 
 
 def _softmax_bwd_impl(x: Tensor, y: Tensor, w: Optional[Tensor], shift: Optional[Tensor], lse: Tensor, aux: Tensor,
@@ -460,12 +553,31 @@ def _ops() -> dict:
 
     @lib.custom_op("losses::rows_reduce", mutates_args=())
     def rows_reduce(loss: Tensor, lse: Optional[Tensor], y: Tensor, w: Optional[Tensor], c: int, ignore_index: int,
-                    coef: float, mean: bool) -> Tensor:
-        return _reduce_impl(loss, lse, y, w, c, ignore_index, coef, mean)
+                    coef: float, mean: bool, units: float) -> Tensor:
+        return _reduce_impl(loss, lse, y, w, c, ignore_index, coef, mean, units)
 
     @rows_reduce.register_fake
-    def _(loss, lse, y, w, c, ignore_index, coef, mean):
+    def _(loss, lse, y, w, c, ignore_index, coef, mean, units):
         return loss.new_empty(3, dtype=f32)
+
+    @lib.custom_op("losses::binary_rows_fwd", mutates_args=())
+    def binary_rows_fwd(x: Tensor, y: Tensor, w: Optional[Tensor], eps: float, ignore_index: int, kind: int) -> Tensor:
+        return _binary_fwd_impl(x, y, w, eps, ignore_index, kind)
+
+    @binary_rows_fwd.register_fake
+    def _(x, y, w, eps, ignore_index, kind):
+        return x.new_empty(x.shape[0], dtype=f32)
+
+    @lib.custom_op("losses::binary_rows_bwd", mutates_args=())
+    def binary_rows_bwd(x: Tensor, y: Tensor, w: Optional[Tensor], g: Tensor, scale: Tensor, eps: float,
+                        ignore_index: int, kind: int) -> Tensor:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        _binary_bwd_impl(x, y, w, g, scale, eps, ignore_index, kind, out)
+        return out
+
+    @binary_rows_bwd.register_fake
+    def _(x, y, w, g, scale, eps, ignore_index, kind):
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
 
     @lib.custom_op("losses::softmax_rows_bwd", mutates_args=())
     def softmax_rows_bwd(x: Tensor, y: Tensor, w: Optional[Tensor], shift: Optional[Tensor], lse: Tensor,
@@ -499,6 +611,7 @@ def _ops() -> dict:
     def _(x, y, stats, g, scale, ignore_index):
         return torch.empty_like(x, memory_format=torch.contiguous_format)
 
+    _OPS.update(binary_fwd=binary_rows_fwd, binary_bwd=binary_rows_bwd)
     _OPS.update(softmax_fwd=softmax_rows_fwd, reduce=rows_reduce, softmax_bwd=softmax_rows_bwd,
                 zloss_fwd=z_loss_rows_fwd, zloss_bwd=z_loss_rows_bwd)
     return _OPS
@@ -560,7 +673,7 @@ class _SoftmaxReduced(torch.autograd.Function):
     def forward(ctx, x, y, w, shift, opts, hyper, mean):
         cap, eps, coef, ignore_index, mode, _ = opts
         rows, lse, aux = _call("softmax_fwd", _softmax_fwd_impl, x, y, w, shift, cap, eps, ignore_index, mode, hyper)
-        out = _call("reduce", _reduce_impl, rows, lse, y, w, x.shape[1], ignore_index, coef, mean)
+        out = _call("reduce", _reduce_impl, rows, lse, y, w, x.shape[1], ignore_index, coef, mean, 1.0)
         ctx.save_for_backward(x, y, w, shift, lse, aux, out[2])
         ctx.opts = opts
         return out[0], out[1]
@@ -577,7 +690,7 @@ class _ZLossRows(torch.autograd.Function):
         rows, stats = _call("zloss_fwd", _zloss_fwd_impl, x, y, a, b, eps, ignore_index)
         scale = None
         if reduce:
-            out = _call("reduce", _reduce_impl, rows, None, y, None, x.shape[1], ignore_index, 0.0, mean)
+            out = _call("reduce", _reduce_impl, rows, None, y, None, x.shape[1], ignore_index, 0.0, mean, 1.0)
             rows, scale = out[0], out[2]
         ctx.save_for_backward(x, y, stats, scale)
         ctx.ignore_index = ignore_index
@@ -592,6 +705,31 @@ class _ZLossRows(torch.autograd.Function):
             grad = torch.empty(x.shape, dtype=x.dtype, device=x.device)
             _zloss_bwd_impl(x, y, stats, g, scale, ctx.ignore_index, grad)
         return grad, None, None, None, None, None, None, None
+
+
+class _BinaryReduced(torch.autograd.Function):
+    """The element-wise binary losses of one-hot labels, reduced: row kernel + one reduction launch;
+    the backward is one launch."""
+
+    @staticmethod
+    def forward(ctx, x, y, w, eps, ignore_index, kind, mean):
+        rows = _call("binary_fwd", _binary_fwd_impl, x, y, w, eps, ignore_index, kind)
+        out = _call("reduce", _reduce_impl, rows, None, y, None, x.shape[1], ignore_index, 0.0, mean,
+                    float(x.shape[1]))
+        ctx.save_for_backward(x, y, w, out[2])
+        ctx.opts = (eps, ignore_index, kind)
+        return out[0]
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y, w, scale = ctx.saved_tensors
+        eps, ignore_index, kind = ctx.opts
+        if _compiling():
+            grad = _OPS["binary_bwd"](x, y, w, g, scale, eps, ignore_index, kind)
+        else:
+            grad = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            _binary_bwd_impl(x, y, w, g, scale, eps, ignore_index, kind, grad)
+        return grad, None, None, None, None, None, None
 
 
 def _prepare(x: Tensor, y: Tensor, weight: Optional[Tensor], shift: Optional[Tensor]):
@@ -646,3 +784,17 @@ def z_loss_rows(x: Tensor, y: Tensor, *, a: float, b: float, eps: float, ignore_
     x, y, _, _ = _prepare(x, y, None, None)
     return _ZLossRows.apply(x, y, float(a), float(b), float(eps), int(ignore_index), reduction != "none",
                             reduction == "mean")
+
+
+BINARY_KINDS = {"bce": 0, "gol": 1}
+
+
+def binary_reduced(x: Tensor, y: Tensor, *, kind: str, reduction: str, weight: Optional[Tensor] = None,
+                   label_smoothing: float = 0.0, ignore_index: int = -100) -> Tensor:
+    """The ``"mean"`` (over the ``C`` elements of every kept row) or ``"sum"`` of an element-wise
+    binary loss (``kind``: ``"bce"``, or ``"gol"`` for the Gumbel loss with its -50 floor) of the
+    logits ``x (M, C)`` against the one-hot labels of the ids ``y (M,)``, smoothed by
+    ``label_smoothing``, each element scaled by ``weight[k]`` (``(C,)``)."""
+    x, y, w, _ = _prepare(x, y, weight, None)
+    return _BinaryReduced.apply(x, y, w, float(label_smoothing), int(ignore_index), BINARY_KINDS[kind],
+                                reduction == "mean")
