@@ -53,7 +53,7 @@ from perf_losses import _quantile, paired_ratio  # noqa: E402
 
 GROUPS = ("logits", "lm_head", "sparse", "configs")
 COLUMNS = ["group", "dtype", "shape", "case", "ms", "q1", "q3", "n", "x_ref", "x_floor", "peak_extra_mb",
-           "rel_err", "error"]
+           "beyond_grads_mb", "rel_err", "error"]
 
 #: (group, ((shape, dtypes), ...)) at full size and with --small (the harness on a CPU)
 SIZES = {
@@ -114,9 +114,9 @@ def _logits_cases(shape, dtype, device) -> List[Case]:
     import losses
 
     b, c = shape
-    g = torch.Generator(device="cpu").manual_seed(0)
-    base = (torch.randn(b, c, generator=g) * 3).to(device, dtype).requires_grad_(True)
-    t = torch.randint(0, c, (b,), generator=g).to(device)
+    g = torch.Generator(device=device).manual_seed(0)
+    base = (torch.randn(b, c, generator=g, device=device) * 3).to(dtype).requires_grad_(True)
+    t = torch.randint(0, c, (b,), generator=g, device=device)
     prior = torch.full((c,), 1.0 / c, device=device)
     counts = torch.arange(1, c + 1, device=device, dtype=torch.float32)
 
@@ -166,10 +166,10 @@ def _lm_head_cases(shape, dtype, device) -> List[Case]:
     import losses
 
     n, h, v = shape
-    g = torch.Generator(device="cpu").manual_seed(0)
-    x0 = (torch.randn(n, h, generator=g) * 0.5).to(device, dtype)
-    w0 = (torch.randn(v, h, generator=g) / h ** 0.5).to(device, dtype)
-    t = torch.randint(0, v, (n,), generator=g).to(device)
+    g = torch.Generator(device=device).manual_seed(0)
+    x0 = (torch.randn(n, h, generator=g, device=device) * 0.5).to(dtype)
+    w0 = (torch.randn(v, h, generator=g, device=device) / h ** 0.5).to(dtype)
+    t = torch.randint(0, v, (n,), generator=g, device=device)
 
     def fresh():
         return x0.clone().requires_grad_(True), w0.clone().requires_grad_(True)
@@ -198,9 +198,9 @@ def _sparse_cases(shape, dtype, device) -> List[Case]:
     import losses
 
     b, c = shape
-    g = torch.Generator(device="cpu").manual_seed(0)
-    base = (torch.randn(b, c, generator=g) * 3).to(device, dtype).requires_grad_(True)
-    t = torch.randint(0, c, (b,), generator=g).to(device)
+    g = torch.Generator(device=device).manual_seed(0)
+    base = (torch.randn(b, c, generator=g, device=device) * 3).to(dtype).requires_grad_(True)
+    t = torch.randint(0, c, (b,), generator=g, device=device)
 
     def fresh():
         base.grad = None
@@ -234,9 +234,9 @@ def _config_cases(shape, dtype, device) -> List[Case]:
     from losses.kernels import triton_rows
 
     b, c = shape
-    g = torch.Generator(device="cpu").manual_seed(0)
-    base = (torch.randn(b, c, generator=g) * 3).to(device, dtype).requires_grad_(True)
-    t = torch.randint(0, c, (b,), generator=g).to(device)
+    g = torch.Generator(device=device).manual_seed(0)
+    base = (torch.randn(b, c, generator=g, device=device) * 3).to(dtype).requires_grad_(True)
+    t = torch.randint(0, c, (b,), generator=g, device=device)
 
     def fresh():
         base.grad = None
@@ -262,6 +262,19 @@ def _config_cases(shape, dtype, device) -> List[Case]:
 BUILDERS = {"logits": _logits_cases, "lm_head": _lm_head_cases, "sparse": _sparse_cases, "configs": _config_cases}
 
 
+def grad_bytes(args) -> int:
+    """Bytes of the gradient buffers the call left on its inputs (a gradient written over its own
+    input's storage, as the in-place options do, is not new memory and does not count)."""
+    import torch
+
+    total = 0
+    for a in args:
+        g = getattr(a, "grad", None) if isinstance(a, torch.Tensor) else None
+        if g is not None and g.data_ptr() != a.data_ptr():
+            total += g.numel() * g.element_size()
+    return total
+
+
 def measure(cases: Sequence[Case], device: str, repeats: int, warmup: int) -> Dict[str, Dict]:
     """Value check, peak extra memory, then interleaved timings of ``cases``."""
     import torch
@@ -281,6 +294,7 @@ def measure(cases: Sequence[Case], device: str, repeats: int, warmup: int) -> Di
             sync()
             if cuda:
                 rec["peak_extra_mb"] = (torch.cuda.max_memory_allocated() - before) / 2 ** 20
+                rec["beyond_grads_mb"] = rec["peak_extra_mb"] - grad_bytes(args) / 2 ** 20
             del args
             if c.reference is not None:
                 got = float(value)
@@ -329,6 +343,7 @@ def run(args: argparse.Namespace) -> List[Dict]:
                         t = r["times"]
                         row = {"group": group, "dtype": dt, "shape": "x".join(map(str, shape)), "case": c.name,
                                "error": r.get("error", ""), "peak_extra_mb": r.get("peak_extra_mb"),
+                               "beyond_grads_mb": r.get("beyond_grads_mb"),
                                "rel_err": r.get("rel_err"), "n": len(t)}
                         if t:
                             row.update(ms=statistics.median(t), q1=_quantile(t, 0.25), q3=_quantile(t, 0.75))
@@ -389,18 +404,21 @@ def write(rows: List[Dict], out: str, meta: Dict) -> None:
              f"{meta.get('warmup')} warm-up), fresh inputs per repetition (untimed). `x ref` / `x floor`: medians "
              "of the per-repetition ratios to the group's anchors (logits: `F.cross_entropy` / a device copy of "
              "the logits; lm_head: the naive bf16 `x @ W.T` + `F.cross_entropy`; sparse: `F.cross_entropy`). "
-             "`peak extra`: peak allocated during one call minus what was allocated before it. `rel err`: the "
+             "`peak extra`: peak allocated during one call minus what was allocated before it; `beyond grads`: "
+             "the same less the gradient buffers left on the inputs (a gradient written over its input's own "
+             "storage is not new memory). `rel err`: the "
              "loss value against its reference (the library's PyTorch path, or `F.cross_entropy`).", ""]
     for group in GROUPS:
         grows = [r for r in rows if r["group"] == group]
         if not grows:
             continue
         lines += [f"## {group}", "", "| dtype | shape | case | ms (median) | q1-q3 | x ref | x floor | peak extra MB "
-                  "| rel err | error |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| beyond grads MB | rel err | error |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in grows:
             lines.append(f"| {r['dtype']} | {r['shape']} | {r['case']} | {_fmt(r.get('ms'), '.3f')} | "
                          f"{_fmt(r.get('q1'), '.3f')}-{_fmt(r.get('q3'), '.3f')} | {_fmt(r.get('x_ref'), '.2f')} | "
                          f"{_fmt(r.get('x_floor'), '.2f')} | {_fmt(r.get('peak_extra_mb'), '.0f')} | "
+                         f"{_fmt(r.get('beyond_grads_mb'), '.0f')} | "
                          f"{_fmt(r.get('rel_err'), '.1e')} | {r.get('error', '')} |")
         lines.append("")
     with open(os.path.join(out, "gpu.md"), "w") as fh:

@@ -347,6 +347,85 @@ def test_binary_losses_outside_the_kernel_take_the_pytorch_path():
 
 
 # ---------------------------------------------------------------------------------------------
+# the LM head: linear cross-entropy
+# ---------------------------------------------------------------------------------------------
+
+LINEAR_OPTIONS = [{}, {"label_smoothing": 0.1}, {"softcap": 3.0}, {"logz_coef": 0.01},
+                  {"label_smoothing": 0.2, "softcap": 2.0}]
+
+
+@pytest.mark.parametrize("kw", LINEAR_OPTIONS, ids=lambda kw: ",".join(kw) or "plain")
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 5e-3), (torch.float16, 5e-4)], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_cross_entropy_matches_float64(kw, dtype, tol, bias):
+    """Chunks of 32 of 70 classes (a ragged last one), one ignored row: the loss and the three
+    gradients against float64 on the same (rounded) inputs; the half-precision chunk logits set the
+    tolerance, as they would for a materialised ``x @ W.T``."""
+    g = torch.Generator().manual_seed(40)
+    n, h, v = 12, 16, 70
+    x = torch.randn(n, h, generator=g).to(dtype)
+    w = (torch.randn(v, h, generator=g) / 4).to(dtype)
+    b = (torch.randn(v, generator=g) / 3).to(dtype) if bias else None
+    y = torch.randint(0, v, (n,), generator=g)
+    y[3] = -100
+    ks = [t.to(DEV).clone().requires_grad_(True) if t is not None else None for t in (x, w, b)]
+    with on_kernel():
+        loss = losses.linear_cross_entropy(ks[0], y.to(DEV), ks[1], bias=ks[2], chunk_size=32, **kw)
+    loss.backward()
+    rs = [t.double().requires_grad_(True) if t is not None else None for t in (x, w, b)]
+    ref = losses.linear_cross_entropy(rs[0], y, rs[1], bias=rs[2], **kw)
+    ref.backward()
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss.cpu().double(), ref, rtol=tol, atol=tol)
+    for k, r in zip(ks, rs):
+        if k is not None:
+            assert k.grad.dtype == dtype
+            torch.testing.assert_close(k.grad.cpu().double(), r.grad, rtol=tol, atol=tol)
+
+
+def test_linear_cross_entropy_reductions_and_ignored_rows():
+    g = torch.Generator().manual_seed(41)
+    x = torch.randn(6, 8, generator=g).bfloat16()
+    w = torch.randn(40, 8, generator=g).bfloat16()
+    y = torch.tensor([1, -100, 39, 0, -100, 7])
+    x[1] = float("nan")  # an ignored row's content never reaches the value or the gradients
+    for reduction in ("mean", "sum", "none"):
+        xk, wk = x.to(DEV).clone().requires_grad_(True), w.to(DEV).clone().requires_grad_(True)
+        with on_kernel(), losses.validation(False):
+            out = losses.linear_cross_entropy(xk, y.to(DEV), wk, reduction=reduction, chunk_size=16)
+        out.sum().backward()
+        keep = y != -100
+        ref = losses.linear_cross_entropy(x[keep].double(), y[keep], w.double(), reduction=reduction)
+        got = out.cpu().double()[keep.to(out.device).cpu()] if reduction == "none" else out.cpu().double()
+        torch.testing.assert_close(got, ref, rtol=5e-3, atol=5e-3)
+        assert torch.isfinite(wk.grad).all() and torch.count_nonzero(xk.grad[~keep.to(DEV)]) == 0
+    xk, wk = x.to(DEV).clone().requires_grad_(True), w.to(DEV).clone().requires_grad_(True)
+    with on_kernel(), losses.validation(False):
+        out = losses.linear_cross_entropy(xk, torch.full((6,), -100, device=DEV), wk)
+    out.backward()
+    assert float(out) == 0.0 and torch.count_nonzero(wk.grad) == 0
+
+
+def test_linear_cross_entropy_float32_keeps_its_path():
+    """float32 (or mixed) inputs keep the float32 chunked path: the GPU path is for half precision."""
+    from losses.kernels import triton_linear
+
+    calls = []
+    real = triton_linear.linear_cross_entropy_rows
+    x, w, y = torch.randn(4, 8, device=DEV), torch.randn(10, 8, device=DEV), torch.tensor([1, 2, 3, 4], device=DEV)
+    try:
+        triton_linear.linear_cross_entropy_rows = lambda *a, **k: calls.append(1) or real(*a, **k)
+        with on_kernel():
+            losses.linear_cross_entropy(x, y, w)
+            losses.linear_cross_entropy(x.bfloat16(), y, w)
+            assert calls == []
+            losses.linear_cross_entropy(x.bfloat16(), y, w.bfloat16())
+            assert calls == [1]
+    finally:
+        triton_linear.linear_cross_entropy_rows = real
+
+
+# ---------------------------------------------------------------------------------------------
 # Z-loss
 # ---------------------------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from .._core import no_autocast
 from .._precision import matmul
 from .._registry import id_unit_weights, register
 from .._softcap import apply_softcap, check_softcap
+from .. import kernels
 
 __all__ = ["linear_cross_entropy", "LinearCrossEntropyLoss"]
 
@@ -196,6 +197,16 @@ def linear_cross_entropy(
     ``c * tanh(z_ik / c)`` before the softmax, the label-smoothing mean and the log-Z penalty
     (final-logit soft-capping, Gemma 2, arXiv:2408.00118), chunk by chunk as well.
 
+    **On a GPU** (CUDA ``embeddings`` and ``weight`` in one dtype, bfloat16 or float16) the head
+    takes its GPU path (``losses/kernels/triton_linear.py``; ``LOSSES_TRITON=0`` switches it off):
+    the chunk logits are half-precision matmuls on the tensor cores (float32 accumulation, the chunk
+    kept in the input dtype, as ``embeddings @ weight.T`` would be), one Triton pass per chunk folds
+    them into float32 row statistics, and the backward writes each chunk's ``weight`` gradient once
+    (float32 accumulation over all rows inside the matmul) and accumulates the ``embeddings``
+    gradient in float32: four ``N x D x C`` matmuls in all, one ``N x chunk`` block and an
+    ``N x D`` float32 buffer of extra memory, no ``N x C`` logits. ``chunk_size=None`` there means
+    about 64 MiB of logits per chunk.
+
     The chunked online softmax follows the memory-efficient cross-entropy used for large
     vocabularies (e.g. M. Wijmans et al., *Cut Your Losses in Large-Vocabulary Language Models*,
     ICLR 2025, arXiv:2411.09009); the maths is plain softmax cross-entropy.
@@ -242,6 +253,18 @@ def linear_cross_entropy(
     dtype = compute_dtype(embeddings, weight, bias)
     chunk = min(c, chunk_size if chunk_size is not None else _default_chunk_size(embeddings.shape[0], c))
     valid = target != ignore_index
+    if (embeddings.dtype in (torch.bfloat16, torch.float16) and weight.dtype == embeddings.dtype
+            and weight.device == embeddings.device and kernels.use_triton(embeddings)):
+        # the GPU path: half-precision matmuls on the tensor cores, Triton passes over each chunk,
+        # float32 statistics and gradient accumulation (losses/kernels/triton_linear.py)
+        from ..kernels import triton_linear
+
+        k = triton_linear.chunk_columns(embeddings.shape[0], c, embeddings.element_size(), chunk_size)
+        with no_autocast(embeddings, weight):
+            values = triton_linear.linear_cross_entropy_rows(
+                drop_rows(embeddings, valid), weight, bias, target.long(), chunk=k, softcap=cap,
+                label_smoothing=float(label_smoothing), logz_coef=float(logz_coef), ignore_index=ignore_index)
+            return reduce_loss(values, valid.to(torch.float32), reduction)
     with no_autocast(embeddings, weight):  # logits in float32 (or float64) under autocast too
         values = _LinearCrossEntropy.apply(drop_rows(embeddings, valid), weight, bias, target.long(), valid, chunk,
                                            float(label_smoothing), float(logz_coef), dtype, cap)
