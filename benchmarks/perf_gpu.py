@@ -65,7 +65,7 @@ SIZES = {
     "configs": ([((8192, 128256), ("bf16", "fp32")), ((256, 100000), ("fp32",))], [((16, 300), ("fp32",))]),
 }
 #: group "configs": the row kernels' (BLOCK, num_warps) tried on cross-entropy (default: the heuristic)
-CONFIGS = ((2048, 4), (4096, 8), (8192, 8), (8192, 16), (16384, 16), (16384, 32), (32768, 32))
+CONFIGS = ((4096, 8), (8192, 8), (8192, 16), (16384, 16), (16384, 32))
 #: each group's anchors: the ratio columns x_ref and x_floor
 ANCHORS = {"logits": ("F.cross_entropy", "copy"), "lm_head": ("naive bf16", None),
            "sparse": ("F.cross_entropy", None), "configs": ("heuristic", None)}
@@ -177,8 +177,26 @@ def _lm_head_cases(shape, dtype, device) -> List[Case]:
     def ref():
         return float(F.cross_entropy((x0.float() @ w0.float().T), t))
 
+    from losses.kernels import triton_linear
+
+    k2 = 2 * triton_linear.chunk_columns(n, v, x0.element_size())
+
+    def matmuls(count):
+        def run(x, w):
+            with torch.no_grad():
+                z = x @ w.T
+                if count == 4:
+                    z = x @ w.T
+                z.T @ x
+                z @ w
+        return run
+
     cases = [Case("naive bf16", fresh, lambda x, w: F.cross_entropy(x @ w.T, t), ref),
-             Case("linear_cross_entropy", fresh, lambda x, w: losses.linear_cross_entropy(x, t, w), ref)]
+             Case("linear_cross_entropy", fresh, lambda x, w: losses.linear_cross_entropy(x, t, w), ref),
+             Case("linear_cross_entropy, chunks x2", fresh,
+                  lambda x, w: losses.linear_cross_entropy(x, t, w, chunk_size=k2), ref),
+             Case("bound: 3 bf16 matmuls (the naive path's)", fresh, matmuls(3), backward=False),
+             Case("bound: 4 bf16 matmuls (no stored logits)", fresh, matmuls(4), backward=False)]
     liger = _peer("liger_kernel.transformers")
     if liger is not None:
         flce = liger.LigerFusedLinearCrossEntropyLoss()
@@ -242,20 +260,26 @@ def _config_cases(shape, dtype, device) -> List[Case]:
         base.grad = None
         return (base.detach().clone().requires_grad_(True),)
 
-    def with_config(cfg):
+    def with_config(cfg, vec, backward=True):
         def run(x):
-            before = triton_rows.override_config
-            triton_rows.override_config = cfg
+            before = triton_rows.override_config, triton_rows.vector_sums
+            triton_rows.override_config, triton_rows.vector_sums = cfg, vec
             try:
                 loss = losses.cross_entropy_loss(x, t)
-                loss.backward()
+                if backward:
+                    loss.backward()
             finally:
-                triton_rows.override_config = before
+                triton_rows.override_config, triton_rows.vector_sums = before
             return loss
         return run
 
-    cases = [Case("heuristic", fresh, with_config(None), backward=False)]
-    cases += [Case(f"BLOCK={blk} warps={w}", fresh, with_config((blk, w)), backward=False) for blk, w in CONFIGS]
+    cases = [Case("heuristic", fresh, with_config(None, False), backward=False),
+             Case("heuristic, forward only", fresh, with_config(None, False, False), backward=False),
+             Case("heuristic + vector sums", fresh, with_config(None, True), backward=False),
+             Case("heuristic + vector sums, forward only", fresh, with_config(None, True, False), backward=False)]
+    for vec in (False, True):
+        cases += [Case(f"BLOCK={blk} warps={w}{' + vector sums' if vec else ''}", fresh, with_config((blk, w), vec),
+                       backward=False) for blk, w in CONFIGS]
     return cases
 
 

@@ -39,15 +39,18 @@ DTYPES = {"fp32": (torch.float32, 2e-5, 2e-5), "bf16": (torch.bfloat16, 2e-5, 1e
 
 
 @contextlib.contextmanager
-def on_kernel(block=None):
-    """The kernel path for the calls inside (interpreted on CPU), with an optional block size."""
-    previous = triton_rows.override_config
+def on_kernel(block=None, vector_sums=None):
+    """The kernel path for the calls inside (interpreted on CPU), with an optional block size and
+    choice of the softmax forward's accumulators."""
+    previous = triton_rows.override_config, triton_rows.vector_sums
     triton_rows.override_config = None if block is None else (block, 4)
+    if vector_sums is not None:
+        triton_rows.vector_sums = vector_sums
     try:
         with kernels.interpret(not CUDA):
             yield
     finally:
-        triton_rows.override_config = previous
+        triton_rows.override_config, triton_rows.vector_sums = previous
 
 
 def _logits(m, c, dtype, seed=0, scale=3.0, extra=()):
@@ -104,6 +107,23 @@ def test_cross_entropy_matches_float64(dtype, reduction, block):
     x = _logits(6, 77, dt)
     y = _target(6, 77, ignored=(2,))
     _compare(losses.cross_entropy_loss, x, dt, vt, gt, block, target=y, reduction=reduction)
+
+
+@pytest.mark.parametrize("vector_sums", [False, True])
+def test_both_forward_accumulators_agree(vector_sums):
+    x = _logits(6, 100, torch.float32, seed=60)
+    x[0, 50:] = -math.inf
+    x[1, 0] = 60.0  # a confident row: the non-target mass keeps its precision either way
+    y = _target(6, 100, seed=61, ignored=(3,))
+    xk = x.float().to(DEV).requires_grad_(True)
+    with on_kernel(32, vector_sums):
+        v = losses.cross_entropy_with_logz_penalty(xk, y.to(DEV), coef=0.1, reduction="none")
+    v.sum().backward()
+    xr = x.clone().requires_grad_(True)
+    r = losses.cross_entropy_with_logz_penalty(xr, y, coef=0.1, reduction="none")
+    r.sum().backward()
+    torch.testing.assert_close(v.detach().cpu().double(), r.detach(), rtol=2e-6, atol=1e-7)
+    torch.testing.assert_close(xk.grad.cpu().double(), xr.grad, rtol=2e-5, atol=2e-6)
 
 
 @pytest.mark.parametrize("block", [None, 32])
@@ -347,6 +367,45 @@ def test_binary_losses_outside_the_kernel_take_the_pytorch_path():
 
 
 # ---------------------------------------------------------------------------------------------
+# sparsemax and entmax-1.5 (Fenchel-Young losses of class ids)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["sparsemax_loss", "entmax15_loss"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_sparse_losses_match_float64(name, reduction, dtype):
+    dt, vt, gt = DTYPES[dtype]
+    x = _logits(7, 300, dt, seed=50, scale=1.5)
+    x[1, 5:40] = -math.inf  # masks
+    x[2, :] = 0.0  # a uniform row: every class in the support
+    x[2, 9] = 3.0  # ... then a one-hot one: the loss 0 at the target
+    y = _target(7, 300, seed=51, ignored=(4,))
+    y[2] = 9
+    fn = getattr(losses, name)
+    _compare(fn, x.to(dt).double(), dt, 2e-5 if dtype == "fp32" else 1e-4, gt, None, target=y, reduction=reduction)
+
+
+def test_sparse_losses_ties_and_masked_targets():
+    x = torch.zeros(3, 17, dtype=torch.float64)
+    x[0, :4] = 1.0  # four tied maxima
+    x[1] = torch.linspace(-2, 2, 17, dtype=torch.float64)
+    x[2, 3] = -math.inf
+    y = torch.tensor([0, 16, 3])
+    for name in ("sparsemax_loss", "entmax15_loss"):
+        _compare(getattr(losses, name), x, torch.float32, 2e-5, 2e-5, None, target=y, reduction="none")
+
+
+def test_sparse_losses_wider_than_the_kernel_take_the_pytorch_path(monkeypatch):
+    monkeypatch.setattr(sys.modules["losses.classification.sparsemax"], "_FY_MAX", 16)
+    x = _logits(3, 40, torch.float32, seed=52).float()
+    y = torch.tensor([1, 2, 3])
+    with on_kernel():
+        got = losses.sparsemax_loss(x.to(DEV), y.to(DEV))
+    torch.testing.assert_close(got.cpu(), losses.sparsemax_loss(x, y))
+
+
+# ---------------------------------------------------------------------------------------------
 # the LM head: linear cross-entropy
 # ---------------------------------------------------------------------------------------------
 
@@ -504,7 +563,8 @@ def test_compiled_step_goes_through_the_custom_operators():
     def step(x, y):
         loss, pen = losses.cross_entropy_with_logz_penalty(x, y, coef=1e-2, return_penalty=True)
         return (loss + losses.z_loss(x, y) + losses.cross_entropy_loss(x, y, label_smoothing=0.1)
-                + losses.focal_loss(x, y) + losses.gumbel_bce_loss(x, y) + losses.cross_entropy_loss(x, y, reduction="none").sum())
+                + losses.focal_loss(x, y) + losses.gumbel_bce_loss(x, y) + losses.cross_entropy_loss(x, y, reduction="none").sum()
+                + losses.sparsemax_loss(x, y) + losses.entmax15_loss(x, y, reduction="sum"))
 
     xk = x.clone().requires_grad_(True)
     xe = x.clone().requires_grad_(True)

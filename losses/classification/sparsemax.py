@@ -50,7 +50,8 @@ from .._core import (
 )
 from .._registry import N_EXAMPLE, C_EXAMPLE, position_unit_weights, register
 from ._entmax_ops import EntmaxBisectFunction, ExactEntmaxFunction, FYLossFunction
-from ._targets import fused_divisor
+from .. import kernels
+from ._targets import fused_divisor, kernel_result, kernel_rows
 
 __all__ = [
     "sparsemax",
@@ -319,6 +320,9 @@ def _alpha_rows_loss(fn: str, alpha: AlphaLike, input: Tensor, out_shape: tuple,
     return a.reshape(-1, 1)
 
 
+#: the widest rows the GPU kernel of the exact losses takes (one row in registers)
+_FY_MAX = 32768
+
 def _fy_loss(
     fn: str,
     kind: str,
@@ -354,6 +358,13 @@ def _fy_loss(
         z2 = move_class_dim_last(upcast(input, dtype))
         q2 = move_class_dim_last(upcast(target, dtype))
         y2, weights = None, None
+    elif kind != "bisect" and dtype == torch.float32 and c <= _FY_MAX and kernels.use_triton(input):
+        # one fused row kernel (losses/kernels/triton_rows.py): the row in registers, the exact
+        # threshold by bisection and the support's closed form, the gradient p* - e_y
+        x2d, ids, _ = kernel_rows(fn, input, target, ignore_index)
+        out = kernels.triton_rows_module().fenchel_young_rows(x2d, ids, entmax=kind == "entmax15", reduction=reduction,
+                                                              ignore_index=ignore_index)
+        return kernel_result(out, out_shape, reduction)
     else:
         _, t2, _ = flatten_logits_and_target(fn, input, target)
         check_ids_in_range(fn, target, c, ignore_index)

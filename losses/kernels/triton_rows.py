@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 
-__all__ = ["softmax_rows", "softmax_reduced", "z_loss_rows", "binary_reduced"]
+__all__ = ["softmax_rows", "softmax_reduced", "z_loss_rows", "binary_reduced", "fenchel_young_rows"]
 
 
 # --------------------------------------------------------------------------------------
@@ -70,7 +70,7 @@ def _expm1(v):
 
 def _softmax_fwd(X, stride_x, Y, W, SHIFT, LOSS, LSE, AUX, C, ignore_index, cap, eps, hyper,
                  HAS_W: tl.constexpr, HAS_SHIFT: tl.constexpr, HAS_CAP: tl.constexpr, SMOOTH: tl.constexpr,
-                 MODE: tl.constexpr, BLOCK: tl.constexpr):
+                 MODE: tl.constexpr, VEC: tl.constexpr, BLOCK: tl.constexpr):
     # AUX (M, 3): the non-target probability mass, then W / n and 1 / n (smoothing) or the row's
     # gradient factor f'(ce) (MODE 1 comp-sum, 2 focal)
     row = tl.program_id(0).to(tl.int64)
@@ -93,6 +93,8 @@ def _softmax_fwd(X, stride_x, Y, W, SHIFT, LOSS, LSE, AUX, C, ignore_index, cap,
     m = -float("inf")
     s = 0.0
     so = 0.0  # the same sum without the target: ce and the target's gradient without cancellation
+    s_v = tl.zeros([BLOCK], dtype=tl.float32)
+    so_v = tl.zeros([BLOCK], dtype=tl.float32)
     wx = 0.0
     wsum = 0.0
     nfin = 0.0
@@ -109,8 +111,12 @@ def _softmax_fwd(X, stride_x, Y, W, SHIFT, LOSS, LSE, AUX, C, ignore_index, cap,
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
         r = tl.exp(m - m_safe)
         e = tl.exp(x - m_safe)
-        s = s * r + tl.sum(e, 0)
-        so = so * r + tl.sum(tl.where(cols == y, 0.0, e), 0)
+        if VEC:  # per-lane sums, rescaled by the block's scalar factor: one reduction per block
+            s_v = s_v * r + e
+            so_v = so_v * r + tl.where(cols == y, 0.0, e)
+        else:
+            s = s * r + tl.sum(e, 0)
+            so = so * r + tl.sum(tl.where(cols == y, 0.0, e), 0)
         m = m_new
         if SMOOTH:
             fin = x > -float("inf")
@@ -121,6 +127,9 @@ def _softmax_fwd(X, stride_x, Y, W, SHIFT, LOSS, LSE, AUX, C, ignore_index, cap,
             wx += tl.sum(w * tl.where(fin, x, 0.0), 0)
             wsum += tl.sum(tl.where(fin, w, 0.0), 0)
             nfin += tl.sum(tl.where(fin, 1.0, 0.0), 0)
+    if VEC:
+        s = tl.sum(s_v, 0)
+        so = tl.sum(so_v, 0)
     m0 = tl.where(m == -float("inf"), 0.0, m)
     lse = m0 + tl.log(s)
     # ce = -log p_y = log(1 + u), u = exp(log so + m - x_y): exact as p_y -> 1 (u tiny)
@@ -357,6 +366,88 @@ def _binary_bwd(X, stride_x, Y, W, G, SCALE, OUT, stride_o, C, ignore_index, eps
         tl.store(o_row + cols, (g * d).to(OUT.dtype.element_ty), mask=inside)
 
 
+def _fy_fwd(X, stride_x, Y, LOSS, STATS, C, ignore_index, ENTMAX: tl.constexpr, ITERS: tl.constexpr,
+            BLOCK: tl.constexpr):
+    # the Fenchel-Young loss of sparsemax (ENTMAX False) or entmax-1.5 for class ids, one row in
+    # registers (C <= BLOCK). Shifted scores z' = z - max; x = z' (sparsemax) or z'/2 (entmax-1.5);
+    # the threshold tau in [-1, 0] solves sum [x - tau]_+^k = 1 (k = 1, 2): ITERS bisection steps
+    # (to float32 resolution), then the closed form on {x > tau_lo}. STATS (M, 2): max, tau.
+    row = tl.program_id(0).to(tl.int64)
+    y = tl.load(Y + row).to(tl.int64)
+    if y == ignore_index:
+        tl.store(LOSS + row, 0.0)
+        tl.store(STATS + row * 2, 0.0)
+        tl.store(STATS + row * 2 + 1, 0.0)
+        return
+    cols = tl.arange(0, BLOCK)
+    z = tl.load(X + row * stride_x + cols, mask=cols < C, other=-float("inf")).to(tl.float32)
+    m = tl.max(z, 0)
+    m = tl.where(m == -float("inf"), 0.0, m)
+    zs = z - m
+    if ENTMAX:
+        x = zs * 0.5
+    else:
+        x = zs
+    lo = -1.0
+    hi = 0.0
+    for _ in range(ITERS):
+        mid = 0.5 * (lo + hi)
+        d = tl.maximum(x - mid, 0.0)
+        if ENTMAX:
+            f = tl.sum(d * d, 0)
+        else:
+            f = tl.sum(d, 0)
+        above = f > 1.0
+        lo = tl.where(above, mid, lo)
+        hi = tl.where(above, hi, mid)
+    sup = x > lo
+    n = tl.maximum(tl.sum(tl.where(sup, 1.0, 0.0), 0), 1.0)
+    s1 = tl.sum(tl.where(sup, x, 0.0), 0)
+    if ENTMAX:
+        mean = s1 / n
+        dev = tl.where(sup, x - mean, 0.0)
+        tau = mean - tl.sqrt(tl.maximum(1.0 - tl.sum(dev * dev, 0), 0.0) / n)
+    else:
+        tau = (s1 - 1.0) / n
+    tau = tl.minimum(tl.maximum(tau, lo), hi)
+    d = tl.maximum(x - tau, 0.0)
+    zy = tl.sum(tl.where(cols == y, zs, 0.0), 0)
+    if ENTMAX:
+        p = d * d
+        omega = 2.0 * (tau * tl.sum(p, 0) + 1.0) + (2.0 / 3.0) * (tl.sum(p * d, 0) - 1.0)
+    else:
+        omega = (tau * tl.sum(d, 0) + 1.0) + 0.5 * (tl.sum(d * d, 0) - 1.0)
+    tl.store(LOSS + row, tl.maximum(omega - zy, 0.0))
+    tl.store(STATS + row * 2, m)
+    tl.store(STATS + row * 2 + 1, tau)
+
+
+def _fy_bwd(X, stride_x, Y, STATS, G, stride_g, SCALE, OUT, stride_o, C, ignore_index, ENTMAX: tl.constexpr,
+            REDUCED: tl.constexpr, BLOCK: tl.constexpr):
+    # dL/dz = g (p* - e_y), p* from the saved max and threshold
+    row = tl.program_id(0).to(tl.int64)
+    y = tl.load(Y + row).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    inside = cols < C
+    o_row = OUT + row * stride_o
+    if y == ignore_index:
+        tl.store(o_row + cols, tl.zeros([BLOCK], dtype=tl.float32).to(OUT.dtype.element_ty), mask=inside)
+        return
+    g = tl.load(G + row * stride_g).to(tl.float32)
+    if REDUCED:
+        g = g * tl.load(SCALE)
+    z = tl.load(X + row * stride_x + cols, mask=inside, other=-float("inf")).to(tl.float32)
+    zs = z - tl.load(STATS + row * 2)
+    tau = tl.load(STATS + row * 2 + 1)
+    if ENTMAX:
+        d = tl.maximum(zs * 0.5 - tau, 0.0)
+        p = d * d
+    else:
+        p = tl.maximum(zs - tau, 0.0)
+    grad = g * (p - tl.where(cols == y, 1.0, 0.0))
+    tl.store(o_row + cols, grad.to(OUT.dtype.element_ty), mask=inside)
+
+
 def _reduce(LOSS, LSE, Y, W, OUT, M, C, ignore_index, coef, units, MEAN: tl.constexpr, HAS_W: tl.constexpr,
             HAS_PEN: tl.constexpr, BLOCK: tl.constexpr):
     # one program: OUT = [(sum of row losses + coef sum lse^2) * scale, coef sum lse^2 * scale, scale]
@@ -391,7 +482,7 @@ def _reduce(LOSS, LSE, Y, W, OUT, M, C, ignore_index, coef, units, MEAN: tl.cons
 
 
 _RAW = {"softmax_fwd": _softmax_fwd, "softmax_bwd": _softmax_bwd, "zloss_fwd": _zloss_fwd, "zloss_bwd": _zloss_bwd,
-        "reduce": _reduce, "binary_fwd": _binary_fwd, "binary_bwd": _binary_bwd}
+        "reduce": _reduce, "binary_fwd": _binary_fwd, "binary_bwd": _binary_bwd, "fy_fwd": _fy_fwd, "fy_bwd": _fy_bwd}
 _JIT: dict = {}
 
 
@@ -420,15 +511,20 @@ def _config(c: int, itemsize: int) -> Tuple[int, int]:
 
 #: set by benchmarks to try other block sizes: ``(BLOCK, num_warps)`` or None (the heuristic)
 override_config: Optional[Tuple[int, int]] = None
+#: the softmax forward keeps per-lane sums (one block reduction per block instead of three);
+#: benchmarks/perf_gpu.py's configs group times both
+vector_sums = False
 _DUMMY: dict = {}
 
 
-def _launch(name: str, x: Tensor, grid_rows: int, *args, block: Optional[int] = None, **meta) -> None:
+def _launch(name: str, x: Tensor, grid_rows: int, *args, block: Optional[int] = None, warps: int = 4,
+            **meta) -> None:
     if grid_rows == 0 and name != "reduce":
         return
-    blk, warps = override_config or _config(x.shape[1], x.element_size())
     if block is not None:
-        blk, warps = block, 4
+        blk = block
+    else:
+        blk, warps = override_config or _config(x.shape[1], x.element_size())
     kern = _kernel(name)
     if x.device.type == "cpu":  # Triton's interpreter (losses.kernels.interpret())
         kern[(max(grid_rows, 1),)](*args, BLOCK=blk, **meta)
@@ -468,7 +564,7 @@ def _softmax_fwd_impl(x: Tensor, y: Tensor, w: Optional[Tensor], shift: Optional
     aux = torch.empty((m, 3), dtype=torch.float32, device=x.device)
     _launch("softmax_fwd", x, m, x, x.stride(0), y, _opt(w, x), _opt(shift, x), loss, lse, aux, c, ignore_index,
             float(cap), float(eps), float(hyper), HAS_W=w is not None, HAS_SHIFT=shift is not None, HAS_CAP=cap > 0,
-            SMOOTH=eps > 0, MODE=mode)
+            SMOOTH=eps > 0, MODE=mode, VEC=vector_sums)
     return loss, lse, aux
 
 
@@ -483,6 +579,34 @@ def _reduce_impl(loss: Tensor, lse: Optional[Tensor], y: Tensor, w: Optional[Ten
             float(coef), float(units), block=block, MEAN=mean, HAS_W=w is not None,
             HAS_PEN=lse is not None and coef > 0)
     return out
+
+
+#: the widest row the Fenchel-Young kernel holds in registers (C <= this; the losses' own check
+#: is ``losses.classification.sparsemax._FY_MAX``)
+FY_MAX_CLASSES = 32768
+
+
+def _fy_block(c: int) -> Tuple[int, int]:
+    blk = max(16, triton.next_power_of_2(max(c, 1)))
+    return blk, max(4, min(32, blk // 1024))
+
+
+def _fy_fwd_impl(x: Tensor, y: Tensor, entmax: bool, ignore_index: int) -> Tuple[Tensor, Tensor]:
+    m, c = x.shape
+    loss = torch.empty(m, dtype=torch.float32, device=x.device)
+    stats = torch.empty(m, 2, dtype=torch.float32, device=x.device)
+    blk, warps = _fy_block(c)
+    _launch("fy_fwd", x, m, x, x.stride(0), y, loss, stats, c, ignore_index, block=blk, warps=warps, ENTMAX=entmax,
+            ITERS=30)
+    return loss, stats
+
+
+def _fy_bwd_impl(x: Tensor, y: Tensor, stats: Tensor, g: Tensor, scale: Optional[Tensor], entmax: bool,
+                 ignore_index: int, out: Tensor) -> None:
+    m, c = x.shape
+    blk, warps = _fy_block(c)
+    _launch("fy_bwd", x, m, x, x.stride(0), y, stats, g, 0 if g.dim() == 0 else g.stride(0), _opt(scale, x), out,
+            out.stride(0), c, ignore_index, block=blk, warps=warps, ENTMAX=entmax, REDUCED=scale is not None)
 
 
 def _binary_fwd_impl(x: Tensor, y: Tensor, w: Optional[Tensor], eps: float, ignore_index: int, kind: int) -> Tensor:
@@ -611,7 +735,26 @@ def _ops() -> dict:
     def _(x, y, stats, g, scale, ignore_index):
         return torch.empty_like(x, memory_format=torch.contiguous_format)
 
-    _OPS.update(binary_fwd=binary_rows_fwd, binary_bwd=binary_rows_bwd)
+    @lib.custom_op("losses::fy_rows_fwd", mutates_args=())
+    def fy_rows_fwd(x: Tensor, y: Tensor, entmax: bool, ignore_index: int) -> Tuple[Tensor, Tensor]:
+        return _fy_fwd_impl(x, y, entmax, ignore_index)
+
+    @fy_rows_fwd.register_fake
+    def _(x, y, entmax, ignore_index):
+        return x.new_empty(x.shape[0], dtype=f32), x.new_empty((x.shape[0], 2), dtype=f32)
+
+    @lib.custom_op("losses::fy_rows_bwd", mutates_args=())
+    def fy_rows_bwd(x: Tensor, y: Tensor, stats: Tensor, g: Tensor, scale: Optional[Tensor], entmax: bool,
+                    ignore_index: int) -> Tensor:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        _fy_bwd_impl(x, y, stats, g, scale, entmax, ignore_index, out)
+        return out
+
+    @fy_rows_bwd.register_fake
+    def _(x, y, stats, g, scale, entmax, ignore_index):
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+    _OPS.update(binary_fwd=binary_rows_fwd, binary_bwd=binary_rows_bwd, fy_fwd=fy_rows_fwd, fy_bwd=fy_rows_bwd)
     _OPS.update(softmax_fwd=softmax_rows_fwd, reduce=rows_reduce, softmax_bwd=softmax_rows_bwd,
                 zloss_fwd=z_loss_rows_fwd, zloss_bwd=z_loss_rows_bwd)
     return _OPS
@@ -657,6 +800,7 @@ class _SoftmaxRows(torch.autograd.Function):
         loss, lse, aux = _call("softmax_fwd", _softmax_fwd_impl, x, y, w, shift, cap, eps, ignore_index, mode, hyper)
         ctx.save_for_backward(x, y, w, shift, lse, aux)
         ctx.opts = opts
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zeros launched
         return loss, lse
 
     @staticmethod
@@ -676,6 +820,7 @@ class _SoftmaxReduced(torch.autograd.Function):
         out = _call("reduce", _reduce_impl, rows, lse, y, w, x.shape[1], ignore_index, coef, mean, 1.0)
         ctx.save_for_backward(x, y, w, shift, lse, aux, out[2])
         ctx.opts = opts
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zeros launched
         return out[0], out[1]
 
     @staticmethod
@@ -730,6 +875,32 @@ class _BinaryReduced(torch.autograd.Function):
             grad = torch.empty(x.shape, dtype=x.dtype, device=x.device)
             _binary_bwd_impl(x, y, w, g, scale, eps, ignore_index, kind, grad)
         return grad, None, None, None, None, None, None
+
+
+class _FYRows(torch.autograd.Function):
+    """Sparsemax / entmax-1.5 Fenchel-Young losses of ids: per row, or reduced by one more launch."""
+
+    @staticmethod
+    def forward(ctx, x, y, entmax, ignore_index, reduce, mean):
+        rows, stats = _call("fy_fwd", _fy_fwd_impl, x, y, entmax, ignore_index)
+        scale = None
+        if reduce:
+            out = _call("reduce", _reduce_impl, rows, None, y, None, x.shape[1], ignore_index, 0.0, mean, 1.0)
+            rows, scale = out[0], out[2]
+        ctx.save_for_backward(x, y, stats, scale)
+        ctx.opts = (entmax, ignore_index)
+        return rows
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y, stats, scale = ctx.saved_tensors
+        entmax, ignore_index = ctx.opts
+        if _compiling():
+            grad = _OPS["fy_bwd"](x, y, stats, g, scale, entmax, ignore_index)
+        else:
+            grad = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            _fy_bwd_impl(x, y, stats, g.contiguous() if g.dim() else g, scale, entmax, ignore_index, grad)
+        return grad, None, None, None, None, None
 
 
 def _prepare(x: Tensor, y: Tensor, weight: Optional[Tensor], shift: Optional[Tensor]):
@@ -798,3 +969,11 @@ def binary_reduced(x: Tensor, y: Tensor, *, kind: str, reduction: str, weight: O
     x, y, w, _ = _prepare(x, y, weight, None)
     return _BinaryReduced.apply(x, y, w, float(label_smoothing), int(ignore_index), BINARY_KINDS[kind],
                                 reduction == "mean")
+
+
+def fenchel_young_rows(x: Tensor, y: Tensor, *, entmax: bool, reduction: str, ignore_index: int = -100) -> Tensor:
+    """The sparsemax (``entmax=False``) or entmax-1.5 Fenchel-Young loss of ``x (M, C)`` (``C <=``
+    :data:`FY_MAX_CLASSES`) against the ids ``y (M,)``: per row (float32, 0 on ignored rows) for
+    ``"none"``, else their sum or mean over the kept rows. Gradient ``p* - e_y``."""
+    x, y, _, _ = _prepare(x, y, None, None)
+    return _FYRows.apply(x, y, bool(entmax), int(ignore_index), reduction != "none", reduction == "mean")
