@@ -107,6 +107,22 @@ class Case:
         return out
 
 
+def _logit_inputs(b: int, c: int, dtype, device):
+    """``(base, target, fresh)``: seeded logits ``(b, c)`` (scale 3) and ids on ``device``, and the
+    setup that hands each call a fresh leaf copy of the logits."""
+    import torch
+
+    g = torch.Generator(device=device).manual_seed(0)
+    base = (torch.randn(b, c, generator=g, device=device) * 3).to(dtype).requires_grad_(True)
+    t = torch.randint(0, c, (b,), generator=g, device=device)
+
+    def fresh():
+        base.grad = None
+        return (base.detach().clone().requires_grad_(True),)
+
+    return base, t, fresh
+
+
 def _logits_cases(shape, dtype, device) -> List[Case]:
     import torch
     import torch.nn.functional as F
@@ -216,13 +232,7 @@ def _sparse_cases(shape, dtype, device) -> List[Case]:
     import losses
 
     b, c = shape
-    g = torch.Generator(device=device).manual_seed(0)
-    base = (torch.randn(b, c, generator=g, device=device) * 3).to(dtype).requires_grad_(True)
-    t = torch.randint(0, c, (b,), generator=g, device=device)
-
-    def fresh():
-        base.grad = None
-        return (base.detach().clone().requires_grad_(True),)
+    base, t, fresh = _logit_inputs(b, c, dtype, device)
 
     cases = [Case("F.cross_entropy", fresh, lambda x: F.cross_entropy(x, t),
                   lambda: float(F.cross_entropy(base.detach().float(), t)))]
@@ -252,13 +262,7 @@ def _config_cases(shape, dtype, device) -> List[Case]:
     from losses.kernels import triton_rows
 
     b, c = shape
-    g = torch.Generator(device=device).manual_seed(0)
-    base = (torch.randn(b, c, generator=g, device=device) * 3).to(dtype).requires_grad_(True)
-    t = torch.randint(0, c, (b,), generator=g, device=device)
-
-    def fresh():
-        base.grad = None
-        return (base.detach().clone().requires_grad_(True),)
+    base, t, fresh = _logit_inputs(b, c, dtype, device)
 
     def with_config(cfg, vec, backward=True):
         def run(x):

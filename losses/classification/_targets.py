@@ -122,6 +122,19 @@ def row_max_logsum(x: Tensor) -> Tuple[Tensor, Tensor]:
     return m, s.log()
 
 
+def _checked_rows(fn: str, input: Tensor, target: Tensor, ignore_index: int, softmax: bool):
+    """The shape, class-count and id-range checks of the position-level losses, then ``input`` as
+    ``(M, C)``, ``target`` as ``(M,)`` and the positions' shape."""
+    x2d, t, out_shape = flatten_logits_and_target(fn, input, target)
+    c = input.shape[1]
+    if c < 1:
+        raise value_error(fn, "input needs at least one class", f"C={c}", "pass logits with C >= 1")
+    if softmax:
+        check_softmax_classes(fn, c)
+    check_ids_in_range(fn, target, c, ignore_index)
+    return x2d, t, out_shape
+
+
 def class_ids(fn: str, input: Tensor, target: Tensor, ignore_index: int, *, softmax: bool = True,
               none_if_all_kept: bool = False):
     """Shape checks, flattening and safe ids shared by the position-level losses.
@@ -132,13 +145,7 @@ def class_ids(fn: str, input: Tensor, target: Tensor, ignore_index: int, *, soft
     ``none_if_all_kept``: ``valid`` is ``None`` when no position is ignored and that is known on
     the host (:func:`losses._core.all_kept`: CPU, eager), and the ids are then used as they are.
     """
-    x2d, t, out_shape = flatten_logits_and_target(fn, input, target)
-    c = input.shape[1]
-    if c < 1:
-        raise value_error(fn, "input needs at least one class", f"C={c}", "pass logits with C >= 1")
-    if softmax:
-        check_softmax_classes(fn, c)
-    check_ids_in_range(fn, target, c, ignore_index)
+    x2d, t, out_shape = _checked_rows(fn, input, target, ignore_index, softmax)
     valid = t != ignore_index
     if none_if_all_kept and all_kept(valid):
         return x2d, t.long(), None, out_shape
@@ -153,13 +160,7 @@ def kernel_rows(fn: str, input: Tensor, target: Tensor, ignore_index: int, *, so
     built (the kernel reads ``ignore_index`` itself). The data checks run as they do on the
     PyTorch path: ``-inf`` as masks (``check_masked_logits``), or every logit finite when
     ``finite_hint`` is given (losses without masks)."""
-    x2d, t, out_shape = flatten_logits_and_target(fn, input, target)
-    c = input.shape[1]
-    if c < 1:
-        raise value_error(fn, "input needs at least one class", f"C={c}", "pass logits with C >= 1")
-    if softmax:
-        check_softmax_classes(fn, c)
-    check_ids_in_range(fn, target, c, ignore_index)
+    x2d, t, out_shape = _checked_rows(fn, input, target, ignore_index, softmax)
     if _checking():
         if finite_hint is not None:
             check_finite(fn, "input", input, hint=finite_hint)

@@ -29,7 +29,7 @@ from torch import Tensor
 import triton
 import triton.language as tl
 
-from .triton_rows import _compiling, _launch, _log1p, _null, _opt
+from .triton_rows import _compiling, _tanh
 
 __all__ = ["linear_cross_entropy_rows", "chunk_columns"]
 
@@ -55,7 +55,7 @@ def _merge(Z, stride_z, Y, STATS, start, VC, ignore_index, cap, HAS_CAP: tl.cons
         inside = cols < VC
         z = tl.load(z_row + cols, mask=inside, other=-float("inf")).to(tl.float32)
         if HAS_CAP:
-            t = 1.0 - 2.0 / (tl.exp(2.0 * z / cap) + 1.0)
+            t = _tanh(z / cap)
             z = tl.where(inside, cap * t, z)
         m_new = tl.maximum(m, tl.max(z, 0))
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
@@ -74,7 +74,7 @@ def _merge(Z, stride_z, Y, STATS, start, VC, ignore_index, cap, HAS_CAP: tl.cons
     hit = (yl >= 0) & (yl < VC) & (y != ignore_index)
     zy = tl.load(z_row + tl.minimum(tl.maximum(yl, 0), VC - 1)).to(tl.float32)
     if HAS_CAP:
-        zy = cap * (1.0 - 2.0 / (tl.exp(2.0 * zy / cap) + 1.0))
+        zy = cap * _tanh(zy / cap)
     tl.store(st + 3, zy, mask=hit)
 
 
@@ -96,7 +96,7 @@ def _grad(Z, stride_z, Y, LSE, G, start, VC, V, ignore_index, cap, eps, coef, HA
         inside = cols < VC
         z = tl.load(z_row + cols, mask=inside, other=0.0).to(tl.float32)
         if HAS_CAP:
-            t = 1.0 - 2.0 / (tl.exp(2.0 * z / cap) + 1.0)
+            t = _tanh(z / cap)
             z = cap * t
         d = g_soft * tl.exp(z - lse) - g_eps - tl.where(cols == yl, g_y, 0.0)
         if HAS_CAP:
