@@ -386,38 +386,7 @@ typedef struct {
 } job_t;
 """
 
-#: (name, GCC target) of the variants compiled on x86-64 with GCC, best first
-_VARIANTS = (("avx512", "arch=skylake-avx512"), ("avx2", "arch=haswell"))
-
-_DISPATCH = r"""
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define HAVE_VARIANTS 1
-#endif
-
-int dice_variant(void) {
-#ifdef HAVE_VARIANTS
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) return 2;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
-#endif
-    return 0;
-}
-"""
-
-
-def _source() -> str:
-    parts = [_HEAD, _DISPATCH, _BODY.replace("@V@", "base")]
-    parts.append("#ifdef HAVE_VARIANTS\n")
-    for name, target in _VARIANTS:
-        parts.append(f'#pragma GCC push_options\n#pragma GCC target("{target}")\n')
-        parts.append(_BODY.replace("@V@", name))
-        parts.append("#pragma GCC pop_options\n")
-    parts.append("#endif\n")
-    return "".join(parts)
-
-
-_SOURCE = _source()
+_SOURCE = _native.isa_source(_HEAD, _BODY, "dice")
 
 _FLAGS = ["-O3", "-fPIC", "-shared", "-pthread", "-std=c99", "-fno-math-errno", "-fno-trapping-math"]
 
@@ -426,7 +395,7 @@ enabled = True
 
 #: the variant in use: "avx512", "avx2" or "base" (set when the library loads)
 _variant: str = "base"
-_NAMES = ("base", "avx2", "avx512")
+_NAMES = _native.ISA_NAMES
 
 
 def _declare(lib: ctypes.CDLL) -> str:
