@@ -48,8 +48,9 @@ def native_kernels() -> dict:
       (docs/losses/sparsemax.md);
     - ``"dice_stats"``: the Dice family's fused softmax / sigmoid and per-class sums on float32 CPU
       maps, forward and backward (docs/losses/dice.md);
-    - ``"gol_elementwise"``: GOL's value and gradient of class ids in one pass, with its own
-      vectorised ``exp`` and ``log`` (docs/losses/gol.md).
+    - ``"loss_rows"``: GOL, the log-Z penalty, comp-sum and the Z-loss of class ids, value and
+      gradient of a mean or sum in one call with its own vectorised ``exp`` and ``log``
+      (docs/losses/gol.md).
 
     Triton kernels for CUDA tensors (float32 / bfloat16 / float16); not used without ``triton`` or a
     CUDA device, or with ``LOSSES_TRITON=0`` (docs/performance.md, GPU kernels):
@@ -62,14 +63,14 @@ def native_kernels() -> dict:
 
     >>> import losses
     >>> sorted(losses.native_kernels())
-    ['dice_stats', 'entmax_threshold', 'gol_elementwise', 'softmax_rows', 'z_loss_rows']
+    ['dice_stats', 'entmax_threshold', 'loss_rows', 'softmax_rows', 'z_loss_rows']
     """
     from . import kernels
-    from .kernels import dice_native as _dice_native, entmax_native as _entmax_native, gol_native as _gol_native
+    from .kernels import dice_native as _dice_native, entmax_native as _entmax_native, rows_native as _rows_native
 
     out = {}
     for name, mod in (("entmax_threshold", _entmax_native), ("dice_stats", _dice_native),
-                      ("gol_elementwise", _gol_native)):
+                      ("loss_rows", _rows_native)):
         built, detail = mod.available()
         if built and not mod.enabled:
             detail = f"built ({detail}) but switched off in this process"

@@ -28,6 +28,7 @@ from ._comp_sum_kernel import CompSumFunction
 from .. import kernels
 from ..kernels import triton_rows_module as triton_rows
 from ._targets import class_ids, fused_divisor, kernel_result, kernel_rows
+from .zloss import _cpu_kernel
 
 __all__ = ["comp_sum_loss", "CompSumLoss"]
 
@@ -110,6 +111,9 @@ def comp_sum_loss(
     x2d, y, valid, out_shape = class_ids(fn, input, target, ignore_index, none_if_all_kept=True)
     finite = check_masked_logits(fn, "input", x2d, active=valid)
     dtype = compute_dtype(input)
+    done = _cpu_kernel("comp_sum", x2d, target, dtype, reduction, (tau,), ignore_index)
+    if done is not None:  # the CPU kernel (losses/kernels/rows_native.py)
+        return done
     with no_autocast(input.device.type):
         x = upcast(x2d, dtype)
         divisor = fused_divisor(valid, reduction, y.numel())

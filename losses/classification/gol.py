@@ -41,7 +41,7 @@ from .._core import (
 )
 from .._registry import element_unit_weights, register
 from .. import kernels
-from ..kernels import gol_native
+from ..kernels import rows_native
 from ._targets import binary_kernel, broadcast_class_weight, elementwise_targets, integer_targets
 
 __all__ = [
@@ -381,48 +381,20 @@ _HALF = {torch.float32: torch.tensor(0.5, dtype=torch.float32)}
 _ONE = {torch.float32: torch.tensor(1.0, dtype=torch.float32)}
 
 
-class _GOLNativeFunction(torch.autograd.Function):
-    """GOL of class ids reduced to one number through the C kernel (losses/kernels/gol_native.py):
-    the forward writes the gradient for an incoming gradient of 1 (times the reduction's scale),
-    the backward scales it (not at all for ``loss.backward()``'s seed of 1). A second backward
-    through a retained graph runs the kernel again."""
-
-    @staticmethod
-    def forward(ctx, x, ids, w, eps, ignore_index, scale, grad_mode=True):  # type: ignore[override]
-        rows, grad = gol_native.forward(x, ids, w, eps, ignore_index, scale)
-        ctx.save_for_backward(x, ids, w)
-        ctx.opts = (eps, ignore_index, scale)
-        ctx.grad = grad if grad_mode and ctx.needs_input_grad[0] else None
-        return (rows.sum() * scale).to(x.dtype)
-
-    @staticmethod
-    @once_differentiable("gumbel_bce_loss")
-    def backward(ctx, g):  # type: ignore[override]
-        grad, ctx.grad = ctx.grad, None
-        if grad is None:
-            x, ids, w = ctx.saved_tensors
-            grad = gol_native.forward(x, ids, w, *ctx.opts)[1]
-        if g.item() != 1.0:
-            grad = grad.mul_(g)
-        return grad, None, None, None, None, None, None
-
-
 def _gol_native(fn: str, input: Tensor, target: Tensor, eps: float, weight: Optional[Tensor], ignore_index: int,
                 reduction: str) -> Optional[Tensor]:
     """GOL through the CPU kernel where it applies (float32 ``(N, C)`` logits, class ids, a mean or
     sum, ``(C,)`` or no weights, eagerly), else ``None``; the checks are the PyTorch path's."""
-    if (input.dim() != 2 or input.device.type != "cpu" or _compiling() or not gol_native.ready()
+    if (input.dim() != 2 or input.device.type != "cpu" or _compiling() or not rows_native.ready()
             or (weight is not None and (not isinstance(weight, Tensor) or weight.dim() != 1 or weight.requires_grad))
             or compute_dtype(input, weight) != torch.float32):
         return None
     ids, valid = integer_targets(fn, input, target, ignore_index)
     check_class_weight(fn, weight, input.shape[1])
     check_finite(fn, "input", input, allow_neg_inf=True, neg_inf_note="-inf is allowed (probability 0)")
-    units = int(valid.sum()) * input.shape[1]
-    scale = 1.0 / units if reduction == "mean" and units > 0 else 1.0
     with no_autocast(input.device.type):
-        return _GOLNativeFunction.apply(upcast(input, torch.float32), ids, weight, eps, ignore_index, scale,
-                                        torch.is_grad_enabled())
+        return rows_native.run("gol", upcast(input, torch.float32), ids, reduction, weight=weight, params=(eps,),
+                                   ignore_index=ignore_index, units_per_row=input.shape[1])
 
 
 class _GumbelBCEFunction(torch.autograd.Function):
@@ -575,7 +547,7 @@ def gumbel_bce_loss(
         return binary_kernel(fn, "gol", input, target, smoothing, weight, ignore_index, reduction)
     if variant == "paper" and clamp_ is None and reduction != "none" and not target.is_floating_point():
         done = _gol_native(fn, input, target, smoothing, weight, ignore_index, reduction)
-        if done is not None:  # the CPU kernel (losses/kernels/gol_native.py)
+        if done is not None:  # the CPU kernel (losses/kernels/rows_native.py)
             return done
     if variant == "reference" or target.is_floating_point():
         y, unit = elementwise_targets(fn, input, target, label_smoothing=smoothing, ignore_index=ignore_index,

@@ -50,6 +50,7 @@ from .._core import (
 from .._registry import position_unit_weights, register
 from .._softcap import apply_softcap, check_softcap
 from .. import kernels
+from ..kernels import rows_native
 from ..kernels import triton_rows_module as triton_rows
 from .._precision import softplus
 from ._targets import (class_ids, fused_divisor, kernel_result, kernel_rows, reduced_sum, row_exp, row_max_exp,
@@ -254,6 +255,9 @@ def z_loss(
     x2d, y, valid, out_shape = class_ids(fn, input, target, ignore_index, softmax=False, none_if_all_kept=True)
     finite = check_finite(fn, "input", input, hint=_ZLOSS_NEG_INF_HINT)
     dtype = compute_dtype(input)
+    done = _cpu_kernel("z_loss", x2d, target, dtype, reduction, (a, b, eps), ignore_index)
+    if done is not None:
+        return done
     with no_autocast(input.device.type):
         x = upcast(x2d, dtype)
         divisor = fused_divisor(valid, reduction, y.numel())
@@ -263,6 +267,21 @@ def z_loss(
             x = zero_rows(x, valid, verified_finite=finite)
         values = _ZLossFunction.apply(x, y, a, b, eps)
         return reduce_loss(values.reshape(out_shape), _weights(valid, out_shape, dtype), reduction)
+
+
+def _cpu_kernel(kind: str, x2d: Tensor, target: Tensor, dtype: torch.dtype, reduction: str, params: tuple,
+                ignore_index: int) -> Optional[Tensor]:
+    """The loss through the CPU kernel (losses/kernels/rows_native.py) where it applies (float32
+    compute, CPU, eagerly), after the caller's checks, in the positions' shape for ``"none"``;
+    ``None`` otherwise or where the kernel hands the batch back."""
+    if dtype != torch.float32 or x2d.device.type != "cpu" or not rows_native.ready():
+        return None
+    x = upcast(x2d, dtype)
+    if not rows_native.usable(x):
+        return None
+    with no_autocast("cpu"):
+        out = rows_native.run(kind, x, target.reshape(-1), reduction, params=params, ignore_index=ignore_index)
+    return out if out is None or reduction != "none" else out.reshape(target.shape)
 
 
 def _weights(valid: Optional[Tensor], out_shape: tuple, dtype: torch.dtype) -> Optional[Tensor]:
@@ -595,6 +614,10 @@ def cross_entropy_with_logz_penalty(
     x2d, y, valid, out_shape = class_ids(fn, input, target, ignore_index, none_if_all_kept=True)
     finite = check_masked_logits(fn, "input", x2d, active=valid)
     dtype = compute_dtype(input)
+    if not return_penalty and cap is None:
+        done = _cpu_kernel("logz", x2d, target, dtype, reduction, (coef,), ignore_index)
+        if done is not None:
+            return done
     with no_autocast(input.device.type):
         x = upcast(x2d, dtype)
         divisor = None if return_penalty else fused_divisor(valid, reduction, y.numel())

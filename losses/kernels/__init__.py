@@ -3,14 +3,17 @@
 Two kinds of kernel live here, each beside a PyTorch path that gives the same values (to float
 rounding) and is always the fallback:
 
-* **C kernels for the CPU** (:mod:`.entmax_native`, :mod:`.dice_native`, built on first use by the
-  system's C compiler through :mod:`._native`): the sparsemax / entmax-1.5 threshold search and the
-  Dice family's fused softmax and sums. ``LOSSES_NATIVE=0`` switches them off.
+* **C kernels for the CPU** (:mod:`.entmax_native`, :mod:`.dice_native`, :mod:`.rows_native`, built
+  on first use by the system's C compiler through :mod:`._native`): the sparsemax / entmax-1.5
+  threshold search, the Dice family's fused softmax and sums, and the value and gradient of GOL,
+  the log-Z penalty, comp-sum and the Z-loss. ``LOSSES_NATIVE=0`` switches them off.
 * **Triton kernels for the GPU** (:mod:`.triton_rows`): one fused row kernel for the softmax
   cross-entropy family (cross-entropy with class weights, ``ignore_index``, label smoothing,
   soft-capping and a per-class logit shift; the log-Z penalty; logit-adjusted cross-entropy and
-  balanced softmax) and one for the Z-loss. Triton ships with the CUDA builds of PyTorch, so GPU
-  users need nothing more. ``LOSSES_TRITON=0`` switches them off.
+  balanced softmax, comp-sum and focal), one for the Z-loss, one for the element-wise BCE and GOL,
+  one for the sparsemax / 1.5-entmax losses (:mod:`.triton_rows`) and the LM head of
+  :func:`losses.linear_cross_entropy` (:mod:`.triton_linear`). Triton ships with the CUDA builds of
+  PyTorch, so GPU users need nothing more. ``LOSSES_TRITON=0`` switches them off.
 
 **The dispatch rule** (:func:`use_triton`): a loss takes its Triton kernel when the tensor is on a
 CUDA device, ``triton`` imports, the kernels are not switched off, the dtype is float32, bfloat16 or

@@ -112,6 +112,31 @@ int {prefix}_variant(void) {{
     return "".join(parts)
 
 
+#: C source of a vectorisable float ``exp`` (name ``exp_@V@``, one copy per ISA variant): Cody-Waite
+#: range reduction and a degree-6 polynomial, within one float spacing over [-87.3, 88]; 0 below
+#: -87.3, the argument clamped at 88 above; ``-inf`` gives 0. Shared by the CPU kernels.
+EXP_C = r"""
+static inline float exp_@V@(float v) {
+    float w = v < -87.33654f ? -87.33654f : (v > 88.0f ? 88.0f : v);
+    float n = (w * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* nearest integer */
+    float r = w - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    p = p * scale;
+    return v < -87.33654f ? 0.0f : p;
+}
+"""
+
+
 class NativeLibrary:
     """One optional C library of a kernel module: compiled (:func:`compile_library`) and loaded on
     the first :meth:`load` of the process, once, under a lock; ``declare(lib)`` sets the

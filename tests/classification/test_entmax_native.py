@@ -21,7 +21,7 @@ import torch
 
 import losses
 from losses.kernels import _native
-from losses.kernels import dice_native, gol_native
+from losses.kernels import dice_native, rows_native
 from losses.kernels import entmax_native as native
 from losses.classification import _entmax_ops as ops
 from tests.classification.test_sparsemax import oracle_activation, oracle_loss
@@ -276,7 +276,7 @@ def _fresh(module):
     return _native.NativeLibrary(k.stem, k.source, k.flags, k.declare)
 
 
-KERNEL_MODULES = [native, dice_native, gol_native]
+KERNEL_MODULES = [native, dice_native, rows_native]
 
 
 def test_without_a_compiler_or_when_disabled_nothing_is_built(tmp_path, monkeypatch):
@@ -370,7 +370,7 @@ def test_native_kernels_reports_the_kernel_and_why_not(monkeypatch):
     """The public view of the kernel: in use where it is built and enabled, otherwise why not; and
     a fresh interpreter with LOSSES_NATIVE=0 reports it disabled."""
     status = losses.native_kernels()
-    assert set(status) == {"entmax_threshold", "dice_stats", "gol_elementwise", "softmax_rows", "z_loss_rows"}
+    assert set(status) == {"entmax_threshold", "dice_stats", "loss_rows", "softmax_rows", "z_loss_rows"}
     in_use, detail = status["entmax_threshold"]
     assert in_use == native.ready() and isinstance(detail, str) and detail
     if in_use:

@@ -1,5 +1,5 @@
-"""GOL's C kernel (losses/kernels/gol_native.py) against the float64 PyTorch path, on every
-instruction-set variant this CPU runs."""
+"""The CPU kernel of GOL, the log-Z penalty, comp-sum and the Z-loss (losses/kernels/rows_native.py)
+against the float64 PyTorch paths, on every instruction-set variant this CPU runs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import losses
-from losses.kernels import gol_native as native
+from losses.kernels import rows_native as native
 
 if not native.ready():  # pragma: no cover - no C compiler on this machine
     pytest.skip(f"the GOL kernel is not built here: {native.available()[1]}", allow_module_level=True)
@@ -71,7 +71,8 @@ def test_values_and_gradients_match_float64(which, kw):
     w = kw.get("weight")
     kept = int((y != -100).sum()) * x.shape[1]
     scale = 1.0 if kw.get("reduction") == "sum" else 1.0 / kept
-    rows, grad = native.forward(x.float(), y, None if w is None else w.float(), eps, -100, scale, which)
+    rows, grad = native.forward("gol", x.float(), y, scale, weight=None if w is None else w.float(), params=(eps,),
+                                which=which)
     assert rows.dtype == torch.float64 and grad.dtype == torch.float32
     torch.testing.assert_close(rows.sum() * scale, ref, rtol=2e-6, atol=0)
     torch.testing.assert_close(grad.double(), ref_grad, rtol=2e-5, atol=2e-7 * float(ref_grad.abs().max()))
@@ -130,14 +131,97 @@ def test_rows_do_not_depend_on_the_thread_count():
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        r1, g1 = native.forward(x, y, None, 0.1, -100, 1e-3)
+        r1, g1 = native.forward("gol", x, y, 1e-3, params=(0.1,))
         torch.set_num_threads(3)
-        r3, g3 = native.forward(x, y, None, 0.1, -100, 1e-3)
+        r3, g3 = native.forward("gol", x, y, 1e-3, params=(0.1,))
     finally:
         torch.set_num_threads(before)
     assert torch.equal(r1, r3) and torch.equal(g1, g3)
 
 
 def test_losses_native_0_and_the_report():
-    used, detail = losses.native_kernels()["gol_elementwise"]
+    used, detail = losses.native_kernels()["loss_rows"]
     assert used and detail.startswith("built with") and detail.endswith(f"({VARIANTS[0]})")
+
+
+# ---------------------------------------------------------------------------------------------
+# the softmax rows (log-Z penalty, comp-sum) and the Z-loss
+# ---------------------------------------------------------------------------------------------
+
+SOFTMAX_CASES = [("cross_entropy_with_logz_penalty", {"coef": 1e-2}), ("comp_sum_loss", {"tau": 0.5}),
+                 ("comp_sum_loss", {"tau": 1.0}), ("comp_sum_loss", {"tau": 1.7}), ("z_loss", {"a": 2.0, "b": 1.5})]
+
+
+def _loss_pair(name, kw, x, y, reduction="mean"):
+    """The loss through the kernel (float32) and through the float64 PyTorch path, with gradients."""
+    fn = getattr(losses, name)
+    xk = x.float().requires_grad_(True)
+    out = fn(xk, y, reduction=reduction, **kw)
+    g = torch.rand(out.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64) + 0.5
+    (out.double() * g).sum().backward()
+    native.enabled = False
+    try:
+        xr = x.clone().requires_grad_(True)
+        ref = fn(xr, y, reduction=reduction, **kw)
+        (ref * g).sum().backward()
+    finally:
+        native.enabled = True
+    return out, xk.grad, ref, xr.grad
+
+
+@pytest.mark.parametrize("name,kw", SOFTMAX_CASES, ids=lambda v: v if isinstance(v, str) else ",".join(map(str, v.values())))
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_softmax_rows_and_z_loss_match_float64(name, kw, reduction, monkeypatch):
+    calls = []
+    real = native.forward
+    monkeypatch.setattr(native, "forward", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(11, 77, generator=g, dtype=torch.float64) * 3).float().double()
+    x[4, 0] = 40.0  # a confident row
+    if name != "z_loss":
+        x[2, 10:30] = -math.inf  # masks
+    y = torch.randint(0, 77, (11,), generator=g)
+    y[6] = -100
+    out, grad, ref, ref_grad = _loss_pair(name, kw, x, y, reduction)
+    assert calls  # the kernel ran
+    finite = torch.isfinite(ref)
+    torch.testing.assert_close(out.double()[finite], ref[finite], rtol=3e-6, atol=1e-12)
+    torch.testing.assert_close(grad.double(), ref_grad, rtol=2e-5, atol=2e-7)
+    assert torch.count_nonzero(grad[6]) == 0
+
+
+@pytest.mark.parametrize("which", VARIANTS)
+def test_every_variant_gives_the_same_rows(which):
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(5, 203, generator=g) * 2
+    y = torch.randint(0, 203, (5,), generator=g)
+    for kind, params in (("logz", (1e-3,)), ("comp_sum", (0.3,)), ("z_loss", (1.0, 0.0, 1e-6))):
+        r, gr = native.forward(kind, x, y, 0.2, params=params, which=which)
+        r0, g0 = native.forward(kind, x, y, 0.2, params=params, which="base")
+        torch.testing.assert_close(r, r0, rtol=2e-6, atol=0)
+        torch.testing.assert_close(gr, g0, rtol=2e-5, atol=1e-8)
+
+
+def test_masked_targets_keep_the_documented_limits():
+    """log-Z: +inf with a finite gradient; comp-sum tau < 1: the kernel hands the batch back and the
+    PyTorch path gives its +inf and +-inf entries; tau > 1: 1 / (tau - 1) with zero gradient."""
+    x = torch.randn(3, 9, dtype=torch.float64)
+    x[0, 4] = -math.inf
+    y = torch.tensor([4, 1, 2])
+    out, grad, ref, ref_grad = _loss_pair("cross_entropy_with_logz_penalty", {"coef": 0.1}, x, y, "sum")
+    assert math.isinf(float(out)) and torch.isfinite(grad).all()
+    torch.testing.assert_close(grad.double(), ref_grad, rtol=2e-5, atol=1e-7)
+    assert native.forward("comp_sum", x.float(), y, 1.0, params=(0.5,)) is None
+    out, grad, ref, ref_grad = _loss_pair("comp_sum_loss", {"tau": 0.5}, x, y, "sum")
+    assert math.isinf(float(out)) and torch.equal(torch.isinf(grad), torch.isinf(ref_grad))
+    rows, g = native.forward("comp_sum", x.float(), y, 1.0, params=(1.5,))
+    assert float(rows[0]) == pytest.approx(2.0) and torch.count_nonzero(g[0]) == 0
+
+
+def test_a_row_without_a_finite_logit_goes_back_to_the_pytorch_path():
+    x = torch.randn(3, 9)
+    x[1] = -math.inf
+    y = torch.tensor([4, 1, 2])
+    assert native.forward("logz", x, y, 1.0, params=(0.1,)) is None
+    with pytest.raises(ValueError, match="no finite score"):
+        losses.cross_entropy_with_logz_penalty(x, y)
