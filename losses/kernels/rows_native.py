@@ -15,7 +15,7 @@ Per kept row ``x`` of a contiguous float32 ``(M, C)`` matrix with id ``y``:
 
 * **GOL** (``kind`` 0; labels ``lab_k = (1 - eps) [k = y] + eps / C``, weights ``w_k``,
   ``q = max(x, -50)``): ``u = exp(-q)``, ``om = 1 - exp(-u)`` (a Taylor polynomial below
-  ``u = 0.5``: no cancellation), ``l_k = w_k (lab_k u - (1 - lab_k) log om)`` (``q`` itself above
+  ``u = 0.25``: no cancellation), ``l_k = w_k (lab_k u - (1 - lab_k) log om)`` (``q`` itself above
   ``q = 80``), gradient ``scale w_k ((1 - lab_k) u e^{-u} / om - lab_k u)``, 0 below the -50 floor.
 * **softmax rows** (``kind`` 1 log-Z penalty with ``coef``; 2 comp-sum with ``tau``): one pass
   for the max, one writing ``e_k = exp(x_k - m)`` and summing it without the target (``so``) and
@@ -102,15 +102,14 @@ static inline float gol_@V@(float x, float lab, float scale, float* g) {
     float q = x < -50.0f ? -50.0f : x;
     float u = exp_@V@(-q);
     float e2 = exp_@V@(-u);
-    float t = 1.0f / 40320.0f;
-    t = 1.0f / 5040.0f - u * t;
+    float t = 1.0f / 5040.0f;
     t = 1.0f / 720.0f - u * t;
     t = 1.0f / 120.0f - u * t;
     t = 1.0f / 24.0f - u * t;
     t = 1.0f / 6.0f - u * t;
     t = 0.5f - u * t;
     t = u * (1.0f - u * t);
-    float om = u < 0.5f ? t : 1.0f - e2;
+    float om = u < 0.25f ? t : 1.0f - e2;
     int32_t far = q > 80.0f;
     float om_safe = far ? 1.0f : om;
     float b = far ? q : -log_@V@(om_safe);
@@ -151,11 +150,19 @@ static double gol_row_@V@(const job_t* j, const float* restrict xr, float* restr
     const float* restrict w = j->w;
     float* restrict lr = j->scratch;
     const int32_t yi = (int32_t)y, Ci = (int32_t)C; /* int32 lanes: SSE2 has no 64-bit compare */
-    for (int32_t k = 0; k < Ci; ++k) {
-        float gk;
-        const float lk = gol_@V@(xr[k], k == yi ? on : off, scale, &gk);
-        gr[k] = gk * w[k];
-        lr[k] = lk * w[k];
+    if (w) {
+        for (int32_t k = 0; k < Ci; ++k) {
+            float gk;
+            const float lk = gol_@V@(xr[k], k == yi ? on : off, scale, &gk);
+            gr[k] = gk * w[k];
+            lr[k] = lk * w[k];
+        }
+    } else {
+        for (int32_t k = 0; k < Ci; ++k) {
+            float gk;
+            lr[k] = gol_@V@(xr[k], k == yi ? on : off, scale, &gk);
+            gr[k] = gk;
+        }
     }
     return lanesum_@V@(lr, C);
 }
@@ -246,7 +253,7 @@ static void* run_@V@(void* p) {
 }
 
 /* rows[m] and the gradient grad (M, C) of the reduced loss (see the module docstring); w: the
-   (C,) weights of GOL (ones without), scratch: threads x C floats. Returns 0, 2 to hand the batch
+   (C,) weights of GOL or NULL, scratch: threads x C floats. Returns 0, 2 to hand the batch
    back to the PyTorch path, or 1 when a thread could not start (its rows done in this thread). */
 int rows_forward_@V@(const float* x, const int64_t* ids, const float* w, int64_t M, int64_t C, int64_t ignore,
                      int kind, double p0, double p1, double p2, double scale, float* grad, double* rows,
@@ -366,14 +373,14 @@ def forward(kind: str, x: Tensor, ids: Tensor, scale: float, *, weight: Optional
     x = x.contiguous()
     ids = ids.to(torch.int64).contiguous()
     m, c = x.shape
-    w = torch.ones(c, dtype=torch.float32) if weight is None else weight.to(torch.float32).contiguous()
+    w = None if weight is None else weight.to(torch.float32).contiguous()
     grad = torch.empty_like(x)
     rows = torch.empty(m, dtype=torch.float64)
     threads = max(1, min(64, torch.get_num_threads())) if x.numel() >= PARALLEL_MIN else 1
     scratch = torch.empty(threads * c, dtype=torch.float32)
     p = tuple(float(v) for v in params) + (0.0,) * (3 - len(params))
     status = getattr(lib, f"rows_forward_{which or _variant}")(
-        x.data_ptr(), ids.data_ptr(), w.data_ptr(), m, c, int(ignore_index), KINDS[kind], p[0], p[1], p[2],
+        x.data_ptr(), ids.data_ptr(), None if w is None else w.data_ptr(), m, c, int(ignore_index), KINDS[kind], p[0], p[1], p[2],
         float(scale), grad.data_ptr(), rows.data_ptr(), scratch.data_ptr(), threads)
     return None if status == 2 else (rows, grad)
 
