@@ -153,6 +153,5 @@ def _kernel_cross_entropy(input: Tensor, target: Tensor, w: Optional[Tensor], sh
     triton_rows = kernels.triton_rows_module()
     x2d, ids = move_class_dim_last(input), target.reshape(-1)
     opts = dict(weight=w, shift=shift, softcap=cap, label_smoothing=eps, ignore_index=ignore_index, inplace=inplace)
-    if reduction == "none":
-        return triton_rows.softmax_rows(x2d, ids, **opts)[0].reshape(target.shape)
-    return triton_rows.softmax_reduced(x2d, ids, reduction=reduction, **opts)[0]
+    out = triton_rows.softmax_loss(x2d, ids, reduction, **opts)
+    return out.reshape(target.shape) if reduction == "none" else out

@@ -104,10 +104,8 @@ def comp_sum_loss(
     if kernels.use_triton(input):  # one fused row kernel (losses/kernels/triton_rows.py)
         x2d, ids, out_shape = kernel_rows(fn, input, target, ignore_index)
         mode = dict(mode="ce") if tau == 1.0 else dict(mode="comp_sum", hyper=1.0 - tau)
-        if reduction == "none":
-            return kernel_result(triton_rows().softmax_rows(x2d, ids, ignore_index=ignore_index, **mode)[0],
-                                 out_shape, reduction)
-        return triton_rows().softmax_reduced(x2d, ids, reduction=reduction, ignore_index=ignore_index, **mode)[0]
+        return kernel_result(triton_rows().softmax_loss(x2d, ids, reduction, ignore_index=ignore_index, **mode),
+                             out_shape, reduction)
     x2d, y, valid, out_shape = class_ids(fn, input, target, ignore_index, none_if_all_kept=True)
     finite = check_masked_logits(fn, "input", x2d, active=valid)
     dtype = compute_dtype(input)

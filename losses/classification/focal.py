@@ -132,9 +132,7 @@ def focal_loss(
         x2d, ids, out_shape = kernel_rows(fn, input, target, ignore_index)
         check_class_weight(fn, alpha, input.shape[1], name="alpha")
         opts = dict(weight=alpha, ignore_index=ignore_index, mode="focal" if gamma > 0 else "ce", hyper=gamma)
-        if reduction == "none":
-            return kernel_result(triton_rows().softmax_rows(x2d, ids, **opts)[0], out_shape, reduction)
-        return triton_rows().softmax_reduced(x2d, ids, reduction=reduction, **opts)[0]
+        return kernel_result(triton_rows().softmax_loss(x2d, ids, reduction, **opts), out_shape, reduction)
     x2d, y, valid, out_shape = class_ids(fn, input, target, ignore_index)
     check_class_weight(fn, alpha, input.shape[1], name="alpha")
     finite = check_masked_logits(fn, "input", x2d, active=valid)

@@ -956,6 +956,14 @@ def softmax_reduced(x: Tensor, y: Tensor, *, reduction: str, weight: Optional[Te
                                  float(hyper), reduction == "mean")
 
 
+def softmax_loss(x: Tensor, y: Tensor, reduction: str, **options) -> Tensor:
+    """The loss alone: per row (``"none"``, :func:`softmax_rows`'s first output) or the reduced
+    scalar (:func:`softmax_reduced`'s first output); ``options`` as theirs."""
+    if reduction == "none":
+        return softmax_rows(x, y, **options)[0]
+    return softmax_reduced(x, y, reduction=reduction, **options)[0]
+
+
 def z_loss_rows(x: Tensor, y: Tensor, *, a: float, b: float, eps: float, ignore_index: int = -100,
                 reduction: str = "none") -> Tensor:
     """The Z-loss of ``x (M, C)`` against the ids ``y (M,)``: per row (float32, ``(M,)``, 0 where
