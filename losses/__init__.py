@@ -10,6 +10,7 @@ on it (``docs/contributing.md``, Adding a loss).
 """
 
 from ._core import ExperimentalWarning, is_validation_enabled, set_validation, validation
+from ._stats import LossStats
 from ._registry import (
     INPUT_KINDS,
     InputKind,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -13,6 +13,7 @@ from .._core import (
     check_ignore_index,
     auto_extra_repr,
     check_bool,
+    check_class_weight,
     check_int,
     check_finite,
     check_floating,
@@ -30,6 +31,7 @@ from .._core import no_autocast
 from .._precision import matmul
 from .._registry import id_unit_weights, register
 from .._softcap import apply_softcap, check_softcap
+from .._stats import LossStats, token_stats
 from .. import kernels
 
 __all__ = ["linear_cross_entropy", "LinearCrossEntropyLoss"]
@@ -59,19 +61,23 @@ class _LinearCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, target, valid, chunk, eps, coef, dtype, cap=None):  # noqa: D102
+    def forward(ctx, x, weight, bias, target, valid, chunk, eps, coef, dtype, cap=None, cw=None):  # noqa: D102
         n, c = x.shape[0], weight.shape[0]
         xc = x.to(dtype)
         m = torch.full((n,), -math.inf, dtype=dtype, device=x.device)
         s = torch.zeros((n,), dtype=dtype, device=x.device)
-        z_sum = torch.zeros((n,), dtype=dtype, device=x.device)  # sum of capped logits (label smoothing)
+        z_sum = torch.zeros((n,), dtype=dtype, device=x.device)  # (weighted) sum of capped logits (smoothing)
+        pred = torch.zeros((n,), dtype=torch.long, device=x.device)  # running argmax (token accuracy)
+        cwc = None if cw is None else cw.to(dtype)
         for start in range(0, c, chunk):
             z = _chunk_logits(xc, weight, bias, start, chunk, dtype)
             if cap is not None:  # soft-capping: z -> cap * tanh(z / cap)
                 z = z.div_(cap).tanh_().mul_(cap)
                 if eps > 0:
-                    z_sum += z.sum(dim=1)
-            m_new = torch.maximum(m, z.max(dim=1).values)
+                    z_sum += z.sum(dim=1) if cwc is None else z @ cwc[start:start + chunk]
+            z_max, z_arg = z.max(dim=1)
+            pred = torch.where(z_max > m, z_arg + start, pred)  # strict: the first largest class wins
+            m_new = torch.maximum(m, z_max)
             s = s * torch.exp(m - m_new) + z.sub_(m_new.unsqueeze(1)).exp_().sum(dim=1)
             m = m_new
         lse = m + torch.log(s)
@@ -84,25 +90,30 @@ class _LinearCrossEntropy(torch.autograd.Function):
         if cap is not None:
             t_y = torch.tanh(z_y / cap)
             z_y, dcap_y = cap * t_y, 1.0 - t_y * t_y
-        loss = (1.0 - eps) * (lse - z_y)
-        if eps > 0 and cap is not None:
-            loss = loss + eps * (lse - z_sum / c)
-        elif eps > 0:
-            w_mean = weight.to(dtype).mean(dim=0)
-            z_mean = xc @ w_mean
-            if bias is not None:
-                z_mean = z_mean + bias.to(dtype).mean()
-            loss = loss + eps * (lse - z_mean)
+        cw_y = None if cwc is None else cwc.index_select(0, safe)  # the class weight of each row's target
+        nll = lse - z_y if cw_y is None else cw_y * (lse - z_y)
+        loss = (1.0 - eps) * nll
+        if eps > 0:
+            if cap is None:  # the (weighted) sum of the logits from one matvec
+                w_mean = weight.to(dtype).sum(dim=0) if cwc is None else cwc @ weight.to(dtype)
+                z_sum = xc @ w_mean
+                if bias is not None:
+                    z_sum = z_sum + (bias.to(dtype).sum() if cwc is None else cwc @ bias.to(dtype))
+            total_w = float(c) if cwc is None else cwc.sum()
+            loss = loss + (eps / c) * (total_w * lse - z_sum)
+        pen = coef * lse * lse
         if coef > 0:
-            loss = loss + coef * lse * lse
+            loss = loss + (pen if cw_y is None else cw_y * pen)
         loss = torch.where(valid, loss, torch.zeros_like(loss))
-        ctx.save_for_backward(x, weight, bias, safe, valid, lse, dcap_y)
+        ctx.save_for_backward(x, weight, bias, safe, valid, lse, dcap_y, cwc)
         ctx.chunk, ctx.eps, ctx.coef, ctx.dtype, ctx.cap = chunk, eps, coef, dtype, cap
-        return loss
+        lse_out, pred = lse.detach().clone(), pred
+        ctx.mark_non_differentiable(lse_out, pred)
+        return loss, lse_out, pred
 
     @staticmethod
     @once_differentiable("linear_cross_entropy_loss")
-    def backward(ctx, grad_loss):  # noqa: D102
+    def backward(ctx, grad_loss, _grad_lse=None, _grad_pred=None):  # noqa: D102
         # the chunked matmuls run in the compute dtype even when backward() is called inside
         # an autocast region
         with no_autocast(grad_loss):
@@ -110,12 +121,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, grad_loss):
-        x, weight, bias, safe, valid, lse, dcap_y = ctx.saved_tensors
+        x, weight, bias, safe, valid, lse, dcap_y, cwc = ctx.saved_tensors
         chunk, eps, coef, dtype, cap = ctx.chunk, ctx.eps, ctx.coef, ctx.dtype, ctx.cap
         c = weight.shape[0]
         g = torch.where(valid, grad_loss.to(dtype), torch.zeros((), dtype=dtype, device=x.device))
-        # d loss / d z_k = (1 + 2 coef lse) p_k - (1-eps) [k=y] - eps/C
-        g_soft = g * (1.0 + 2.0 * coef * lse)
+        # d loss / d z_k = (1 + 2 coef lse) p_k - (1-eps) [k=y] - eps/C; with class weights w:
+        # (w_y ((1-eps) + 2 coef lse) + eps W / C) p_k - (1-eps) w_y [k=y] - eps w_k / C, W = sum_k w_k
+        if cwc is None:
+            g_soft = g * (1.0 + 2.0 * coef * lse)
+        else:
+            cw_y = cwc.index_select(0, safe)
+            g_soft = g * (cw_y * ((1.0 - eps) + 2.0 * coef * lse) + (eps / c) * cwc.sum())
         xc = x.to(dtype)
         need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[2]
         gx = torch.zeros_like(xc) if need_x else None
@@ -132,7 +148,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 dz = t.mul_(cap)
             dz.sub_(lse.unsqueeze(1)).exp_().mul_(g_soft.unsqueeze(1))
             if eps > 0:
-                dz.sub_((eps / c) * g.unsqueeze(1))
+                if cwc is None:
+                    dz.sub_((eps / c) * g.unsqueeze(1))
+                else:
+                    dz.sub_((eps / c) * g.unsqueeze(1) * cwc[start:start + chunk].unsqueeze(0))
             if t is not None:
                 dz.mul_(dcap)
             if need_x:
@@ -143,6 +162,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 gb[start:start + chunk] = dz.sum(dim=0)
         # the target term -(1-eps) z_y
         gy = (1.0 - eps) * g * dcap_y
+        if cwc is not None:
+            gy = gy * cw_y
         if need_x:
             gx.sub_(gy.unsqueeze(1) * weight.index_select(0, safe).to(dtype))
         if need_w:
@@ -153,7 +174,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             None if gx is None else gx.to(x.dtype),
             None if gw is None else gw.to(weight.dtype),
             None if gb is None else gb.to(bias.dtype),
-            None, None, None, None, None, None, None,
+            None, None, None, None, None, None, None, None,
         )
 
 
@@ -169,7 +190,9 @@ def linear_cross_entropy(
     label_smoothing: float = 0.0,
     logz_coef: float = 0.0,
     softcap: Optional[float] = None,
-) -> Tensor:
+    class_weight: Optional[Tensor] = None,
+    return_stats: bool = False,
+) -> Union[Tensor, LossStats]:
     r"""Cross-entropy of a linear classifier without materialising the ``N x C`` logits.
 
     Equal to ``F.cross_entropy(embeddings @ weight.T + bias, target)`` (and, with the options,
@@ -196,6 +219,17 @@ def linear_cross_entropy(
     ``softcap``: ``None`` (off) or a positive float ``c``; every logit becomes
     ``c * tanh(z_ik / c)`` before the softmax, the label-smoothing mean and the log-Z penalty
     (final-logit soft-capping, Gemma 2, arXiv:2408.00118), chunk by chunk as well.
+
+    ``class_weight``: ``None`` or a ``(C,)`` tensor of non-negative class weights ``w``, as
+    ``F.cross_entropy(..., weight=w)``: ``L_i = w_{y_i} [(1-eps)(lse_i - z_{i,y_i}) +
+    logz_coef * lse_i^2] + (eps / C) sum_k w_k (lse_i - z_ik)``, ``"none"`` gives ``L_i``,
+    ``"sum"`` ``sum_i L_i`` and ``"mean"`` ``sum_i L_i / sum_i w_{y_i}`` over the non-ignored rows.
+    (The name ``weight`` is the classifier's.)
+
+    ``return_stats=True`` returns a :class:`losses.LossStats` ``(loss, lse, penalty, accuracy,
+    count)`` computed in the same pass: the per-row ``log Z`` (what cut-cross-entropy's
+    ``return_lse`` gives), the penalty part of the loss and the token accuracy (the running argmax
+    over the chunks) that Liger-Kernel returns with ``return_z_loss`` / ``return_token_accuracy``.
 
     **On a GPU** (CUDA ``embeddings`` and ``weight`` in one dtype, bfloat16 or float16) the head
     takes its GPU path (``losses/kernels/triton_linear.py``; ``LOSSES_TRITON=0`` switches it off):
@@ -226,6 +260,7 @@ def linear_cross_entropy(
     check_number(fn, "label_smoothing", label_smoothing, low=0.0, high=1.0)
     check_number(fn, "logz_coef", logz_coef, low=0.0)
     cap = check_softcap(fn, softcap)
+    check_bool(fn, "return_stats", return_stats)
     if embeddings.dim() != 2:
         raise value_error(fn, "embeddings must have shape (N, D)", f"shape {tuple(embeddings.shape)}",
                           "flatten leading dimensions with embeddings.reshape(-1, D)")
@@ -245,6 +280,8 @@ def linear_cross_entropy(
             raise value_error(fn, f"bias must have shape ({c},)", f"shape {tuple(bias.shape)}", "one bias per class")
     if chunk_size is not None:
         check_int(fn, "chunk_size", chunk_size, low=1, allow_none=True, hint="use None to choose it from N and C")
+    if class_weight is not None:
+        class_weight = check_class_weight(fn, class_weight, c, name="class_weight").to(embeddings.device)
     check_finite(fn, "embeddings", embeddings)
     check_finite(fn, "weight", weight)
     if bias is not None:
@@ -254,7 +291,8 @@ def linear_cross_entropy(
     chunk = min(c, chunk_size if chunk_size is not None else _default_chunk_size(embeddings.shape[0], c))
     valid = target != ignore_index
     if (embeddings.dtype in (torch.bfloat16, torch.float16) and weight.dtype == embeddings.dtype
-            and weight.device == embeddings.device and kernels.use_triton(embeddings)):
+            and weight.device == embeddings.device and class_weight is None and not return_stats
+            and kernels.use_triton(embeddings)):
         # the GPU path: half-precision matmuls on the tensor cores, Triton passes over each chunk,
         # float32 statistics and gradient accumulation (losses/kernels/triton_linear.py)
         from ..kernels import triton_linear
@@ -266,11 +304,39 @@ def linear_cross_entropy(
                 label_smoothing=float(label_smoothing), logz_coef=float(logz_coef), ignore_index=ignore_index)
             return reduce_loss(values, valid.to(torch.float32), reduction)
     with no_autocast(embeddings, weight):  # logits in float32 (or float64) under autocast too
-        values = _LinearCrossEntropy.apply(drop_rows(embeddings, valid), weight, bias, target.long(), valid, chunk,
-                                           float(label_smoothing), float(logz_coef), dtype, cap)
+        values, lse, pred = _LinearCrossEntropy.apply(
+            drop_rows(embeddings, valid), weight, bias, target.long(), valid, chunk, float(label_smoothing),
+            float(logz_coef), dtype, cap, class_weight)
         # no anchors needed: the autograd Function returns (zero) gradients for every input even
         # when all rows are ignored
-        return reduce_loss(values, valid.to(dtype), reduction)
+        units = valid.to(dtype)
+        if class_weight is None:
+            loss = reduce_loss(values, units, reduction)
+        else:  # values already carry w_y (as F.cross_entropy's "none"); "mean" divides by sum w_y
+            loss = _class_weighted(values, units * class_weight.to(dtype).index_select(
+                0, torch.where(valid, target, torch.zeros_like(target)).long()), reduction)
+        if not return_stats:
+            return loss
+        pen = float(logz_coef) * lse * lse
+        if class_weight is None:
+            penalty = reduce_loss(pen, units, reduction)
+        else:
+            w_y = units * class_weight.to(dtype).index_select(0, torch.where(valid, target, torch.zeros_like(target)).long())
+            penalty = _class_weighted(w_y * pen, w_y, reduction)
+        return token_stats(loss, lse, penalty, pred, target.long(), valid)
+
+
+def _class_weighted(values: Tensor, w_y: Tensor, reduction: str) -> Tensor:
+    """``"none"`` / ``"sum"`` of values that already carry their class weight, and ``"mean"``
+    dividing by the sum of the weights (``F.cross_entropy``'s weighted mean; 0 when it is 0)."""
+    values = torch.where(w_y > 0, values, torch.zeros((), dtype=values.dtype, device=values.device))
+    if reduction == "none":
+        return values
+    total = values.sum()
+    if reduction == "sum":
+        return total
+    denom = w_y.sum()
+    return total / torch.where(denom > 0, denom, torch.ones_like(denom))
 
 
 class LinearCrossEntropyLoss(nn.Module):
@@ -287,6 +353,8 @@ class LinearCrossEntropyLoss(nn.Module):
         label_smoothing: ``eps`` in ``[0, 1]`` (default 0.0).
         logz_coef: weight ``>= 0`` of the log-Z penalty ``lse^2`` (default 0.0).
         softcap: ``None`` (default, off) or ``c > 0``: logits become ``c * tanh(z / c)``.
+        class_weight: optional per-class weights ``(C,)`` as ``F.cross_entropy``'s ``weight``,
+            stored as the buffer ``class_weight`` (default None).
 
     ``forward(embeddings, target)``: ``embeddings (N, D)``, ``target`` ids ``(N,)``. Returns a
     scalar for ``"mean"``/``"sum"``, ``(N,)`` for ``"none"``. ``.logits(embeddings)`` gives the
@@ -307,6 +375,7 @@ class LinearCrossEntropyLoss(nn.Module):
         label_smoothing: float = 0.0,
         logz_coef: float = 0.0,
         softcap: Optional[float] = None,
+        class_weight: Optional[Tensor] = None,
     ) -> None:
         super().__init__()
         fn = "LinearCrossEntropyLoss"
@@ -326,6 +395,9 @@ class LinearCrossEntropyLoss(nn.Module):
         linear = nn.Linear(embedding_dim, num_classes, bias=bias)
         self.weight = linear.weight
         self.register_parameter("bias", linear.bias if bias else None)
+        if class_weight is not None:
+            class_weight = check_class_weight(fn, torch.as_tensor(class_weight), num_classes, name="class_weight")
+        self.register_buffer("class_weight", None if class_weight is None else torch.as_tensor(class_weight))
 
     def forward(self, embeddings: Tensor, target: Tensor) -> Tensor:
         """The cross-entropy of the owned classifier's logits against ``target``.
@@ -340,7 +412,8 @@ class LinearCrossEntropyLoss(nn.Module):
         check_head_embeddings("linear_cross_entropy", type(self).__name__, embeddings, self.embedding_dim)
         return linear_cross_entropy(embeddings, target, self.weight, bias=self.bias, chunk_size=self.chunk_size,
                                     label_smoothing=self.label_smoothing, logz_coef=self.logz_coef,
-                                    ignore_index=self.ignore_index, reduction=self.reduction, softcap=self.softcap)
+                                    ignore_index=self.ignore_index, reduction=self.reduction, softcap=self.softcap,
+                                    class_weight=self.class_weight)
 
     def logits(self, embeddings: Tensor) -> Tensor:
         """``embeddings @ weight.T + bias`` over all classes (materialised; for evaluation),
@@ -355,7 +428,7 @@ class LinearCrossEntropyLoss(nn.Module):
 
     extra_repr = auto_extra_repr
 
-    _repr_omit_none = ("softcap",)
+    _repr_omit_none = ("softcap", "class_weight")
 
     def _repr_values(self) -> dict:
         return {"bias": self.bias is not None}

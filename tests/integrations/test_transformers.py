@@ -227,8 +227,8 @@ def test_errors():
         CausalLMLoss(softcap=0.0)
     with pytest.raises(ValueError, match=r"^CausalLMLoss: loss must be built with reduction='sum'"):
         CausalLMLoss(loss=losses.CrossEntropyLoss())
-    with pytest.raises(ValueError, match=r"^SequenceClassificationLoss: label_smoothing is not available together"):
-        SequenceClassificationLoss(logz_coef=1e-4, label_smoothing=0.1)
+    with pytest.raises(TypeError, match=r"^CausalLMLoss: stats must be a bool"):
+        CausalLMLoss(stats=1)
     with pytest.raises(ValueError, match=r"^LinearCrossEntropyCausalLMLoss: the model outputs have no 'hidden_states'"):
         LinearCrossEntropyCausalLMLoss(torch.nn.Linear(4, 5))({"logits": torch.zeros(1, 2, 5)}, torch.zeros(1, 2).long())
     with pytest.raises(ValueError, match=r"^CausalLMLoss: logits must be \(B, T, V\) and labels \(B, T\)"):
@@ -239,3 +239,268 @@ def test_errors():
                 cls(ignore_index=bad)
     with pytest.raises(TypeError, match=r"^LinearCrossEntropyCausalLMLoss: ignore_index must be an int"):
         LinearCrossEntropyCausalLMLoss(torch.nn.Linear(4, 5), ignore_index=-100.0)
+
+
+# --------------------------------------------------------------------------------------
+# shift_labels, one set of defaults, label smoothing with the penalty, statistics
+# --------------------------------------------------------------------------------------
+
+
+class _LargestTensor(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the element count of the largest tensor any operator creates in new memory (of
+    those with a dimension of size ``dim``, when given), and how many have at least ``big``
+    elements."""
+
+    def __init__(self, big=None, dim=None):
+        super().__init__()
+        self.largest, self.count, self.big, self.dim = 0, 0, big, dim
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves((args, kwargs))
+                  if isinstance(t, torch.Tensor)}
+        for t in torch.utils._pytree.tree_leaves(out):
+            if (isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs  # new memory
+                    and (self.dim is None or self.dim in t.shape)):
+                self.largest = max(self.largest, t.numel())
+                self.count += self.big is not None and t.numel() >= self.big
+        return out
+
+
+def test_shift_labels_are_used_as_given_and_the_shift_copies_no_logits():
+    from losses.integrations.transformers import shifted_targets
+
+    model = _gpt2(seed=2, hidden=True).eval()
+    ids, att, labels = _lm_rows(seed=6)
+    out = model(input_ids=ids, attention_mask=att)
+    shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]
+    assert torch.equal(shifted_targets(labels), shifted)
+    plain = CausalLMLoss()(out, labels)
+    assert torch.equal(CausalLMLoss()(out, None, shift_labels=shifted), plain)
+    assert torch.equal(CausalLMLoss()(out, labels, shift_labels=shifted), plain)
+    # Hugging Face's own loss function with the same shift_labels
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    other = shifted.clone()
+    other[1, :4] = -100  # a collator's own alignment: used as given, labels not read
+    hf = ForCausalLMLoss(out.logits, labels, V, shift_labels=other)
+    assert torch.allclose(CausalLMLoss()(out, labels, shift_labels=other), hf, rtol=1e-6)
+    head = model.get_output_embeddings()
+    lin = LinearCrossEntropyCausalLMLoss(head)(out, labels, shift_labels=other)
+    assert torch.allclose(lin, hf, rtol=1e-5)
+    # the logits reach the loss whole: the call creates no more logits-sized tensors than the
+    # loss function alone on the (B*T, V) view (the labels move); a shift of the logits would add one
+    big = int(0.9 * out.logits.numel())
+    z = out.logits.detach().requires_grad_(True)
+    with _LargestTensor(big) as ours:
+        CausalLMLoss()({"logits": z}, labels).backward()
+    with _LargestTensor(big) as alone:
+        losses.cross_entropy_loss(z.reshape(-1, V), shifted.reshape(-1), reduction="sum").backward()
+    with _LargestTensor(big) as copy:
+        out.logits[:, :-1].reshape(-1, V)
+    assert copy.count == 1 and 0 < ours.count == alone.count, (ours.count, alone.count)
+
+
+def test_every_callable_has_the_same_declared_defaults():
+    import inspect
+
+    from losses.integrations import transformers as tf
+
+    for cls in (tf.SequenceClassificationLoss, tf.CausalLMLoss, tf.MaskedLMLoss, tf.LinearCrossEntropyCausalLMLoss):
+        params = inspect.signature(cls.__init__).parameters
+        assert params["logz_coef"].default == tf.DEFAULT_LOGZ_COEF == 0.0, cls
+        assert params["label_smoothing"].default == 0.0 and params["ignore_index"].default == -100, cls
+    params = inspect.signature(tf.patch_causal_lm).parameters
+    assert params["logz_coef"].default == tf.DEFAULT_LOGZ_COEF
+    # so the linear-CE callable equals the logits callable, and HF's loss, with no options
+    model = _gpt2(seed=3, hidden=True).eval()
+    ids, att, labels = _lm_rows(seed=7)
+    out = model(input_ids=ids, attention_mask=att)
+    ref = model(input_ids=ids, attention_mask=att, labels=labels).loss
+    assert torch.allclose(LinearCrossEntropyCausalLMLoss(model.get_output_embeddings())(out, labels), ref, rtol=1e-5)
+    assert torch.allclose(CausalLMLoss()(out, labels), ref, rtol=1e-6)
+
+
+def test_label_smoothing_with_the_penalty_in_every_callable():
+    model = _gpt2(seed=4, hidden=True).eval()
+    ids, att, labels = _lm_rows(seed=8)
+    out = model(input_ids=ids, attention_mask=att)
+    z = out.logits[:, :-1].reshape(-1, V).double()
+    y = labels[:, 1:].reshape(-1)
+    keep = y != -100
+    eps, coef = 0.1, 1e-2
+    logp = torch.log_softmax(z[keep], 1)
+    lse = torch.logsumexp(z[keep], 1)
+    hand = ((1 - eps) * -logp.gather(1, y[keep, None])[:, 0] - eps * logp.mean(1) + coef * lse ** 2).mean()
+    got = CausalLMLoss(logz_coef=coef, label_smoothing=eps)(out, labels)
+    lin = LinearCrossEntropyCausalLMLoss(model.get_output_embeddings(), logz_coef=coef, label_smoothing=eps)(out, labels)
+    assert abs(float(got) - float(hand)) < 1e-5 and abs(float(lin) - float(hand)) < 1e-5
+    seq = SequenceClassificationLoss(logz_coef=coef, label_smoothing=eps)({"logits": z[keep].float()}, y[keep])
+    assert abs(float(seq) - float(hand)) < 1e-5
+
+
+def test_statistics_come_from_the_same_call():
+    model = _gpt2(seed=5, hidden=True).eval()
+    ids, att, labels = _lm_rows(seed=9)
+    out = model(input_ids=ids, attention_mask=att)
+    z = out.logits.reshape(-1, V).double()  # every position; the last one of each row has no target
+    y = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:].reshape(-1)
+    keep = y != -100
+    lse = torch.logsumexp(z, 1)
+    acc = float((z.argmax(1) == y)[keep].double().mean())
+    for make in (lambda: CausalLMLoss(logz_coef=1e-2, stats=True),
+                 lambda: LinearCrossEntropyCausalLMLoss(model.get_output_embeddings(), logz_coef=1e-2, stats=True,
+                                                        chunk_size=13)):
+        fn = make()
+        assert fn.last_stats is None
+        loss = fn(out, labels)
+        st = fn.last_stats
+        assert isinstance(st, losses.LossStats)
+        assert int(st.count) == int(keep.sum()) and abs(float(st.accuracy) - acc) < 1e-9
+        flat_lse = st.lse.reshape(-1)
+        assert torch.allclose(flat_lse[keep].double(), lse[keep], atol=1e-5) and bool((flat_lse[~keep] == 0).all())
+        assert abs(float(st.penalty) - 1e-2 * float((lse[keep] ** 2).sum())) < 1e-3
+        assert st.loss is not None and loss.requires_grad
+
+
+# --------------------------------------------------------------------------------------
+# patch_causal_lm: tiny models built from configs, the Trainer, no full logits
+# --------------------------------------------------------------------------------------
+
+PV = 97
+
+
+def _causal(kind, seed=0):
+    torch.manual_seed(seed)
+    common = dict(vocab_size=PV, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64)
+    if kind == "gpt2":  # tied head
+        return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            n_layer=1, n_embd=32, n_head=2, vocab_size=PV, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
+            attn_pdrop=0.0, bos_token_id=0, eos_token_id=0))
+    cfg = dict(bos_token_id=0, eos_token_id=0, pad_token_id=None)
+    make = {
+        "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**common, **cfg)),
+        "gemma2": lambda: transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+            **common, **cfg, head_dim=8, final_logit_softcapping=3.0)),
+        "cohere": lambda: transformers.CohereForCausalLM(transformers.CohereConfig(**common, **cfg, logit_scale=0.37)),
+        "granite": lambda: transformers.GraniteForCausalLM(transformers.GraniteConfig(
+            **common, **cfg, logits_scaling=2.5)),
+        "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common, **cfg)),
+        "mistral": lambda: transformers.MistralForCausalLM(transformers.MistralConfig(**common, **cfg)),
+    }
+    return make[kind]()
+
+
+PATCH_KINDS = ["llama", "gpt2", "gemma2", "cohere", "granite", "qwen2", "mistral"]
+
+
+def _token_batch(seed=0, n=4, t=12):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, PV, (n, t), generator=g)
+    labels = ids.clone()
+    att = torch.ones_like(ids)
+    for i in range(n):
+        pad = (3 * i) % 5
+        if pad:
+            labels[i, t - pad:] = -100
+            att[i, t - pad:] = 0
+    return ids, att, labels
+
+
+@pytest.mark.parametrize("kind", PATCH_KINDS)
+def test_patched_model_equals_its_built_in_loss_and_gradients(kind):
+    from losses.integrations.transformers import logit_transform, patch_causal_lm
+
+    model = _causal(kind).eval()
+    ids, att, labels = _token_batch(seed=1)
+    ref = model(input_ids=ids, attention_mask=att, labels=labels)
+    g_ref = torch.autograd.grad(ref.loss, list(model.parameters()), allow_unused=True)
+    transform = logit_transform(model)
+    expected = {"gemma2": (1.0, 3.0), "cohere": (0.37, None), "granite": (1 / 2.5, None)}.get(kind, (1.0, None))
+    assert transform.scale == pytest.approx(expected[0]) and transform.softcap == expected[1]
+    assert patch_causal_lm(model) is model
+    for _ in range(2):  # the first call checks the transform, the second does not
+        out = model(input_ids=ids, attention_mask=att, labels=labels)
+        assert out.logits is None
+        assert torch.allclose(out.loss, ref.loss, rtol=1e-6, atol=1e-6), (kind, float(out.loss), float(ref.loss))
+        grads = torch.autograd.grad(out.loss, list(model.parameters()), allow_unused=True)
+        for (name, _p), a, b in zip(model.named_parameters(), grads, g_ref):
+            if b is None:
+                assert a is None or bool((a == 0).all()), name
+            else:
+                assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), (kind, name)
+    # evaluation without labels and generation are the model's own
+    plain = model(input_ids=ids, attention_mask=att)
+    assert plain.logits.shape == (4, 12, PV) and torch.allclose(plain.logits, ref.logits)
+    gen = model.generate(ids[:1, :5], max_new_tokens=3, do_sample=False)
+    assert gen.shape == (1, 8)
+
+
+def test_patch_reads_shift_labels_and_num_items_and_refuses_unknown_transforms():
+    from losses.integrations.transformers import patch_causal_lm
+
+    model = patch_causal_lm(_causal("llama", seed=2).eval())
+    ids, att, labels = _token_batch(seed=2)
+    shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]
+    a = model(input_ids=ids, attention_mask=att, labels=labels).loss
+    b = model(input_ids=ids, attention_mask=att, shift_labels=shifted).loss
+    c = model(input_ids=ids, attention_mask=att, labels=labels, num_items_in_batch=torch.tensor(100)).loss
+    n = int((shifted != -100).sum())
+    assert torch.equal(a, b) and torch.allclose(c, a * n / 100, rtol=1e-6)
+    # a transform the config does not describe: a Llama told it soft-caps (it does not)
+    odd = _causal("llama", seed=3)
+    odd.config.final_logit_softcapping = 2.0
+    patch_causal_lm(odd)
+    with pytest.raises(ValueError, match=r"^patch_causal_lm: LlamaForCausalLM transforms its logits in a way not read"):
+        odd(input_ids=ids, labels=labels)
+    with pytest.raises(ValueError, match=r"^patch_causal_lm: the model is patched already"):
+        patch_causal_lm(model)
+    with pytest.raises(ValueError, match=r"^patch_causal_lm: loss must be built with reduction='sum'"):
+        patch_causal_lm(_causal("llama"), loss=losses.Entmax15Loss())
+
+
+def test_patch_takes_a_registry_logits_loss():
+    from losses.integrations.transformers import patch_causal_lm
+
+    model = _causal("gemma2", seed=4).eval()
+    ids, att, labels = _token_batch(seed=3)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=att).logits  # soft-capped by the model
+    z, y = logits[:, :-1].reshape(-1, PV), labels[:, 1:].reshape(-1)
+    keep = y != -100
+    ref = losses.entmax15_loss(z[keep], y[keep])
+    patch_causal_lm(model, loss=losses.Entmax15Loss(reduction="sum"))
+    got = model(input_ids=ids, attention_mask=att, labels=labels).loss
+    assert torch.allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma2", "cohere", "granite", "gpt2"])
+def test_trainer_with_a_patched_model_equals_the_unpatched_run_without_the_logits(tmp_path, kind):
+    """A real ``Trainer.train()`` (two optimiser steps, gradient accumulation 2): the patched
+    model's logged losses and final parameters equal the unpatched model's, and no operator of the
+    patched run creates a tensor as large as the (tokens x vocabulary) logits."""
+    from losses.integrations.transformers import patch_causal_lm
+
+    ids, att, labels = _token_batch(seed=5, n=16, t=20)
+    data = _Rows(input_ids=ids, attention_mask=att, labels=labels)
+    runs = {}
+    for patched in (False, True):
+        model = _causal(kind, seed=6)
+        if patched:  # class chunks of 32 of the 97 (at this toy size the default chunk is the vocabulary)
+            patch_causal_lm(model, chunk_size=32)
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path / str(patched)), per_device_train_batch_size=4, gradient_accumulation_steps=2,
+            max_steps=2, learning_rate=0.5, optim="sgd", max_grad_norm=0.0, lr_scheduler_type="constant",
+            logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, seed=0, dataloader_num_workers=0,
+            disable_tqdm=True, weight_decay=0.0)
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=data)
+        with _LargestTensor(dim=PV) as seen:  # tensors with a vocabulary-sized dimension
+            trainer.train()
+        runs[patched] = ([h["loss"] for h in trainer.state.log_history if "loss" in h], model, seen.largest)
+    (loss0, m0, big0), (loss1, m1, big1) = runs[False], runs[True]
+    assert len(loss0) == 2 and loss1 == pytest.approx(loss0, rel=1e-5)
+    for (name, a), b in zip(m0.named_parameters(), m1.parameters()):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), name
+    logits_size = 4 * 20 * PV  # one micro-batch's logits
+    assert big0 >= logits_size > big1, (big0, big1)
