@@ -409,7 +409,8 @@ def check_softmax_classes(fn: str, c: int, *, arg: Optional[str] = None) -> None
             fn,
             "a softmax over a single class is identically 1, so this loss is 0 and trains nothing",
             "C=1",
-            "for a binary task use bce_with_logits_loss (one logit per sample) or pass two classes",
+            "for a binary task with 0/1 labels use one logit per sample: "
+            "losses.bce_with_logits_loss(input.squeeze(1), target.to(input.dtype)); or pass two classes",
         )
     raise value_error(
         fn,
@@ -708,12 +709,32 @@ def move_class_dim_last(input: Tensor) -> Tensor:
     return input.movedim(1, -1).reshape(-1, c)
 
 
-def check_logits_dim(fn: str, input: Tensor) -> None:
+#: the advice for one logit per sample given to a loss over classes (a softmax, or class ids)
+BINARY_HINT = ("for one logit per sample (a binary task) with 0/1 labels use "
+               "losses.bce_with_logits_loss(input, target.to(input.dtype))")
+
+
+def check_logits_dim(fn: str, input: Tensor, target: object = None) -> None:
     """``input`` must have ``F.cross_entropy``'s layout, ``(N, C)`` or ``(N, C, d1, ..., dk)`` with
-    the classes on dim 1 (``ValueError`` otherwise)."""
-    if input.dim() < 2:
-        raise value_error(fn, "input must have shape (N, C) or (N, C, d1, ..., dk) with classes on dim 1",
-                          f"shape {tuple(input.shape)}", "add a batch dimension with input.unsqueeze(0)")
+    the classes on dim 1 (``ValueError`` otherwise). With ``target`` the hint fits it: ``(C,)``
+    logits of one sample with a 0-dim id or a ``(C,)`` distribution get a batch dimension on both;
+    one logit per sample (``target`` shaped like ``input``) is sent to the binary loss."""
+    if input.dim() >= 2:
+        return
+    one_sample = "add a batch dimension to both: input.unsqueeze(0) and target.unsqueeze(0)"
+    if input.dim() == 1 and isinstance(target, Tensor) and target.dim() == 0:
+        hint = one_sample
+    elif (input.dim() == 1 and isinstance(target, Tensor) and target.is_floating_point()
+          and target.shape == input.shape):
+        hint = f"for the C classes of one sample {one_sample}; {BINARY_HINT}"
+    elif isinstance(target, Tensor) and target.shape == input.shape:
+        hint = BINARY_HINT
+    elif target is None:  # a loss without a target
+        hint = "add a batch dimension with input.unsqueeze(0)"
+    else:
+        hint = f"for the C classes of one sample {one_sample}"
+    raise value_error(fn, "input must have shape (N, C) or (N, C, d1, ..., dk) with classes on dim 1",
+                      f"shape {tuple(input.shape)}", hint)
 
 
 def flatten_logits_and_target(fn: str, input: Tensor, target: Tensor) -> tuple[Tensor, Tensor, tuple[int, ...]]:
@@ -723,7 +744,7 @@ def flatten_logits_and_target(fn: str, input: Tensor, target: Tensor) -> tuple[T
     shaped ``(N,)`` or ``(N, d1, ..., dk)``. Returns the flattened pair and the ``"none"``
     output shape ``(N, d1, ..., dk)``.
     """
-    check_logits_dim(fn, input)
+    check_logits_dim(fn, input, target)
     expected = check_target_shape(fn, input, target)
     return move_class_dim_last(input), target.reshape(-1), expected
 
@@ -848,6 +869,31 @@ def reduce_loss(
             out = total / torch.where(denom > 0, denom, torch.ones_like(denom))
     return out if extra is None else out + extra
 
+
+def reduce_weighted_values(values: Tensor, unit: Tensor, reduction: str) -> Tensor:
+    r"""``F.cross_entropy``'s class-weighted reduction, for values that already carry their weight.
+
+    ``values`` are the per-unit losses times their unit weight, ``w_{y_i} l_i``, and exactly 0 at
+    ignored units (what ``F.cross_entropy(..., weight=w, ignore_index=..., reduction="none")``
+    returns); ``unit`` (same shape) holds the unit weights ``w_{y_i}`` (1 without class weights),
+    0 at ignored units. Then
+
+    * ``"none"``: ``values`` as they are (``w_{y_i} l_i``, 0 at ignored units);
+    * ``"sum"``: :math:`\sum_i w_{y_i} l_i`;
+    * ``"mean"``: :math:`\sum_i w_{y_i} l_i \,/\, \sum_i w_{y_i}` over the non-ignored units, and
+      when that denominator is 0 (every unit ignored, or an empty batch) the exact 0 of the
+      numerator divided by 1, attached to the graph through ``values`` (zero gradients).
+
+    The rule of :func:`reduce_loss` with ``values / unit`` as the per-unit loss, except that
+    ``"none"`` keeps the weight in the values (as ``F.cross_entropy`` does). No host sync.
+    """
+    if reduction == "none":
+        return values
+    total = values.sum()
+    if reduction == "sum":
+        return total
+    denom = unit.sum()
+    return total / torch.where(denom > 0, denom, torch.ones_like(denom))
 
 
 # --------------------------------------------------------------------------------------

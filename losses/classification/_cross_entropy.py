@@ -32,6 +32,7 @@ from .._core import (
     move_class_dim_last,
     no_autocast,
     reduce_loss,
+    reduce_weighted_values,
     upcast,
 )
 from .._softcap import apply_softcap, check_softcap
@@ -69,7 +70,7 @@ def softmax_cross_entropy(
     check_tensor(fn, "target", target)
     check_reduction(fn, reduction)
     eps = check_number(fn, "label_smoothing", label_smoothing, low=0.0, high=1.0)
-    check_logits_dim(fn, input)
+    check_logits_dim(fn, input, target)
     c = input.shape[1]
     check_softmax_classes(fn, c)
     check_class_weight(fn, weight, c)
@@ -133,13 +134,7 @@ def softmax_cross_entropy(
         unit = valid.to(dtype)
         if w is not None:
             unit = unit * w[safe]
-        if reduction == "none":
-            return values
-        total = values.sum()
-        if reduction == "sum":
-            return total
-        denom = unit.sum()
-        return total / torch.where(denom > 0, denom, torch.ones_like(denom))
+        return reduce_weighted_values(values, unit, reduction)
 
 
 

@@ -24,6 +24,7 @@ from .._core import (
     check_reduction,
     compute_dtype,
     no_autocast,
+    reduce_weighted_values,
     upcast,
     zero_rows,
 )
@@ -148,13 +149,7 @@ def focal_loss(
             values = values * a
             unit = unit * a
         values = torch.where(valid, values, zero).reshape(out_shape)
-        if reduction == "none":
-            return values
-        total = values.sum()
-        if reduction == "sum":
-            return total
-        denom = unit.sum()
-        return total / torch.where(denom > 0, denom, torch.ones_like(denom))
+        return reduce_weighted_values(values, unit, reduction)
 
 
 class FocalLoss(nn.Module):

@@ -29,6 +29,7 @@ from .._core import (
     check_reduction,
     check_tensor,
     compute_dtype,
+    reduce_weighted_values,
     upcast,
     value_error,
 )
@@ -246,8 +247,7 @@ def nbc_softmax_loss(
         term = _nbc_term(z, target, valid, scale, k, variant)
         logits = matmul(z, w.t()) if b is None else matmul(z, w.t()) + b
         ce_rows = F.cross_entropy(logits, target.long(), ignore_index=ignore_index, reduction="none")
-        n_valid = valid.sum().to(dtype)
-        ce = ce_rows.sum() / torch.where(n_valid > 0, n_valid, torch.ones_like(n_valid))
+        ce = reduce_weighted_values(ce_rows, valid.to(dtype), "mean")
         # empty / all-ignored batch: both terms are exactly 0; the anchors give zero gradients
         return (1.0 - nbc_weight) * ce + nbc_weight * term + attached_zero(embeddings, weight, bias, dtype=dtype)
 
