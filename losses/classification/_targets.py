@@ -13,6 +13,10 @@ The element-wise (multi-label style) losses
   apply).
 
 Label smoothing maps ``y -> y (1 - eps) + eps / C``.
+
+Given ``input`` without a class dimension (``()`` or ``(N,)``: one logit per element, as
+``F.binary_cross_entropy_with_logits`` takes it), they need float labels shaped like ``input``
+and treat each element as one channel (:func:`one_channel`: ``C = 1``, as for ``(N, 1)``).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from .._core import (
     check_tensor,
     check_unit_interval,
     move_class_dim_last,
+    type_error,
     value_error,
 )
 
@@ -65,7 +70,7 @@ def elementwise_targets(
 ) -> Tuple[Tensor, Tensor]:
     """Return ``(y, unit_weight)``, both shaped like ``input`` and in ``dtype``."""
     check_tensor(fn, "target", target)
-    check_logits_dim(fn, input)
+    check_logits_dim(fn, input, target)
     c = input.shape[1]
     if check_class_target(fn, input, target, soft=True, soft_name="labels in [0, 1]"):
         check_finite(fn, "target", target)
@@ -80,6 +85,36 @@ def elementwise_targets(
     if label_smoothing > 0:
         y = y * (1.0 - label_smoothing) + label_smoothing / c
     return y, unit
+
+
+def one_channel(fn: str, input: Tensor, target: object,
+                weight: Optional[Tensor]) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """An element-wise binary loss's ``input`` without a class dimension (shape ``()`` or ``(N,)``,
+    one logit per element) as ``(M, 1)``: one channel, ``C = 1``. ``target`` must be float labels
+    shaped like ``input`` (class ids need a class dimension: ``TypeError``); ``weight`` is ``None``,
+    shaped like ``input`` (per element) or ``(1,)`` (the one channel's weight). Returns
+    ``(input, target, weight)`` reshaped; the caller reshapes a ``"none"`` result to
+    ``input.shape``."""
+    check_tensor(fn, "target", target)
+    if target.dtype == torch.bool or target.is_complex() or not target.is_floating_point():
+        raise type_error(
+            fn,
+            f"input of shape {tuple(input.shape)} has no class dimension (one logit per element), so target "
+            "must hold float labels in [0, 1] shaped like it",
+            str(target.dtype),
+            "pass 0/1 labels as target.to(input.dtype); class ids need logits (N, C) or (N, C, d1, ..., dk) "
+            "with classes on dim 1",
+        )
+    if target.shape != input.shape:
+        raise value_error(fn, f"float target must have the input's shape {tuple(input.shape)}",
+                          f"shape {tuple(target.shape)}", "pass one label in [0, 1] per logit")
+    if isinstance(weight, Tensor) and weight.shape == input.shape:
+        weight = weight.reshape(-1, 1)
+    elif weight is not None and not (isinstance(weight, Tensor) and tuple(weight.shape) == (1,)):
+        check_tensor(fn, "weight", weight)
+        raise value_error(fn, f"weight must have the input's shape {tuple(input.shape)} or shape (1,)",
+                          f"shape {tuple(weight.shape)}", "pass one weight per logit, or one for all")
+    return input.reshape(-1, 1), target.reshape(-1, 1), weight
 
 
 def broadcast_class_weight(fn: str, weight: Optional[Tensor], input: Tensor, dtype: torch.dtype) -> Optional[Tensor]:

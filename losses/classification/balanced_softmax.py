@@ -139,7 +139,7 @@ def balanced_softmax_loss(
     fn = "balanced_softmax_loss"
     check_floating(fn, "input", input)
     counts = _as_counts(fn, class_counts)
-    check_logits_dim(fn, input)
+    check_logits_dim(fn, input, target)
     check_softmax_classes(fn, input.shape[1])  # one class: the cross-entropy hint, before the lengths
     _check_counts(fn, counts, input.shape[1])
     check_tensor(fn, "target", target)

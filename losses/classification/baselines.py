@@ -38,7 +38,7 @@ from .._registry import element_unit_weights, position_unit_weights, register
 from .._softcap import check_softcap
 from ._cross_entropy import softmax_cross_entropy
 from .. import kernels
-from ._targets import binary_kernel, broadcast_class_weight, elementwise_targets, integer_targets
+from ._targets import binary_kernel, broadcast_class_weight, elementwise_targets, integer_targets, one_channel
 
 __all__ = ["cross_entropy_loss", "bce_with_logits_loss", "CrossEntropyLoss", "BCEWithLogitsLoss"]
 
@@ -62,7 +62,8 @@ def cross_entropy_loss(
     (``(1 - eps) w_y L_i + eps/C sum_k w_k (-log softmax_k)`` for ids).
 
     Shapes: ``input (N, C)`` or ``(N, C, d1..dk)`` with ``C >= 2`` (``C = 1`` raises
-    ``ValueError``: the loss would be identically 0; use :func:`bce_with_logits_loss`);
+    ``ValueError``: the loss would be identically 0; for 0/1 labels use one logit per sample,
+    ``bce_with_logits_loss(input.squeeze(1), target.to(input.dtype))``);
     ``target`` ids ``(N,)`` / ``(N, d1..dk)`` or probabilities shaped like ``input`` (each row
     non-negative and summing to 1 within 1e-3, a data check); float labels shaped like the ids
     raise ``TypeError``. ``weight (C,)``: finite, non-negative, not all zero (data checks).
@@ -137,8 +138,17 @@ def bce_with_logits_loss(
     the element gives 0 when its label is 0 and ``+inf`` when its label is positive, and its
     gradient is 0 (the logit is treated as fixed). NaN and ``+inf`` raise ``ValueError``.
 
-    Unit: the element. ``"none"`` gives ``(N, C, d1..dk)``; ``"mean"`` divides by the number of
-    non-ignored elements. Ignored rows are zeroed before the maths (exactly zero gradients even
+    **Without a class dimension**, as :func:`F.binary_cross_entropy_with_logits`: ``input`` of shape
+    ``()`` or ``(N,)`` (one logit per element) takes float labels in ``[0, 1]`` of the same shape and
+    equals ``F.binary_cross_entropy_with_logits(input, target, weight=weight)``; ``weight`` is then
+    shaped like ``input`` or ``(1,)``. Each element is one channel (``C = 1``, as for ``(N, 1)``),
+    so label smoothing maps ``y -> y (1 - eps) + eps``. Class ids need the class dimension
+    (``TypeError``, whose hint ``target.to(input.dtype)`` takes 0/1 labels as floats). For any
+    other shape, float labels shaped like ``input`` are the same element-wise loss (only the
+    smoothing's ``C`` and a ``(C,)`` weight read dim 1).
+
+    Unit: the element. ``"none"`` gives the input's shape (``(N, C, d1..dk)``); ``"mean"`` divides
+    by the number of non-ignored elements (every element for float labels). Ignored rows are zeroed before the maths (exactly zero gradients even
     with ``+-inf`` there). Under ``torch.autocast`` the computation runs in float32 (or float64).
 
     >>> import torch, losses
@@ -150,6 +160,10 @@ def bce_with_logits_loss(
     check_floating(fn, "input", input)
     check_reduction(fn, reduction)
     check_number(fn, "label_smoothing", label_smoothing, low=0.0, high=1.0, high_inclusive=False)
+    if input.dim() < 2:  # one logit per element: one channel, C = 1
+        x, t, w = one_channel(fn, input, target, weight)
+        out = bce_with_logits_loss(x, t, label_smoothing=label_smoothing, weight=w, reduction=reduction)
+        return out.reshape(input.shape) if reduction == "none" else out
     dtype = compute_dtype(input, weight, target)  # float64 soft targets count; ids never do
     # integer ids, reduced: the fused Function (eagerly 10x faster at C = 1e5); under torch.compile
     # the elementwise form below fuses better (measured 1.21x vs 1.72x compiled F.cross_entropy)
@@ -379,7 +393,9 @@ class BCEWithLogitsLoss(nn.Module):
 
     ``forward(input, target)``: ``input (N, C)`` or ``(N, C, d1..dk)`` logits, ``target`` ids
     ``(N,)`` / ``(N, d1..dk)`` (one-hot encoded over dim 1) or float labels in ``[0, 1]`` shaped
-    like ``input``. Returns a scalar for ``"mean"``/``"sum"``, ``(N, C, d1..dk)`` for ``"none"``.
+    like ``input``; or ``input`` ``()`` / ``(N,)`` (one logit per element) with float labels of
+    that shape, as :class:`torch.nn.BCEWithLogitsLoss`. Returns a scalar for ``"mean"``/``"sum"``,
+    the input's shape for ``"none"``.
 
     Buffers: ``weight`` (or None).
     """
@@ -405,11 +421,11 @@ class BCEWithLogitsLoss(nn.Module):
         """The binary cross-entropy of ``input`` against ``target``.
 
         Args:
-            input: logits ``(N, C)`` or ``(N, C, d1..dk)``.
+            input: logits ``(N, C)`` or ``(N, C, d1..dk)``; or ``()`` / ``(N,)``, one logit per element.
             target: class ids ``(N,)`` / ``(N, d1..dk)``, or float labels shaped like ``input``.
 
         Returns:
-            A scalar (``"mean"``, ``"sum"``) or the per-element losses ``(N, C, d1..dk)`` (``"none"``).
+            A scalar (``"mean"``, ``"sum"``) or the per-element losses, shaped like ``input`` (``"none"``).
         """
         return bce_with_logits_loss(input, target, label_smoothing=self.label_smoothing, weight=self.weight,
                                     ignore_index=self.ignore_index, reduction=self.reduction)

@@ -108,7 +108,10 @@ def _unit_stats(
     """
     if input.dim() < 2:
         raise value_error(fn, "input must have shape (B, C) or (B, C, d1, ..., dk) with classes on dim 1",
-                          f"shape {tuple(input.shape)}", "add a batch dimension with input.unsqueeze(0)")
+                          f"shape {tuple(input.shape)}",
+                          "for the C classes of one sample add a batch dimension to both: input.unsqueeze(0) and "
+                          "target.unsqueeze(0); for one sigmoid output per sample pass input.unsqueeze(1) with "
+                          "float labels target.to(input.dtype).unsqueeze(1) and activation='sigmoid'")
     b, c = input.shape[:2]
     spatial = tuple(input.shape[2:])
     n_pos = 1
@@ -116,8 +119,9 @@ def _unit_stats(
         n_pos *= d
     if activation == "softmax" and c == 1:
         raise value_error(fn, "a softmax over a single class is identically 1, so this loss is constant and trains "
-                          "nothing", "C=1", "for one foreground channel use activation='sigmoid' (or pass two "
-                          "classes); bce_with_logits_loss is the element-wise alternative")
+                          "nothing", "C=1", "for one foreground channel use activation='sigmoid' with float 0/1 labels "
+                          "shaped like input (an id map: target.unsqueeze(1).to(input.dtype)), or pass two "
+                          "classes; bce_with_logits_loss is the element-wise alternative")
     hard = not check_class_target(fn, input, target, soft=True, soft_name="soft labels")
     if hard:
         if tuple(target.shape) != (b,) + spatial:

@@ -42,7 +42,7 @@ from .._core import (
 from .._registry import element_unit_weights, register
 from .. import kernels
 from ..kernels import rows_native
-from ._targets import binary_kernel, broadcast_class_weight, elementwise_targets, integer_targets
+from ._targets import binary_kernel, broadcast_class_weight, elementwise_targets, integer_targets, one_channel
 
 __all__ = [
     "gumbel_activation",
@@ -487,7 +487,9 @@ def gumbel_bce_loss(
     using Gumbel Optimized Loss*, ECCV 2022, arXiv:2207.10936.
 
     Args:
-        input: logits ``(N, C)`` or ``(N, C, d1..dk)``, any floating dtype (computed in float32, or
+        input: logits ``(N, C)`` or ``(N, C, d1..dk)``, or ``()`` / ``(N,)`` (one logit per element,
+            with float labels of the same shape; each element is one channel, ``C = 1``, as for
+            ``(N, 1)``; class ids then raise ``TypeError``), any floating dtype (computed in float32, or
             float64 if an input is float64; never under autocast: inside ``torch.autocast`` the
             forward and backward still run in float32). **-inf** means probability 0; GOL is a
             per-class sigmoid-like loss, so nothing is removed: ``-inf`` is evaluated at the
@@ -517,7 +519,7 @@ def gumbel_bce_loss(
             :func:`torch.nn.functional.binary_cross_entropy_with_logits`). The reference ignores its
             class weights; that is not reproduced.
         ignore_index: id whose rows are ignored (integer targets only).
-        reduction: ``"none"`` gives ``(N, C, d1..dk)``; ``"mean"`` divides the sum by the number of
+        reduction: ``"none"`` gives the input's shape; ``"mean"`` divides the sum by the number of
             non-ignored elements; ``"sum"``.
 
     Unit: the element (weight 1, 0 in ignored rows). Defaults follow the paper; the detection
@@ -536,7 +538,12 @@ def gumbel_bce_loss(
     check_choice(fn, "variant", variant, _VARIANTS)
     smoothing = check_number(fn, "label_smoothing", label_smoothing, low=0.0, high=1.0, high_inclusive=False)
     clamp_ = _check_clamp(fn, clamp)
-    check_logits_dim(fn, input)
+    if input.dim() < 2:  # one logit per element: one channel, C = 1
+        x, t, w = one_channel(fn, input, target, weight)
+        out = gumbel_bce_loss(x, t, label_smoothing=smoothing, variant=variant, clamp=clamp, weight=w,
+                              reduction=reduction)
+        return out.reshape(input.shape) if reduction == "none" else out
+    check_logits_dim(fn, input, target)
     if target.dtype == torch.bool or target.is_complex():
         raise type_error(fn, "target must hold integer class ids or float labels in [0, 1]", str(target.dtype),
                          "pass target.float() for multi-hot labels")
@@ -609,7 +616,8 @@ class GumbelBCELoss(nn.Module):
 
     ``forward(input, target)``: ``input (N, C)`` or ``(N, C, d1..dk)`` logits, ``target`` ids
     ``(N,)`` / ``(N, d1..dk)`` (one-hot over dim 1) or float labels in ``[0, 1]`` shaped like
-    ``input``. Returns a scalar for ``"mean"``/``"sum"``, ``(N, C, d1..dk)`` for ``"none"``.
+    ``input`` (also for ``input`` ``()`` / ``(N,)``, one logit per element). Returns a scalar for
+    ``"mean"``/``"sum"``, the input's shape for ``"none"``.
 
     Buffers: ``weight`` (or None).
 

@@ -115,7 +115,7 @@ def logit_adjusted_loss(
     check_floating(fn, "input", input)
     tau = _check_tau(fn, tau)
     prior = _as_prior(fn, class_prior)
-    check_logits_dim(fn, input)
+    check_logits_dim(fn, input, target)
     check_softmax_classes(fn, input.shape[1])  # one class: the cross-entropy hint, before the lengths
     _check_prior(fn, prior, input.shape[1])
     work = torch.promote_types(compute_dtype(input), prior.dtype if prior.is_floating_point() else torch.float32)

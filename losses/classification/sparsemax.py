@@ -340,7 +340,7 @@ def _fy_loss(
     check_reduction(fn, reduction)
     if alpha is not None:
         _check_alpha(fn, alpha)
-    check_logits_dim(fn, input)
+    check_logits_dim(fn, input, target)
     c = input.shape[1]
     if c == 0:
         raise value_error(fn, "input needs at least one class on dim 1", f"shape {tuple(input.shape)}",

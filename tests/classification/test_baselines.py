@@ -15,6 +15,7 @@ import losses
 from tests._helpers import LOGIT_SHAPES, REDUCTIONS, assert_gradcheck, logits_and_ids, logits_at, loop_reduce
 from tests._helpers import position_shape, positions, value_and_grad
 from tests._helpers.rows import LOGITS, entry
+from tests.classification._hints import raise_and_follow
 
 # the public names this family adds (collected into the one list, tests/_helpers/names.py)
 EXPECTED_ENTRIES = {
@@ -323,6 +324,129 @@ def test_bce_matches_torch_on_float_targets():
                                    rtol=1e-12, atol=1e-14)
 
 
+# --------------------------------------------------------------------------------------
+# BCE without a class dimension, as F.binary_cross_entropy_with_logits
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(), (7,), (3, 4, 5)], ids=["scalar", "N", "N_d1_d2"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_bce_any_shape_equals_torch(shape, weighted, reduction):
+    """Float labels shaped like the logits, any shape: the value and both gradients (logits and
+    labels) of F.binary_cross_entropy_with_logits in float64, the reduction over every element;
+    the function and the module alike."""
+    g = torch.Generator().manual_seed(3)
+    x = 4 * torch.randn(shape, generator=g, dtype=torch.float64)
+    t = torch.rand(shape, generator=g, dtype=torch.float64)
+    w = (torch.rand(shape, generator=g, dtype=torch.float64) + 0.1) if weighted else None
+    xr, tr = x.clone().requires_grad_(True), t.clone().requires_grad_(True)
+    ref = F.binary_cross_entropy_with_logits(xr, tr, weight=w, reduction=reduction)
+    ref_g = torch.autograd.grad(ref.sum(), (xr, tr))
+    for f in (lambda a, b: losses.bce_with_logits_loss(a, b, weight=w, reduction=reduction),
+              losses.BCEWithLogitsLoss(weight=w, reduction=reduction)):
+        xa, ta = x.clone().requires_grad_(True), t.clone().requires_grad_(True)
+        out = f(xa, ta)
+        assert out.shape == ref.shape and out.dtype == torch.float64
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+        for got, want in zip(torch.autograd.grad(out.sum(), (xa, ta)), ref_g):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_bce_one_logit_per_sample_weight_smoothing_and_dtypes():
+    g = torch.Generator().manual_seed(4)
+    x = 3 * torch.randn(6, generator=g, dtype=torch.float64)
+    t = torch.randint(0, 2, (6,), generator=g).double()
+    # a (1,) weight is the one channel's weight, broadcast as torch does
+    w1 = torch.tensor([2.5], dtype=torch.float64)
+    for reduction in REDUCTIONS:
+        torch.testing.assert_close(losses.bce_with_logits_loss(x, t, weight=w1, reduction=reduction),
+                                   F.binary_cross_entropy_with_logits(x, t, weight=w1, reduction=reduction),
+                                   rtol=0, atol=1e-12)
+    # each element is one channel (C = 1), as for (N, 1): smoothing maps y -> y (1 - eps) + eps
+    for reduction in REDUCTIONS:
+        out = losses.bce_with_logits_loss(x, t, label_smoothing=0.2, reduction=reduction)
+        as_column = losses.bce_with_logits_loss(x[:, None], t[:, None], label_smoothing=0.2, reduction=reduction)
+        torch.testing.assert_close(out, as_column.reshape(out.shape), rtol=0, atol=0)
+        torch.testing.assert_close(out, F.binary_cross_entropy_with_logits(x, 0.8 * t + 0.2, reduction=reduction),
+                                   rtol=0, atol=1e-12)
+    # half logits and labels are computed (and returned) in float32, as elsewhere
+    out = losses.bce_with_logits_loss(x.half(), t.half())
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, F.binary_cross_entropy_with_logits(x.half().float(), t.float()),
+                               rtol=1e-6, atol=1e-6)
+    # an empty batch: the library's exact, attached 0 (torch gives NaN for the mean)
+    xe = torch.zeros(0, requires_grad=True)
+    out = losses.bce_with_logits_loss(xe, torch.zeros(0))
+    assert float(out.detach()) == 0.0
+    out.backward()
+    assert xe.grad.shape == (0,)
+
+
+def test_bce_one_logit_per_sample_errors():
+    fn = losses.bce_with_logits_loss
+    x = torch.randn(4)
+    with pytest.raises(ValueError, match=r"^bce_with_logits_loss: float target must have the input's shape \(4,\)"):
+        fn(x, torch.rand(3))
+    with pytest.raises(ValueError, match=r"^bce_with_logits_loss: weight must have the input's shape \(4,\) or "
+                                         r"shape \(1,\)"):
+        fn(x, torch.rand(4), weight=torch.ones(2))
+    with pytest.raises(ValueError, match=r"^bce_with_logits_loss: target must lie in \[0, 1\]"):
+        fn(x, torch.tensor([0.0, 1.0, 2.0, 0.0]))
+    with pytest.raises(TypeError, match=r"^bce_with_logits_loss: input of shape \(4,\) has no class dimension"):
+        fn(x, torch.tensor([True, False, True, True]))
+
+
+def test_bce_class_id_hint_works_when_followed():
+    """Class ids with one logit per sample: the hint casts 0/1 labels to the logits' dtype."""
+    g = torch.Generator().manual_seed(5)
+    for shape in [(5,), ()]:
+        x = torch.randn(shape, generator=g, dtype=torch.float64)
+        t = torch.randint(0, 2, shape, generator=g)
+        for f in (losses.bce_with_logits_loss, losses.BCEWithLogitsLoss()):
+            out = raise_and_follow(lambda: f(x, t), TypeError, "target.to(input.dtype)", x, t)
+            out = f(x, out)  # the hint is the target to pass
+            torch.testing.assert_close(out, F.binary_cross_entropy_with_logits(x, t.double()), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("fn", ["cross_entropy_loss", "focal_loss", "comp_sum_loss", "logit_adjusted_loss"])
+@pytest.mark.parametrize("shape", [(6, 1), (3, 1, 2, 2)], ids=["N_1", "N_1_d1_d2"])
+def test_single_class_hint_works_when_followed(fn, shape):
+    """One logit per sample given to a softmax loss: the hint's BCE call runs on the same tensors and
+    is F.binary_cross_entropy_with_logits of the 0/1 labels."""
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(shape, generator=g, dtype=torch.float64)
+    t = torch.randint(0, 2, (shape[0],) + shape[2:], generator=g)
+    extra = (torch.ones(1),) if fn == "logit_adjusted_loss" else ()
+    code = "losses.bce_with_logits_loss(input.squeeze(1), target.to(input.dtype))"
+    out = raise_and_follow(lambda: getattr(losses, fn)(x, t, *extra), ValueError, code, x, t)
+    torch.testing.assert_close(out, F.binary_cross_entropy_with_logits(x.squeeze(1), t.double()), rtol=0, atol=1e-12)
+
+
+def test_missing_class_dim_hints_work_when_followed():
+    """Logits without a class dimension given to a softmax loss: each case's hint, applied."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(5, generator=g, dtype=torch.float64)
+    ce = losses.cross_entropy_loss
+    # one sample's C logits and its id: a batch dimension on both
+    t = torch.tensor(3)
+    both = ("input.unsqueeze(0)", "target.unsqueeze(0)")
+    for f in (ce, losses.focal_loss, losses.comp_sum_loss):
+        xb, tb = raise_and_follow(lambda: f(x, t), ValueError, both, x, t)
+        torch.testing.assert_close(f(xb, tb), f(x[None], t[None]))
+    torch.testing.assert_close(ce(xb, tb), F.cross_entropy(x[None], t[None]))
+    # one sample's distribution over C classes: the same
+    q = torch.softmax(torch.randn(5, generator=g, dtype=torch.float64), 0)
+    xb, qb = raise_and_follow(lambda: ce(x, q), ValueError, both, x, q)
+    torch.testing.assert_close(ce(xb, qb), F.cross_entropy(x[None], q[None]))
+    # one logit per sample with 0/1 ids: the binary loss
+    ids = torch.randint(0, 2, (5,), generator=g)
+    for f in (ce, losses.focal_loss, losses.comp_sum_loss, losses.CrossEntropyLoss()):
+        out = raise_and_follow(lambda: f(x, ids), ValueError,
+                               "losses.bce_with_logits_loss(input, target.to(input.dtype))", x, ids)
+        torch.testing.assert_close(out, F.binary_cross_entropy_with_logits(x, ids.double()), rtol=0, atol=1e-12)
+
+
 def test_bce_extreme_logits():
     x = torch.tensor([[1e4, -1e4, 0.0]], requires_grad=True)
     out = losses.bce_with_logits_loss(x, torch.tensor([1]), reduction="none")
@@ -401,7 +525,8 @@ def test_bce_errors_and_validation():
         fn(x, t, weight=torch.ones(2))
     with pytest.raises(ValueError, match=r"^bce_with_logits_loss: target must lie in \[0, 1\]"):
         fn(x, torch.full((3, 4), -0.5))
-    with pytest.raises(ValueError, match=r"^bce_with_logits_loss: input must have shape \(N, C\)"):
+    # one logit per element (no class dimension) takes float labels, not class ids
+    with pytest.raises(TypeError, match=r"^bce_with_logits_loss: input of shape \(3,\) has no class dimension"):
         fn(torch.randn(3), torch.tensor([0, 1, 2]))
     for bad in (math.nan, math.inf):  # -inf is probability 0 (tested in test_reliability.py)
         xb = x.clone()

@@ -11,6 +11,7 @@ import torch
 
 import losses
 from tests._helpers.rows import LOGITS, entry
+from tests.classification._hints import raise_and_follow
 
 # the public names this family adds (collected into the one list, tests/_helpers/names.py)
 EXPECTED_ENTRIES = {
@@ -469,6 +470,38 @@ def test_half_precision_input():
 # --------------------------------------------------------------------------------------
 # errors and validation
 # --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["dice", "jaccard", "soft_dice"])
+def test_class_dimension_hints_work_when_followed(kind):
+    """The set-level losses need a class dimension: each alternative the hint names, applied."""
+    fn = FUNCS[kind]
+    g = torch.Generator().manual_seed(10)
+    x = torch.randn(5, generator=g, dtype=torch.float64)
+    # one sample's C class scores and its id / its soft labels: a batch dimension on both
+    for t in (torch.tensor(2), torch.softmax(torch.randn(5, generator=g, dtype=torch.float64), 0)):
+        xb, tb = raise_and_follow(lambda: fn(x, t), ValueError, ("input.unsqueeze(0)", "target.unsqueeze(0)"), x, t)
+        torch.testing.assert_close(fn(xb, tb), fn(x[None], t[None]))
+    # one sigmoid output per sample with 0/1 ids: a channel dimension and float labels
+    ids = torch.randint(0, 2, (5,), generator=g)
+    xb, tb = raise_and_follow(lambda: fn(x, ids), ValueError,
+                              ("input.unsqueeze(1)", "target.to(input.dtype).unsqueeze(1)"), x, ids)
+    assert "activation='sigmoid'" in _message(lambda: fn(x, ids))
+    out = fn(xb, tb, activation="sigmoid")
+    torch.testing.assert_close(out, fn(x[:, None], ids.double()[:, None], activation="sigmoid"))
+    # one foreground channel through a softmax: the sigmoid with the id map as float labels
+    xc = torch.randn(2, 1, 3, 3, generator=g, dtype=torch.float64)
+    idmap = torch.randint(0, 2, (2, 3, 3), generator=g)
+    tc = raise_and_follow(lambda: fn(xc, idmap), ValueError, "target.unsqueeze(1).to(input.dtype)", xc, idmap)
+    assert "activation='sigmoid'" in _message(lambda: fn(xc, idmap))
+    out = fn(xc, tc, activation="sigmoid")
+    assert torch.isfinite(out) and out.dtype == torch.float64
+
+
+def _message(call) -> str:
+    with pytest.raises(ValueError) as info:
+        call()
+    return str(info.value)
 
 
 @pytest.mark.parametrize("kind", ["dice", "jaccard", "soft_dice"])

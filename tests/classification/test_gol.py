@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import losses
 from tests._helpers.rows import LOGITS, entry
+from tests.classification._hints import raise_and_follow
 
 # the public names this family adds (collected into the one list, tests/_helpers/names.py)
 EXPECTED_ENTRIES = {
@@ -490,7 +491,8 @@ def test_errors():
         fn(torch.ones(4, 3, dtype=torch.long), t)
     with pytest.raises(TypeError, match=r"^gumbel_bce_loss: target must hold integer class ids or float labels"):
         fn(x, t.bool())
-    with pytest.raises(ValueError, match=r"^gumbel_bce_loss: input must have shape \(N, C\)"):
+    # one logit per element (no class dimension) takes float labels, not class ids
+    with pytest.raises(TypeError, match=r"^gumbel_bce_loss: input of shape \(3,\) has no class dimension"):
         fn(torch.randn(3), torch.tensor([0, 1, 2]))
     with pytest.raises(ValueError, match=r"^gumbel_bce_loss: integer target shape must be \(4,\)"):
         fn(x, torch.tensor([0, 1, 2]))
@@ -566,3 +568,72 @@ def test_module():
     assert isinstance(losses.create_loss("gol"), losses.GumbelBCELoss)
     spec = losses.get_loss_spec("gol")
     assert spec.arxiv == "2207.10936" and spec.unit == "element" and spec.inputs == ("input", "target")
+
+
+# --------------------------------------------------------------------------------------
+# one logit per element (no class dimension), as F.binary_cross_entropy_with_logits takes it
+# --------------------------------------------------------------------------------------
+
+
+def _gol_formula(x, y, w=None):
+    """``y u - (1 - y) log(1 - exp(-u))``, ``u = exp(-x)``, in float64 from torch's own ops."""
+    u = torch.exp(-x)
+    v = y * u - (1 - y) * torch.log(-torch.expm1(-u))
+    return v if w is None else v * w
+
+
+@pytest.mark.parametrize("shape", [(), (7,), (3, 4, 5)], ids=["scalar", "N", "N_d1_d2"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("variant", ["paper", "reference"])
+def test_float_labels_any_shape(shape, weighted, reduction, variant):
+    """Float labels shaped like the logits, any shape: the formula in float64 (value and
+    gradient), every element one unit; ``()`` / ``(N,)`` equal the same logits as ``(M, 1)``."""
+    g = torch.Generator().manual_seed(8)
+    x = (2 * torch.randn(shape, generator=g, dtype=torch.float64)).clamp(-2.5, 6.0)  # inside the reference clamp
+    t = torch.rand(shape, generator=g, dtype=torch.float64)
+    w = (torch.rand(shape, generator=g, dtype=torch.float64) + 0.1) if weighted else None
+    xr = x.clone().requires_grad_(True)
+    v = _gol_formula(xr, t, w)
+    ref = v if reduction == "none" else (v.sum() if reduction == "sum" else v.sum() / max(v.numel(), 1))
+    if variant == "reference":
+        ref = ref.clamp(0.0, 20.0)  # the reference's clamp of the reduced (or element-wise) result
+    (g_ref,) = torch.autograd.grad(ref.sum(), xr)
+    for f in (lambda a, b: losses.gumbel_bce_loss(a, b, weight=w, reduction=reduction, variant=variant),
+              losses.GumbelBCELoss(weight=w, reduction=reduction, variant=variant)):
+        xa = x.clone().requires_grad_(True)
+        out = f(xa, t)
+        assert out.shape == ref.shape and out.dtype == torch.float64
+        tol = 1e-12 if variant == "paper" else 1e-9  # the reference goes through probabilities
+        torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+        (gx,) = torch.autograd.grad(out.sum(), xa)
+        torch.testing.assert_close(gx, g_ref, rtol=tol * 10, atol=tol * 10)
+    if len(shape) < 2:
+        col = losses.gumbel_bce_loss(x.reshape(-1, 1), t.reshape(-1, 1), label_smoothing=0.1, reduction=reduction,
+                                     variant=variant, weight=None if w is None else w.reshape(-1, 1))
+        out = losses.gumbel_bce_loss(x, t, label_smoothing=0.1, reduction=reduction, variant=variant, weight=w)
+        torch.testing.assert_close(out, col.reshape(out.shape), rtol=0, atol=0)
+
+
+def test_one_logit_per_element_weight_and_errors():
+    x = torch.randn(4, dtype=torch.float64)
+    t = torch.rand(4, dtype=torch.float64)
+    w1 = torch.tensor([3.0], dtype=torch.float64)  # the one channel's weight
+    torch.testing.assert_close(losses.gumbel_bce_loss(x, t, weight=w1, reduction="sum"),
+                               3.0 * _gol_formula(x, t).sum(), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match=r"^gumbel_bce_loss: float target must have the input's shape \(4,\)"):
+        losses.gumbel_bce_loss(x, t[:3])
+    with pytest.raises(ValueError, match=r"^gumbel_bce_loss: weight must have the input's shape \(4,\) or shape \(1,\)"):
+        losses.gumbel_bce_loss(x, t, weight=torch.ones(2))
+    with pytest.raises(ValueError, match=r"^gumbel_bce_loss: target must lie in \[0, 1\]"):
+        losses.gumbel_bce_loss(x, t + 1)
+
+
+def test_class_id_hint_works_when_followed():
+    """Class ids with one logit per element: the hint casts 0/1 labels to the logits' dtype."""
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(6, generator=g, dtype=torch.float64)
+    ids = torch.randint(0, 2, (6,), generator=g)
+    for f in (losses.gumbel_bce_loss, losses.GumbelBCELoss()):
+        new_target = raise_and_follow(lambda: f(x, ids), TypeError, "target.to(input.dtype)", x, ids)
+        torch.testing.assert_close(f(x, new_target), _gol_formula(x, ids.double()).mean(), rtol=1e-12, atol=1e-12)
