@@ -49,6 +49,7 @@ from .._core import (
 )
 from .._registry import position_unit_weights, register
 from .._softcap import apply_softcap, check_softcap
+from .._stats import LossStats, token_stats
 from .. import kernels
 from ..kernels import rows_native
 from ..kernels import triton_rows_module as triton_rows
@@ -541,7 +542,8 @@ def cross_entropy_with_logz_penalty(
     return_penalty: bool = False,
     softcap: Optional[float] = None,
     inplace_backward: bool = False,
-) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    return_stats: bool = False,
+) -> Union[Tensor, Tuple[Tensor, Tensor], LossStats]:
     r"""Softmax cross-entropy plus the PaLM log-Z penalty: ``(log Z - o_y) + coef * (log Z)^2``.
 
     Per position with logits ``o = input[i, :, ...]`` and class id ``y = target[i, ...]``:
@@ -573,8 +575,16 @@ def cross_entropy_with_logz_penalty(
             use it only when nothing reads the logits afterwards (see
             :func:`losses.cross_entropy_loss`). Elsewhere it changes nothing.
 
+        return_stats: return a :class:`losses.LossStats` ``(loss, lse, penalty, accuracy,
+            count)``: the per-position ``log Z`` (shaped like ``target``, 0 where ignored) from the
+            pass that computes the loss, the penalty part reduced like the loss, and the share of
+            non-ignored positions whose largest logit is the target (one more read of the logits).
+            With ``coef=0`` this is plain cross-entropy with its statistics. (Takes the unfused
+            path, which keeps ``log Z`` per row.)
+
     Returns:
-        the loss, or ``(loss, penalty)`` when ``return_penalty``.
+        the loss, or ``(loss, penalty)`` when ``return_penalty``, or :class:`losses.LossStats`
+        when ``return_stats``.
 
     Unit: the position, weight 1 (0 if ignored). Ignored positions are zeroed before the maths
     (exactly zero gradients even if they hold ``+-inf`` with validation off). Under
@@ -600,8 +610,22 @@ def cross_entropy_with_logz_penalty(
     check_bool(fn, "return_penalty", return_penalty)
     cap = check_softcap(fn, softcap)
     check_bool(fn, "inplace_backward", inplace_backward)
+    check_bool(fn, "return_stats", return_stats)
+    if return_stats and return_penalty:
+        raise value_error(fn, "return_stats and return_penalty are exclusive", "both True",
+                          "use return_stats=True alone: LossStats.penalty is the penalty part")
     if kernels.use_triton(input):  # one fused row kernel (losses/kernels/triton_rows.py)
         x2d, ids, out_shape = kernel_rows(fn, input, target, ignore_index)
+        if return_stats:
+            pred = x2d.detach().argmax(dim=1)
+            ce, lse = triton_rows().softmax_rows(x2d, ids, softcap=cap, ignore_index=ignore_index,
+                                                 inplace=inplace_backward)
+            valid = ids != ignore_index
+            pen_rows = coef * lse.square()
+            loss = reduce_loss((ce + pen_rows).reshape(out_shape), valid.reshape(out_shape).to(ce.dtype), reduction)
+            penalty = reduce_loss(pen_rows.reshape(out_shape), valid.reshape(out_shape).to(ce.dtype), reduction)
+            st = token_stats(loss, lse, penalty, pred, ids, valid)
+            return st._replace(lse=st.lse.reshape(out_shape))
         if reduction == "none":
             ce, lse = triton_rows().softmax_rows(x2d, ids, softcap=cap, ignore_index=ignore_index,
                                                  inplace=inplace_backward)
@@ -614,13 +638,13 @@ def cross_entropy_with_logz_penalty(
     x2d, y, valid, out_shape = class_ids(fn, input, target, ignore_index, none_if_all_kept=True)
     finite = check_masked_logits(fn, "input", x2d, active=valid)
     dtype = compute_dtype(input)
-    if not return_penalty and cap is None:
+    if not return_penalty and not return_stats and cap is None:
         done = _cpu_kernel("logz", x2d, target, dtype, reduction, (coef,), ignore_index)
         if done is not None:
             return done
     with no_autocast(input.device.type):
         x = upcast(x2d, dtype)
-        divisor = None if return_penalty else fused_divisor(valid, reduction, y.numel())
+        divisor = None if (return_penalty or return_stats) else fused_divisor(valid, reduction, y.numel())
         if divisor is not None:  # nothing ignored, "mean" / "sum": reduced inside the Function
             return _CrossEntropyLogZMeanFunction.apply(apply_softcap(x, cap), y, coef, divisor,
                                                           torch.is_grad_enabled())
@@ -632,6 +656,11 @@ def cross_entropy_with_logz_penalty(
         loss = reduce_loss((ce + penalty).reshape(out_shape), weights, reduction)
         if return_penalty:
             return loss, reduce_loss(penalty.reshape(out_shape), weights, reduction)
+        if return_stats:
+            keep = torch.ones_like(y, dtype=torch.bool) if valid is None else valid
+            st = token_stats(loss, lse, reduce_loss(penalty.reshape(out_shape), weights, reduction),
+                             x2d.detach().argmax(dim=1), y, keep)
+            return st._replace(lse=st.lse.reshape(out_shape))
         return loss
 
 

@@ -160,6 +160,12 @@ class _TokenLoss:
         self.loss = loss
 
     def summed(self, logits: Tensor, target: Tensor) -> Tensor:
+        if self.loss is None and self.stats and self.label_smoothing == 0:
+            # cross-entropy (+ the penalty) with log Z from the pass that computes the loss
+            st = cross_entropy_with_logz_penalty(logits, target, coef=self.logz_coef, ignore_index=self.ignore_index,
+                                                 reduction="sum", softcap=self.softcap, return_stats=True)
+            self.last_stats = st
+            return st.loss
         if self.loss is not None:
             keep = target != self.ignore_index
             total = self.loss(logits[keep], target[keep])
@@ -176,7 +182,7 @@ class _TokenLoss:
             lse = _row_lse(logits, self.softcap)
             keep = target != self.ignore_index
             total = total + self.logz_coef * torch.where(keep, lse * lse, torch.zeros_like(lse)).sum()
-        if self.stats:
+        if self.stats:  # label smoothing or a loss of its own: log Z read from the logits once more
             self.last_stats = self._stats(total, logits, target, lse)
         return total
 
@@ -209,7 +215,9 @@ class SequenceClassificationLoss(_TokenLoss):
         softcap: final-logit soft-capping (``None`` = off).
         ignore_index: the label that marks "no target" (-100).
         stats: keep a :class:`losses.LossStats` of each call in ``last_stats`` (log Z per row, the
-            penalty part, the accuracy), from the logits of that call.
+            penalty part, the accuracy): from the pass that computes the loss
+            (:func:`losses.cross_entropy_with_logz_penalty` with ``return_stats=True``), or, with
+            label smoothing or ``loss=``, from one more read of the logits.
     """
 
     def __init__(self, *, loss: Optional[nn.Module] = None, logz_coef: float = DEFAULT_LOGZ_COEF,

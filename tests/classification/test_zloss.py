@@ -548,3 +548,24 @@ def test_logz_errors():
         assert torch.isnan(losses.logz_penalty(xb))
         with pytest.raises(ValueError, match="coef must be finite"):
             losses.logz_penalty(x, coef=-1.0)
+
+
+def test_logz_penalty_return_stats_from_the_same_call():
+    """``return_stats=True``: the loss as without it, per-position log Z (0 where ignored), the
+    penalty part reduced like the loss, the token accuracy and count; N-D positions keep their shape."""
+    torch.manual_seed(3)
+    x = torch.randn(5, 7, 3, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 7, (5, 3))
+    y[1, 2] = -100
+    keep = y != -100
+    lse = torch.logsumexp(x, 1)
+    for reduction in ("none", "mean", "sum"):
+        st = losses.cross_entropy_with_logz_penalty(x, y, coef=0.01, reduction=reduction, return_stats=True)
+        assert isinstance(st, losses.LossStats)
+        loss, pen = losses.cross_entropy_with_logz_penalty(x, y, coef=0.01, reduction=reduction, return_penalty=True)
+        assert torch.allclose(st.loss, loss, rtol=1e-12) and torch.allclose(st.penalty, pen, rtol=1e-12)
+        assert st.lse.shape == y.shape and torch.allclose(st.lse[keep], lse[keep], rtol=1e-12)
+        assert float(st.lse[1, 2]) == 0.0 and int(st.count) == int(keep.sum())
+        assert float(st.accuracy) == pytest.approx(float((x.argmax(1) == y)[keep].double().mean()))
+    with pytest.raises(ValueError, match=r"^cross_entropy_with_logz_penalty: return_stats and return_penalty"):
+        losses.cross_entropy_with_logz_penalty(x, y, return_stats=True, return_penalty=True)

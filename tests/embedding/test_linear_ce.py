@@ -190,3 +190,73 @@ def test_module_logits_state_dict_and_function():
     assert nb.bias is None and set(nb.state_dict()) == {"weight"}
     with pytest.raises(ValueError, match="^LinearCrossEntropyLoss: num_classes must be a positive int"):
         losses.LinearCrossEntropyLoss(3, 0)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.2])
+@pytest.mark.parametrize("cap", [None, 3.0])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_class_weight_equals_f_cross_entropy_with_weight(eps, cap, reduction):
+    """``class_weight=`` is ``F.cross_entropy``'s ``weight`` (label smoothing included; "mean"
+    divides by the targets' weights), value and gradients in float64, chunked; the penalty part is
+    weighted by the target's class weight."""
+    torch.manual_seed(1)
+    n, d, c = 7, 5, 11
+    x = torch.randn(n, d, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(c, d, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(c, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, c, (n,))
+    y[2] = -100
+    cw = torch.rand(c, dtype=torch.float64) + 0.1
+    z = x @ w.T + b
+    zc = z if cap is None else cap * torch.tanh(z / cap)
+    ref = torch.nn.functional.cross_entropy(zc, y, weight=cw, label_smoothing=eps, reduction=reduction)
+    got = losses.linear_cross_entropy(x, y, w, bias=b, class_weight=cw, label_smoothing=eps, reduction=reduction,
+                                      softcap=cap, chunk_size=4)
+    assert torch.allclose(got, ref, rtol=1e-12, atol=1e-12)
+    for g, r in zip(torch.autograd.grad(got.sum(), [x, w, b]), torch.autograd.grad(ref.sum(), [x, w, b])):
+        assert torch.allclose(g, r, rtol=1e-10, atol=1e-12)
+    module = losses.LinearCrossEntropyLoss(d, c, class_weight=cw, label_smoothing=eps, reduction=reduction,
+                                           softcap=cap).double()
+    with torch.no_grad():
+        module.weight.copy_(w)
+        module.bias.copy_(b)
+    assert torch.allclose(module(x, y), ref, rtol=1e-12, atol=1e-12)
+
+
+def test_class_weight_with_the_penalty_gradcheck_and_errors():
+    torch.manual_seed(2)
+    x = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(9, 4, dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([0, 8, 3, -100, 5, 5])
+    cw = torch.rand(9, dtype=torch.float64) + 0.1
+    assert torch.autograd.gradcheck(lambda a, b: losses.linear_cross_entropy(
+        a, y, b, class_weight=cw, label_smoothing=0.1, logz_coef=0.1, softcap=2.0, chunk_size=4), (x, w))
+    with pytest.raises(ValueError, match=r"^linear_cross_entropy: class_weight must have shape \(9,\)"):
+        losses.linear_cross_entropy(x, y, w, class_weight=torch.ones(3))
+    with pytest.raises(ValueError, match=r"^linear_cross_entropy: class_weight must be non-negative"):
+        losses.linear_cross_entropy(x, y, w, class_weight=-torch.ones(9))
+
+
+def test_return_stats_from_the_chunked_pass():
+    """``return_stats=True``: the same loss, per-row log Z, the penalty part reduced like the loss,
+    the token accuracy from the running argmax over chunks (ties: the first class), the count."""
+    torch.manual_seed(4)
+    x = torch.randn(9, 4, dtype=torch.float64)
+    w = torch.randn(13, 4, dtype=torch.float64)
+    w[7] = w[2]  # a tie across two chunks: the first class wins, as argmax
+    y = torch.randint(0, 13, (9,))
+    y[0] = -100
+    z = x @ w.T
+    keep = y != -100
+    for reduction in ("none", "mean", "sum"):
+        st = losses.linear_cross_entropy(x, y, w, logz_coef=0.01, reduction=reduction, chunk_size=5, return_stats=True)
+        assert isinstance(st, losses.LossStats)
+        ref = losses.linear_cross_entropy(x, y, w, logz_coef=0.01, reduction=reduction, chunk_size=5)
+        assert torch.equal(st.loss, ref)
+        lse = torch.logsumexp(z, 1)
+        assert torch.allclose(st.lse[keep], lse[keep], rtol=1e-12) and float(st.lse[0]) == 0.0
+        pen = torch.where(keep, 0.01 * lse ** 2, torch.zeros_like(lse))
+        want = pen if reduction == "none" else pen.sum() if reduction == "sum" else pen.sum() / keep.sum()
+        assert torch.allclose(st.penalty, want, rtol=1e-12)
+        assert float(st.accuracy) == pytest.approx(float((z.argmax(1) == y)[keep].double().mean()))
+        assert int(st.count) == 8
