@@ -24,6 +24,7 @@ from .._core import (
     check_tensor,
     compute_dtype,
     reduce_loss,
+    reduce_weighted_values,
     value_error,
 )
 from .._heads import check_head_embeddings, check_softmax_classes, drop_rows
@@ -313,7 +314,7 @@ def linear_cross_entropy(
         if class_weight is None:
             loss = reduce_loss(values, units, reduction)
         else:  # values already carry w_y (as F.cross_entropy's "none"); "mean" divides by sum w_y
-            loss = _class_weighted(values, units * class_weight.to(dtype).index_select(
+            loss = reduce_weighted_values(values, units * class_weight.to(dtype).index_select(
                 0, torch.where(valid, target, torch.zeros_like(target)).long()), reduction)
         if not return_stats:
             return loss
@@ -322,21 +323,8 @@ def linear_cross_entropy(
             penalty = reduce_loss(pen, units, reduction)
         else:
             w_y = units * class_weight.to(dtype).index_select(0, torch.where(valid, target, torch.zeros_like(target)).long())
-            penalty = _class_weighted(w_y * pen, w_y, reduction)
+            penalty = reduce_weighted_values(torch.where(valid, w_y * pen, torch.zeros_like(pen)), w_y, reduction)
         return token_stats(loss, lse, penalty, pred, target.long(), valid)
-
-
-def _class_weighted(values: Tensor, w_y: Tensor, reduction: str) -> Tensor:
-    """``"none"`` / ``"sum"`` of values that already carry their class weight, and ``"mean"``
-    dividing by the sum of the weights (``F.cross_entropy``'s weighted mean; 0 when it is 0)."""
-    values = torch.where(w_y > 0, values, torch.zeros((), dtype=values.dtype, device=values.device))
-    if reduction == "none":
-        return values
-    total = values.sum()
-    if reduction == "sum":
-        return total
-    denom = w_y.sum()
-    return total / torch.where(denom > 0, denom, torch.ones_like(denom))
 
 
 class LinearCrossEntropyLoss(nn.Module):
