@@ -142,8 +142,8 @@ def test_empty_batch_gives_an_attached_zero():
     (lambda x, t: losses.focal_loss(x, t, gamma="2"), TypeError, r"^focal_loss: gamma"),
     (lambda x, t: losses.focal_loss(x, t, alpha=torch.ones(3)), ValueError, r"^focal_loss: alpha must have shape"),
     (lambda x, t: losses.focal_loss(x, t, alpha=-torch.ones(4)), ValueError, r"^focal_loss: alpha must be non-neg"),
-    (lambda x, t: losses.focal_loss(x, t, reduction="avg"), ValueError, r"^focal_loss: reduction"),  # (the module's:
-    # tests/test_contract.py)
+    # the function's own check (tests/test_contract.py passes a bad reduction to the module)
+    (lambda x, t: losses.focal_loss(x, t, reduction="avg"), ValueError, r"^focal_loss: reduction"),
     (lambda x, t: losses.FocalLoss(gamma=-0.5), ValueError, r"^FocalLoss: gamma"),
 ])
 def test_documented_errors(call, err, match):
