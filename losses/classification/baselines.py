@@ -148,8 +148,9 @@ def bce_with_logits_loss(
     smoothing's ``C`` and a ``(C,)`` weight read dim 1).
 
     Unit: the element. ``"none"`` gives the input's shape (``(N, C, d1..dk)``); ``"mean"`` divides
-    by the number of non-ignored elements (every element for float labels). Ignored rows are zeroed before the maths (exactly zero gradients even
-    with ``+-inf`` there). Under ``torch.autocast`` the computation runs in float32 (or float64).
+    by the number of non-ignored elements (every element for float labels). Ignored rows are zeroed
+    before the maths (exactly zero gradients even with ``+-inf`` there). Under ``torch.autocast`` the
+    computation runs in float32 (or float64).
 
     >>> import torch, losses
     >>> x = torch.zeros(2, 3)

@@ -623,7 +623,8 @@ def test_one_logit_per_element_weight_and_errors():
                                3.0 * _gol_formula(x, t).sum(), rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match=r"^gumbel_bce_loss: float target must have the input's shape \(4,\)"):
         losses.gumbel_bce_loss(x, t[:3])
-    with pytest.raises(ValueError, match=r"^gumbel_bce_loss: weight must have the input's shape \(4,\) or shape \(1,\)"):
+    with pytest.raises(ValueError, match=r"^gumbel_bce_loss: weight must have the input's shape \(4,\) or "
+                                         r"shape \(1,\)"):
         losses.gumbel_bce_loss(x, t, weight=torch.ones(2))
     with pytest.raises(ValueError, match=r"^gumbel_bce_loss: target must lie in \[0, 1\]"):
         losses.gumbel_bce_loss(x, t + 1)
