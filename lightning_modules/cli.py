@@ -132,6 +132,35 @@ def adapt_to_hint(cls: Optional[type], arg: str, values: List[Any]) -> Any:
     return values
 
 
+def _takes(cls: Optional[type], arg: str) -> bool:
+    if cls is None:
+        return False
+    try:
+        return arg in inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def linked_loss_kwargs(loss_class: type, data: Any, *, embedding_dim: Optional[int] = None) -> dict:
+    """The constructor arguments of ``loss_class`` that the CLI links from the DataModule ``data``
+    (and from the model's ``embedding_dim``), for code that builds the objects by hand (e.g.
+    ``examples/lightning_loop.py``): ``num_classes``, ``embedding_dim``, and ``class_counts`` /
+    ``class_prior`` from ``data.class_counts`` -- each only where ``loss_class`` takes it and
+    ``data`` has the source, in the form the CLI passes (:func:`counts_list`, :func:`prior_list`,
+    :func:`adapt_to_hint`)."""
+    out: dict = {}
+    if _takes(loss_class, "num_classes") and hasattr(data, "num_classes"):
+        out["num_classes"] = int(data.num_classes)
+    if embedding_dim is not None and _takes(loss_class, "embedding_dim"):
+        out["embedding_dim"] = int(embedding_dim)
+    if hasattr(type(data), "class_counts"):
+        if _takes(loss_class, "class_counts"):
+            out["class_counts"] = adapt_to_hint(loss_class, "class_counts", counts_list(data.class_counts))
+        if _takes(loss_class, "class_prior"):
+            out["class_prior"] = adapt_to_hint(loss_class, "class_prior", prior_list(data.class_counts))
+    return out
+
+
 class LossCLI(LightningCLI):
     """LightningCLI with the size and class-count links described in the module docstring."""
 
@@ -146,13 +175,7 @@ class LossCLI(LightningCLI):
         self._loss_class = _import_class(path) if isinstance(path, str) else None
 
     def _loss_takes(self, arg: str) -> bool:
-        cls = self._loss_class
-        if cls is None:
-            return False
-        try:
-            return arg in inspect.signature(cls).parameters
-        except (TypeError, ValueError):
-            return False
+        return _takes(self._loss_class, arg)
 
     def _linked_counts(self, data) -> Any:
         # the DataModule itself is the link's source, so that its training counts (which need its
