@@ -32,7 +32,8 @@ Conventions implemented once here (``docs/conventions.md``):
 * **Reduction.** Each loss computes per-unit values ``v`` and unit weights ``w >= 0``;
   ``"none"`` returns ``v`` (0 where ``w == 0``), ``"sum"`` returns ``sum(w * v)`` and
   ``"mean"`` returns ``sum(w * v) / sum(w)``; when ``sum(w) == 0`` the result is an exact,
-  graph-attached 0 with zero gradients.
+  graph-attached 0 with zero gradients (:func:`reduce_loss`). ``F.cross_entropy``'s class-weighted
+  form, whose ``"none"`` values already carry the weight, is :func:`reduce_weighted_values`.
 """
 
 from __future__ import annotations

@@ -324,6 +324,32 @@ def test_bce_matches_torch_on_float_targets():
                                    rtol=1e-12, atol=1e-14)
 
 
+def test_weighted_mean_helper_is_the_formula():
+    """The one class-weighted reduction of the softmax losses (losses._core.reduce_weighted_values):
+    "none" = w·l (0 where ignored), "sum" = Σ w·l, "mean" = Σ w·l / Σ w, and an exact attached 0
+    with zero gradients when every unit is ignored."""
+    from losses._core import reduce_weighted_values
+
+    g = torch.Generator().manual_seed(12)
+    l = torch.rand(7, generator=g, dtype=torch.float64)
+    w = torch.rand(7, generator=g, dtype=torch.float64)
+    w[2] = 0.0  # an ignored unit
+    lr = l.clone().requires_grad_(True)
+    wl = w * lr
+    assert reduce_weighted_values(wl, w, "none") is wl
+    torch.testing.assert_close(reduce_weighted_values(wl, w, "sum"), (w * l).sum(), rtol=0, atol=0)
+    mean = reduce_weighted_values(wl, w, "mean")
+    torch.testing.assert_close(mean, (w * l).sum() / w.sum(), rtol=1e-15, atol=0)
+    (gl,) = torch.autograd.grad(mean, lr)
+    torch.testing.assert_close(gl, w / w.sum(), rtol=1e-15, atol=0)
+    zero_w = torch.zeros(7, dtype=torch.float64)
+    lr = l.clone().requires_grad_(True)
+    out = reduce_weighted_values(zero_w * lr, zero_w, "mean")
+    assert out.item() == 0.0 and out.grad_fn is not None
+    (gl,) = torch.autograd.grad(out, lr)
+    assert torch.all(gl == 0)
+
+
 # --------------------------------------------------------------------------------------
 # BCE without a class dimension, as F.binary_cross_entropy_with_logits
 # --------------------------------------------------------------------------------------
