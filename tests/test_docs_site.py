@@ -6,10 +6,14 @@
    ``chromedriver`` (selenium): on the home page and one family page the formulas are typeset by
    MathJax (``mjx-container`` elements exist), every navigation link answers HTTP 200, the page
    logs no console error and loads nothing from outside localhost (the site works offline).
-3. The rendering details: no page shows TeX source (``\\texttt`` outside the maths, or a backslash
+3. The navigation holds the guide pages and no report: every report under ``results/`` is built and
+   linked from the "Results and reports" page (``results.html``), and no navigation title shows a
+   raw backtick.
+4. The rendering details: no page shows TeX source (``\\texttt`` outside the maths, or a backslash
    in typeset maths, as ``\\texttt{a\\_b}`` gives), formulas written in a docstring are typeset on
    the API page, long signatures are formatted over several lines (ruff, from the docs extra),
-   and the names in the registry table never wrap.
+   and the names in the registry table never wrap; a generated family page shows the Google
+   sections of a docstring (``Args:``, ``Returns:``, ``Raises:``) as lists, never as raw text.
 
 ``scripts/install.sh`` installs ``chromium`` and ``chromium-driver`` with apt.
 """
@@ -84,6 +88,33 @@ def _check_build(site_dir):
                 text = _ARITHMATEX.sub("", f.read())
             assert "\\texttt" not in text, f"{os.path.relpath(path, site_dir)}: TeX shown as text outside the maths"
 
+    # the reports: built, out of the navigation, every one linked from results.html
+    index = open(os.path.join(site_dir, "index.html"), encoding="utf-8").read()
+    nav = re.search(r'<nav class="md-nav md-nav--primary".*?</nav>', index, re.S).group(0)
+    assert 'href="results/' not in nav, "a report is in the navigation (mkdocs.yml not_in_nav: /results/)"
+    titles = [html.unescape(re.sub(r"<[^>]+>", "", t)).strip()
+              for t in re.findall(r'<span class="md-ellipsis">(.*?)</span>', nav, re.S)]
+    assert titles and not [t for t in titles if "`" in t], f"navigation titles with raw backticks: {titles}"
+    results_page = open(os.path.join(site_dir, "results.html"), encoding="utf-8").read()
+    for dirpath, _, names in os.walk(os.path.join(ROOT, "results")):
+        for name in (n for n in names if n.endswith(".md")):
+            rel = os.path.relpath(os.path.join(dirpath, name[:-3] + ".html"), ROOT).replace(os.sep, "/")
+            assert os.path.isfile(os.path.join(site_dir, rel)), f"{rel} not built"
+            assert f'href="{rel}"' in results_page, f"{rel} is not linked from results.html"
+
+    # generated family pages: Google sections as lists (the hook's conversion), never raw
+    for spec in losses.list_losses():
+        mod = spec.module.__module__
+        page = os.path.join(site_dir, "losses", mod.rsplit(".", 1)[-1] + ".html")
+        if not os.path.isfile(page):
+            continue
+        text = open(page, encoding="utf-8").read()
+        for raw in ("Args:", "Returns:", "Raises:", "Arguments:"):
+            assert not re.search(rf"(<p>|\n)\s*{raw}", text), f"{page}: a raw {raw!r} section"
+    focal = open(os.path.join(site_dir, "losses", "focal.html"), encoding="utf-8").read()
+    assert re.search(r"<strong>Parameters:</strong>.*?<ul>\s*<li><code>input</code>", focal, re.S), \
+        "losses/focal.html: the parameters are not a list"
+
     # a long signature is formatted one parameter a line (the formatter is in the docs extra)
     start = api.index('id="losses.classification.zloss.z_loss"')
     signature = html.unescape(re.sub(r"<[^>]+>", "", _SIGNATURE.search(api, start).group(1))).strip()
@@ -138,6 +169,34 @@ def _status(url: str) -> int:
             return r.status
     except urllib.error.HTTPError as e:
         return e.code
+
+
+def _hook(name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_docs_hook_{name}", os.path.join(ROOT, "docs", "_hooks", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_google_sections_become_lists():
+    """The conversion the generated pages use: each entry an item, continuation lines joined, the
+    text around unchanged; a wrongly parsed section fails this."""
+    google = _hook("griffe_rst").google_sections
+    doc = ("Intro.\n\nArgs:\n    x: the input,\n        on two lines.\n    y (int): a count.\n\n"
+           "Returns:\n    The loss.\n\nRaises:\n    ValueError: on a bad shape.\n\nTail.")
+    out = google(doc)
+    assert "**Parameters:**\n\n- `x`: the input, on two lines.\n- `y` (int): a count." in out, out
+    assert "**Returns:**\n\nThe loss." in out and "- `ValueError`: on a bad shape." in out, out
+    assert out.startswith("Intro.") and out.rstrip().endswith("Tail.") and "Args:" not in out, out
+    assert google("No sections here.\n  Args: inline is text") == "No sections here.\n  Args: inline is text"
+
+
+def test_navigation_titles_are_plain_text():
+    api = _hook("api_pages")
+    assert api._first_line("The ``foo`` and :func:`bar` loss (docs/x.md).") == "The foo and bar loss"
+    assert api._heading("The ``foo`` loss.") == "The `foo` loss"
 
 
 def test_docs_site_builds_strict_and_renders_in_chromium(site_dir, browser, server):

@@ -76,9 +76,29 @@ def _rst_rewrite():
 
 
 def _first_line(doc: str) -> str:
+    """A module docstring's first line as a page title: plain text, because the navigation shows
+    titles as text (backticks and reST roles would show raw there; the page's own heading keeps
+    them as code, :func:`_heading`)."""
+    line = _heading(doc)
+    line = re.sub(r"`+([^`]*)`+", r"\1", line)
+    return line or "Loss family"
+
+
+def _heading(doc: str) -> str:
+    """A module docstring's first line as the page's Markdown heading (code spans kept)."""
     line = inspect.cleandoc(doc or "").split("\n", 1)[0].strip()
     line = re.sub(r"\s*\(docs/[^)]*\)", "", line)  # a pointer to a docs page, in brackets
+    line = _rst_rewrite()(line).replace("``", "`")
     return line.rstrip(".") or "Loss family"
+
+
+def _google(text: str) -> str:
+    """``google_sections`` of the griffe extension, loaded by path."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "griffe_rst.py")
+    spec = importlib.util.spec_from_file_location("_docs_griffe_rst", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.google_sections(text)
 
 
 def generated_family_pages() -> Dict[str, Tuple[str, str, str]]:
@@ -106,14 +126,14 @@ def generated_family_pages() -> Dict[str, Tuple[str, str, str]]:
             rows.append(f"| `{spec.name}` | [`{spec.function.__name__}`][{fmod}.{spec.function.__name__}], "
                         f"[`{spec.module.__name__}`][{mod}.{spec.module.__name__}] | {spec.kind} | {spec.unit} | "
                         f"{paper} |")
-        body = [f"# {title}\n",
+        body = [f"# {_heading(module.__doc__)}\n",
                 "*This page is generated from the docstrings and the registry records of "
                 f"`{mod}`; the API entries are in the [API reference](../api/losses.md).*\n",
                 rewrite(inspect.cleandoc(module.__doc__ or "")) + "\n",
                 "## Registered losses\n", "\n".join(rows) + "\n"]
         for spec in specs:
             body.append(f"## `{spec.name}`\n")
-            body.append(rewrite(inspect.cleandoc(spec.function.__doc__ or "")) + "\n")
+            body.append(rewrite(_google(inspect.cleandoc(spec.function.__doc__ or ""))) + "\n")
         out[mod] = (title, page, "\n".join(body))
     return out
 
@@ -294,7 +314,7 @@ def nav_additions(nav) -> List[Tuple[str, str]]:
         page = f"losses/{fname}"
         if fname.endswith(".md") and page not in listed and page not in {p for _, p in extra}:
             with open(os.path.join(folder, fname), encoding="utf-8") as fh:
-                head = fh.readline().lstrip("# ").strip()
+                head = re.sub(r"`+([^`]*)`+", r"\1", fh.readline().lstrip("# ").strip())
             extra.append((head or fname[:-3], page))
     return extra
 
