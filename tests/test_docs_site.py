@@ -98,7 +98,8 @@ def _check_build(site_dir):
     results_page = open(os.path.join(site_dir, "results.html"), encoding="utf-8").read()
     for dirpath, _, names in os.walk(os.path.join(ROOT, "results")):
         for name in (n for n in names if n.endswith(".md")):
-            rel = os.path.relpath(os.path.join(dirpath, name[:-3] + ".html"), ROOT).replace(os.sep, "/")
+            built = "index.html" if name == "README.md" else name[:-3] + ".html"  # MkDocs' README rule
+            rel = os.path.relpath(os.path.join(dirpath, built), ROOT).replace(os.sep, "/")
             assert os.path.isfile(os.path.join(site_dir, rel)), f"{rel} not built"
             assert f'href="{rel}"' in results_page, f"{rel} is not linked from results.html"
 
