@@ -301,27 +301,36 @@ def test_family_pages_lead_with_the_latest_revision():
 
 # --- docs/choosing.md ---------------------------------------------------------------------------
 
-def _choosing_rows() -> List[List[str]]:
+def _choosing_rows(text: str) -> List[List[str]]:
     rows = []
-    for line in _read("choosing.md").splitlines():
+    for line in text.splitlines():
         if line.startswith("|") and not line.startswith("|---") and not line.startswith("| situation"):
             rows.append([c.strip() for c in line.strip().strip("|").split(" | ")])
     return rows
 
 
-def test_choosing_names_every_registry_entry():
+def _tail_ranking(cid: str) -> List[Tuple[float, str]]:
+    arms = latest_claims()[cid]["arms"]
+    ranked = []
+    for label, cells in arms.items():
+        loss = next(name for prefix, name in ARM_LOSSES if label.startswith(prefix))
+        ranked.append((float(cells["acc_tail"].split(" ±")[0]), loss))
+    return sorted(ranked, reverse=True)
+
+
+def choosing_problems(text: str) -> List[str]:
+    """Everything docs/choosing.md must hold beyond the citation convention."""
     import losses
 
-    text = _read("choosing.md")
-    missing = [s.name for s in losses.list_losses() if f"`{s.name}`" not in text]
-    assert not missing, f"docs/choosing.md does not name {missing}"
-
-
-def test_choosing_cites_every_measured_number():
-    """A row that quotes a measured number cites a results file, and each number is in what it cites
-    (the claim's section for a claim citation, the file for any other link into results/)."""
     problems = []
-    for row in _choosing_rows():
+    # every registry entry, by name
+    missing = [s.name for s in losses.list_losses() if f"`{s.name}`" not in text]
+    if missing:
+        problems.append(f"choosing.md does not name {missing}")
+    rows = _choosing_rows(text)
+    # a measured number cites a results file and is in what it cites (the claim's section for a
+    # claim citation, the file for any other link into results/)
+    for row in rows:
         cell = " | ".join(row[2:])
         numbers = _NUMBER.findall(re.sub(r"\\\(.*?\\\)|`[^`]*`", "", cell))
         sources = []
@@ -334,61 +343,76 @@ def test_choosing_cites_every_measured_number():
                 sources.append(f.read())
         if numbers and not sources:
             problems.append(f"{row[0]}: quotes {numbers} and cites no results")
-        found = [float(x.replace("−", "-").replace(",", "")) for s in sources for x in _NUMBER.findall(s)]
+            continue
+        found = [float(x.replace("−", "-")) for src in sources for x in _NUMBER.findall(src)]
         for q in numbers:
             value, digits = float(q.replace("−", "-")), len(q.split(".")[1])
             if not any(round(x, digits) == value or round(abs(x), digits) == abs(value) for x in found):
                 problems.append(f"{row[0]}: {q} is not in the cited results")
+    # the long-tail row names first the losses with the best tail accuracy in the long-tail claims
+    best = {_tail_ranking(cid)[0][1] for cid in LONG_TAIL_CLAIMS}
+    tail_rows = [r for r in rows if "long-tail" in r[0].lower() or "long tail" in r[0].lower()]
+    if not tail_rows:
+        problems.append("choosing.md: no long-tail row")
+    names = set(losses.loss_names())
+    for row in tail_rows:
+        lead = [n for n in re.findall(r"`(\w+)`", row[1]) if n in names][:len(best)]
+        if set(lead) != best:
+            problems.append(f"long-tail row {row[0]!r} leads with {lead}, the results rank {sorted(best)} first")
+    # a language-model row that links the language-model page
+    if not any("language model" in r[0].lower() and "language_model.md" in " ".join(r) for r in rows):
+        problems.append("choosing.md: no language-model row linking language_model.md")
+    return problems
+
+
+def test_choosing_follows_the_registry_and_the_results():
+    problems = choosing_problems(_read("choosing.md"))
     assert not problems, "\n".join(problems)
 
 
-def _tail_ranking(cid: str) -> List[Tuple[float, str]]:
-    arms = latest_claims()[cid]["arms"]
-    ranked = []
-    for label, cells in arms.items():
-        loss = next(name for prefix, name in ARM_LOSSES if label.startswith(prefix))
-        ranked.append((float(cells["acc_tail"].split(" ±")[0]), loss))
-    return sorted(ranked, reverse=True)
-
-
-def test_choosing_long_tail_row_leads_with_the_measured_best():
-    """The long-tail row names first the losses with the best tail accuracy in the long-tail claims."""
-    best = {_tail_ranking(cid)[0][1] for cid in LONG_TAIL_CLAIMS}
-    rows = [r for r in _choosing_rows() if "long-tail" in r[0].lower() or "long tail" in r[0].lower()]
-    assert rows, "docs/choosing.md: no long-tail row"
-    import losses
-
-    names = set(losses.loss_names())
-    for row in rows:
-        named = [n for n in re.findall(r"`(\w+)`", row[1]) if n in names]
-        lead = named[:len(best)]
-        assert set(lead) == best, f"long-tail row {row[0]!r} leads with {lead}, the results rank {sorted(best)} first"
-
-
-def test_choosing_has_a_language_model_row():
-    rows = [r for r in _choosing_rows() if "language model" in r[0].lower()]
-    assert rows and any("language_model.md" in " ".join(r) for r in rows), \
-        "docs/choosing.md: no language-model row linking language_model.md"
+def test_choosing_checks_can_fail():
+    text = _read("choosing.md")
+    row = next(ln for ln in text.splitlines() if ln.startswith("| long-tailed classes"))
+    # GOL first in the long-tail row
+    swapped = row.replace("(`logit_adjusted`)", "(`gol`)", 1)
+    assert any("leads with" in p for p in choosing_problems(text.replace(row, swapped)))
+    # a quoted number the cited section does not hold
+    assert any("0.994 is not in" in p for p in choosing_problems(text.replace(row, row.replace("0.894", "0.994"))))
+    # a registry entry dropped, the language-model row dropped
+    assert any("`focal`" not in p and "focal" in p for p in choosing_problems(text.replace("(`focal`)", "")))
+    lm = next(ln for ln in text.splitlines() if ln.startswith("| language model"))
+    assert any("language-model row" in p for p in choosing_problems(text.replace(lm + "\n", "")))
 
 
 # --- docs/conventions.md ------------------------------------------------------------------------
 
-def test_conventions_unit_table_matches_the_registry():
+def unit_table_problems(text: str) -> List[str]:
     import losses
 
-    rows = _table_rows(_read("conventions.md"), "| unit | losses |")
-    assert rows, "docs/conventions.md: no unit table"
+    rows = _table_rows(text, "| unit | losses |")
+    if not rows:
+        return ["conventions.md: no unit table"]
     where: Dict[str, List[str]] = {}
     for unit_cell, losses_cell in rows:
         unit = re.match(r"\w+", unit_cell).group(0)
         for name in re.findall(r"`(\w+)`", losses_cell):
             where.setdefault(name, []).append(unit)
-    problems = []
-    for spec in losses.list_losses():
-        if where.get(spec.name) != [spec.unit]:
-            problems.append(f"{spec.name}: registry unit {spec.unit!r}, table rows {where.get(spec.name)}")
-    extra = set(where) - set(losses.loss_names())
-    assert not problems and not extra, "\n".join(problems) + (f"\nnot registered: {sorted(extra)}" if extra else "")
+    problems = [f"{spec.name}: registry unit {spec.unit!r}, table rows {where.get(spec.name)}"
+                for spec in losses.list_losses() if where.get(spec.name) != [spec.unit]]
+    problems += [f"{name}: not registered" for name in sorted(set(where) - set(losses.loss_names()))]
+    return problems
+
+
+def test_conventions_unit_table_matches_the_registry():
+    problems = unit_table_problems(_read("conventions.md"))
+    assert not problems, "\n".join(problems)
+
+
+def test_unit_table_check_can_fail():
+    text = _read("conventions.md")
+    moved = text.replace("`focal`, ", "").replace("`bce_with_logits`, ", "`bce_with_logits`, `focal`, ")
+    assert any(p.startswith("focal: registry unit 'position'") for p in unit_table_problems(moved))
+    assert any(p.startswith("bpr:") for p in unit_table_problems(text.replace("| `bpr` |", "| |")))
 
 
 # --- the checker can fail -------------------------------------------------------------------------
@@ -441,3 +465,51 @@ def test_checker_reads_the_summary():
     assert len(summary_claims(LATEST)) == counted
     assert latest_claims()["gol"]["verdict"] == "not resolved"
     assert latest_claims()["psl_popularity_shift"]["verdict"] == "contradicted"
+
+
+# --- docs/results.md ------------------------------------------------------------------------------
+
+def _mean_ci(text: str) -> Optional[str]:
+    m = re.search(r"([+\-−]\d+\.\d+ \[[+\-−]\d+\.\d+, [+\-−]\d+\.\d+\])", text)
+    return m.group(1).replace("−", "-") if m else None
+
+
+def results_table_problems(text: str) -> List[str]:
+    """The revision-3 claims table of docs/results.md against the latest results: each row's verdict
+    is that of the claim whose primary check has the row's mean difference and CI, and every claim
+    of revision 3's summary has a row."""
+    by_primary = {}
+    for cid, claim in summary_claims(LATEST).items():
+        by_primary.setdefault(_mean_ci(claim["primary"]), []).append(cid)
+    problems, seen = [], set()
+    for row in _table_rows(text, "| claim | primary check | family − baseline [95% CI] | verdict |"):
+        verdict = row[-1]
+        if verdict.startswith("holds"):
+            continue
+        cids = by_primary.get(_mean_ci(row[2]), [])
+        if not cids:
+            problems.append(f"results.md: {row[0]!r}: {row[2]!r} is no revision-3 primary check")
+            continue
+        seen.update(cids)
+        held = {latest_claims()[c]["verdict"] for c in cids}
+        if _base_verdict(verdict) not in held:
+            problems.append(f"results.md: {row[0]!r} says {verdict.split(' (')[0]!r}, the summary {sorted(held)}")
+    missing = set(summary_claims(LATEST)) - seen
+    if missing:
+        problems.append(f"results.md: no row for {sorted(missing)}")
+    return problems
+
+
+def test_results_page_table_agrees_with_the_summary():
+    problems = results_table_problems(_read("results.md"))
+    assert not problems, "\n".join(problems)
+
+
+def test_results_table_check_can_fail():
+    text = _read("results.md")
+    row = next(ln for ln in text.splitlines() if ln.startswith("| GOL better on the tail (MNIST-LT, imbalance factor 50, one stage)"))
+    assert "| not resolved (" in row
+    wrong = text.replace(row, row.replace("| not resolved (", "| reproduced ("))
+    assert any("GOL better on the tail" in p for p in results_table_problems(wrong))
+    dropped = text.replace(row + "\n", "")
+    assert any("no row for ['gol']" in p for p in results_table_problems(dropped))
