@@ -10,6 +10,11 @@ system and the mark follows live memory); time is the median wall time of those 
 logits alone are 4,096 x 30,522 float32 = 477 MiB.
 
     python benchmarks/lm_patch_memory.py            # writes results/perf/lm_patch/lm_patch.md
+
+It also times the loss alone, ``CausalLMLoss()`` against Hugging Face's ``ForCausalLMLoss`` on the
+same ``(8, 512, 32000)`` float32 logits (forward + backward, data checks on as a user runs it,
+medians of interleaved repetitions, one process, the machine's threads); ``--loss-only`` runs
+just that part.
 """
 
 from __future__ import annotations
@@ -105,7 +110,41 @@ def worker(variant: str) -> dict:
             "step_s": statistics.median(marks["times"]), "losses": losses_logged}
 
 
+def loss_only(reps: int = 7) -> str:
+    import torch
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    from losses.integrations.transformers import CausalLMLoss
+
+    torch.manual_seed(0)
+    b, t, v = 8, 512, 32000
+    z = torch.randn(b, t, v, requires_grad=True)
+    y = torch.randint(0, v, (b, t))
+    ours = CausalLMLoss()
+    impls = {"ForCausalLMLoss (Hugging Face)": lambda: ForCausalLMLoss(z, y, v),
+             "CausalLMLoss (this library)": lambda: ours({"logits": z}, y)}
+    values = {k: float(f()) for k, f in impls.items()}
+    times: dict = {k: [] for k in impls}
+    for _ in range(reps + 1):  # the first round warms up
+        for k, f in impls.items():
+            t0 = time.perf_counter()
+            f().backward()
+            times[k].append(time.perf_counter() - t0)
+            z.grad = None
+    med = {k: statistics.median(v[1:]) * 1000 for k, v in times.items()}
+    ref = med["ForCausalLMLoss (Hugging Face)"]
+    lines = ["", f"## The loss alone: ({b}, {t}, {v}) float32 logits, forward + backward", "",
+             f"Medians of {reps} interleaved repetitions after one warm-up round, {torch.get_num_threads()} threads.", "",
+             "| loss | ms | vs `ForCausalLMLoss` | value |", "|---|---|---|---|"]
+    for k in impls:
+        lines.append(f"| {k} | {med[k]:.0f} | {med[k] / ref:.2f}x | {values[k]:.6f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
+    if "--loss-only" in sys.argv:
+        print(loss_only())
+        return
     rows = []
     for variant in VARIANTS:
         env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", OMP_NUM_THREADS=os.environ.get("LM_PATCH_THREADS", "2"))
@@ -130,13 +169,14 @@ def main() -> None:
     for r in rows:
         lines.append(f"| {names[r['variant']]} | {r['peak_mb']:.0f} | {r['peak_mb'] / base:.2f}x | {r['step_s']:.2f} | "
                      + ", ".join(f"{v:.4f}" for v in r["losses"]) + " |")
+    text = "\n".join(lines) + "\n" + loss_only()
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "lm_patch.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    (OUT / "lm_patch.md").write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":  # one variant of the step, in its own process
         print(json.dumps(worker(sys.argv[2])))
     else:
         main()
