@@ -33,6 +33,7 @@ import losses
 from lightning_modules.cli import linked_loss_kwargs
 from lightning_modules.data import DigitsDataModule
 from lightning_modules.models import VisionClassifier
+from lightning_modules.summary import ParameterSummary
 
 #: constructor arguments the DataModule and the model supply (the registry's example values of
 #: these are sized for its 5-class test inputs, not for a 10-class model)
@@ -60,8 +61,10 @@ def run(name: str, *, epochs: int = 3, seed: int = 0, backbone: str = "resnet10t
     model = VisionClassifier(loss, backbone=backbone, num_classes=data.num_classes, in_chans=data.in_chans,
                              embedding_dim=embedding_dim, lr=2e-3, robust_eval=False)
     limits = {} if max_batches is None else {f"limit_{s}_batches": max_batches for s in ("train", "val", "test")}
+    # ParameterSummary: Lightning's model summary without its FLOPs column (zeros without an example input)
     trainer = pl.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=not quiet, enable_model_summary=not quiet, **limits)
+                         enable_progress_bar=not quiet, enable_model_summary=not quiet,
+                         callbacks=[] if quiet else [ParameterSummary()], **limits)
     trainer.fit(model, datamodule=data)
     (metrics,) = trainer.test(model, datamodule=data, verbose=not quiet)
     return {k: round(float(v), 4) for k, v in metrics.items() if not k.startswith("test/acc_class_")}

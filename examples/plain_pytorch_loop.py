@@ -1,10 +1,21 @@
 """Compare losses in a plain PyTorch loop on scikit-learn's bundled digits (no Lightning).
 
 Each loss trains the same small MLP from the same initialisation on the same stratified split,
-for a few seeds, and the script prints test accuracy, balanced accuracy, ECE and time. Losses
-that own a head (margin softmax, WCDAS, ...) get the MLP's features and supply the logits;
-logits losses get the MLP's logits: the loop routes by the registry's declaration, as
+for a few seeds, and the script prints test accuracy, balanced accuracy, ECE, mean confidence and
+time. Losses that own a head (margin softmax, WCDAS, ...) get the MLP's features and supply the
+logits; logits losses get the MLP's logits: the loop routes by the registry's declaration, as
 ``lightning_modules`` does.
+
+ECE (expected calibration error) asks whether the predicted probabilities can be read as
+probabilities: the test samples are grouped into 15 bins by their confidence (the largest class
+probability) and ECE is the sample-weighted mean over the bins of |accuracy - mean confidence|;
+0 when a confidence of 0.9 is right 90% of the time. The probabilities are the loss's own
+(``predict_proba``, e.g. sparsemax's) where it has them, else the softmax of the logits. The
+"conf" column is the mean confidence: when it is far below the accuracy the model is
+under-confident and ECE is about accuracy - conf. That is the Z-loss's high ECE: it reads only
+the z-scores of the logits and is invariant to their scale (docs/losses/z_loss.md), so nothing in
+its training makes the logits large and their softmax stays close to uniform while the argmax is
+right; its ranking (accuracy) is what it trains, not a calibrated softmax.
 
     python examples/plain_pytorch_loop.py                    # default set of losses, 3 seeds
     python examples/plain_pytorch_loop.py --losses cross_entropy z_loss --seeds 1 --epochs 5
@@ -87,11 +98,14 @@ def run(name: str, seed: int, epochs: int, batch: int = 128) -> dict:
     with torch.no_grad():
         feats = body(xte)
         logits = loss_fn.logits(feats) if spec.owns_head else head(feats)
-        probs = F.softmax(logits.float(), dim=1)
+        # the loss's own predictive distribution where it has one (sparsemax, entmax, ...), else the softmax
+        own = getattr(loss_fn, "predict_proba", None)
+        probs = own(logits) if callable(own) else F.softmax(logits.float(), dim=1)
         pred = logits.argmax(dim=1)
         acc = float((pred == yte).float().mean())
         per_class = torch.stack([(pred[yte == c] == c).float().mean() for c in range(10)])
-    return {"acc": acc, "bal_acc": float(per_class.mean()), "ece": ece(probs, yte), "s": seconds}
+    return {"acc": acc, "bal_acc": float(per_class.mean()), "ece": ece(probs, yte),
+            "conf": float(probs.max(dim=1).values.mean()), "s": seconds}
 
 
 def main() -> None:
@@ -104,7 +118,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     print(f"digits (sklearn), MLP 64-128-32, {args.epochs} epochs of batch {args.batch}, seeds 0..{args.seeds - 1}, torch {torch.__version__}")
-    print(f"{'loss':<22} {'test acc':>15} {'balanced acc':>15} {'ECE (softmax)':>15} {'s/run':>7}")
+    print(f"{'loss':<22} {'test acc':>15} {'balanced acc':>15} {'ECE':>15} {'conf':>15} {'s/run':>7}")
     for name in args.losses:
         runs = [run(name, s, args.epochs, args.batch) for s in range(args.seeds)]
 
@@ -113,8 +127,12 @@ def main() -> None:
             sd = statistics.stdev(v) if len(v) > 1 else 0.0
             return f"{statistics.mean(v):.4f}±{sd:.4f}"
 
-        print(f"{name:<22} {ms('acc'):>15} {ms('bal_acc'):>15} {ms('ece'):>15} "
+        print(f"{name:<22} {ms('acc'):>15} {ms('bal_acc'):>15} {ms('ece'):>15} {ms('conf'):>15} "
               f"{statistics.mean(r['s'] for r in runs):>7.2f}")
+    print("ECE: expected calibration error, the mean |accuracy - confidence| over 15 confidence bins "
+          "(0 = calibrated); conf: mean largest class probability.\n"
+          "A loss whose conf is far below its accuracy is under-confident: e.g. the Z-loss, invariant to "
+          "the logits' scale, leaves their softmax near uniform (docs/losses/z_loss.md), hence its high ECE.")
 
 
 if __name__ == "__main__":

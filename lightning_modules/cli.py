@@ -57,7 +57,7 @@ from pytorch_lightning.cli import LightningCLI  # noqa: E402
 import losses as _losses  # noqa: E402
 
 from .base import BenchmarkDataModule, BenchmarkModule, _import_class  # noqa: E402
-from .summary import MetricsSummary  # noqa: E402
+from .summary import MetricsSummary, ParameterSummary  # noqa: E402
 
 SIZE_LINKS = ("num_users", "num_items", "input_dim", "in_chans")
 DEBUG_ENV = "LOSSES_DEBUG"  #: set to 1 for full tracebacks instead of the one-line ``error:`` form
@@ -216,6 +216,11 @@ class LossCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs):  # noqa: D102
         trainer = super().instantiate_trainer(**kwargs)
+        # Lightning's model summary shows a FLOPs column of zeros (no example input): the same table without it
+        from pytorch_lightning.callbacks import ModelSummary, RichModelSummary
+
+        trainer.callbacks = [ParameterSummary(max_depth=cb._max_depth, **cb._summarize_kwargs)
+                             if type(cb) in (ModelSummary, RichModelSummary) else cb for cb in trainer.callbacks]
         # the end-of-run table, last in the list so that it prints after the progress bar's teardown
         summaries = [cb for cb in trainer.callbacks if isinstance(cb, MetricsSummary)] or [MetricsSummary()]
         trainer.callbacks = [cb for cb in trainer.callbacks if not isinstance(cb, MetricsSummary)] + summaries[:1]

@@ -136,10 +136,12 @@ class FeatureCosine(Metric):
 
 def classification_metrics(num_classes: int, *, full: bool, ece_bins: int = 15) -> MetricCollection:
     """torchmetrics objects of one stage: ``top1`` (+ ``top5``, ``balanced_acc``, ``ece`` when
-    ``full``). ``top5`` uses ``min(5, C)``. ``ece`` expects probabilities."""
+    ``full``). ``top5`` only with more than 5 classes (with 5 or fewer it is 1.0 whatever the
+    model does). ``ece`` expects probabilities."""
     metrics: Dict[str, Metric] = {"top1": MulticlassAccuracy(num_classes, top_k=1, average="micro")}
     if full:
-        metrics["top5"] = MulticlassAccuracy(num_classes, top_k=min(5, num_classes), average="micro")
+        if num_classes > 5:
+            metrics["top5"] = MulticlassAccuracy(num_classes, top_k=5, average="micro")
         metrics["balanced_acc"] = BalancedAccuracy(num_classes)
         metrics["ece"] = MulticlassCalibrationError(num_classes, n_bins=ece_bins, norm="l1")
     # each metric is updated on its own (ECE takes probabilities): no shared compute groups

@@ -128,6 +128,40 @@ def has_own_prediction(loss: Optional[nn.Module]) -> bool:
     return callable(getattr(loss, "predict_proba", None))
 
 
+#: the probe row's spread: softmax gives every class at least exp(-20) ~ 2e-9 (no exact 0 in float32)
+_PROBE_SPREAD = 20.0
+
+
+def has_sparse_probabilities(loss: Optional[nn.Module], num_classes: int) -> bool:
+    """Whether ``loss``'s predictive distribution can give a class probability exactly 0
+    (sparsemax, 1.5-entmax: the support-size metrics mean something only then).
+
+    A loss may declare it as a boolean attribute ``sparse_probabilities``; otherwise the answer
+    is read from what the loss does, never from its name: its own ``predict_proba`` (a loss
+    without one predicts by the softmax, which is never sparse) is applied to one probe row of
+    ``num_classes`` logits spread evenly from 0 down to -20, and the distribution is sparse if it
+    holds an exact 0 there (the softmax of that row does not: its smallest value is about 2e-9).
+    A ``predict_proba`` that fails on the probe counts as not sparse.
+    """
+    declared = getattr(loss, "sparse_probabilities", None)
+    if isinstance(declared, bool):
+        return declared
+    if not has_own_prediction(loss) or int(num_classes) < 2:
+        return False
+    probe = torch.linspace(0.0, -_PROBE_SPREAD, int(num_classes)).unsqueeze(0)
+    params = next(iter(loss.parameters()), None) if isinstance(loss, nn.Module) else None
+    buffers = next(iter(loss.buffers()), None) if isinstance(loss, nn.Module) else None
+    ref = params if params is not None else buffers
+    if ref is not None:
+        probe = probe.to(ref.device)
+    try:
+        with torch.no_grad():
+            probs = loss.predict_proba(probe)
+    except Exception:
+        return False
+    return bool((probs == 0).any())
+
+
 def predict_proba(loss: Optional[nn.Module], logits: Tensor, dim: int = 1) -> Tensor:
     """The predictive distribution over classes (``dim``) that the trained loss implies.
 

@@ -13,6 +13,11 @@ Values are the trainer's ``callback_metrics`` (the epoch-level values the model 
 rank 0 prints. The table is made when the stage ends and printed when the trainer tears down,
 after the progress bar has printed its last state, so it is the last thing a run prints (the
 callback is appended last to the trainer's callbacks).
+
+:class:`ParameterSummary` replaces Lightning's model summary at the start of ``fit``: the same
+table of modules, parameters and modes, without Lightning's FLOPs column, which counts only with
+an ``example_input_array`` (these modules have none: their input sizes come from the data) and
+otherwise shows a column of zeros and "Total FLOPs: 0".
 """
 
 from __future__ import annotations
@@ -23,9 +28,14 @@ from typing import Dict, List, Optional
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.callbacks import ModelSummary
 from pytorch_lightning.trainer.states import TrainerFn
+from pytorch_lightning.utilities.model_summary.model_summary import (
+    get_formatted_model_size,
+    get_human_readable_count,
+)
 
-__all__ = ["MetricsSummary", "format_summary"]
+__all__ = ["MetricsSummary", "ParameterSummary", "format_summary"]
 
 _STAGE_PREFIXES = {"fit": ("train/", "val/"), "validate": ("val/",), "test": ("test/",)}
 
@@ -101,3 +111,40 @@ class MetricsSummary(pl.Callback):
         text, self._pending = self._pending, None
         if text is not None:
             print(text, flush=True)
+
+
+#: Lightning's summary columns that are left out (see :class:`ParameterSummary`)
+DROPPED_COLUMNS = ("FLOPs",)
+
+
+def format_parameter_summary(summary_data, total_parameters: int, trainable_parameters: int, model_size: float,
+                             total_training_modes: Dict[str, int]) -> str:
+    """The model summary as plain text: one row per module (the columns Lightning collected,
+    less :data:`DROPPED_COLUMNS`), then the parameter counts, the size and the train / eval modes."""
+    columns = [(name, [str(v) for v in values]) for name, values in summary_data if name not in DROPPED_COLUMNS]
+    widths = [max([len(name)] + [len(v) for v in values]) for name, values in columns]
+    rows = list(zip(*(values for _, values in columns)))
+    lines = [" | ".join(name.ljust(w) for (name, _), w in zip(columns, widths)),
+             "-+-".join("-" * w for w in widths)]
+    lines += [" | ".join(v.ljust(w) for v, w in zip(row, widths)) for row in rows]
+    lines += [
+        "-" * len(lines[1]),
+        f"{get_human_readable_count(int(trainable_parameters)):<10} Trainable params",
+        f"{get_human_readable_count(int(total_parameters - trainable_parameters)):<10} Non-trainable params",
+        f"{get_human_readable_count(int(total_parameters)):<10} Total params",
+        f"{get_formatted_model_size(model_size):<10} Total estimated model params size (MB)",
+        f"{total_training_modes.get('train', 0):<10} Modules in train mode",
+        f"{total_training_modes.get('eval', 0):<10} Modules in eval mode",
+    ]
+    return "\n".join(lines)
+
+
+class ParameterSummary(ModelSummary):
+    """Lightning's model summary (``max_depth`` levels of modules) without its FLOPs column;
+    printed by rank 0 at the start of ``fit``, as Lightning's is."""
+
+    @staticmethod
+    def summarize(summary_data, total_parameters: int, trainable_parameters: int, model_size: float,
+                  total_training_modes: Dict[str, int], total_flops: int = 0, **summarize_kwargs) -> None:
+        print(format_parameter_summary(summary_data, total_parameters, trainable_parameters, model_size,
+                                       total_training_modes), flush=True)

@@ -29,7 +29,7 @@ from ..metrics import (
     pgd_attack,
     sparsemax_support_size,
 )
-from ..routing import LossRoute, head_logits, loss_route, predict_proba, predict_scores
+from ..routing import LossRoute, has_sparse_probabilities, head_logits, loss_route, predict_proba, predict_scores
 from .pretrained import load_pretrained_file
 
 __all__ = ["VisionClassifier", "VisionSegmenter", "ClassifierNet"]
@@ -181,12 +181,13 @@ class VisionClassifier(BenchmarkModule):
     model's head, or the loss's ``.logits`` when it owns the head).
 
     Metrics (``<stage>/<name>``): ``loss`` (total; also ``main_loss``/``aux_loss`` with an
-    auxiliary loss), ``top1``; in val/test also ``top5``, ``balanced_acc``, ``ece`` (of the
-    loss's predictive distribution, see :func:`~lightning_modules.routing.predict_proba`),
-    ``acc_class_<c>``, ``acc_head``/``acc_tail`` (when the DataModule has ``tail_classes``),
-    ``robust_acc``, ``sparsemax_support`` (mean support size of ``sparsemax(logits)``),
-    ``support`` (mean support of the loss's own distribution, when it exposes
-    ``predict_proba``), ``cos_intra``/``cos_inter`` (mean cosine of features within / across
+    auxiliary loss), ``top1``; in val/test also ``top5`` (with more than 5 classes),
+    ``balanced_acc``, ``ece`` (of the loss's predictive distribution, see
+    :func:`~lightning_modules.routing.predict_proba`), ``acc_class_<c>``, ``acc_head``/``acc_tail``
+    (when the DataModule has ``tail_classes``), ``robust_acc``; for a loss whose predictive
+    distribution is sparse (:func:`~lightning_modules.routing.has_sparse_probabilities`:
+    sparsemax, 1.5-entmax) ``sparsemax_support`` (mean support size of ``sparsemax(logits)``) and
+    ``support`` (mean support of the loss's own distribution); ``cos_intra``/``cos_inter`` (mean cosine of features within / across
     classes); the confidence metrics of :mod:`lightning_modules.confidence` over the whole
     evaluated set: ``nll`` and ``nll_zero_frac`` (the predictive distribution's NLL with
     probabilities clipped at ``1e-12``, and the fraction of targets it gave probability 0: sparse
@@ -280,6 +281,8 @@ class VisionClassifier(BenchmarkModule):
         self.net = ClassifierNet(body, projection, head)
         self.loss = loss
         self.aux_loss = aux_loss
+        #: the loss's predictive distribution can hold exact zeros (declared, or probed: no name checks)
+        self.sparse_probabilities = has_sparse_probabilities(loss, num_classes)
         if pretrained_file is not None:
             load_pretrained_file(self.net.backbone, pretrained_file)
 
@@ -473,10 +476,10 @@ class VisionClassifier(BenchmarkModule):
         self.log_dict(metrics, on_step=False, on_epoch=True)
         stats["per_class"].update(scores, ids)
         stats["feature_cos"].update(features, ids)
-        sm = stats["sparsemax_support"]
-        sm.update(sparsemax_support_size(logits).float())
-        self.log(f"{stage}/sparsemax_support", sm, on_step=False, on_epoch=True)
-        if callable(getattr(self.loss, "predict_proba", None)):
+        if self.sparse_probabilities:  # support sizes mean something only for a sparse distribution
+            sm = stats["sparsemax_support"]
+            sm.update(sparsemax_support_size(logits).float())
+            self.log(f"{stage}/sparsemax_support", sm, on_step=False, on_epoch=True)
             sup = stats["support"]
             sup.update((probs > 0).sum(1).float())
             self.log(f"{stage}/support", sup, on_step=False, on_epoch=True)
