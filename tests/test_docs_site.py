@@ -200,6 +200,16 @@ def test_navigation_titles_are_plain_text():
     assert api._heading("The ``foo`` loss.") == "The `foo` loss"
 
 
+def test_generated_pages_report_their_benchmark_arms():
+    """A generated family page whose loss ran as a benchmark arm has a "Measured" section with the
+    arm's line of the latest summary, each claim linked to the family page that reports it."""
+    api = _hook("api_pages")
+    pages = api.generated_family_pages()
+    md = pages["losses.classification.logit_adjusted"][2]
+    assert "## Measured" in md and "| logit-adjusted CE (LT) | [`gol`](gol.md#measured)" in md, md[-1500:]
+    assert api.measured_section(["no_such_loss"]) == ""
+
+
 def test_docs_site_builds_strict_and_renders_in_chromium(site_dir, browser, server):
     """One test (not one per page) so that pytest-xdist builds the site once."""
     _check_build(site_dir)

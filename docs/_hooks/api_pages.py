@@ -64,6 +64,54 @@ LIGHTNING_MODULES = ("lightning_modules.cli", "lightning_modules.base", "lightni
 #: the navigation section that lists the loss family pages
 FAMILY_SECTION = "Loss families"
 _DOCS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: the latest benchmark summary; its confidence table names every arm and the claims it ran in
+_SUMMARY = os.path.join(os.path.dirname(_DOCS), "results", "revision3", "summary.md")
+#: the arm labels of the benchmark reports (their beginning) that are a registry entry's runs, for
+#: the generated pages' "Measured" section
+ARM_ENTRIES: Tuple[Tuple[str, str], ...] = (
+    ("logit-adjusted CE", "logit_adjusted"),
+    ("balanced softmax", "balanced_softmax"),
+    ("focal", "focal"),
+)
+
+
+def measured_section(names: List[str]) -> str:
+    """Markdown "Measured" section of a generated family page: the rows of the latest summary's
+    confidence table whose arm runs one of ``names`` (registry names), each claim linked to the
+    hand-written family page that reports it; empty when no arm does."""
+    if not os.path.isfile(_SUMMARY):
+        return ""
+    with open(_SUMMARY, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith("| arm | claims |")), None)
+    if start is None:
+        return ""
+    header = lines[start]
+    rows = []
+    for ln in lines[start + 2:]:
+        if not ln.startswith("|"):
+            break
+        cells = [c.strip() for c in ln.strip().strip("|").split(" | ")]
+        if any(cells[0].startswith(prefix) and name in names for prefix, name in ARM_ENTRIES):
+            rows.append(cells)
+    if not rows:
+        return ""
+    stems = sorted((os.path.splitext(n)[0] for n in os.listdir(os.path.join(_DOCS, "losses")) if n.endswith(".md")),
+                   key=len, reverse=True)
+
+    def claim_link(cid: str) -> str:
+        stem = next((st for st in stems if cid == st or cid.startswith(st + "_")), None)
+        return f"[`{cid}`]({stem}.md#measured)" if stem else f"`{cid}`"
+
+    for cells in rows:
+        cells[1] = ", ".join(claim_link(c) for c in re.findall(r"`(\w+)`", cells[1]))
+    cols = [c.strip() for c in header.strip().strip("|").split(" | ")]
+    table = [header, "|" + "---|" * len(cols)] + ["| " + " | ".join(c) + " |" for c in rows]
+    return ("## Measured\n\nIn the benchmark (protocol revision 3) this loss ran as a baseline arm of "
+            "the claims linked below; each claim's verdict, its checks against this arm and the "
+            "accuracy numbers are on that family page. The confidence of each arm, means over its "
+            "evaluation seeds, from [the summary](../results/revision3/summary.md#confidence):\n\n"
+            + "\n".join(table) + "\n")
 
 
 def _rst_rewrite():
@@ -134,6 +182,9 @@ def generated_family_pages() -> Dict[str, Tuple[str, str, str]]:
         for spec in specs:
             body.append(f"## `{spec.name}`\n")
             body.append(rewrite(_google(inspect.cleandoc(spec.function.__doc__ or ""))) + "\n")
+        measured = measured_section([spec.name for spec in specs])
+        if measured:
+            body.append(measured)
         out[mod] = (title, page, "\n".join(body))
     return out
 
