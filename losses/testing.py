@@ -12,14 +12,29 @@ project's contract tests (``tests/test_contract.py``), on the entry's example in
 The properties (:data:`PROPERTIES`):
 
 * ``"reductions"``: ``"none"`` is 0 where the unit weight is 0, ``"sum" == Σ w·none`` and
-  ``"mean" == Σ w·none / Σ w`` with the declared ``unit_weights`` (float64, rtol 1e-10); an
-  unknown reduction is a ``ValueError``; batch-level losses (``unit="batch"``) accept only
-  ``"mean"``.
+  ``"mean" == Σ w·none / Σ w`` with the declared ``unit_weights`` (float64, rtol 1e-10), on the
+  example inputs, with the first id ignored, and (``class_weight=True``) with random class weights,
+  where a ``weighted_mean`` entry's ``"mean"`` divides by ``Σ w·weight[target]`` (as
+  ``F.cross_entropy``); an unknown reduction is a ``ValueError``; batch-level losses
+  (``unit="batch"``) accept only ``"mean"``.
 * ``"all_ignored"``: every unit ignored gives an exact, graph-attached 0 with zero (not ``None``)
   gradients, also when the inputs hold ``±inf`` (under ``losses.validation(False)``).
 * ``"finite"``: finite values and gradients on random, extreme (x1e4) and constant inputs
   (documented exact infinities: no NaN).
-* ``"dtypes"``: fp16 / bf16 inputs give an fp32 loss equal to the fp32 result on the upcast
+* ``"gradients"``: the first-order gradients are the derivative of the value:
+  ``torch.autograd.gradcheck`` in float64 (:data:`GRADCHECK_TOL`: central differences of step
+  1e-6, atol 1e-5, rtol 1e-3; fast mode, the Jacobian along random directions) for every
+  reduction the entry allows, w.r.t. its floating inputs and its own trainable parameters
+  (through ``torch.func.functional_call``), on the example inputs, with random class weights
+  (``class_weight=True``), with the first id ignored (losses with ``ignore_index``) and, for
+  ``"logits"`` entries with an ``(N, C)`` example, the same values in the N-D layout
+  ``(N/2, C, 2)`` (run where the loss accepts it). Each evaluation builds a fresh module with the
+  global RNG reset, so random losses draw the same numbers every time. ``inputs="model"``
+  entries are checked w.r.t. the model's parameters (and the loss's own), not the data the model
+  takes: such a loss may feed the model inputs it derives from the data and treats as constants
+  (``adversarial_comp_sum``'s PGD perturbation is detached by design, as adversarial training
+  does), so its gradient in the data is not the derivative of its value. Catches a term detached
+  by mistake (``.detach()``, ``.item()``, a ``no_grad`` block) and a wrong hand-written backward.* ``"dtypes"``: fp16 / bf16 inputs give an fp32 loss equal to the fp32 result on the upcast
   inputs (1e-6) with gradients in the input dtype; float64 stays float64 (``module.to(float64)``
   moves every parameter and buffer).
 * ``"autocast"``: forward and backward under CPU bf16 ``torch.autocast`` give the fp32 value
@@ -47,23 +62,27 @@ import inspect
 import io
 import math
 import pickle
+import re
+import sys
+import time
 import warnings
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.gradcheck import GradcheckError
 
 from ._core import NO_SECOND_DERIVATIVE, ExperimentalWarning, validation
 from ._registry import LossSpec, get_loss_spec
 
 __all__ = [
-    "check_loss", "PROPERTIES", "DEFAULT_PROPERTIES", "AUTOCAST_TOL", "MODEL_AUTOCAST_TOL", "build", "example", "call",
-    "float_leaves",
+    "check_loss", "PROPERTIES", "DEFAULT_PROPERTIES", "AUTOCAST_TOL", "MODEL_AUTOCAST_TOL", "GRADCHECK_TOL", "build",
+    "example", "call", "float_leaves", "class_weight_kwargs", "main",
 ]
 
 #: Every property :func:`check_loss` knows, in the order it runs them.
 PROPERTIES: Tuple[str, ...] = (
-    "reductions", "all_ignored", "finite", "dtypes", "autocast", "module_function", "serialization",
+    "reductions", "all_ignored", "finite", "gradients", "dtypes", "autocast", "module_function", "serialization",
     "double_backward", "compile",
 )
 #: What ``check_loss(name)`` runs when ``properties`` is ``None`` (``"compile"`` is opt-in: it is slow).
@@ -73,6 +92,12 @@ DEFAULT_PROPERTIES: Tuple[str, ...] = tuple(p for p in PROPERTIES if p != "compi
 #: up to summation order; a model argument runs in bf16 itself, hence the wider tolerance.
 AUTOCAST_TOL = {"rtol": 1e-5, "atol": 1e-6}
 MODEL_AUTOCAST_TOL = {"rtol": 3e-2, "atol": 3e-2}
+
+#: The ``"gradients"`` property: ``torch.autograd.gradcheck`` in float64 (central differences of
+#: step ``eps``; ``fast_mode``: the Jacobian projected on random directions, compared within
+#: ``atol + rtol * |numerical|``). The example inputs are random, so away from the kinks of
+#: non-smooth losses (sparsemax, hinges) by far more than ``eps``.
+GRADCHECK_TOL = {"eps": 1e-6, "atol": 1e-5, "rtol": 1e-3}
 
 
 # --------------------------------------------------------------------------------------
@@ -181,8 +206,11 @@ def _check_reductions(spec: LossSpec, **_: Any) -> None:
             else:
                 raise AssertionError(f"batch-level loss accepts reduction={bad!r}; expected a ValueError")
         return
+    weighted = class_weight_kwargs(spec, args)
     for what, case_args in _reduction_cases(spec, args):
-        _check_unit_weights(spec, case_args, kwargs, what)
+        _check_unit_weights(spec, case_args, kwargs, what, {})
+        if weighted:
+            _check_unit_weights(spec, case_args, kwargs, f"{what}, with class weights", weighted)
 
 
 def _reduction_cases(spec: LossSpec, args: tuple) -> List[Tuple[str, tuple]]:
@@ -200,11 +228,46 @@ def _reduction_cases(spec: LossSpec, args: tuple) -> List[Tuple[str, tuple]]:
     return cases
 
 
-def _check_unit_weights(spec: LossSpec, args: tuple, kwargs: dict, what: str) -> None:
-    none = call(build(spec, reduction="none"), args, kwargs)
-    total = call(build(spec, reduction="sum"), args, kwargs)
-    mean = call(build(spec, reduction="mean"), args, kwargs)
-    w = spec.unit_weights(*args, **{**spec.example_kwargs, **kwargs}).to(none.dtype)
+def class_weight_kwargs(spec: LossSpec, args: Sequence[Any], seed: int = 7) -> Dict[str, Tensor]:
+    """``{"weight": w}``: random positive float64 class weights ``(C,)`` (in ``[0.25, 1.75)``) for an
+    entry registered with ``class_weight=True`` (its module takes ``weight=``); ``{}`` for the
+    others. ``C`` is the class dimension of the logits (``args[0].shape[1]``) or, for other kinds,
+    the ``num_classes`` of ``example_kwargs``."""
+    if not spec.class_weight:
+        return {}
+    if spec.kind == "logits" and isinstance(args[0], Tensor) and args[0].dim() >= 2:
+        c = int(args[0].shape[1])
+    elif isinstance(spec.example_kwargs.get("num_classes"), int):
+        c = int(spec.example_kwargs["num_classes"])
+    else:
+        raise AssertionError("class_weight=True but the number of classes is unknown: the inputs are not logits "
+                             "(N, C, ...) and example_kwargs has no num_classes")
+    g = torch.Generator().manual_seed(seed)
+    return {"weight": torch.rand(c, generator=g, dtype=torch.float64) * 1.5 + 0.25}
+
+
+def _mean_weights(spec: LossSpec, w: Tensor, args: tuple, ctor: Dict[str, Any]) -> Tensor:
+    """The weights of the ``"mean"`` denominator: the unit weights ``w``, times ``weight[target]``
+    for a ``weighted_mean`` entry given class weights and class ids (``F.cross_entropy``'s
+    weighted mean: ``"none"`` already carries ``weight[target]``, and the mean divides by the summed
+    class weights of the valid targets). Float targets keep ``w`` (as ``F.cross_entropy`` with
+    probabilities)."""
+    weight = ctor.get("weight")
+    ids = args[-1]
+    if not (spec.weighted_mean and isinstance(weight, Tensor) and isinstance(ids, Tensor)
+            and not ids.is_floating_point()):
+        return w
+    per_id = weight.to(w.dtype)[ids.clamp_min(0).long()]
+    assert per_id.shape == w.shape, (
+        f"weighted_mean: weight[target] {tuple(per_id.shape)} is not shaped like the unit weights {tuple(w.shape)}")
+    return w * per_id
+
+
+def _check_unit_weights(spec: LossSpec, args: tuple, kwargs: dict, what: str, ctor: Dict[str, Any]) -> None:
+    none = call(build(spec, reduction="none", **ctor), args, kwargs)
+    total = call(build(spec, reduction="sum", **ctor), args, kwargs)
+    mean = call(build(spec, reduction="mean", **ctor), args, kwargs)
+    w = spec.unit_weights(*args, **{**spec.example_kwargs, **ctor, **kwargs}).to(none.dtype)
     assert none.shape == w.shape, (
         f"{what}: 'none' output shape {tuple(none.shape)} != unit weights shape {tuple(w.shape)}")
     assert total.shape == () and mean.shape == (), (
@@ -212,7 +275,9 @@ def _check_unit_weights(spec: LossSpec, args: tuple, kwargs: dict, what: str) ->
     assert bool(torch.all(none[w == 0] == 0)), (
         f"{what}: 'none' is not 0 where the unit weight is 0: {none[w == 0].tolist()}")
     _close(total, (w * none).sum(), f"{what}: 'sum' != sum(w * none)", rtol=1e-10, atol=1e-12)
-    _close(mean, (w * none).sum() / w.sum(), f"{what}: 'mean' != sum(w * none) / sum(w)", rtol=1e-10, atol=1e-12)
+    wm = _mean_weights(spec, w, args, ctor)
+    den = "sum(w * weight[target])" if wm is not w else "sum(w)"
+    _close(mean, (w * none).sum() / wm.sum(), f"{what}: 'mean' != sum(w * none) / {den}", rtol=1e-10, atol=1e-12)
 
 
 def _with_infs(t: Tensor) -> Tensor:
@@ -271,6 +336,109 @@ def _check_finite(spec: LossSpec, documented_inf: bool = False, **_: Any) -> Non
         assert bool(torch.isfinite(out).all()), f"{case} inputs: non-finite value {out}"
         for g in grads:
             assert g is None or bool(torch.isfinite(g).all()), f"{case} inputs: non-finite gradient"
+
+
+class _LossAndModel(nn.Module):
+    """The loss and a model argument as one module, so that ``torch.func.functional_call`` swaps
+    the parameters of both (the loss's own and the model's) for one call; ``forward`` is the loss's."""
+
+    def __init__(self, loss: nn.Module, model: Optional[nn.Module]) -> None:
+        super().__init__()
+        self.loss = loss
+        if model is not None:
+            self.model = model
+
+    def forward(self, *args: Any, **kwargs: Any) -> Tensor:
+        return self.loss(*args, **kwargs)
+
+
+def _nd_logits(spec: LossSpec, args: tuple, kwargs: dict) -> Optional[tuple]:
+    """The example ``(N, C)`` logits and their ``(N,)`` ids (or ``(N, C)`` float targets) as the same
+    values in the N-D layout ``(N/2, C, 2)`` / ``(N/2, 2)``: for a ``"logits"`` entry whose example is
+    2-D with an even ``N`` and no tensor keywords (which would need the layout too), and whose
+    loss accepts that layout (a ``ValueError`` / ``TypeError`` there: not run); else ``None``."""
+    if spec.kind != "logits" or len(args) != 2 or any(isinstance(v, Tensor) for v in kwargs.values()):
+        return None
+    x, t = args
+    if not (isinstance(x, Tensor) and isinstance(t, Tensor) and x.dim() == 2 and x.shape[0] % 2 == 0):
+        return None
+    n, c = x.shape
+    x_nd = x.detach().reshape(n // 2, 2, c).transpose(1, 2).contiguous()
+    if t.shape == (n,):
+        t_nd = t.reshape(n // 2, 2)
+    elif t.shape == (n, c):
+        t_nd = t.detach().reshape(n // 2, 2, c).transpose(1, 2).contiguous()
+    else:
+        return None
+    try:
+        with torch.no_grad():
+            call(build(spec), (x_nd, t_nd), kwargs)
+    except (ValueError, TypeError):
+        return None
+    return x_nd, t_nd
+
+
+def _gradient_cases(spec: LossSpec, args: tuple, kwargs: dict) -> List[Tuple[str, tuple, Dict[str, Any]]]:
+    """``(what, forward args, constructor overrides)`` the ``"gradients"`` property checks: the
+    example inputs; with random class weights (``class_weight=True``); with the first id ignored
+    (``ignore_index`` and class ids; with the class weights where there are some); the N-D logits
+    layout (:func:`_nd_logits`)."""
+    weighted = class_weight_kwargs(spec, args)
+    cases: List[Tuple[str, tuple, Dict[str, Any]]] = [("example inputs", args, {})]
+    if weighted:
+        cases.append(("example inputs with class weights", args, weighted))
+    for what, case_args in _reduction_cases(spec, args)[1:]:
+        cases.append((what + (" and class weights" if weighted else ""), case_args, weighted))
+    nd = _nd_logits(spec, args, kwargs)
+    if nd is not None:
+        cases.append((f"N-D logits {tuple(nd[0].shape)}", nd, {}))
+    return cases
+
+
+def _check_gradients(spec: LossSpec, **_: Any) -> None:
+    """float64 ``torch.autograd.gradcheck`` (fast mode, :data:`GRADCHECK_TOL`) of the module, for
+    every reduction it allows, w.r.t. its floating inputs (``inputs="model"``: the model's
+    parameters instead, see the module docs) and its own trainable parameters, on each case of
+    :func:`_gradient_cases`. Every evaluation builds a fresh module (a seeded one draws the same
+    numbers) under :func:`call` (the global RNG reset), so gradcheck's repeated calls see the
+    same randomness."""
+    args, kwargs = example(spec, dtype=torch.float64)
+    model_kind = _is_model_kind(spec)
+    model = args[0] if model_kind else None
+    for what, case_args, ctor in _gradient_cases(spec, args, kwargs):
+        inputs = [] if model_kind else [
+            i for i, a in enumerate(case_args) if isinstance(a, Tensor) and a.is_floating_point()]
+        holder = _LossAndModel(build(spec, **ctor).to(torch.float64), model)
+        params = [(n, p) for n, p in holder.named_parameters() if p.requires_grad]
+        leaves = tuple([case_args[i].detach().clone().requires_grad_(True) for i in inputs]
+                       + [p.detach().clone().to(torch.float64).requires_grad_(True) for _, p in params])
+        names = ([f"{spec.inputs[i]!r} (argument {i})" for i in inputs]
+                 + [f"the {'model' if n.startswith('model.') else 'loss'}'s parameter {n.split('.', 1)[1]!r}"
+                    for n, _ in params])
+        assert leaves, f"{what}: nothing to differentiate (no floating input, no trainable parameter)"
+        for reduction in _reductions_for(spec):
+
+            def fn(*values: Tensor, reduction: str = reduction) -> Tensor:
+                fwd = list(case_args)
+                for i, v in zip(inputs, values):
+                    fwd[i] = v
+                own = dict(zip((n for n, _ in params), values[len(inputs):]))
+                loss = build(spec, reduction=reduction, **ctor).to(torch.float64)  # fresh: same random draws
+                one = _LossAndModel(loss, model)
+                return call(lambda *a, **k: torch.func.functional_call(one, own, a, k), fwd, kwargs)
+
+            try:
+                torch.autograd.gradcheck(fn, leaves, fast_mode=True, **GRADCHECK_TOL)
+            except GradcheckError as exc:
+                msg = str(exc)
+                wrt = re.search(r"with respect to input (\d+)", msg)
+                leaf = names[int(wrt.group(1))] if wrt and int(wrt.group(1)) < len(names) else "an input"
+                tol = ", ".join(f"{k}={v:g}" for k, v in GRADCHECK_TOL.items())
+                nums = " ".join(ln.strip() for ln in msg.splitlines() if ln.startswith(("numerical", "analytical")))
+                raise AssertionError(
+                    f"{what}, reduction={reduction!r}: the gradient w.r.t. {leaf} differs from central finite "
+                    f"differences of the value (float64 gradcheck, fast mode, {tol}; {nums or msg[:300]}): "
+                    "a term detached from the graph, or a hand-written backward that is wrong") from None
 
 
 def _upcast(x: Any) -> Any:
@@ -467,6 +635,7 @@ _CHECKS: Dict[str, Callable[..., None]] = {
     "reductions": _check_reductions,
     "all_ignored": _check_all_ignored,
     "finite": _check_finite,
+    "gradients": _check_gradients,
     "dtypes": _check_dtypes,
     "autocast": _check_autocast,
     "module_function": _check_module_function,
@@ -524,3 +693,122 @@ def check_loss(
             except Exception as exc:  # noqa: BLE001 - reported as a failed property, cause chained
                 what = str(exc) if isinstance(exc, AssertionError) else f"{type(exc).__name__}: {exc}"
                 raise AssertionError(f"check_loss: property {prop!r} failed for {spec.name!r}: {what}") from exc
+
+
+# --------------------------------------------------------------------------------------
+# python -m losses.testing <registry-name | module.path | file.py> ...
+# --------------------------------------------------------------------------------------
+
+_USAGE = """usage: python -m losses.testing [--properties P1,P2,...] TARGET [TARGET ...]
+
+Run the contract checks (losses.testing.check_loss) on registry entries, one line per property.
+TARGET is a registry name (e.g. focal), a module path (e.g. my_project.losses) or a .py file: the
+module is imported, so that its losses.register calls run, and every entry it registers is checked
+(for a module imported already, e.g. a library family, the entries whose function or module class
+it defines). --properties: a comma-separated subset of {props} (default: all but compile).
+Exit status: 0 when every property holds, 1 when one fails, 2 for a usage error."""
+
+
+def _entries_of(target: str) -> List[str]:
+    """The registry names ``target`` stands for: a registry name, or the entries a module (a dotted
+    path or a ``.py`` file) registers when imported."""
+    import importlib
+    import importlib.util
+    import os
+
+    from ._registry import loss_names
+
+    before = loss_names()
+    if target in before:
+        return [target]
+    if target.endswith(".py"):
+        if not os.path.isfile(target):
+            raise ValueError(f"no such file (got {target!r}); pass a .py file, a module path or a registry name")
+        mod_name = "_losses_testing_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(target))[0])
+        file_spec = importlib.util.spec_from_file_location(mod_name, target)
+        module = importlib.util.module_from_spec(file_spec)
+        sys.modules[mod_name] = module  # importable by name while it runs (pickle, dataclasses)
+        file_spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not target.startswith(exc.name):
+                raise  # the module exists and imports a missing one: show that
+            raise ValueError(f"neither a registry name nor an importable module (got {target!r}); registry names: "
+                             f"{before}") from None
+    new = [n for n in loss_names() if n not in before]
+    if new:
+        return new
+    from ._registry import list_losses
+
+    own = [s.name for s in list_losses()
+           if module.__name__ in (s.function.__module__, s.module.__module__)]
+    if not own:
+        raise ValueError(f"{target!r} registers no loss (none new after importing it, none defined in it); "
+                         "call losses.register in it, or pass a registry name")
+    return own
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m losses.testing TARGET ...``: check the entries, one ``PASS`` / ``FAIL`` line per
+    property with its time; returns the exit status (0 all pass, 1 a failure, 2 a usage error)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    usage = _USAGE.format(props=", ".join(PROPERTIES))
+    props: Sequence[str] = DEFAULT_PROPERTIES
+    targets: List[str] = []
+    while argv:
+        arg = argv.pop(0)
+        if arg in ("-h", "--help"):
+            print(usage)
+            return 0
+        if arg == "--properties" or arg.startswith("--properties="):
+            value = arg.split("=", 1)[1] if "=" in arg else (argv.pop(0) if argv else "")
+            props = [p.strip() for p in value.split(",") if p.strip()]
+            unknown = [p for p in props if p not in _CHECKS]
+            if unknown or not props:
+                print(f"losses.testing: unknown properties (got {unknown or value!r}); choose from {list(PROPERTIES)}",
+                      file=sys.stderr)
+                return 2
+        elif arg.startswith("-"):
+            print(f"losses.testing: unknown option {arg!r}\n{usage}", file=sys.stderr)
+            return 2
+        else:
+            targets.append(arg)
+    if not targets:
+        print(usage, file=sys.stderr)
+        return 2
+    names: List[str] = []
+    for target in targets:
+        try:
+            names += [n for n in _entries_of(target) if n not in names]
+        except ValueError as exc:
+            print(f"losses.testing: {exc}", file=sys.stderr)
+            return 2
+    failed = 0
+    width = max(len(n) for n in names)
+    for name in names:
+        for prop in props:
+            start = time.perf_counter()
+            try:
+                check_loss(name, properties=[prop])
+            except AssertionError as exc:
+                failed += 1
+                what = str(exc).split(": ", 1)[-1] if str(exc).startswith("check_loss:") else str(exc)
+                print(f"FAIL  {name:<{width}}  {prop:<16} {time.perf_counter() - start:6.2f} s  {what}", flush=True)
+            else:
+                print(f"PASS  {name:<{width}}  {prop:<16} {time.perf_counter() - start:6.2f} s", flush=True)
+    total = len(names) * len(props)
+    print(f"{total - failed} of {total} checks passed ({', '.join(names)})")
+    return 1 if failed else 0
+
+
+# The package imports this module (``losses.testing``) before ``python -m losses.testing`` runs
+# the file again as ``__main__``; the command runs the imported module's ``main`` (one copy of the
+# kit), so runpy's warning about the double import says nothing useful.
+warnings.filterwarnings("ignore", message=r"'losses\.testing' found in sys\.modules", category=RuntimeWarning)
+
+if __name__ == "__main__":
+    from losses.testing import main as _main
+
+    sys.exit(_main())
