@@ -5,6 +5,8 @@
   ``embedding_dim`` (not the class weights the user never passed).
 * :func:`check_head_sizes`: ``embedding_dim`` and ``num_classes`` of a margin-softmax head
   (ArcFace / CosFace, Partial FC) are ints >= 1.
+* :func:`default_chunk_size` / :func:`chunk_logits`: the class chunks of the chunked linear heads
+  (:func:`losses.linear_cross_entropy` and its vocabulary-parallel form).
 * :func:`check_softmax_classes`: a softmax over a single class is identically 0 and trains
   nothing, so ``num_classes = 1`` (or a one-row class weight) is a ``ValueError`` that points to
   the one-logit alternative (``docs/conventions.md``, degenerate inputs).
@@ -12,12 +14,15 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 
 from ._core import check_floating, check_int, check_integer_target, check_softmax_classes, value_error
 
-__all__ = ["check_head_embeddings", "check_head_sizes", "check_embeddings_and_target", "check_softmax_classes", "drop_rows"]
+__all__ = ["check_head_embeddings", "check_head_sizes", "check_embeddings_and_target", "check_softmax_classes", "drop_rows",
+           "CHUNK_ELEMENTS", "default_chunk_size", "chunk_logits"]
 
 
 def check_head_embeddings(fn: str, head: str, embeddings: object, embedding_dim: int) -> None:
@@ -61,3 +66,21 @@ def drop_rows(x: Tensor, valid: Tensor) -> Tensor:
     """
     return torch.where(valid.reshape(-1, *([1] * (x.dim() - 1))).to(x.device), x,
                        torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+#: Target size, in elements, of one chunk of logits (N x chunk): 2**22 floats = 16 MiB in fp32.
+CHUNK_ELEMENTS = 1 << 22
+
+
+def default_chunk_size(n: int, c: int) -> int:
+    """Classes per chunk of a chunked linear head: about :data:`CHUNK_ELEMENTS` logits, at least 256."""
+    return int(max(256, min(c, CHUNK_ELEMENTS // max(n, 1))))
+
+
+def chunk_logits(xc: Tensor, weight: Tensor, bias: Optional[Tensor], start: int, chunk: int,
+                 dtype: torch.dtype) -> Tensor:
+    """Logits of classes ``[start, start + chunk)`` as a fresh ``(N, chunk)`` tensor."""
+    w = weight[start:start + chunk].to(dtype)
+    if bias is None:
+        return xc @ w.T
+    return torch.addmm(bias[start:start + chunk].to(dtype), xc, w.T)

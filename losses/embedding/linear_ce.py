@@ -27,7 +27,7 @@ from .._core import (
     reduce_weighted_values,
     value_error,
 )
-from .._heads import check_head_embeddings, check_softmax_classes, drop_rows
+from .._heads import check_head_embeddings, check_softmax_classes, chunk_logits, default_chunk_size, drop_rows
 from .._core import no_autocast
 from .._precision import matmul
 from .._registry import id_unit_weights, register
@@ -36,23 +36,6 @@ from .._stats import LossStats, token_stats
 from .. import kernels
 
 __all__ = ["linear_cross_entropy", "LinearCrossEntropyLoss"]
-
-#: Target size, in elements, of one chunk of logits (N x chunk): 2**22 floats = 16 MiB in fp32.
-_CHUNK_ELEMENTS = 1 << 22
-
-
-def _default_chunk_size(n: int, c: int) -> int:
-    return int(max(256, min(c, _CHUNK_ELEMENTS // max(n, 1))))
-
-
-def _chunk_logits(xc: Tensor, weight: Tensor, bias: Optional[Tensor], start: int, chunk: int,
-                  dtype: torch.dtype) -> Tensor:
-    """Logits of classes ``[start, start + chunk)`` as a fresh ``(N, chunk)`` tensor."""
-    w = weight[start:start + chunk].to(dtype)
-    if bias is None:
-        return xc @ w.T
-    return torch.addmm(bias[start:start + chunk].to(dtype), xc, w.T)
-
 
 class _LinearCrossEntropy(torch.autograd.Function):
     """Per-row ``(1-eps)(lse - z_y) + eps(lse - mean_k z_k) + coef * lse^2`` over class chunks.
@@ -71,7 +54,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         pred = torch.zeros((n,), dtype=torch.long, device=x.device)  # running argmax (token accuracy)
         cwc = None if cw is None else cw.to(dtype)
         for start in range(0, c, chunk):
-            z = _chunk_logits(xc, weight, bias, start, chunk, dtype)
+            z = chunk_logits(xc, weight, bias, start, chunk, dtype)
             if cap is not None:  # soft-capping: z -> cap * tanh(z / cap)
                 z = z.div_(cap).tanh_().mul_(cap)
                 if eps > 0:
@@ -141,7 +124,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         for start in range(0, c, chunk):
             w = weight[start:start + chunk].to(dtype)
             # dz = p * g_soft - eps/C * g, written in place over the recomputed logits
-            dz = _chunk_logits(xc, weight, bias, start, chunk, dtype)
+            dz = chunk_logits(xc, weight, bias, start, chunk, dtype)
             t = None
             if cap is not None:  # capped logits, and the chain rule factor 1 - tanh^2 below
                 t = dz.div_(cap).tanh_()
@@ -289,7 +272,7 @@ def linear_cross_entropy(
         check_finite(fn, "bias", bias)
     check_ids_in_range(fn, target, c, ignore_index)
     dtype = compute_dtype(embeddings, weight, bias)
-    chunk = min(c, chunk_size if chunk_size is not None else _default_chunk_size(embeddings.shape[0], c))
+    chunk = min(c, chunk_size if chunk_size is not None else default_chunk_size(embeddings.shape[0], c))
     valid = target != ignore_index
     if (embeddings.dtype in (torch.bfloat16, torch.float16) and weight.dtype == embeddings.dtype
             and weight.device == embeddings.device and class_weight is None and not return_stats

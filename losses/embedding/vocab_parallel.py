@@ -28,9 +28,9 @@ from .._core import (
     value_error,
 )
 from .._distributed import world_size
-from .._heads import drop_rows
+from .._heads import chunk_logits, default_chunk_size, drop_rows
 from .._softcap import check_softcap
-from .linear_ce import _chunk_logits, _default_chunk_size, linear_cross_entropy
+from .linear_ce import linear_cross_entropy
 
 __all__ = ["vocab_parallel_linear_cross_entropy"]
 
@@ -57,7 +57,7 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
         s = torch.zeros((n,), dtype=dtype, device=x.device)
         z_sum = torch.zeros((n,), dtype=dtype, device=x.device)  # sum of this shard's (capped) logits
         for start in range(0, cr, chunk):
-            z = _chunk_logits(xc, weight, bias, start, chunk, dtype)
+            z = chunk_logits(xc, weight, bias, start, chunk, dtype)
             if cap is not None:  # soft-capping: z -> cap * tanh(z / cap)
                 z = z.div_(cap).tanh_().mul_(cap)
                 if eps > 0:
@@ -119,7 +119,7 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
         gw = torch.empty((cr, weight.shape[1]), dtype=dtype, device=x.device) if need_w else None
         gb = torch.empty((cr,), dtype=dtype, device=x.device) if need_b else None
         for start in range(0, cr, chunk):
-            dz = _chunk_logits(xc, weight, bias, start, chunk, dtype)
+            dz = chunk_logits(xc, weight, bias, start, chunk, dtype)
             dcap = None
             if cap is not None:  # capped logits, and the chain rule factor 1 - tanh^2 below
                 t = dz.div_(cap).tanh_()
@@ -369,7 +369,7 @@ def vocab_parallel_linear_cross_entropy(
     check_softmax_classes(fn, c, arg="num_classes (the sum of the shards' sizes)")
     check_ids_in_range(fn, target, c, ignore_index, hint="target holds global class ids; check num_classes "
                        "or set ignore_index")
-    chunk = max(1, min(cr, chunk_size if chunk_size is not None else _default_chunk_size(n, cr)))
+    chunk = max(1, min(cr, chunk_size if chunk_size is not None else default_chunk_size(n, cr)))
     y = target.long()
     valid = target != ignore_index
     in_shard = valid & (y >= class_start) & (y < class_start + cr)
