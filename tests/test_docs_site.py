@@ -196,7 +196,8 @@ def test_google_sections_become_lists():
 
 def test_navigation_titles_are_plain_text():
     api = _hook("api_pages")
-    assert api._first_line("The ``foo`` and :func:`bar` loss (docs/x.md).") == "The foo and bar loss"
+    assert api._first_line("The ``foo`` and :func:`bar` loss (docs/conventions.md).") == "The foo and bar loss"
+    assert api._first_line("``Focal`` loss: softmax cross-entropy, down-weighted.") == "Focal loss"
     assert api._heading("The ``foo`` loss.") == "The `foo` loss"
 
 

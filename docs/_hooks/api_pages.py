@@ -124,20 +124,29 @@ def _rst_rewrite():
 
 
 def _first_line(doc: str) -> str:
-    """A module docstring's first line as a page title: plain text, because the navigation shows
-    titles as text (backticks and reST roles would show raw there; the page's own heading keeps
-    them as code, :func:`_heading`)."""
+    """A module docstring's first line as a navigation title: plain text, because the navigation
+    shows titles as text (backticks and reST roles would show raw there; the page's own heading
+    keeps them as code, :func:`_heading`), and only the name before a colon."""
     line = _heading(doc)
     line = re.sub(r"`+([^`]*)`+", r"\1", line)
+    name, sep, _ = line.partition(": ")  # "Focal loss: what it does" -> "Focal loss" (short in the nav)
+    if sep and 0 < len(name) <= 40:
+        line = name
     return line or "Loss family"
 
 
 def _heading(doc: str) -> str:
-    """A module docstring's first line as the page's Markdown heading (code spans kept)."""
-    line = inspect.cleandoc(doc or "").split("\n", 1)[0].strip()
+    """A module docstring's first paragraph (its summary) as the page's Markdown heading (code
+    spans kept)."""
+    line = " ".join(inspect.cleandoc(doc or "").split("\n\n", 1)[0].split())  # the first paragraph
     line = re.sub(r"\s*\(docs/[^)]*\)", "", line)  # a pointer to a docs page, in brackets
     line = _rst_rewrite()(line).replace("``", "`")
     return line.rstrip(".") or "Loss family"
+
+
+def _after_heading(doc: str) -> str:
+    """The module docstring without its first paragraph (the page's heading, :func:`_heading`)."""
+    return inspect.cleandoc(doc or "").partition("\n\n")[2].strip()
 
 
 def _google(text: str) -> str:
@@ -177,7 +186,7 @@ def generated_family_pages() -> Dict[str, Tuple[str, str, str]]:
         body = [f"# {_heading(module.__doc__)}\n",
                 "*This page is generated from the docstrings and the registry records of "
                 f"`{mod}`; the API entries are in the [API reference](../api/losses.md).*\n",
-                rewrite(inspect.cleandoc(module.__doc__ or "")) + "\n",
+                rewrite(_after_heading(module.__doc__)) + "\n",
                 "## Registered losses\n", "\n".join(rows) + "\n"]
         for spec in specs:
             body.append(f"## `{spec.name}`\n")
