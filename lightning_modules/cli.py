@@ -354,9 +354,84 @@ def error_message(exc: BaseException) -> str:
         elif text.startswith("Problem with given class_path"):
             nested = True
     reason = _one_line(_text(chain[-1]))
+    key = ".".join(keys)
+    reason = _explain_parse_error(chain, reason, key)
     if len(keys) > 1 or (keys and not reason.startswith(f'Parser key "{keys[0]}"')):
         reason = _PARSER_KEY.sub("", reason).strip() or reason
-        return f"--{'.'.join(keys)}: {reason}"
+        return f"--{key}: {reason}"
+    return reason
+
+
+_NOT_ACCEPTED = re.compile(r"Option '([^']+)' is not accepted")
+_GIVEN_CLASS = re.compile(r"Problem with given class_path '([^']+)'")
+_NOT_A_PATH = re.compile(r"Expected a dot import path string: (\S+)")
+_NO_ATTRIBUTE = re.compile(r"module '([\w.]+)' has no attribute '(\w+)'")
+
+
+def accepted_arguments(cls: type) -> List[str]:
+    """The keyword arguments ``cls(...)`` takes, in signature order (no ``*args`` / ``**kwargs``)."""
+    try:
+        params = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def _closest(word: str, choices, cutoff: float = 0.6) -> Optional[str]:
+    import difflib
+
+    found = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
+    return found[0] if found else None
+
+
+def _registry_class_path(name: str) -> Optional[str]:
+    """``losses.<Module>`` for a registry name whose module the package exports, else ``None``."""
+    try:
+        module = _losses.get_loss_spec(name).module
+    except Exception:
+        return None
+    return f"losses.{module.__name__}" if getattr(_losses, module.__name__, None) is module else None
+
+
+def _explain_parse_error(chain: List[BaseException], reason: str, key: str) -> str:
+    """jsonargparse's reason, completed where it leaves the user guessing:
+
+    * an argument a class does not take: the arguments it does take, the closest one, and the
+      ``--<key>.help <class>`` command that describes them;
+    * a registry name (``cross_entropy``) where a class path is expected: the class path to write;
+    * a class the package does not have (``losses.CrossEntropyLos``): the closest one it has.
+    """
+    texts = [_text(e) for e in chain]
+    flag = f"--{key}" if key else "--<key>"
+    m = _NOT_ACCEPTED.search(reason)
+    if m:
+        path = next((found[-1] for found in (_GIVEN_CLASS.findall(t) for t in reversed(texts)) if found), None)
+        cls = _import_class(path) if path else None
+        names = accepted_arguments(cls) if cls is not None else []
+        if names:
+            bad = m.group(1)
+            close = _closest(bad, names)
+            hint = f" (did you mean '{close}'?)" if close else ""
+            return (f"{path} does not take '{bad}'{hint}; it takes: {', '.join(names)} "
+                    f"(`{flag}.help {path}` describes each)")
+        return reason
+    m = _NOT_A_PATH.search(reason)
+    if m:
+        value = m.group(1)
+        path = _registry_class_path(value)
+        if path is not None:
+            return (f"'{value}' is a registry name, not a class path: write class_path: {path} "
+                    f"(in YAML `class_path: {path}` under the key, on the command line {flag}={path})")
+        close = _closest(value, _losses.loss_names())
+        if close is not None and _registry_class_path(close):
+            return (f"expected a class path such as losses.CrossEntropyLoss, got '{value}' (did you mean "
+                    f"class_path: {_registry_class_path(close)}, the registry's '{close}'?)")
+        return f"expected a class path such as losses.CrossEntropyLoss, got '{value}'"
+    m = _NO_ATTRIBUTE.search(reason)
+    if m and m.group(1) == "losses":
+        close = _closest(m.group(2), [n for n in dir(_losses) if n[:1].isupper()], cutoff=0.8)
+        if close is not None:
+            return f"{reason} (did you mean losses.{close}?)"
     return reason
 
 
