@@ -2,10 +2,29 @@
 # Create .venv and install the project with every extra, offline-friendly (pip only).
 # torch 2.14.1 + torchvision 0.29.1 are the builds pip finds on this machine's disk;
 # RecBole is installed without dependencies: only its bundled MovieLens-100k files are read.
-# The docs test (tests/test_docs_site.py) drives Debian's chromium + chromedriver; they are
-# installed with apt when missing (needs root or sudo; skipped when already present).
+#
+#   ./scripts/install.sh               # the project into .venv: pip only, no root, no apt
+#   ./scripts/install.sh --docs-test   # also Debian's chromium + chromedriver, with apt (root or
+#                                      # sudo), for the docs test (tests/test_docs_site.py), which
+#                                      # fails without them; the full suite and CI need this
+#   ./scripts/install.sh --dry-run     # print the steps, run none
+# INSTALL_DOCS_TEST=1 in the environment is the same as --docs-test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+DOCS_TEST=${INSTALL_DOCS_TEST:-0}
+DRY_RUN=0
+for arg in "$@"; do
+  case "$arg" in
+    --docs-test) DOCS_TEST=1 ;;
+    --dry-run) DRY_RUN=1 ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "install.sh: unknown option '$arg' (options: --docs-test, --dry-run, --help)" >&2; exit 2 ;;
+  esac
+done
+[ "$DOCS_TEST" = 1 ] || [ "$DOCS_TEST" = 0 ] || { echo "install.sh: INSTALL_DOCS_TEST must be 0 or 1 (got '$DOCS_TEST')" >&2; exit 2; }
+step() {  # run a step, or print it under --dry-run
+  if [ "$DRY_RUN" = 1 ]; then echo "would run: $*"; else "$@"; fi
+}
 # apt waits up to APT_LOCK_WAIT seconds (default 600) for a lock another apt or dpkg process holds
 # (an unattended upgrade, a second install), saying so, instead of failing at once.
 APT_LOCK_WAIT=${APT_LOCK_WAIT:-600}
@@ -25,16 +44,31 @@ apt_get() {
     return "$status"
   done
 }
-if ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then
+install_browser() {
+  if { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then
+    echo "install.sh: chromium and chromedriver found; apt not needed"
+    return 0
+  fi
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  { apt_get update -qq && apt_get install -y -qq chromium chromium-driver >/dev/null; } ||
+  if [ "$DRY_RUN" = 1 ]; then
+    echo "would run: ${SUDO:+$SUDO }apt-get update && ${SUDO:+$SUDO }apt-get install -y chromium chromium-driver"
+    return 0
+  fi
+  { apt_get update -qq && apt_get install -y -qq chromium chromium-driver >/dev/null; } || {
     echo "install.sh: could not install chromium / chromium-driver with apt; tests/test_docs_site.py will fail" >&2
+    return 1
+  }
+}
+if [ "$DOCS_TEST" = 1 ]; then
+  install_browser
+else
+  echo "install.sh: no apt (the docs test's browser is installed by ./scripts/install.sh --docs-test)"
 fi
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
+  step "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q "torch==2.14.1" "torchvision==0.29.1" -e ".[all]"
-.venv/bin/python -m pip install -q --no-deps "recbole==1.2.1"
-.venv/bin/python -c "import torch, losses; print('installed: torch', torch.__version__, '| losses', losses.__version__)"
+step .venv/bin/python -m pip install -q --upgrade pip
+step .venv/bin/python -m pip install -q "torch==2.14.1" "torchvision==0.29.1" -e ".[all]"
+step .venv/bin/python -m pip install -q --no-deps "recbole==1.2.1"
+step .venv/bin/python -c "import torch, losses; print('installed: torch', torch.__version__, '| losses', losses.__version__)"
