@@ -1,15 +1,19 @@
 """Register a loss of your own and check it with the library's contract kit.
 
     python examples/custom_loss.py
+    python -m losses.testing examples/custom_loss.py   # the kit's command: one line per property
 
-The Poly-1 loss (Z. Leng et al., PolyLoss: A Polynomial Expansion Perspective of Classification
-Loss Functions, ICLR 2022, arXiv:2204.12511), cross-entropy plus ``epsilon (1 - p_t)``, is not
-part of the library: this file defines it in user code, registers it under the name
-``my_poly1`` (user entries take a name of their own, e.g. with a ``my_`` prefix, so that no
-library loss ever takes it) with ``losses.register`` (as a class decorator), builds it by name
-with ``losses.create_loss`` and runs ``losses.testing.check_loss`` on it, the checks every
-built-in loss passes (``docs/contributing.md``, Adding a loss). A registered loss is also routed
-by the Lightning modules (``lightning_modules/routing.py``) by its declared ``inputs``.
+This file defines the Poly-1 loss (Z. Leng et al., PolyLoss: A Polynomial Expansion Perspective of
+Classification Loss Functions, ICLR 2022, arXiv:2204.12511), cross-entropy plus
+``epsilon (1 - p_t)``, in user code, as you would define any loss of your own (whether or not the
+library has a loss of the same maths: ``main`` lists the library entries that cite the same paper).
+It registers it under the name ``my_poly1`` (user entries take a name of their own, e.g. with a
+``my_`` prefix, so that no library loss ever takes it) with ``losses.register`` (as a class
+decorator), builds it by name with ``losses.create_loss`` and runs ``losses.testing.check_loss`` on
+it: the checks every built-in loss passes (``docs/contributing.md``, Adding a loss), among them
+``"gradients"``, a float64 ``torch.autograd.gradcheck`` of every reduction (a term detached by
+mistake fails it). A registered loss is also routed by the Lightning modules
+(``lightning_modules/routing.py``) by its declared ``inputs``.
 """
 
 from __future__ import annotations
@@ -93,7 +97,10 @@ def main() -> None:
     # epsilon = 0 is cross-entropy
     torch.testing.assert_close(poly1_loss(x, t, epsilon=0.0), F.cross_entropy(x, t))
     print(loss, float(loss(x, t)))
-    check_loss("my_poly1")  # raises AssertionError naming the property that fails
+    same_paper = [s.name for s in losses.list_losses() if s.arxiv == "2204.12511" and s.name != "my_poly1"]
+    if same_paper:
+        print(f"the library's own entries citing PolyLoss: {same_paper}")
+    check_loss("my_poly1")  # raises AssertionError naming the property that fails (gradients included)
     check_loss("my_poly1", properties=["compile"])  # torch.compile (aot_eager backend), optional
     print("check_loss('my_poly1'): every contract property holds")
 

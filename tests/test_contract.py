@@ -146,7 +146,7 @@ def test_repr_deepcopy_pickle_and_state_dict_round_trip(name):
 # --------------------------------------------------------------------------------------
 
 
-def _inductor_entries() -> list:
+def _inductor_entries(specs=None) -> list:
     """The entry inductor compiles per implementation module (the module that defines the loss
     function): the first one that module registers, i.e. the first ``register`` call in the file
     (the registry keeps registration order; ``list_losses`` sorts by name). The module's other
@@ -154,10 +154,11 @@ def _inductor_entries() -> list:
     registers it first (sparsemax's module registers sparsemax before entmax-1.5 and
     entmax_bisect, whose unrolled bisection takes ~40 s to build; entmax-1.5's exact search is
     compiled with inductor by tests/classification/test_sparsemax.py)."""
+    by_name = {s.name: s for s in (SPECS if specs is None else specs)}
     first: dict = {}
     for name in losses._registry._REGISTRY:  # registration order
-        if name in BY_NAME:
-            first.setdefault(BY_NAME[name].function.__module__, name)
+        if name in by_name:
+            first.setdefault(by_name[name].function.__module__, name)
     return sorted(first.values())
 
 
@@ -174,6 +175,24 @@ def test_every_implementation_module_has_one_inductor_compile():
         siblings = [n for n in registered if n in BY_NAME and BY_NAME[n].function.__module__ == module]
         assert siblings[0] == name, (module, siblings)
     assert "sparsemax" in INDUCTOR and "entmax_bisect" not in INDUCTOR  # the ~40 s build stays out
+
+
+def test_a_second_entry_in_a_one_loss_file_needs_no_edit():
+    """A family file that gains an entry keeps its inductor representative (the first it
+    registered); the new entry compiles with aot_eager, and nothing here names it."""
+    focal = BY_NAME["focal"]
+
+    def probe_focal_loss(*args, **kwargs):
+        return focal.function(*args, **kwargs)
+
+    probe_focal_loss.__module__ = focal.function.__module__  # defined in the focal family's file
+    losses.register("probe_second_focal", function=probe_focal_loss, module=focal.module, inputs="logits",
+                    unit="position", unit_weights=focal.unit_weights)
+    try:
+        chosen = _inductor_entries(losses.list_losses())
+    finally:
+        losses.unregister("probe_second_focal")
+    assert chosen == INDUCTOR and "focal" in chosen and "probe_second_focal" not in chosen
 
 
 @pytest.mark.slow

@@ -543,14 +543,29 @@ def test_command_checks_a_module_and_fails_on_a_planted_bug(tmp_path):
     assert "RuntimeWarning" not in out.stderr, out.stderr
 
 
-def test_command_checks_a_registry_name_a_file_and_reports_usage_errors(tmp_path):
+def test_command_checks_a_registry_name_and_a_file():
     out = _run_kit("--properties", "gradients,reductions", "focal", "examples/custom_loss.py")
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     assert _lines(out.stdout) == {("PASS", n, p) for n in ("focal", "my_poly1") for p in ("gradients", "reductions")}
-    out = _run_kit("no_such_loss")
-    assert out.returncode == 2 and "neither a registry name nor an importable module (got 'no_such_loss')" in out.stderr
-    out = _run_kit("--properties", "speed", "focal")
-    assert out.returncode == 2 and "unknown properties" in out.stderr, out.stderr
+    assert out.stdout.strip().endswith("4 of 4 checks passed (focal, my_poly1)"), out.stdout
+
+
+def test_command_usage_errors_exit_with_status_2(capsys):
+    """The argument handling of the command (its ``main``), in process."""
+    from losses.testing import main
+
+    assert main(["no_such_loss"]) == 2
+    assert "neither a registry name nor an importable module (got 'no_such_loss')" in capsys.readouterr().err
+    assert main(["--properties", "speed", "focal"]) == 2
+    assert "unknown properties (got ['speed'])" in capsys.readouterr().err
+    assert main(["--verbose", "focal"]) == 2 and "unknown option '--verbose'" in capsys.readouterr().err
+    assert main([]) == 2 and "usage: python -m losses.testing" in capsys.readouterr().err
+    assert main(["--help"]) == 0 and "usage: python -m losses.testing" in capsys.readouterr().out
+    assert main(["json"]) == 2  # a module that registers nothing
+    assert "'json' registers no loss" in capsys.readouterr().err
+    assert main(["--properties=gradients", "losses.classification.zloss"]) == 0  # a family: the entries it defines
+    out = capsys.readouterr().out
+    assert _lines(out) == {("PASS", "z_loss", "gradients"), ("PASS", "logz_penalty", "gradients")}, out
 
 
 # --------------------------------------------------------------------------------------
