@@ -9,6 +9,11 @@ project's contract tests (``tests/test_contract.py``), on the entry's example in
     >>> from losses.testing import check_loss
     >>> check_loss("cross_entropy", properties=["reductions", "all_ignored"])
 
+From a shell, ``python -m losses.testing <registry-name | module.path | file.py> ...`` imports the
+module (so that its ``losses.register`` calls run), checks the entries it registers and prints one
+``PASS`` / ``FAIL`` line per property with its time; the exit status is 1 when a property fails
+(:func:`main`; ``--properties gradients,reductions`` for a subset).
+
 The properties (:data:`PROPERTIES`):
 
 * ``"reductions"``: ``"none"`` is 0 where the unit weight is 0, ``"sum" == Σ w·none`` and
