@@ -38,8 +38,12 @@ The properties (:data:`PROPERTIES`):
   entries are checked w.r.t. the model's parameters (and the loss's own), not the data the model
   takes: such a loss may feed the model inputs it derives from the data and treats as constants
   (``adversarial_comp_sum``'s PGD perturbation is detached by design, as adversarial training
-  does), so its gradient in the data is not the derivative of its value. Catches a term detached
-  by mistake (``.detach()``, ``.item()``, a ``no_grad`` block) and a wrong hand-written backward.* ``"dtypes"``: fp16 / bf16 inputs give an fp32 loss equal to the fp32 result on the upcast
+  does), so its gradient in the data is not the derivative of its value. In the parameters it is:
+  the registry example's L-inf steps move by ``sign(gradient)``, locally constant in the
+  parameters (with ``norm="l2"`` the perturbation follows the parameters smoothly, and this
+  check would fail by design). Catches a term detached by mistake (``.detach()``, ``.item()``, a
+  ``no_grad`` block) and a wrong hand-written backward; a bug that moves a gradient by less than
+  ``rtol`` of its size along random directions is below its resolution.* ``"dtypes"``: fp16 / bf16 inputs give an fp32 loss equal to the fp32 result on the upcast
   inputs (1e-6) with gradients in the input dtype; float64 stays float64 (``module.to(float64)``
   moves every parameter and buffer).
 * ``"autocast"``: forward and backward under CPU bf16 ``torch.autocast`` give the fp32 value
