@@ -63,7 +63,8 @@ def test_ci_fails_when_the_install_or_the_tests_fail(tmp_path, failing, expected
 # every command and snippet of the README runs as written
 # ------------------------------------------------------------------------------------------
 #: the two set-up blocks: .ci/run executes the test command (above); of the first block the
-#: example runs here, the install is what CI and every fresh machine run first
+#: example runs here, the install is what CI and every fresh machine run first (its own test,
+#: tests/test_install_script.py, runs it with --dry-run)
 SETUP = {"# install, then": "./scripts/install.sh && ", "# run the whole test suite": None}
 
 
@@ -102,11 +103,21 @@ def test_readme_blocks_are_all_accounted_for():
 
 @pytest.mark.slow
 def test_readme_python_blocks_run_as_written(checkout):
-    for block in _blocks("python"):
+    for i, block in enumerate(_blocks("python")):
         res = subprocess.run([".venv/bin/python", "-"], input=block, cwd=checkout, capture_output=True, text=True,
                              timeout=900)
         assert res.returncode == 0, f"README python block failed:\n{block}\n{res.stderr[-3000:]}"
-        assert "'cross_entropy'" in res.stdout  # print(losses.loss_names())
+        if i == 0:  # the smallest snippet, first: it ends by printing every registry name
+            assert "'cross_entropy'" in res.stdout and "'z_loss'" in res.stdout, res.stdout
+
+
+def test_readme_starts_with_the_install_and_the_smallest_snippet():
+    """``pip install .`` and the first python block come before the set-up commands, and the
+    README stays short (the details live under docs/)."""
+    text = _readme()
+    first_python = text.index("```python")
+    assert text.index("pip install .") < first_python < text.index("# install, then")
+    assert len(text.splitlines()) <= 170, len(text.splitlines())
 
 
 @pytest.mark.slow
