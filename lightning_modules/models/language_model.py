@@ -33,8 +33,8 @@ Logged metrics (:mod:`lightning_modules.lm_metrics`):
   says the loss normalises over the classes -- ``softmax`` -- so not for the Z-loss; it is ``inf``
   for a sparse mapping as soon as one target token gets probability 0, which is the honest value),
   ``top1`` / ``top5`` (next-token accuracy by :func:`~lightning_modules.routing.predict_scores`),
-  ``logz_mean`` / ``logz_std`` and, for a loss with its own prediction rule (sparsemax / entmax),
-  ``support`` (mean number of tokens with probability > 0) and ``zero_prob`` (the fraction of
+  ``logz_mean`` / ``logz_std`` and, for a loss whose predictive distribution is sparse
+  (:func:`~lightning_modules.routing.has_sparse_probabilities`: sparsemax / entmax), ``support`` (mean number of tokens with probability > 0) and ``zero_prob`` (the fraction of
   target tokens given probability 0), plus ``peak_memory_mb``; with ``unigram_reference`` (the
   default) also a no-training reference on the same tokens: ``unigram_top1`` / ``unigram_top5``
   (always predicting the training split's most frequent tokens) and ``unigram_ppl`` /
@@ -57,7 +57,7 @@ from losses import InputKind
 
 from ..base import BenchmarkModule, seeded_init
 from ..lm_metrics import SpikeCounter, TokenMetrics, logz_stats, peak_memory_mb
-from ..routing import has_own_prediction, predict_proba, predict_scores
+from ..routing import has_own_prediction, has_sparse_probabilities, predict_proba, predict_scores
 
 __all__ = ["DecoderLM", "LanguageModel"]
 
@@ -204,6 +204,8 @@ class LanguageModel(BenchmarkModule):
                              f"{getattr(loss, 'reduction', None)!r}); build it with reduction='mean'")
         self.loss = loss
         self.num_classes, self.embedding_dim = num_classes, embedding_dim
+        #: support / zero-probability metrics only for a sparse predictive distribution (no name checks)
+        self.sparse_probabilities = has_sparse_probabilities(loss, num_classes)
         self.tie_weights = bool(tie_weights)
         owns = self.route.owns_head
         if owns:
@@ -328,7 +330,8 @@ class LanguageModel(BenchmarkModule):
             logits = logits.float()
             scores = predict_scores(self.loss, logits, dim=-1) if own else None
             metric.update(loss.detach() * n if first else loss.new_zeros(()), logits,
-                          predict_proba(self.loss, logits, dim=-1), yc, scores=scores, sparse=own)
+                          predict_proba(self.loss, logits, dim=-1), yc, scores=scores,
+                          sparse=self.sparse_probabilities)
             first = False
 
     def _eval_epoch_end(self, stage: str) -> None:
