@@ -36,6 +36,7 @@ FAMILY_PAGES: Dict[str, Tuple[str, str]] = {
     "losses.classification.sparsemax": ("Sparsemax, entmax-1.5 and bisection entmax", "losses/sparsemax.md"),
     "losses.classification.dice": ("Dice semimetric, Jaccard metric and soft Dice", "losses/dice.md"),
     "losses.embedding.linear_ce": ("Many-class linear cross-entropy", "losses/linear_cross_entropy.md"),
+    "losses.embedding.vocab_parallel": ("Vocabulary-parallel linear cross-entropy", "losses/linear_cross_entropy.md"),
     "losses.embedding.opl": ("Orthogonal Projection Loss", "losses/opl.md"),
     "losses.embedding.nbc": ("NBC-softmax", "losses/nbc_softmax.md"),
     "losses.embedding.wcdas": ("WCDAS", "losses/wcdas.md"),
