@@ -15,7 +15,8 @@
    and the names in the registry table never wrap; a generated family page shows the Google
    sections of a docstring (``Args:``, ``Returns:``, ``Raises:``) as lists, never as raw text.
 
-``scripts/install.sh`` installs ``chromium`` and ``chromium-driver`` with apt.
+``./scripts/install.sh --docs-test`` installs ``chromium`` and ``chromium-driver`` with apt (a plain
+``./scripts/install.sh`` never uses apt); without them the first test below fails and says so.
 """
 
 from __future__ import annotations
@@ -140,10 +141,24 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+def _missing_browser() -> str:
+    missing = [pkg for path, pkg in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver"))
+               if not os.path.exists(path)]
+    if not missing:
+        return ""
+    return (f"{' and '.join(missing)} not found (looked for {CHROMIUM} and {CHROMEDRIVER}): the docs test needs "
+            "chromium and chromedriver; install them with ./scripts/install.sh --docs-test (apt-get install "
+            "chromium chromium-driver, as root or with sudo)")
+
+
+def test_chromium_and_chromedriver_are_installed():
+    """A machine without the browser fails here, with the command that installs it (never a skip)."""
+    assert not _missing_browser(), _missing_browser()
+
+
 @pytest.fixture(scope="module")
 def browser():
-    for path, pkg in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
-        assert os.path.exists(path), f"{path} not found; install it with apt-get install {pkg} (scripts/install.sh does)"
+    assert not _missing_browser(), _missing_browser()
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
