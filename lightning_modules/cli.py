@@ -46,6 +46,7 @@ import warnings
 import collections.abc
 import inspect
 import typing
+from types import MethodType
 from typing import Any, Iterator, List, Optional, Tuple
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -56,7 +57,10 @@ from pytorch_lightning.cli import LightningCLI  # noqa: E402
 
 import losses as _losses  # noqa: E402
 
+import torch  # noqa: E402
+
 from .base import BenchmarkDataModule, BenchmarkModule, _import_class  # noqa: E402
+from .optim import resolve_total_steps  # noqa: E402
 from .summary import MetricsSummary, ParameterSummary  # noqa: E402
 
 SIZE_LINKS = ("num_users", "num_items", "input_dim", "in_chans")
@@ -204,6 +208,51 @@ class LossCLI(LightningCLI):
                               compute_fn=self._linked_counts, apply_on="instantiate")
         parser.link_arguments("data", "model.init_args.loss.init_args.class_prior",
                               compute_fn=self._linked_prior, apply_on="instantiate")
+
+    @staticmethod
+    def configure_optimizers(lightning_module: Any, optimizer: Any, lr_scheduler: Any = None) -> Any:
+        """The optimiser and the scheduler the CLI built (``--optimizer`` / ``--lr_scheduler``): a
+        scheduler steps once per optimiser step (``interval="step"``; warmup and decay schedules are
+        written per step), ``ReduceLROnPlateau`` once per validation on its ``monitor``; a
+        ``total_steps=None`` of the scheduler is filled in from the trainer
+        (:func:`lightning_modules.optim.resolve_total_steps`)."""
+        from torch.optim.lr_scheduler import ReduceLROnPlateau
+
+        if lr_scheduler is None:
+            return optimizer
+        if isinstance(lr_scheduler, ReduceLROnPlateau):
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": lr_scheduler, "monitor": lr_scheduler.monitor}}
+        resolve_total_steps(lr_scheduler, getattr(lightning_module, "_trainer", None))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": lr_scheduler, "interval": "step"}}
+
+    def _add_configure_optimizers_method_to_model(self, subcommand: Optional[str]) -> None:
+        """``--lr_scheduler`` without ``--optimizer`` drives the module's own optimiser (its parameter
+        groups, SparseAdam for sparse gradients); Lightning's CLI would ignore it. With
+        ``--optimizer`` the CLI builds both, as Lightning does, stepped by :meth:`configure_optimizers`."""
+        if not self.auto_configure_optimizers:
+            return
+        parser = self._parser(subcommand)
+        optimizers = [k for k, (_, link) in parser._optimizers.items() if link == "AUTOMATIC"]
+        schedulers = [k for k, (_, link) in parser._lr_schedulers.items() if link == "AUTOMATIC"]
+        optimizer_init = self._get(self.config_init, optimizers[0]) if len(optimizers) == 1 else None
+        scheduler_init = self._get(self.config_init, schedulers[0]) if len(schedulers) == 1 else None
+        if optimizer_init or not scheduler_init:
+            return super()._add_configure_optimizers_method_to_model(subcommand)
+        from pytorch_lightning.cli import instantiate_class
+
+        own = self.model.configure_optimizers
+        step = type(self).configure_optimizers
+        owner = type(self.model).__name__
+
+        def configure_optimizers(module: Any) -> Any:
+            optimizer = own()
+            if not isinstance(optimizer, torch.optim.Optimizer):
+                raise ValueError(f"{owner}: --lr_scheduler needs the module's optimiser alone, but its "
+                                 f"configure_optimizers returns {type(optimizer).__name__} (it sets a schedule of "
+                                 "its own: set its lr_schedule to 'constant', or pass --optimizer too)")
+            return step(module, optimizer, instantiate_class(optimizer, scheduler_init))
+
+        self.model.configure_optimizers = MethodType(configure_optimizers, self.model)
 
     def _prepare_subcommand_parser(self, klass, subcommand: str, **kwargs):
         # validate / test: the MetricsSummary table replaces Lightning's results table by default

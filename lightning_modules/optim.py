@@ -22,7 +22,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 from torch import nn
 
-__all__ = ["DenseSparseOptimizer", "build_optimizer", "reset_parameter_state", "sparse_gradient_parameters"]
+__all__ = ["DenseSparseOptimizer", "WarmupCosine", "build_optimizer", "reset_parameter_state", "resolve_total_steps",
+           "sparse_gradient_parameters"]
 
 
 def sparse_gradient_parameters(module: nn.Module) -> List[nn.Parameter]:
@@ -139,3 +140,89 @@ def build_optimizer(module: nn.Module, groups: Sequence[Dict[str, Any]], *, opti
     if not dense_groups:
         return sparse
     return DenseSparseOptimizer(dense_opt(dense_groups), sparse)
+
+
+class WarmupCosine(torch.optim.lr_scheduler.LRScheduler):
+    """Linear warmup, then cosine decay, stepped once per optimiser step.
+
+    The rate of each parameter group at step ``t`` (0-based) is ``base_lr * f(t)`` with
+
+    * ``f(t) = (t + 1) / W`` for ``t < W`` (``W`` warmup steps; the base rate at the last one);
+    * then ``f(t) = r + (1 - r) (1 + cos(pi p)) / 2`` with ``p = (t - W) / (T - W)`` clipped to
+      ``[0, 1]`` and ``r = min_lr_ratio``: from the base rate down to ``r`` times it at step
+      ``T = total_steps``, and there after it.
+
+    ``W`` is ``warmup_steps``, or ``warmup_fraction * T`` rounded down when that is given (a share of
+    the run, so that a shortened run keeps the shape). ``total_steps=None`` is filled in from the
+    trainer (``trainer.estimated_stepping_batches``: ``max_steps`` or the epochs' optimiser steps)
+    when the CLI attaches the scheduler (``lightning_modules.cli``, :func:`resolve_total_steps`),
+    before the first step.
+
+    Args:
+        optimizer: the optimiser whose groups it drives.
+        warmup_steps: steps of linear warmup (``>= 0``; 0: none).
+        total_steps: the step at which the decay ends (more than the warmup), or ``None``.
+        min_lr_ratio: the final rate as a share of the base rate, in ``[0, 1]``.
+        warmup_fraction: ``None``, or the warmup as a share of ``total_steps`` in ``[0, 1)``
+            (then ``warmup_steps`` must stay 0).
+        last_epoch: the index of the last step taken (``-1``: a fresh start), as every torch scheduler.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, warmup_steps: int = 0, total_steps: Optional[int] = None,
+                 min_lr_ratio: float = 0.0, warmup_fraction: Optional[float] = None, last_epoch: int = -1) -> None:
+        for name, value in (("warmup_steps", warmup_steps), ("total_steps", total_steps)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"WarmupCosine: {name} must be an int >= 0 (got {value!r})")
+        if isinstance(min_lr_ratio, bool) or not isinstance(min_lr_ratio, (int, float)) or not 0 <= min_lr_ratio <= 1:
+            raise ValueError(f"WarmupCosine: min_lr_ratio must be in [0, 1] (got {min_lr_ratio!r})")
+        if warmup_fraction is not None:
+            if isinstance(warmup_fraction, bool) or not isinstance(warmup_fraction, (int, float)) \
+                    or not 0 <= warmup_fraction < 1:
+                raise ValueError(f"WarmupCosine: warmup_fraction must be in [0, 1) or None (got {warmup_fraction!r})")
+            if warmup_steps:
+                raise ValueError("WarmupCosine: give warmup_steps or warmup_fraction, not both "
+                                 f"(got {warmup_steps} and {warmup_fraction})")
+        self.warmup_steps, self.total_steps, self.min_lr_ratio = int(warmup_steps), None, float(min_lr_ratio)
+        self.warmup_fraction = None if warmup_fraction is None else float(warmup_fraction)
+        if total_steps is not None:
+            self._set_total(total_steps)
+        super().__init__(optimizer, last_epoch)
+
+    def _set_total(self, total_steps: int) -> None:
+        if self.warmup_fraction is not None:
+            self.warmup_steps = int(self.warmup_fraction * total_steps)
+        if total_steps <= self.warmup_steps:
+            raise ValueError(f"WarmupCosine: total_steps must exceed the warmup (got {total_steps} <= "
+                             f"{self.warmup_steps}); the decay needs at least one step: shorten the warmup or "
+                             "train longer")
+        self.total_steps = int(total_steps)
+
+    def set_total_steps(self, total_steps: int) -> None:
+        """Fix ``total_steps`` (and a fractional warmup) and set the groups' current rate from it."""
+        self._set_total(total_steps)
+        for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
+            group["lr"] = lr
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+    def factor(self, step: int) -> float:
+        """``f(step)``: the share of the base rate at optimiser step ``step``."""
+        import math
+
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.total_steps is None:
+            return 1.0
+        progress = min(1.0, max(0.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps)))
+        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    def get_lr(self) -> List[float]:  # noqa: D102
+        f = self.factor(self.last_epoch)
+        return [base * f for base in self.base_lrs]
+
+
+def resolve_total_steps(scheduler: Any, trainer: Any) -> None:
+    """A scheduler with ``total_steps=None`` and a ``set_total_steps`` method (:class:`WarmupCosine`)
+    gets ``trainer.estimated_stepping_batches``."""
+    if getattr(scheduler, "total_steps", 0) is None and callable(getattr(scheduler, "set_total_steps", None)) \
+            and trainer is not None:
+        scheduler.set_total_steps(int(trainer.estimated_stepping_batches))

@@ -240,13 +240,18 @@ class LanguageModel(BenchmarkModule):
         return self.loss.logits(hidden) if self.route.owns_head else self.decoder.logits(hidden)
 
     def _loss(self, hidden: Tensor, target: Tensor):
-        """The routed loss over the flattened tokens, and the logits when they were materialised."""
+        """The routed loss over the flattened tokens, the logits when they were materialised, and the
+        per-token ``log Z`` when the loss gave it from its own pass (``forward_with_stats``)."""
         h = hidden.reshape(-1, hidden.shape[-1])
         y = target.reshape(-1)
         if self.route.kind == InputKind.LOGITS:
             logits = self.decoder.logits(h)
-            return self.loss(logits, y), logits
-        return self.loss(h, y), None  # the loss owns the output layer: hidden states only
+            return self.loss(logits, y), logits, None
+        with_stats = getattr(self.loss, "forward_with_stats", None)
+        if callable(with_stats):  # the loss owns the output layer and reports log Z from its pass
+            stats = with_stats(h, y)
+            return stats.loss, None, stats.lse
+        return self.loss(h, y), None, None  # the loss owns the output layer: hidden states only
 
     @torch.no_grad()
     def _logz(self, hidden: Tensor) -> Tensor:
@@ -261,16 +266,20 @@ class LanguageModel(BenchmarkModule):
     def training_step(self, batch: Dict[str, Tensor], batch_idx: int) -> Tensor:
         hidden = self.decoder(batch["input"])
         target = batch["target"].reshape(-1)
-        loss, logits = self._loss(hidden, batch["target"])
+        loss, logits, lse = self._loss(hidden, batch["target"])
         valid = target != IGNORE_INDEX
         n = int(valid.sum())
         self._batch_tokens = n
         self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=n)
         every = max(1, int(getattr(self.trainer, "log_every_n_steps", 1) or 1)) if self._trainer is not None else 1
-        if batch_idx % every == 0:  # on the logged steps only: a head-owning loss needs a second pass for it
-            with torch.no_grad():
-                lz = torch.logsumexp(logits.detach().float(), -1) if logits is not None else \
-                    self._logz(hidden.detach().reshape(-1, hidden.shape[-1]))
+        if batch_idx % every == 0:  # on the logged steps only
+            with torch.no_grad():  # from the logits, or the loss's own pass; else a second pass over the head
+                if lse is not None:
+                    lz = lse.float()
+                elif logits is not None:
+                    lz = torch.logsumexp(logits.detach().float(), -1)
+                else:
+                    lz = self._logz(hidden.detach().reshape(-1, hidden.shape[-1]))
                 mean, std = logz_stats(lz[valid])
             self.log("train/logz_mean", mean.float(), on_step=True, on_epoch=False, batch_size=n)
             self.log("train/logz_std", std.float(), on_step=True, on_epoch=False, batch_size=n)
@@ -316,7 +325,7 @@ class LanguageModel(BenchmarkModule):
 
     def _eval_step(self, stage: str, batch: Dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         hidden = self.decoder(batch["input"])
-        loss, full = self._loss(hidden, batch["target"])
+        loss, full, _ = self._loss(hidden, batch["target"])
         h = hidden.reshape(-1, hidden.shape[-1])
         y = batch["target"].reshape(-1)
         n = int((y != IGNORE_INDEX).sum())

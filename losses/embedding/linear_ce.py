@@ -386,6 +386,15 @@ class LinearCrossEntropyLoss(nn.Module):
                                     ignore_index=self.ignore_index, reduction=self.reduction, softcap=self.softcap,
                                     class_weight=self.class_weight)
 
+    def forward_with_stats(self, embeddings: Tensor, target: Tensor) -> LossStats:
+        """:meth:`forward` and, from the same chunked pass, the per-row ``log Z``, the penalty part and
+        the accuracy (:class:`losses.LossStats`; ``linear_cross_entropy(..., return_stats=True)``)."""
+        check_head_embeddings("linear_cross_entropy", type(self).__name__, embeddings, self.embedding_dim)
+        return linear_cross_entropy(embeddings, target, self.weight, bias=self.bias, chunk_size=self.chunk_size,
+                                    label_smoothing=self.label_smoothing, logz_coef=self.logz_coef,
+                                    ignore_index=self.ignore_index, reduction=self.reduction, softcap=self.softcap,
+                                    class_weight=self.class_weight, return_stats=True)
+
     def logits(self, embeddings: Tensor) -> Tensor:
         """``embeddings @ weight.T + bias`` over all classes (materialised; for evaluation),
         soft-capped as in the loss when ``softcap`` is set."""

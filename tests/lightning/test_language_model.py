@@ -176,9 +176,13 @@ def test_linear_cross_entropy_gets_hidden_states_and_equals_linear_plus_ce(tie):
     seen = {}
 
     class Spy(losses.LinearCrossEntropyLoss):
-        def forward(self, embeddings, target):
+        def forward_with_stats(self, embeddings, target):  # what training calls: log Z from the same pass
             seen["shapes"] = (tuple(embeddings.shape), tuple(target.shape))
-            return super().forward(embeddings, target)
+            return super().forward_with_stats(embeddings, target)
+
+        def logits(self, embeddings):  # the full logits: evaluation only, never a second pass in training
+            seen["logits_calls"] = seen.get("logits_calls", 0) + 1
+            return super().logits(embeddings)
 
     model = _model(Spy(D, V, chunk_size=7), tie_weights=tie)
     assert model.decoder.head is None  # the loss owns the output layer
@@ -186,6 +190,7 @@ def test_linear_cross_entropy_gets_hidden_states_and_equals_linear_plus_ce(tie):
     batch = _batch(1)
     loss = _step(model, batch)
     assert seen["shapes"] == ((27, D), (27,))  # hidden states, never (tokens, vocabulary) logits
+    assert "logits_calls" not in seen  # train/logz_* came from the loss's own pass
     h = model.decoder(batch["input"]).reshape(-1, D)
     ref = F.cross_entropy(F.linear(h, model.loss.weight, model.loss.bias), batch["target"].reshape(-1),
                           ignore_index=-100)
