@@ -221,7 +221,8 @@ class LossCLI(LightningCLI):
         if lr_scheduler is None:
             return optimizer
         if isinstance(lr_scheduler, ReduceLROnPlateau):
-            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": lr_scheduler, "monitor": lr_scheduler.monitor}}
+            return {"optimizer": optimizer,
+                    "lr_scheduler": {"scheduler": lr_scheduler, "monitor": lr_scheduler.monitor}}
         resolve_total_steps(lr_scheduler, getattr(lightning_module, "_trainer", None))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": lr_scheduler, "interval": "step"}}
 

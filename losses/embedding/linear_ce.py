@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Union
 
 import torch
@@ -27,7 +26,8 @@ from .._core import (
     reduce_weighted_values,
     value_error,
 )
-from .._heads import check_head_embeddings, check_softmax_classes, chunk_logits, default_chunk_size, drop_rows
+from .._heads import (check_head_embeddings, check_softmax_classes, chunked_row_stats,
+                      chunked_softmax_backward, default_chunk_size, drop_rows)
 from .._core import no_autocast
 from .._precision import matmul
 from .._registry import id_unit_weights, register
@@ -46,24 +46,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, target, valid, chunk, eps, coef, dtype, cap=None, cw=None):  # noqa: D102
-        n, c = x.shape[0], weight.shape[0]
+        c = weight.shape[0]
         xc = x.to(dtype)
-        m = torch.full((n,), -math.inf, dtype=dtype, device=x.device)
-        s = torch.zeros((n,), dtype=dtype, device=x.device)
-        z_sum = torch.zeros((n,), dtype=dtype, device=x.device)  # (weighted) sum of capped logits (smoothing)
-        pred = torch.zeros((n,), dtype=torch.long, device=x.device)  # running argmax (token accuracy)
         cwc = None if cw is None else cw.to(dtype)
-        for start in range(0, c, chunk):
-            z = chunk_logits(xc, weight, bias, start, chunk, dtype)
-            if cap is not None:  # soft-capping: z -> cap * tanh(z / cap)
-                z = z.div_(cap).tanh_().mul_(cap)
-                if eps > 0:
-                    z_sum += z.sum(dim=1) if cwc is None else z @ cwc[start:start + chunk]
-            z_max, z_arg = z.max(dim=1)
-            pred = torch.where(z_max > m, z_arg + start, pred)  # strict: the first largest class wins
-            m_new = torch.maximum(m, z_max)
-            s = s * torch.exp(m - m_new) + z.sub_(m_new.unsqueeze(1)).exp_().sum(dim=1)
-            m = m_new
+        # the online log-sum-exp, the running argmax (token accuracy) and, for smoothing under a
+        # cap, the (class-weighted) sum of the capped logits
+        m, s, z_sum, pred = chunked_row_stats(xc, weight, bias, chunk=chunk, dtype=dtype, cap=cap,
+                                              sum_capped=eps > 0 and cap is not None, class_weight=cwc)
         lse = m + torch.log(s)
         safe = torch.where(valid, target, torch.zeros_like(target))
         w_y = weight.index_select(0, safe).to(dtype)
@@ -118,32 +107,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
             g_soft = g * (cw_y * ((1.0 - eps) + 2.0 * coef * lse) + (eps / c) * cwc.sum())
         xc = x.to(dtype)
         need_x, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[2]
-        gx = torch.zeros_like(xc) if need_x else None
-        gw = torch.empty((c, weight.shape[1]), dtype=dtype, device=x.device) if need_w else None
-        gb = torch.empty((c,), dtype=dtype, device=x.device) if need_b else None
-        for start in range(0, c, chunk):
-            w = weight[start:start + chunk].to(dtype)
-            # dz = p * g_soft - eps/C * g, written in place over the recomputed logits
-            dz = chunk_logits(xc, weight, bias, start, chunk, dtype)
-            t = None
-            if cap is not None:  # capped logits, and the chain rule factor 1 - tanh^2 below
-                t = dz.div_(cap).tanh_()
-                dcap = 1.0 - t * t
-                dz = t.mul_(cap)
-            dz.sub_(lse.unsqueeze(1)).exp_().mul_(g_soft.unsqueeze(1))
-            if eps > 0:
-                if cwc is None:
-                    dz.sub_((eps / c) * g.unsqueeze(1))
-                else:
-                    dz.sub_((eps / c) * g.unsqueeze(1) * cwc[start:start + chunk].unsqueeze(0))
-            if t is not None:
-                dz.mul_(dcap)
-            if need_x:
-                gx.addmm_(dz, w)
-            if need_w:
-                torch.mm(dz.T, xc, out=gw[start:start + chunk])
-            if need_b:
-                gb[start:start + chunk] = dz.sum(dim=0)
+        # dz = p * g_soft - eps/C * g (* w_k), written in place over the recomputed logits
+        gx, gw, gb = chunked_softmax_backward(xc, weight, bias, lse, g, g_soft, chunk=chunk, dtype=dtype, cap=cap,
+                                              eps=eps, num_classes=c, need_x=need_x, need_w=need_w, need_b=need_b,
+                                              class_weight=cwc)
         # the target term -(1-eps) z_y
         gy = (1.0 - eps) * g * dcap_y
         if cwc is not None:

@@ -3,7 +3,6 @@ the loss exact and without the N x C logits (docs/losses/linear_cross_entropy.md
 
 from __future__ import annotations
 
-import math
 from typing import List, Optional
 
 import torch
@@ -28,7 +27,7 @@ from .._core import (
     value_error,
 )
 from .._distributed import world_size
-from .._heads import chunk_logits, default_chunk_size, drop_rows
+from .._heads import chunked_row_stats, chunked_softmax_backward, default_chunk_size, drop_rows
 from .._softcap import check_softcap
 from .linear_ce import linear_cross_entropy
 
@@ -53,18 +52,9 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
                 num_classes, group):
         n, cr = x.shape[0], weight.shape[0]
         xc = x.to(dtype)
-        m = torch.full((n,), -math.inf, dtype=dtype, device=x.device)
-        s = torch.zeros((n,), dtype=dtype, device=x.device)
-        z_sum = torch.zeros((n,), dtype=dtype, device=x.device)  # sum of this shard's (capped) logits
-        for start in range(0, cr, chunk):
-            z = chunk_logits(xc, weight, bias, start, chunk, dtype)
-            if cap is not None:  # soft-capping: z -> cap * tanh(z / cap)
-                z = z.div_(cap).tanh_().mul_(cap)
-                if eps > 0:
-                    z_sum += z.sum(dim=1)
-            m_new = torch.maximum(m, z.max(dim=1).values)
-            s = s * torch.exp(m - m_new) + z.sub_(m_new.unsqueeze(1)).exp_().sum(dim=1)
-            m = m_new
+        # this shard's online row maximum and exp-sum (and, under a cap, the sum of its capped logits)
+        m, s, z_sum, _ = chunked_row_stats(xc, weight, bias, chunk=chunk, dtype=dtype, cap=cap,
+                                           sum_capped=eps > 0 and cap is not None)
         if eps > 0 and cap is None:  # the sum of the shard's logits from one matvec
             z_sum = xc @ weight.to(dtype).sum(dim=0)
             if bias is not None:
@@ -115,27 +105,8 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
         xc = x.to(dtype)
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         need_b = bias is not None and ctx.needs_input_grad[2]
-        gx = torch.zeros_like(xc) if need_x else None
-        gw = torch.empty((cr, weight.shape[1]), dtype=dtype, device=x.device) if need_w else None
-        gb = torch.empty((cr,), dtype=dtype, device=x.device) if need_b else None
-        for start in range(0, cr, chunk):
-            dz = chunk_logits(xc, weight, bias, start, chunk, dtype)
-            dcap = None
-            if cap is not None:  # capped logits, and the chain rule factor 1 - tanh^2 below
-                t = dz.div_(cap).tanh_()
-                dcap = 1.0 - t * t
-                dz = t.mul_(cap)
-            dz.sub_(lse.unsqueeze(1)).exp_().mul_(g_soft.unsqueeze(1))
-            if eps > 0:
-                dz.sub_((eps / c) * g.unsqueeze(1))
-            if dcap is not None:
-                dz.mul_(dcap)
-            if need_x:
-                gx.addmm_(dz, weight[start:start + chunk].to(dtype))
-            if need_w:
-                torch.mm(dz.T, xc, out=gw[start:start + chunk])
-            if need_b:
-                gb[start:start + chunk] = dz.sum(dim=0)
+        gx, gw, gb = chunked_softmax_backward(xc, weight, bias, lse, g, g_soft, chunk=chunk, dtype=dtype, cap=cap,
+                                              eps=eps, num_classes=c, need_x=need_x, need_w=need_w, need_b=need_b)
         if cr > 0:  # the target term -(1-eps) z_y, on the rank that holds the target's row
             gy = torch.where(in_shard, (1.0 - eps) * g * dcap_y, zero)
             if need_x:

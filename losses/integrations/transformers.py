@@ -301,7 +301,8 @@ class _HeadLoss:
         self.label_smoothing = check_number(owner, "label_smoothing", label_smoothing, low=0.0, high=1.0)
         self.softcap = check_softcap(owner, softcap)
         if chunk_size is not None:
-            check_int(owner, "chunk_size", chunk_size, low=1, allow_none=True, hint="use None to choose it from N and V")
+            check_int(owner, "chunk_size", chunk_size, low=1, allow_none=True,
+                      hint="use None to choose it from N and V")
         self.chunk_size = chunk_size
         self.ignore_index = check_ignore_index(owner, ignore_index)
         self.class_weight = class_weight
