@@ -20,3 +20,6 @@ def test_example_trains(name, needs, tmp_path):
     main = runpy.run_path(os.path.join(ROOT, "examples", name), run_name="example")["main"]
     logged = main(str(tmp_path))
     assert len(logged) == 2 and all(math.isfinite(v) for v in logged)
+    if name == "hf_trainer_causal_lm.py":  # patched: the same model and batches, no soft-capping
+        patched = main(str(tmp_path / "patched"), patched=True)
+        assert len(patched) == 2 and all(math.isfinite(v) for v in patched)
