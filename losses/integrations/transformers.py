@@ -406,8 +406,10 @@ def _config_value(model: nn.Module, name: str) -> Optional[float]:
 
 def logit_transform(model: nn.Module) -> LogitTransform:
     """The transform between a causal LM's output head and its loss, read from the model and its
-    config: Cohere's ``logit_scale`` (multiplies), Granite's ``logits_scaling`` (divides),
-    ``final_logit_softcapping`` (Gemma 2 and later; ``c * tanh(z / c)`` after the scaling)."""
+    config (or its ``text_config``): Cohere's ``logit_scale`` and ``output_multiplier`` (multiply),
+    Granite's ``logits_scaling`` (divides), ``final_logit_softcapping`` (Gemma 2 and later) or
+    ``logits_soft_cap`` (RecurrentGemma): ``c * tanh(z / c)`` after the scaling. A model that does
+    something else to its logits is caught by :func:`patch_causal_lm`'s first-call check."""
     scale = 1.0
     own = getattr(model, "logit_scale", None)
     if isinstance(own, (int, float)) and not isinstance(own, bool):
@@ -418,10 +420,14 @@ def logit_transform(model: nn.Module) -> LogitTransform:
         value = _config_value(model, "logit_scale")
         if value is not None:
             scale *= value
+    multiplier = _config_value(model, "output_multiplier")
+    if multiplier is not None:
+        scale *= multiplier
     divisor = _config_value(model, "logits_scaling")
     if divisor is not None:
         scale /= divisor
-    return LogitTransform(scale=scale, softcap=_config_value(model, "final_logit_softcapping"))
+    cap = _config_value(model, "final_logit_softcapping")
+    return LogitTransform(scale=scale, softcap=cap if cap is not None else _config_value(model, "logits_soft_cap"))
 
 
 def patch_causal_lm(model: nn.Module, loss: Optional[nn.Module] = None, *, logz_coef: float = DEFAULT_LOGZ_COEF,

@@ -504,3 +504,22 @@ def test_trainer_with_a_patched_model_equals_the_unpatched_run_without_the_logit
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), name
     logits_size = 4 * 20 * PV  # one micro-batch's logits
     assert big0 >= logits_size > big1, (big0, big1)
+
+
+def test_recurrent_gemma_soft_cap_is_read_and_checked():
+    """RecurrentGemma names its cap ``logits_soft_cap``: read from the config, checked on the first
+    call against the model's own logits, and the patched loss equals the built-in one."""
+    from losses.integrations.transformers import logit_transform, patch_causal_lm
+
+    torch.manual_seed(7)
+    cfg = transformers.RecurrentGemmaConfig(vocab_size=PV, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=1, lru_width=32,
+                                            attention_window_size=16, logits_soft_cap=5.0,
+                                            block_types=["recurrent", "attention"])
+    model = transformers.RecurrentGemmaForCausalLM(cfg).eval()
+    assert logit_transform(model).softcap == 5.0
+    ids, att, labels = _token_batch(seed=8)
+    ref = model(input_ids=ids, labels=labels).loss
+    patch_causal_lm(model)
+    got = model(input_ids=ids, labels=labels)
+    assert got.logits is None and torch.allclose(got.loss, ref, rtol=1e-5, atol=1e-6)
