@@ -28,6 +28,7 @@ Usage::
     python benchmarks/perf_losses.py --suite peers --small --out /tmp/p   # seconds-long smoke run
     python benchmarks/perf_losses.py --suite lm_head --max-seconds 40   # LM head, V=30,522: time, memory, agreement
     python benchmarks/perf_losses.py --suite compiled --skip-memory  # torch.compile'd losses vs compiled CE and a copy
+    python benchmarks/perf_losses.py --suite opcost --out results/perf/epyc   # this machine's unit-pass costs
     python benchmarks/perf_losses.py --suite all --out results/perf
 
 Writes ``<out>/<suite>.csv``, ``<out>/<suite>.md`` and ``<out>/<suite>.png``.
@@ -45,7 +46,7 @@ import subprocess
 import sys
 import time
 import warnings
-from typing import Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -1366,12 +1367,117 @@ def _write_lm_head(rows: List[Dict], skipped: List[str], out: str, meta: Dict, s
         f.write("\n".join(lines) + "\n")
 
 
+def _cpu_flags() -> str:
+    """The vector extensions of this CPU that matter to the kernels (from ``/proc/cpuinfo``)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    keep = ["avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16", "avx2", "fma", "sse2"]
+                    return " ".join(k for k in keep if k in have) or "none of " + ", ".join(keep)
+    except OSError:
+        pass
+    return "unknown"
+
+
+def opcost_ops() -> List[Tuple[str, Callable[[], Any]]]:
+    """The unit passes of the operator-cost table: ``(name, thunk)`` over 256,000 float32 elements,
+    shaped (256, 1000) (the targets' small size)."""
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 1000, generator=g)
+    pos = x.abs() + 0.5
+    y = torch.randint(0, 1000, (256,), generator=g)
+    xg = x.clone().requires_grad_(True)
+
+    def ce_step():
+        loss = F.cross_entropy(xg, y)
+        loss.backward()
+        xg.grad = None
+
+    ops: List[Tuple[str, Callable[[], Any]]] = [
+        ("copy (x.clone())", x.clone),
+        ("x * 2 + 1", lambda: x * 2 + 1),
+        ("torch.exp", lambda: torch.exp(x)),
+        ("torch.log (positive)", lambda: torch.log(pos)),
+        ("torch.log1p (positive)", lambda: torch.log1p(pos)),
+        ("torch.expm1", lambda: torch.expm1(x)),
+        ("torch.tanh", lambda: torch.tanh(x)),
+        ("torch.sigmoid", lambda: torch.sigmoid(x)),
+        ("F.softplus", lambda: F.softplus(x)),
+        ("torch.sqrt (positive)", lambda: torch.sqrt(pos)),
+        ("row max (x.amax(1))", lambda: x.amax(1)),
+        ("row logsumexp", lambda: torch.logsumexp(x, 1)),
+        ("F.log_softmax", lambda: F.log_softmax(x, 1)),
+        ("F.cross_entropy, forward + backward", ce_step),
+    ]
+    try:
+        from losses.kernels import rows_native
+
+        if rows_native.ready():
+            ops += [("the C kernels' exp (rows_native)", lambda: rows_native.unary("exp", x)),
+                    ("the C kernels' log (rows_native, positive)", lambda: rows_native.unary("log", pos))]
+    except Exception:  # noqa: BLE001 - no compiler: the table has torch's operators only
+        pass
+    return ops
+
+
+def run_opcost(out: str, repeats: int) -> List[Dict]:
+    """The operator-cost table of this machine: each unit pass timed with the process's CPU time on
+    one thread, the passes interleaved, ``repeats`` rounds after one warm-up round; written to
+    ``<out>/opcost.md`` and ``opcost.csv`` with the CPU model and its vector extensions, so that a
+    bound argument ("this loss needs one transcendental more than cross-entropy") is made with this
+    processor's costs."""
+    import torch
+
+    torch.set_num_threads(1)
+    ops = opcost_ops()
+    times: Dict[str, List[float]] = {name: [] for name, _ in ops}
+    for rnd in range(repeats + 1):
+        for name, fn in ops:
+            t0 = time.process_time()
+            for _ in range(10):
+                fn()
+            dt = (time.process_time() - t0) / 10
+            if rnd:
+                times[name].append(dt * 1e3)
+    med = {name: statistics.median(v) for name, v in times.items()}
+    ce = med["F.cross_entropy, forward + backward"]
+    copy = med["copy (x.clone())"]
+    rows = [{"op": name, "ms": med[name], "x_ce": med[name] / ce, "x_copy": med[name] / copy} for name, _ in ops]
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "opcost.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["op", "ms", "x_ce", "x_copy"])
+        w.writeheader()
+        w.writerows(rows)
+    lines = [
+        "# Operator costs on this machine",
+        "",
+        f"`python benchmarks/perf_losses.py --suite opcost` on {_cpu_name()} ({_cpu_flags()}), torch "
+        f"{torch.__version__}, one thread, CPU time of the process, {repeats} interleaved rounds of 10 calls "
+        "each after a warm-up round (medians). Every pass is over 256,000 float32 elements, shaped (256, 1000), "
+        "the targets' small size.",
+        "",
+        "| unit pass | ms | x `F.cross_entropy` (forward + backward) | x copy |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['op']} | {r['ms']:.3f} | {r['x_ce']:.2f} | {r['x_copy']:.1f} |")
+    with open(os.path.join(out, "opcost.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+    return rows
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--suite", default="losses",
                    choices=["losses", "sparsemax", "sparsemax_paths", "sparsemax_forced", "partial_fc", "linear_ce",
-                            "targets", "peers", "lm_head", "compiled", "all"])
+                            "targets", "peers", "lm_head", "compiled", "opcost", "all"])
     p.add_argument("--classes", type=lambda s: [int(float(v)) for v in s.split(",")], default=None,
                    help="comma-separated class counts (default per suite)")
     p.add_argument("--threads", type=int, default=None,
@@ -1399,6 +1505,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     suites = ["losses", "sparsemax", "partial_fc", "linear_ce", "targets", "peers"] if args.suite == "all" \
         else [args.suite]
     for suite in suites:
+        if suite == "opcost":
+            run_opcost(args.out, args.repeats or (3 if args.small else 20))
+            continue
         pinned = suite in ("targets", "peers", "lm_head", "sparsemax_paths", "sparsemax_forced", "compiled")
         threads = args.threads or (1 if pinned else (os.cpu_count() or 1))
         clock = "cpu" if args.clock == "process" else (args.clock or ("cpu" if pinned else "wall"))
