@@ -241,7 +241,8 @@ class LanguageModel(BenchmarkModule):
 
     def _loss(self, hidden: Tensor, target: Tensor):
         """The routed loss over the flattened tokens, the logits when they were materialised, and the
-        per-token ``log Z`` when the loss gave it from its own pass (``forward_with_stats``)."""
+        loss's own statistics (:class:`losses.LossStats`: per-token ``log Z``, token accuracy) when it
+        gave them from its pass (``forward_with_stats``)."""
         h = hidden.reshape(-1, hidden.shape[-1])
         y = target.reshape(-1)
         if self.route.kind == InputKind.LOGITS:
@@ -250,7 +251,7 @@ class LanguageModel(BenchmarkModule):
         with_stats = getattr(self.loss, "forward_with_stats", None)
         if callable(with_stats):  # the loss owns the output layer and reports log Z from its pass
             stats = with_stats(h, y)
-            return stats.loss, None, stats.lse
+            return stats.loss, None, stats
         return self.loss(h, y), None, None  # the loss owns the output layer: hidden states only
 
     @torch.no_grad()
@@ -266,7 +267,7 @@ class LanguageModel(BenchmarkModule):
     def training_step(self, batch: Dict[str, Tensor], batch_idx: int) -> Tensor:
         hidden = self.decoder(batch["input"])
         target = batch["target"].reshape(-1)
-        loss, logits, lse = self._loss(hidden, batch["target"])
+        loss, logits, stats = self._loss(hidden, batch["target"])
         valid = target != IGNORE_INDEX
         n = int(valid.sum())
         self._batch_tokens = n
@@ -274,15 +275,19 @@ class LanguageModel(BenchmarkModule):
         every = max(1, int(getattr(self.trainer, "log_every_n_steps", 1) or 1)) if self._trainer is not None else 1
         if batch_idx % every == 0:  # on the logged steps only
             with torch.no_grad():  # from the logits, or the loss's own pass; else a second pass over the head
-                if lse is not None:
-                    lz = lse.float()
+                top1 = None
+                if stats is not None:
+                    lz, top1 = stats.lse.float(), stats.accuracy
                 elif logits is not None:
                     lz = torch.logsumexp(logits.detach().float(), -1)
+                    top1 = (logits.detach().argmax(-1) == target)[valid].float().mean() if n else None
                 else:
                     lz = self._logz(hidden.detach().reshape(-1, hidden.shape[-1]))
                 mean, std = logz_stats(lz[valid])
             self.log("train/logz_mean", mean.float(), on_step=True, on_epoch=False, batch_size=n)
             self.log("train/logz_std", std.float(), on_step=True, on_epoch=False, batch_size=n)
+            if top1 is not None:  # token accuracy of the training batch (largest logit = target)
+                self.log("train/top1", top1.float(), on_step=True, on_epoch=False, batch_size=n)
         return loss
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -325,7 +330,7 @@ class LanguageModel(BenchmarkModule):
 
     def _eval_step(self, stage: str, batch: Dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         hidden = self.decoder(batch["input"])
-        loss, full, _ = self._loss(hidden, batch["target"])
+        loss, full, _ = self._loss(hidden, batch["target"])  # statistics: the eval metrics compute their own
         h = hidden.reshape(-1, hidden.shape[-1])
         y = batch["target"].reshape(-1)
         n = int((y != IGNORE_INDEX).sum())

@@ -322,7 +322,7 @@ def test_every_recipe_trains_two_steps_through_the_cli(tmp_path, cache):
         metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
         assert cli.trainer.global_step == 2, name
         assert math.isfinite(metrics["train/loss"]) and metrics["train/tokens_per_s"] > 0, (name, metrics)
-        for key in ("train/logz_mean", "train/logz_std", "train/spikes", "train/peak_memory_mb", "val/loss",
+        for key in ("train/logz_mean", "train/logz_std", "train/top1", "train/spikes", "train/peak_memory_mb", "val/loss",
                     "val/softmax_ppl", "val/top1", "val/top5", "val/logz_mean", "val/logz_std",
                     "val/unigram_top1", "val/unigram_top5", "val/unigram_ppl"):
             assert key in metrics, (name, key, sorted(metrics))
