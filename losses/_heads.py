@@ -24,7 +24,8 @@ from torch import Tensor
 from ._core import check_floating, check_int, check_integer_target, check_softmax_classes, value_error
 
 __all__ = ["check_head_embeddings", "check_head_sizes", "check_embeddings_and_target", "check_softmax_classes",
-           "drop_rows", "CHUNK_ELEMENTS", "default_chunk_size", "chunk_logits", "chunked_row_stats", "chunked_softmax_backward"]
+           "drop_rows", "CHUNK_ELEMENTS", "default_chunk_size", "chunk_logits", "chunked_row_stats", "chunked_softmax_backward",
+           "subtract_target_term"]
 
 
 def check_head_embeddings(fn: str, head: str, embeddings: object, embedding_dim: int) -> None:
@@ -158,3 +159,15 @@ def chunked_softmax_backward(xc: Tensor, weight: Tensor, bias: Optional[Tensor],
         if need_b:
             gb[start:start + chunk] = dz.sum(dim=0)
     return gx, gw, gb
+
+
+def subtract_target_term(gx: Optional[Tensor], gw: Optional[Tensor], gb: Optional[Tensor], gy: Tensor,
+                         weight: Tensor, xc: Tensor, ids: Tensor, dtype: torch.dtype) -> None:
+    """The target's term ``-gy_i`` on ``dL/dz_{i, ids_i}`` of a chunked head, in place: ``d xc -= gy
+    W[ids]``, ``d weight[ids] -= gy xc``, ``d bias[ids] -= gy`` (each where not ``None``)."""
+    if gx is not None:
+        gx.sub_(gy.unsqueeze(1) * weight.index_select(0, ids).to(dtype))
+    if gw is not None:
+        gw.index_add_(0, ids, -gy.unsqueeze(1) * xc)
+    if gb is not None:
+        gb.index_add_(0, ids, -gy)

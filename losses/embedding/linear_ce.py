@@ -27,7 +27,8 @@ from .._core import (
     value_error,
 )
 from .._heads import (check_head_embeddings, check_softmax_classes, chunked_row_stats,
-                      chunked_softmax_backward, default_chunk_size, drop_rows)
+                      chunked_softmax_backward, default_chunk_size, drop_rows,
+                      subtract_target_term)
 from .._core import no_autocast
 from .._precision import matmul
 from .._registry import id_unit_weights, register
@@ -115,12 +116,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         gy = (1.0 - eps) * g * dcap_y
         if cwc is not None:
             gy = gy * cw_y
-        if need_x:
-            gx.sub_(gy.unsqueeze(1) * weight.index_select(0, safe).to(dtype))
-        if need_w:
-            gw.index_add_(0, safe, -gy.unsqueeze(1) * xc)
-        if need_b:
-            gb.index_add_(0, safe, -gy)
+        subtract_target_term(gx, gw, gb, gy, weight, xc, safe, dtype)
         return (
             None if gx is None else gx.to(x.dtype),
             None if gw is None else gw.to(weight.dtype),

@@ -27,7 +27,8 @@ from .._core import (
     value_error,
 )
 from .._distributed import world_size
-from .._heads import chunked_row_stats, chunked_softmax_backward, default_chunk_size, drop_rows
+from .._heads import (chunked_row_stats, chunked_softmax_backward, default_chunk_size, drop_rows,
+                      subtract_target_term)
 from .._softcap import check_softcap
 from .linear_ce import linear_cross_entropy
 
@@ -109,12 +110,7 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
                                               eps=eps, num_classes=c, need_x=need_x, need_w=need_w, need_b=need_b)
         if cr > 0:  # the target term -(1-eps) z_y, on the rank that holds the target's row
             gy = torch.where(in_shard, (1.0 - eps) * g * dcap_y, zero)
-            if need_x:
-                gx.sub_(gy.unsqueeze(1) * weight.index_select(0, local_y).to(dtype))
-            if need_w:
-                gw.index_add_(0, local_y, -gy.unsqueeze(1) * xc)
-            if need_b:
-                gb.index_add_(0, local_y, -gy)
+            subtract_target_term(gx, gw, gb, gy, weight, xc, local_y, dtype)
         if need_x:  # the partial embeddings gradients of the shards add up to the full one
             dist.all_reduce(gx, op=dist.ReduceOp.SUM, group=ctx.group)
         return (
