@@ -620,7 +620,7 @@ def run_suite(suite: str, classes: List[int], threads: int, out: str, repeats: i
 def _meta(threads: int, clock: str) -> Dict:
     import torch
 
-    return {"torch": torch.__version__, "threads": threads, "clock": clock, "cpu": _cpu_name(),
+    return {"torch": torch.__version__, "threads": threads, "clock": clock, "cpu": f"{_cpu_name()} ({_cpu_flags()})",
             "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
 
 
@@ -822,8 +822,10 @@ def _row_ratio(r: Dict, q: Dict, metric: str) -> Optional[float]:
 
 
 def write_targets(rows: List[Dict], out: str) -> None:
-    """Evaluate :data:`TARGETS` on one run's rows and write ``targets_verdicts.md``."""
-    lines = ["| target | measured | verdict |", "|---|---|---|"]
+    """Evaluate :data:`TARGETS` on one run's rows and write ``targets_verdicts.md`` (headed by the
+    machine: the CPU model and its vector extensions)."""
+    lines = [f"CPU: {_cpu_name()} ({_cpu_flags()}); one run of `--suite targets` (its table: targets.md).", "",
+             "| target | measured | verdict |", "|---|---|---|"]
     for desc, label, b, c, ref, metric, bound in TARGETS:
         r, q = _find_row(rows, label, b, c), _find_row(rows, ref, b, c)
         key = "ms" if metric == "x" else "peak_mb"
