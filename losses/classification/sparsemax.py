@@ -562,6 +562,10 @@ class _ExactEntmaxLoss(nn.Module):
     arguments (``k``, ``ignore_index``, ``reduction``), the loss function and its mapping set by the
     subclass (``_loss``, ``_mapping``)."""
 
+    #: its predictive distribution (``predict_proba``) gives classes probability exactly 0, so
+    #: support sizes and zero-probability shares are meaningful metrics for it
+    sparse_probabilities = True
+
     def __init__(self, *, k: Optional[int] = None, ignore_index: int = -100, reduction: str = "mean") -> None:
         super().__init__()
         name = type(self).__name__
@@ -660,6 +664,9 @@ class EntmaxBisectLoss(nn.Module):
     >>> losses.EntmaxBisectLoss(alpha=2.0)(torch.tensor([[2.0, 0.0]]), torch.tensor([0]))
     tensor(0.)
     """
+
+    #: its predictive distribution gives classes probability exactly 0 (for ``alpha > 1``)
+    sparse_probabilities = True
 
     def __init__(self, *, alpha: float = 1.5, n_iter: int = 50, ignore_index: int = -100,
                  reduction: str = "mean") -> None:
