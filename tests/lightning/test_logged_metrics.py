@@ -44,6 +44,27 @@ def test_sparse_probabilities_are_read_from_the_loss(make, sparse):
     assert has_sparse_probabilities(make(), 10) is sparse
 
 
+def test_an_undeclared_loss_is_probed_through_its_predict_proba():
+    """A user's loss that declares nothing: its own ``predict_proba`` is probed (sparsemax gives exact
+    zeros on the probe row, a softmax does not); the library's sparse losses declare it."""
+
+    class OwnSparse(torch.nn.Module):
+        def forward(self, x, y):
+            return losses.sparsemax_loss(x, y)
+
+        def predict_proba(self, x):
+            return losses.SparsemaxLoss().predict_proba(x)
+
+    class OwnSoftmax(OwnSparse):
+        def predict_proba(self, x):
+            return torch.softmax(x, -1)
+
+    assert not hasattr(OwnSparse(), "sparse_probabilities")
+    assert has_sparse_probabilities(OwnSparse(), 10) is True
+    assert has_sparse_probabilities(OwnSoftmax(), 10) is False
+    assert losses.SparsemaxLoss.sparse_probabilities is True and losses.EntmaxBisectLoss.sparse_probabilities is True
+
+
 def test_a_declared_attribute_wins():
     class DeclaredSparse(losses.CrossEntropyLoss):
         sparse_probabilities = True
