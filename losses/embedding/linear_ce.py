@@ -81,7 +81,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         loss = torch.where(valid, loss, torch.zeros_like(loss))
         ctx.save_for_backward(x, weight, bias, safe, valid, lse, dcap_y, cwc)
         ctx.chunk, ctx.eps, ctx.coef, ctx.dtype, ctx.cap = chunk, eps, coef, dtype, cap
-        lse_out, pred = lse.detach().clone(), pred
+        lse_out = lse.detach().clone()
         ctx.mark_non_differentiable(lse_out, pred)
         return loss, lse_out, pred
 
@@ -257,19 +257,15 @@ def linear_cross_entropy(
         # no anchors needed: the autograd Function returns (zero) gradients for every input even
         # when all rows are ignored
         units = valid.to(dtype)
-        if class_weight is None:
-            loss = reduce_loss(values, units, reduction)
-        else:  # values already carry w_y (as F.cross_entropy's "none"); "mean" divides by sum w_y
-            loss = reduce_weighted_values(values, units * class_weight.to(dtype).index_select(
-                0, torch.where(valid, target, torch.zeros_like(target)).long()), reduction)
+        # each row's target class weight (0 on ignored rows), where there are class weights
+        w_y = None if class_weight is None else units * class_weight.to(dtype).index_select(
+            0, torch.where(valid, target, torch.zeros_like(target)).long())
+        # values already carry w_y (as F.cross_entropy's "none"); "mean" then divides by sum w_y
+        loss = reduce_loss(values, units, reduction) if w_y is None else reduce_weighted_values(values, w_y, reduction)
         if not return_stats:
             return loss
         pen = float(logz_coef) * lse * lse
-        if class_weight is None:
-            penalty = reduce_loss(pen, units, reduction)
-        else:
-            w_y = units * class_weight.to(dtype).index_select(0, torch.where(valid, target, torch.zeros_like(target)).long())
-            penalty = reduce_weighted_values(torch.where(valid, w_y * pen, torch.zeros_like(pen)), w_y, reduction)
+        penalty = reduce_loss(pen, units, reduction) if w_y is None else reduce_weighted_values(w_y * pen, w_y, reduction)
         return token_stats(loss, lse, penalty, pred, target.long(), valid)
 
 
@@ -343,20 +339,19 @@ class LinearCrossEntropyLoss(nn.Module):
         Returns:
             A scalar (``"mean"``, ``"sum"``) or the per-row losses ``(N,)`` (``"none"``).
         """
-        check_head_embeddings("linear_cross_entropy", type(self).__name__, embeddings, self.embedding_dim)
-        return linear_cross_entropy(embeddings, target, self.weight, bias=self.bias, chunk_size=self.chunk_size,
-                                    label_smoothing=self.label_smoothing, logz_coef=self.logz_coef,
-                                    ignore_index=self.ignore_index, reduction=self.reduction, softcap=self.softcap,
-                                    class_weight=self.class_weight)
+        return self._loss(embeddings, target, False)
 
     def forward_with_stats(self, embeddings: Tensor, target: Tensor) -> LossStats:
         """:meth:`forward` and, from the same chunked pass, the per-row ``log Z``, the penalty part and
         the accuracy (:class:`losses.LossStats`; ``linear_cross_entropy(..., return_stats=True)``)."""
+        return self._loss(embeddings, target, True)
+
+    def _loss(self, embeddings: Tensor, target: Tensor, return_stats: bool) -> Union[Tensor, LossStats]:
         check_head_embeddings("linear_cross_entropy", type(self).__name__, embeddings, self.embedding_dim)
         return linear_cross_entropy(embeddings, target, self.weight, bias=self.bias, chunk_size=self.chunk_size,
                                     label_smoothing=self.label_smoothing, logz_coef=self.logz_coef,
                                     ignore_index=self.ignore_index, reduction=self.reduction, softcap=self.softcap,
-                                    class_weight=self.class_weight, return_stats=True)
+                                    class_weight=self.class_weight, return_stats=return_stats)
 
     def logits(self, embeddings: Tensor) -> Tensor:
         """``embeddings @ weight.T + bias`` over all classes (materialised; for evaluation),

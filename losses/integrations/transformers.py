@@ -56,8 +56,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._core import check_ignore_index, check_int, check_number, type_error, value_error
-from .._softcap import check_softcap
+from .._core import check_bool, check_ignore_index, check_int, check_number, type_error, value_error
+from .._softcap import apply_softcap, check_softcap
 from .._stats import LossStats, token_stats
 from ..classification.baselines import cross_entropy_loss
 from ..classification.zloss import cross_entropy_with_logz_penalty
@@ -136,22 +136,30 @@ def _check_owned_loss(owner: str, loss: Optional[nn.Module]) -> None:
                           "the callable divides the sum by the number of target tokens")
 
 
-class _TokenLoss:
-    """Shared maths: summed token loss over ``(N, C)`` logits and ``(N,)`` ids."""
+class _Options:
+    """The options every callable here checks the same way (``"<owner>: ..."`` errors), and the
+    statistics of its last call."""
 
-    def __init__(self, owner: str, *, loss: Optional[nn.Module], logz_coef: float, label_smoothing: float,
-                 softcap: Optional[float], ignore_index: int, stats: bool = False) -> None:
-        require("transformers", "transformers", owner)
+    def __init__(self, owner: str, *, logz_coef: float, label_smoothing: float, softcap: Optional[float],
+                 ignore_index: int, stats: bool) -> None:
         self.owner = owner
         self.logz_coef = check_number(owner, "logz_coef", logz_coef, low=0.0)
         self.label_smoothing = check_number(owner, "label_smoothing", label_smoothing, low=0.0, high=1.0)
         self.softcap = check_softcap(owner, softcap)
         self.ignore_index = check_ignore_index(owner, ignore_index)
-        if not isinstance(stats, bool):
-            raise type_error(owner, "stats must be a bool", type(stats).__name__, "pass True or False")
-        self.stats = stats
+        self.stats = check_bool(owner, "stats", stats)
         #: the :class:`losses.LossStats` of the last call when built with ``stats=True``
         self.last_stats: Optional[LossStats] = None
+
+
+class _TokenLoss(_Options):
+    """Shared maths: summed token loss over ``(N, C)`` logits and ``(N,)`` ids."""
+
+    def __init__(self, owner: str, *, loss: Optional[nn.Module], logz_coef: float, label_smoothing: float,
+                 softcap: Optional[float], ignore_index: int, stats: bool = False) -> None:
+        require("transformers", "transformers", owner)
+        super().__init__(owner, logz_coef=logz_coef, label_smoothing=label_smoothing, softcap=softcap,
+                         ignore_index=ignore_index, stats=stats)
         _check_owned_loss(owner, loss)
         if loss is not None and (self.logz_coef or self.label_smoothing or self.softcap is not None):
             raise value_error(owner, "logz_coef, label_smoothing and softcap apply to the built-in "
@@ -196,10 +204,9 @@ class _TokenLoss:
 
 
 def _row_lse(logits: Tensor, softcap: Optional[float]) -> Tensor:
+    """``log Z`` per row of the (soft-capped) logits, in float32 or wider (``-inf`` stays a mask)."""
     z = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-    if softcap is not None:
-        z = softcap * torch.tanh(z / softcap)
-    return torch.logsumexp(z, dim=-1)
+    return torch.logsumexp(apply_softcap(z, softcap), dim=-1)
 
 
 class SequenceClassificationLoss(_TokenLoss):
@@ -290,27 +297,19 @@ class MaskedLMLoss(_LMLoss):
                          softcap=softcap, ignore_index=ignore_index, stats=stats)
 
 
-class _HeadLoss:
+class _HeadLoss(_Options):
     """The head-level maths shared by :class:`LinearCrossEntropyCausalLMLoss` and
     :func:`patch_causal_lm`: ``sum_t linear_cross_entropy(scale * h_t, y_t, W, bias=scale * b)``."""
 
     def __init__(self, owner: str, *, logz_coef: float, label_smoothing: float, softcap: Optional[float],
                  chunk_size: Optional[int], ignore_index: int, class_weight: Optional[Tensor], stats: bool) -> None:
-        self.owner = owner
-        self.logz_coef = check_number(owner, "logz_coef", logz_coef, low=0.0)
-        self.label_smoothing = check_number(owner, "label_smoothing", label_smoothing, low=0.0, high=1.0)
-        self.softcap = check_softcap(owner, softcap)
+        super().__init__(owner, logz_coef=logz_coef, label_smoothing=label_smoothing, softcap=softcap,
+                         ignore_index=ignore_index, stats=stats)
         if chunk_size is not None:
             check_int(owner, "chunk_size", chunk_size, low=1, allow_none=True,
                       hint="use None to choose it from N and V")
         self.chunk_size = chunk_size
-        self.ignore_index = check_ignore_index(owner, ignore_index)
         self.class_weight = class_weight
-        if not isinstance(stats, bool):
-            raise type_error(owner, "stats must be a bool", type(stats).__name__, "pass True or False")
-        self.stats = stats
-        #: the :class:`losses.LossStats` of the last call when built with ``stats=True``
-        self.last_stats: Optional[LossStats] = None
 
     def head_sum(self, hidden: Tensor, target: Tensor, weight: Tensor, bias: Optional[Tensor], *,
                  scale: float = 1.0, softcap: Optional[float] = None) -> Tensor:
@@ -484,8 +483,7 @@ def patch_causal_lm(model: nn.Module, loss: Optional[nn.Module] = None, *, logz_
     if loss is not None and (logz_coef or label_smoothing or class_weight is not None):
         raise value_error(owner, "logz_coef, label_smoothing and class_weight apply to the built-in cross-entropy "
                           "only", f"loss={type(loss).__name__}", "configure the given loss itself, or leave loss=None")
-    if not isinstance(check_transform, bool):
-        raise type_error(owner, "check_transform must be a bool", type(check_transform).__name__, "pass True or False")
+    check_bool(owner, "check_transform", check_transform)
     maths = _HeadLoss(owner, logz_coef=logz_coef, label_smoothing=label_smoothing, softcap=None,
                       chunk_size=chunk_size, ignore_index=ignore_index, class_weight=class_weight, stats=stats)
     transform = logit_transform(model)
@@ -498,6 +496,7 @@ def patch_causal_lm(model: nn.Module, loss: Optional[nn.Module] = None, *, logz_
         if labels is None and shift_labels is None:
             return original(*args, **kwargs)
         captured: List[Tensor] = []
+        raw: List[Tensor] = []  # the head's output at the first position, on the checked call
         head_forward = head.forward
         first = state["checked"] is False
 
@@ -507,7 +506,8 @@ def patch_causal_lm(model: nn.Module, loss: Optional[nn.Module] = None, *, logz_
             captured.append(hidden)
             if first:
                 with torch.no_grad():
-                    return head_forward(hidden[..., :1, :].detach())
+                    raw.append(head_forward(hidden[..., :1, :].detach()))
+                return raw[-1].clone()  # the model may transform its copy in place
             return hidden.new_zeros(hidden.shape[:-1] + (0,))
 
         head.forward = capture
@@ -520,7 +520,7 @@ def patch_causal_lm(model: nn.Module, loss: Optional[nn.Module] = None, *, logz_
                                "(expected once, on the final hidden states); this model cannot be patched")
         hidden = captured[0]
         if first:
-            _check_transform(owner, model, out, head_forward, hidden, transform)
+            _check_transform(owner, model, out, raw[0], transform)
             state["checked"] = True
         target = shifted_targets(labels, maths.ignore_index, shift_labels)
         if target.shape != hidden.shape[:-1]:
@@ -536,14 +536,12 @@ def patch_causal_lm(model: nn.Module, loss: Optional[nn.Module] = None, *, logz_
                 model.loss_stats = maths.last_stats
         else:
             keep = target != maths.ignore_index
-            logits = transform.apply(head_forward(flat[keep]))
-            total = loss(logits, target[keep])
+            total = loss(transform.apply(head_forward(flat[keep])), target[keep])
         value = normalize_by_items(total, (target != maths.ignore_index).sum(), num_items_in_batch)
         return _with_loss(out, value)
 
     model.forward = forward
     model._losses_patched = True
-    model._losses_unpatched_forward = original
     return model
 
 
@@ -554,11 +552,12 @@ def _with_loss(out: Any, loss: Tensor) -> Any:
     return type(out)(loss=loss, logits=None, **fields)
 
 
-def _check_transform(owner: str, model: nn.Module, out: Any, head_forward: Any, hidden: Tensor,
-                     transform: LogitTransform) -> None:
+def _check_transform(owner: str, model: nn.Module, out: Any, raw: Tensor, transform: LogitTransform) -> None:
+    """The model's own logits of the first position (``out``) against ``transform`` applied to the
+    head's output there (``raw``); ``ValueError`` when they differ."""
     theirs = out.logits if not isinstance(out, tuple) else out[0]
     with torch.no_grad():
-        ours = transform.apply(head_forward(hidden[..., :1, :].detach()))
+        ours = transform.apply(raw)
     if not isinstance(theirs, Tensor) or theirs.shape != ours.shape or not torch.allclose(
             theirs.float(), ours.float(), rtol=1e-3, atol=1e-3):
         raise ValueError(
