@@ -137,12 +137,22 @@ def adapt_to_hint(cls: Optional[type], arg: str, values: List[Any]) -> Any:
 
 
 def _takes(cls: Optional[type], arg: str) -> bool:
-    if cls is None:
-        return False
-    try:
-        return arg in inspect.signature(cls).parameters
-    except (TypeError, ValueError):
-        return False
+    return cls is not None and arg in accepted_arguments(cls)
+
+
+def _linked_class_counts(loss_class: Optional[type], data: Any) -> Any:
+    """``data.class_counts`` in the form ``loss_class`` takes them, or ``None`` where it takes none
+    or ``data`` has no counts (read only then: the counts may need the DataModule's setup)."""
+    if not _takes(loss_class, "class_counts") or not hasattr(type(data), "class_counts"):
+        return None
+    return adapt_to_hint(loss_class, "class_counts", counts_list(data.class_counts))
+
+
+def _linked_class_prior(loss_class: Optional[type], data: Any) -> Any:
+    """The class prior from ``data.class_counts`` in the form ``loss_class`` takes it, or ``None``."""
+    if not _takes(loss_class, "class_prior") or not hasattr(type(data), "class_counts"):
+        return None
+    return adapt_to_hint(loss_class, "class_prior", prior_list(data.class_counts))
 
 
 def linked_loss_kwargs(loss_class: type, data: Any, *, embedding_dim: Optional[int] = None) -> dict:
@@ -157,11 +167,10 @@ def linked_loss_kwargs(loss_class: type, data: Any, *, embedding_dim: Optional[i
         out["num_classes"] = int(data.num_classes)
     if embedding_dim is not None and _takes(loss_class, "embedding_dim"):
         out["embedding_dim"] = int(embedding_dim)
-    if hasattr(type(data), "class_counts"):
-        if _takes(loss_class, "class_counts"):
-            out["class_counts"] = adapt_to_hint(loss_class, "class_counts", counts_list(data.class_counts))
-        if _takes(loss_class, "class_prior"):
-            out["class_prior"] = adapt_to_hint(loss_class, "class_prior", prior_list(data.class_counts))
+    for name, value in (("class_counts", _linked_class_counts(loss_class, data)),
+                        ("class_prior", _linked_class_prior(loss_class, data))):
+        if value is not None:
+            out[name] = value
     return out
 
 
@@ -178,20 +187,13 @@ class LossCLI(LightningCLI):
             path = None
         self._loss_class = _import_class(path) if isinstance(path, str) else None
 
-    def _loss_takes(self, arg: str) -> bool:
-        return _takes(self._loss_class, arg)
-
     def _linked_counts(self, data) -> Any:
         # the DataModule itself is the link's source, so that its training counts (which need its
         # setup) are read only for a loss that takes them; for any other loss the link is skipped
-        if not self._loss_takes("class_counts") or not hasattr(type(data), "class_counts"):
-            return None
-        return adapt_to_hint(self._loss_class, "class_counts", counts_list(data.class_counts))
+        return _linked_class_counts(self._loss_class, data)
 
     def _linked_prior(self, data) -> Any:
-        if not self._loss_takes("class_prior") or not hasattr(type(data), "class_counts"):
-            return None
-        return adapt_to_hint(self._loss_class, "class_prior", prior_list(data.class_counts))
+        return _linked_class_prior(self._loss_class, data)
 
     def add_arguments_to_parser(self, parser) -> None:  # noqa: D102
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
@@ -473,9 +475,10 @@ def _explain_parse_error(chain: List[BaseException], reason: str, key: str) -> s
             return (f"'{value}' is a registry name, not a class path: write class_path: {path} "
                     f"(in YAML `class_path: {path}` under the key, on the command line {flag}={path})")
         close = _closest(value, _losses.loss_names())
-        if close is not None and _registry_class_path(close):
+        close_path = _registry_class_path(close) if close is not None else None
+        if close_path is not None:
             return (f"expected a class path such as losses.CrossEntropyLoss, got '{value}' (did you mean "
-                    f"class_path: {_registry_class_path(close)}, the registry's '{close}'?)")
+                    f"class_path: {close_path}, the registry's '{close}'?)")
         return f"expected a class path such as losses.CrossEntropyLoss, got '{value}'"
     m = _NO_ATTRIBUTE.search(reason)
     if m and m.group(1) == "losses":
