@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -34,11 +34,13 @@ class LossStats(NamedTuple):
 
 
 def token_stats(loss: Tensor, lse: Tensor, penalty: Tensor, pred: Tensor, target: Tensor,
-                valid: Tensor) -> LossStats:
+                valid: Tensor, shape: Optional[Tuple[int, ...]] = None) -> LossStats:
     """Assemble :class:`LossStats` from per-row ``lse``, the reduced ``penalty``, the per-row
-    predicted class ``pred`` and the ``valid`` mask (all of one flat batch of rows)."""
+    predicted class ``pred`` and the ``valid`` mask (all of one flat batch of rows); ``shape``: the
+    positions' shape the per-row ``lse`` is returned in (N-D inputs)."""
     count = valid.sum()
     hits = ((pred == target) & valid).sum().to(torch.float32)
     accuracy = hits / torch.clamp(count, min=1).to(torch.float32)
     zero = torch.zeros((), dtype=lse.dtype, device=lse.device)
-    return LossStats(loss, torch.where(valid, lse, zero).detach(), penalty.detach(), accuracy.detach(), count)
+    lse = torch.where(valid, lse, zero).detach()
+    return LossStats(loss, lse if shape is None else lse.reshape(shape), penalty.detach(), accuracy.detach(), count)

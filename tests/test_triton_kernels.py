@@ -126,6 +126,26 @@ def test_both_forward_accumulators_agree(vector_sums):
     torch.testing.assert_close(xk.grad.cpu().double(), xr.grad, rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+def test_logz_penalty_return_stats_on_the_kernel_path(reduction):
+    """``return_stats=True`` on the kernel path (per-row kernel, reduced after): the same loss,
+    log Z, penalty, accuracy and count as the PyTorch path, gradients included; N-D positions."""
+    x = _logits(6, 40, torch.float32, seed=62).float().reshape(3, 2, 40).transpose(1, 2).contiguous()
+    y = _target(6, 40, seed=63, ignored=(4,)).reshape(3, 2)
+    xk = x.detach().clone().to(DEV).requires_grad_(True)
+    with on_kernel():
+        assert kernels.use_triton(xk)
+        st = losses.cross_entropy_with_logz_penalty(xk, y.to(DEV), coef=0.1, reduction=reduction, return_stats=True)
+    st.loss.sum().backward()
+    xr = x.detach().clone().requires_grad_(True)
+    ref = losses.cross_entropy_with_logz_penalty(xr, y, coef=0.1, reduction=reduction, return_stats=True)
+    ref.loss.sum().backward()
+    for got, want in zip(st, ref):
+        torch.testing.assert_close(got.detach().cpu().double(), want.detach().double(), rtol=2e-6, atol=1e-6)
+    torch.testing.assert_close(xk.grad.cpu(), xr.grad, rtol=2e-5, atol=2e-6)
+    assert st.lse.shape == y.shape and int(st.count) == 5
+
+
 @pytest.mark.parametrize("block", [None, 32])
 @pytest.mark.parametrize("smoothing", [0.0, 0.2])
 @pytest.mark.parametrize("weighted", [False, True])

@@ -621,11 +621,11 @@ def cross_entropy_with_logz_penalty(
             ce, lse = triton_rows().softmax_rows(x2d, ids, softcap=cap, ignore_index=ignore_index,
                                                  inplace=inplace_backward)
             valid = ids != ignore_index
+            units = valid.reshape(out_shape).to(ce.dtype)
             pen_rows = coef * lse.square()
-            loss = reduce_loss((ce + pen_rows).reshape(out_shape), valid.reshape(out_shape).to(ce.dtype), reduction)
-            penalty = reduce_loss(pen_rows.reshape(out_shape), valid.reshape(out_shape).to(ce.dtype), reduction)
-            st = token_stats(loss, lse, penalty, pred, ids, valid)
-            return st._replace(lse=st.lse.reshape(out_shape))
+            loss = reduce_loss((ce + pen_rows).reshape(out_shape), units, reduction)
+            penalty = reduce_loss(pen_rows.reshape(out_shape), units, reduction)
+            return token_stats(loss, lse, penalty, pred, ids, valid, out_shape)
         if reduction == "none":
             ce, lse = triton_rows().softmax_rows(x2d, ids, softcap=cap, ignore_index=ignore_index,
                                                  inplace=inplace_backward)
@@ -658,9 +658,8 @@ def cross_entropy_with_logz_penalty(
             return loss, reduce_loss(penalty.reshape(out_shape), weights, reduction)
         if return_stats:
             keep = torch.ones_like(y, dtype=torch.bool) if valid is None else valid
-            st = token_stats(loss, lse, reduce_loss(penalty.reshape(out_shape), weights, reduction),
-                             x2d.detach().argmax(dim=1), y, keep)
-            return st._replace(lse=st.lse.reshape(out_shape))
+            return token_stats(loss, lse, reduce_loss(penalty.reshape(out_shape), weights, reduction),
+                               x2d.detach().argmax(dim=1), y, keep, out_shape)
         return loss
 
 
