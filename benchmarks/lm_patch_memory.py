@@ -52,19 +52,10 @@ def _reset() -> None:
 
 
 def _cpu() -> str:
-    """The CPU model and its vector extensions, from ``/proc/cpuinfo``."""
-    name, flags = "unknown CPU", []
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and name == "unknown CPU":
-                    name = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and not flags:
-                    have = set(line.split(":", 1)[1].split())
-                    flags = [k for k in ("avx512f", "avx512bw", "avx512_bf16", "avx2", "fma") if k in have]
-    except OSError:
-        pass
-    return f"{name}, {' '.join(flags) or 'no AVX'}"
+    """The CPU model and its vector extensions (the performance suite's own reading)."""
+    from perf_losses import _cpu_flags, _cpu_name  # benchmarks/ is on sys.path: this script's folder
+
+    return f"{_cpu_name()}, {_cpu_flags()}"
 
 
 def worker(variant: str) -> dict:

@@ -17,6 +17,7 @@ centre is not moved, and the update costs the sampled rows only.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
@@ -206,8 +207,6 @@ class WarmupCosine(torch.optim.lr_scheduler.LRScheduler):
 
     def factor(self, step: int) -> float:
         """``f(step)``: the share of the base rate at optimiser step ``step``."""
-        import math
-
         if step < self.warmup_steps:
             return (step + 1) / self.warmup_steps
         if self.total_steps is None:

@@ -239,19 +239,19 @@ class LanguageModel(BenchmarkModule):
     def _logits(self, hidden: Tensor) -> Tensor:
         return self.loss.logits(hidden) if self.route.owns_head else self.decoder.logits(hidden)
 
-    def _loss(self, hidden: Tensor, target: Tensor):
-        """The routed loss over the flattened tokens, the logits when they were materialised, and the
-        loss's own statistics (:class:`losses.LossStats`: per-token ``log Z``, token accuracy) when it
-        gave them from its pass (``forward_with_stats``)."""
+    def _loss(self, hidden: Tensor, target: Tensor, stats: bool = False):
+        """The routed loss over the flattened tokens, the logits when they were materialised, and, with
+        ``stats``, the loss's own statistics (:class:`losses.LossStats`: per-token ``log Z``, token
+        accuracy) when it gives them from its pass (``forward_with_stats``)."""
         h = hidden.reshape(-1, hidden.shape[-1])
         y = target.reshape(-1)
         if self.route.kind == InputKind.LOGITS:
             logits = self.decoder.logits(h)
             return self.loss(logits, y), logits, None
         with_stats = getattr(self.loss, "forward_with_stats", None)
-        if callable(with_stats):  # the loss owns the output layer and reports log Z from its pass
-            stats = with_stats(h, y)
-            return stats.loss, None, stats
+        if stats and callable(with_stats):  # the loss owns the output layer and reports log Z from its pass
+            out = with_stats(h, y)
+            return out.loss, None, out
         return self.loss(h, y), None, None  # the loss owns the output layer: hidden states only
 
     @torch.no_grad()
@@ -267,13 +267,14 @@ class LanguageModel(BenchmarkModule):
     def training_step(self, batch: Dict[str, Tensor], batch_idx: int) -> Tensor:
         hidden = self.decoder(batch["input"])
         target = batch["target"].reshape(-1)
-        loss, logits, stats = self._loss(hidden, batch["target"])
+        every = max(1, int(getattr(self.trainer, "log_every_n_steps", 1) or 1)) if self._trainer is not None else 1
+        logged = batch_idx % every == 0  # log Z and the accuracy on the logged steps only
+        loss, logits, stats = self._loss(hidden, batch["target"], stats=logged)
         valid = target != IGNORE_INDEX
         n = int(valid.sum())
         self._batch_tokens = n
         self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=n)
-        every = max(1, int(getattr(self.trainer, "log_every_n_steps", 1) or 1)) if self._trainer is not None else 1
-        if batch_idx % every == 0:  # on the logged steps only
+        if logged:
             with torch.no_grad():  # from the logits, or the loss's own pass; else a second pass over the head
                 top1 = None
                 if stats is not None:
@@ -330,7 +331,7 @@ class LanguageModel(BenchmarkModule):
 
     def _eval_step(self, stage: str, batch: Dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         hidden = self.decoder(batch["input"])
-        loss, full, _ = self._loss(hidden, batch["target"])  # statistics: the eval metrics compute their own
+        loss, full, _ = self._loss(hidden, batch["target"])  # no statistics: the eval metrics compute their own
         h = hidden.reshape(-1, hidden.shape[-1])
         y = batch["target"].reshape(-1)
         n = int((y != IGNORE_INDEX).sum())
