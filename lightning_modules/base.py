@@ -217,6 +217,10 @@ class BenchmarkModule(pl.LightningModule):
     loss_example: ClassVar[Optional[str]] = None
     #: Constructor arguments left out of the saved hyperparameters.
     hparams_ignore: ClassVar[Tuple[str, ...]] = ()
+    #: The per-item test records being collected (:class:`lightning_modules.records.ItemRecords`),
+    #: set by :class:`lightning_modules.records.TestItemRecorder` for the test stage only; ``None``
+    #: (always, unless that callback is attached): nothing per item is computed.
+    item_records: Any = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -269,6 +273,17 @@ class BenchmarkModule(pl.LightningModule):
 
     def _eval_epoch_end(self, stage: str) -> None:
         """The end of an evaluation epoch of ``stage``; nothing by default."""
+
+    def _item_records(self, stage: str) -> Any:
+        """The test records to add rows to, when :class:`~lightning_modules.records.TestItemRecorder`
+        is attached and ``stage`` is ``"test"``; else ``None`` (the default: record nothing)."""
+        return self.item_records if stage == "test" else None
+
+    def item_record_spec(self) -> Dict[str, Any]:
+        """What :class:`~lightning_modules.records.TestItemRecorder` writes in the records' header:
+        ``{"kind": ..., "tables": {table: {"columns": {name: description}}}, "metrics": {"test/<name>":
+        {"table", "agg", "columns", ...}}, "notes": ...}``; each module that records implements it."""
+        raise NotImplementedError(f"{type(self).__name__} does not record per-item test records")
 
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._eval_step("val", batch, batch_idx, dataloader_idx)

@@ -29,7 +29,7 @@ from torchmetrics import Metric
 
 from .metrics import peak_rss_mb
 
-__all__ = ["TokenMetrics", "SpikeCounter", "sparse_target_stats", "logz_stats", "peak_memory_mb"]
+__all__ = ["TokenMetrics", "SpikeCounter", "sparse_target_stats", "token_values", "logz_stats", "peak_memory_mb"]
 
 
 def sparse_target_stats(probs: Tensor, target: Tensor, ignore_index: int = -100) -> Tuple[Tensor, Tensor, Tensor]:
@@ -90,6 +90,33 @@ def peak_memory_mb(device: Optional[torch.device] = None) -> float:
         return torch.cuda.max_memory_allocated(device) / 2 ** 20
     return peak_rss_mb()
 
+
+
+def token_values(logits: Tensor, probs: Tensor, target: Tensor, *, scores: Optional[Tensor] = None,
+                 ignore_index: int = -100) -> Dict[str, Tensor]:
+    """Per-token values behind :class:`TokenMetrics` (the per-item test records): for ``logits``,
+    ``probs (N, C)`` and ``target (N,)``, each ``(N,)`` and 0 at ``ignore_index``: ``tokens`` (1 for a
+    target token), ``nll`` (``-log p(target)``, float64, ``inf`` at probability 0), ``softmax_nll``,
+    ``top1`` / ``top5`` hits (ranked by ``scores`` where given, else the logits), ``logz``
+    (``logsumexp(logits)``), ``logz_sq``, ``support`` (classes with probability > 0) and ``zero``
+    (the target has probability 0) -- the terms :meth:`TokenMetrics.update` sums."""
+    logits = logits.detach().float()
+    probs = probs.detach().float()
+    support, zero, valid = sparse_target_stats(probs, target, ignore_index)
+    safe = torch.where(valid, target, torch.zeros_like(target))
+    lse = torch.logsumexp(logits, -1)
+    softmax_nll = lse - logits.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+    p_t = probs.gather(-1, safe.unsqueeze(-1)).squeeze(-1).double()
+    ranked = logits if scores is None else scores
+    top = ranked.topk(min(5, ranked.shape[-1]), dim=-1).indices
+    hit = top == safe.unsqueeze(-1)
+    v64 = valid.double()
+    zeros = torch.zeros_like(v64)
+    lse64 = lse.double()
+    return {"tokens": v64, "nll": torch.where(valid, -torch.log(p_t), zeros),
+            "softmax_nll": torch.where(valid, softmax_nll.double(), zeros), "top1": (hit[:, 0] & valid).double(),
+            "top5": (hit.any(-1) & valid).double(), "logz": torch.where(valid, lse64, zeros),
+            "logz_sq": torch.where(valid, lse64 ** 2, zeros), "support": support.double(), "zero": zero.double()}
 
 
 class TokenMetrics(Metric):

@@ -235,11 +235,43 @@ class IdentityEmbedder(BenchmarkModule):
             hit = top == y[:, None]
             self.eval_metrics[stage]["top1"].update(hit[:, 0].float())
             self.eval_metrics[stage]["top5"].update(hit.any(1).float())
+            records = self._item_records(stage)
+            if records is not None:
+                records.add("closed", item=records.positions(y.shape[0], dataloader_idx), target=y, pred=top[:, 0],
+                            top1=hit[:, 0], top5=hit.any(1))
         else:
             x, ident, role, idx = batch
             emb = F.normalize(self(x).float(), dim=1)
             self._open.setdefault(stage, []).append(
                 torch.cat([emb, ident[:, None].float(), role[:, None].float(), idx[:, None].float()], dim=1))
+
+    # -- per-item test records (lightning_modules.records) ---------------------------------------
+    @staticmethod
+    def _record_probes(records, gallery: Tensor, gallery_id: Tensor, probes: Tensor, probe_id: Tensor,
+                       probe_index: Tensor) -> None:
+        """Per-probe open-set rank-1 hits, for the probes ``identification_metrics`` scores."""
+        from ..data.identities import _rank1
+
+        keep = torch.isin(probe_id.cpu(), gallery_id.cpu())
+        hit = _rank1(gallery, gallery_id, probes[keep.to(probes.device)], probe_id.cpu()[keep], None)
+        records.add("open", item=probe_index.cpu()[keep], identity=probe_id.cpu()[keep], open_rank1=hit)
+
+    def item_record_spec(self) -> Dict[str, Any]:
+        """Per-item test records: closed-set test samples and open-set probes (``lightning_modules.records``)."""
+        closed = {"item": "index of the sample in the closed-set test split", "target": "identity",
+                  "pred": "best-ranked identity (the loss's own prediction rule)", "top1": "closed-set top-1 hit",
+                  "top5": "the identity among the 5 best-ranked"}
+        open_ = {"item": "index of the probe in the open-set test split (gallery and probes)",
+                 "identity": "the probe's identity", "open_rank1": "the nearest gallery sample (cosine) has the "
+                 "probe's identity"}
+        metrics = {"test/top1": {"table": "closed", "agg": "mean", "columns": ["top1"]},
+                   "test/top5": {"table": "closed", "agg": "mean", "columns": ["top5"]},
+                   "test/open_rank1": {"table": "open", "agg": "mean", "columns": ["open_rank1"]}}
+        return {"kind": "many_class", "tables": {"closed": {"columns": closed}, "open": {"columns": open_}},
+                "metrics": metrics,
+                "notes": "open rows are the probes whose identity has a gallery sample (those the metric "
+                         "scores); not per item: open_tar_far (a threshold over all probe-gallery pairs), "
+                         "the floor and cost metrics"}
 
     def _eval_epoch_end(self, stage: str) -> None:
         for m in ("top1", "top5"):
@@ -261,6 +293,9 @@ class IdentityEmbedder(BenchmarkModule):
             emb, ident, role = table[:, :-3], table[:, -3].long(), table[:, -2].long()
             g, p = role == 0, role == 1
             res = identification_metrics(emb[g], ident[g], emb[p], ident[p], far=self.far)
+            records = self._item_records(stage)
+            if records is not None and math.isfinite(res["rank1"]):
+                self._record_probes(records, emb[g], ident[g], emb[p], ident[p], idx[p])
             for k in ("rank1", "tar_at_far"):
                 if math.isfinite(res[k]):
                     self.log(f"{stage}/open_{'tar_far' if k == 'tar_at_far' else k}", res[k], on_step=False,

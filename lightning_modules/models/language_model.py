@@ -56,7 +56,7 @@ import losses
 from losses import InputKind
 
 from ..base import BenchmarkModule, seeded_init
-from ..lm_metrics import SpikeCounter, TokenMetrics, logz_stats, peak_memory_mb
+from ..lm_metrics import SpikeCounter, TokenMetrics, logz_stats, peak_memory_mb, token_values
 from ..routing import has_own_prediction, has_sparse_probabilities, predict_proba, predict_scores
 
 __all__ = ["DecoderLM", "LanguageModel"]
@@ -338,16 +338,58 @@ class LanguageModel(BenchmarkModule):
         metric = self.eval_metrics[stage]
         own = has_own_prediction(self.loss)
         first = True
+        records = self._item_records(stage)
+        per_token = [] if records is not None else None
         # a logits loss already materialised the logits; a head-owning loss's come in row chunks
         chunks = full.split(self.eval_chunk_tokens) if full is not None else \
             (self._logits(hc) for hc in h.split(self.eval_chunk_tokens))
         for logits, yc in zip(chunks, y.split(self.eval_chunk_tokens)):
             logits = logits.float()
             scores = predict_scores(self.loss, logits, dim=-1) if own else None
+            probs = predict_proba(self.loss, logits, dim=-1)
             metric.update(loss.detach() * n if first else loss.new_zeros(()), logits,
-                          predict_proba(self.loss, logits, dim=-1), yc, scores=scores,
+                          probs, yc, scores=scores,
                           sparse=self.sparse_probabilities)
+            if per_token is not None:
+                per_token.append(token_values(logits, probs, yc, scores=scores, ignore_index=IGNORE_INDEX))
             first = False
+        if records is not None:
+            b = batch["target"].shape[0]
+            row = {k: torch.cat([d[k] for d in per_token]).reshape(b, -1).sum(1) for k in per_token[0]}
+            records.add("sequences", item=records.positions(b, dataloader_idx), **row)
+
+    # -- per-item test records (lightning_modules.records) ---------------------------------------
+    def item_record_spec(self) -> Dict[str, Any]:
+        """Per-item test records: one row per test sequence (window), token sums (``lightning_modules.records``)."""
+        cols = {"item": "index of the window in the test split (consecutive windows of the test stream)",
+                "tokens": "target tokens of the window (padding excluded)",
+                "nll": "summed -log p(target) under the loss's predictive distribution (inf at probability 0)",
+                "softmax_nll": "summed -log softmax(logits)[target]",
+                "top1": "target tokens ranked first", "top5": "target tokens among the 5 best-ranked",
+                "logz": "summed log Z = logsumexp(logits)", "logz_sq": "summed (log Z)^2",
+                "support": "summed number of tokens with probability > 0",
+                "zero": "target tokens given probability 0"}
+        t = "sequences"
+        metrics: Dict[str, Dict[str, Any]] = {
+            "test/top1": {"agg": "ratio", "columns": ["top1", "tokens"]},
+            "test/top5": {"agg": "ratio", "columns": ["top5", "tokens"]},
+            "test/softmax_nll": {"agg": "ratio", "columns": ["softmax_nll", "tokens"]},
+            "test/softmax_ppl": {"agg": "exp_ratio", "columns": ["softmax_nll", "tokens"]},
+            "test/logz_mean": {"agg": "ratio", "columns": ["logz", "tokens"]},
+            "test/logz_std": {"agg": "std_ratio", "columns": ["logz", "logz_sq", "tokens"]},
+        }
+        if self._normalised:
+            metrics["test/nll"] = {"agg": "ratio", "columns": ["nll", "tokens"]}
+            metrics["test/ppl"] = {"agg": "exp_ratio", "columns": ["nll", "tokens"]}
+        if self.sparse_probabilities:
+            metrics["test/support"] = {"agg": "ratio", "columns": ["support", "tokens"]}
+            metrics["test/zero_prob"] = {"agg": "ratio", "columns": ["zero", "tokens"]}
+        for m in metrics.values():
+            m["table"] = t
+        return {"kind": "language_model", "tables": {t: {"columns": cols}}, "metrics": metrics,
+                "notes": "token-weighted: each metric is sum(column) / sum(tokens) over the windows (exp of it "
+                         "for the perplexities); not per item: loss (the loss module's batch means), the "
+                         "unigram references and peak memory"}
 
     def _eval_epoch_end(self, stage: str) -> None:
         metric = self.eval_metrics[stage]

@@ -41,7 +41,7 @@ per epoch: ``train/softmax_classes`` (classes in the step's softmax, mean over s
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -126,6 +126,7 @@ class Recommender(BenchmarkModule):
             raise ValueError("Recommender: item_bias needs the model's own item table (this loss owns the head)")
         self.item_bias = nn.Parameter(torch.full((num_items,), float(item_bias_init))) if item_bias else None
         extra = parse_extra_metrics(list(extra_metrics or []))
+        self._extra_spec = extra  # per view: (logged name, kind, k), for the per-user test records
         self._extra_k = max([20] + [k for items in extra.values() for _, _, k in items])
         # per evaluation stage; extra metrics by view ("all" = the plain split; a view's users
         # without positives are skipped)
@@ -239,6 +240,8 @@ class Recommender(BenchmarkModule):
         if "all" in extra:
             extra["all"].update(preds, target, indexes=indexes)
             self.log_dict(extra["all"], on_step=False, on_epoch=True, batch_size=n)
+        records = self._item_records(stage)
+        row = self._user_row(preds, target, indexes, "") if records is not None else None
         views = batch.get("views") or {}
         for name in VIEWS:
             if name in extra and name in views:
@@ -246,6 +249,52 @@ class Recommender(BenchmarkModule):
                 p, t, i = candidates_from_scores(scores, v["target"], users, k=self._extra_k, exclude=v["exclude"])
                 extra[name].update(p, t, indexes=i)
                 self.log_dict(extra[name], on_step=False, on_epoch=True, batch_size=n)
+                if row is not None:
+                    self._add_view_columns(row, self._user_row(p, t, i, name))
+        if row is not None:
+            records.add("users", **row)
+
+    # -- per-item test records (lightning_modules.records) ---------------------------------------
+    def _record_metrics(self, view: str) -> List[Tuple[str, str, int]]:
+        """(logged name, kind, k) of the metrics on ``view`` ("" = the plain split)."""
+        main = [("recall@20", "recall", 20), ("ndcg@20", "ndcg", 20), ("hr@10", "hr", 10), ("ndcg@10", "ndcg", 10)]
+        return (main if not view else []) + list(self._extra_spec.get(view, []))
+
+    def _user_row(self, preds: Tensor, target: Tensor, indexes: Tensor, view: str) -> Dict[str, Tensor]:
+        from ..records import ranking_per_query
+
+        # the plain split counts a user without positives as 0 (torchmetrics' default), a view skips it
+        empty = float("nan") if view else 0.0
+        out = ranking_per_query(preds, target, indexes, [(n, kind, k, empty) for n, kind, k in self._record_metrics(view)])
+        out["item"] = out.pop("query")
+        out[f"{view}_n_pos" if view else "n_pos"] = out.pop("n_pos")
+        return out
+
+    @staticmethod
+    def _add_view_columns(row: Dict[str, Tensor], view_row: Dict[str, Tensor]) -> None:
+        """A view's columns, aligned with the plain split's users (``nan`` for a user the view lacks)."""
+        pos = torch.searchsorted(view_row["item"], row["item"]).clamp_max(max(len(view_row["item"]) - 1, 0))
+        found = view_row["item"][pos] == row["item"] if len(view_row["item"]) else torch.zeros_like(row["item"], dtype=torch.bool)
+        for k, v in view_row.items():
+            if k != "item":
+                row[k] = torch.where(found, v[pos], torch.full_like(v[pos], float("nan"))) if len(v) else \
+                    torch.full(row["item"].shape, float("nan"), dtype=torch.float64)
+
+    def item_record_spec(self) -> Dict[str, Any]:
+        """Per-item test records: one row per test user (``lightning_modules.records``)."""
+        cols = {"item": "user id", "n_pos": "the user's held-out positives (not excluded)"}
+        metrics = {}
+        for view in ("",) + VIEWS:
+            if view and view not in self._extra_spec:
+                continue
+            if view:
+                cols[f"{view}_n_pos"] = f"the user's positives in the {view} view (nan: the batch had no such view)"
+            for name, kind, k in self._record_metrics(view):
+                cols[name] = (f"{kind}@{k} of the user" + (f" on the {view} view (nan: no positive there)" if view
+                                                           else " (0 without positives, as torchmetrics counts it)"))
+                metrics[f"test/{name}"] = {"table": "users", "agg": "nanmean" if view else "mean", "columns": [name]}
+        return {"kind": "recommendation", "tables": {"users": {"columns": cols}}, "metrics": metrics,
+                "notes": "each metric is the mean over users (a view's: over the users with positives in it)"}
 
 
 # -- extra evaluation metrics --------------------------------------------------------------

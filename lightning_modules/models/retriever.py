@@ -26,7 +26,7 @@ R@10, MRR@10 and nDCG@10 (every positive counts; :mod:`lightning_modules.retriev
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 import torch
 import torch.nn.functional as F
@@ -183,4 +183,25 @@ class DualEncoderRetriever(BenchmarkModule):
         preds, target, indexes = candidates_from_search(scores, ids, batch["positives"].cpu(), batch["query_ids"].cpu())
         metrics.update(preds.to(self.device), target.to(self.device), indexes=indexes.to(self.device))
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=q.shape[0])
+        records = self._item_records(stage)
+        if records is not None:
+            from ..records import ranking_per_query
+
+            row = ranking_per_query(preds, target, indexes, [(n, kind, k, 0.0) for n, kind, k in RECORD_METRICS])
+            row["item"] = row.pop("query")
+            records.add("queries", **row)
+
+    def item_record_spec(self) -> Dict[str, Any]:
+        """Per-item test records: one row per test query (``lightning_modules.records``)."""
+        cols = {"item": "query id", "n_pos": "the query's positive documents"}
+        metrics = {}
+        for name, kind, k in RECORD_METRICS:
+            cols[name] = f"{kind}@{k} of the query"
+            metrics[f"test/{name}"] = {"table": "queries", "agg": "mean", "columns": [name]}
+        return {"kind": "retrieval", "tables": {"queries": {"columns": cols}}, "metrics": metrics,
+                "notes": "each metric is the mean over queries"}
+
+
+#: the logged evaluation metrics as (name, kind, cut-off), recomputed per query for the test records
+RECORD_METRICS = (("r@1", "recall", 1), ("r@10", "recall", 10), ("mrr@10", "mrr", 10), ("ndcg@10", "ndcg", 10))
 

@@ -486,12 +486,90 @@ class VisionClassifier(BenchmarkModule):
         buf = self._confidence_buffers[stage]
         for key, value in (("probs", probs), ("logits", logits), ("pred", scores.argmax(1)), ("target", ids)):
             buf.setdefault(key, []).append(value.detach())
+        records = self._item_records(stage)
+        row = self._item_row(records, x.shape[0], dataloader_idx, probs, scores, logits, ids) if records else None
         if self.robust_eval:  # each attack from the same seeded random start
             for key, name, attack in self._attacks:
                 g = torch.Generator().manual_seed(self.pgd_seed + batch_idx)
                 x_adv = pgd_attack(self, x, ids, generator=g, **attack)
-                stats[key].update(predict_scores(self.loss, self(x_adv)), ids)
+                adv_scores = predict_scores(self.loss, self(x_adv))
+                stats[key].update(adv_scores, ids)
                 self.log(f"{stage}/{name}", stats[key], on_step=False, on_epoch=True)
+                if row is not None:
+                    row[name] = adv_scores.argmax(1) == ids
+        if row is not None:
+            records.add("items", **row)
+
+    # -- per-item test records (lightning_modules.records) ---------------------------------------
+    def _item_row(self, records, n: int, dataloader_idx: int, probs: Tensor, scores: Tensor, logits: Tensor,
+                  ids: Tensor) -> Dict[str, Tensor]:
+        """The per-item columns of one test batch (:meth:`item_record_spec`)."""
+        from ..confidence import NLL_EPS
+
+        p64 = probs.detach().double()
+        p_true = p64.gather(1, ids[:, None]).squeeze(1)
+        pred = scores.argmax(1)
+        conf, prob_pred = probs.detach().max(dim=1)  # as torchmetrics' calibration error bins them
+        row = {"item": records.positions(n, dataloader_idx), "target": ids, "pred": pred, "correct": pred == ids,
+               "p_true": p_true, "nll": -torch.log(p_true.clamp_min(NLL_EPS)), "nll_zero": p_true <= 0,
+               "confidence": p64.max(dim=1).values, "ece_confidence": conf.float(), "ece_correct": prob_pred == ids}
+        if self.num_classes > 5:
+            row["top5"] = (scores.topk(5, dim=1).indices == ids[:, None]).any(1)
+        if self.sparse_probabilities:
+            row["sparsemax_support"] = sparsemax_support_size(logits).float()
+            row["support"] = (probs > 0).sum(1).float()
+        return row
+
+    def item_record_spec(self) -> Dict[str, Any]:
+        """Per-item test records: one row per test image (``lightning_modules.records``)."""
+        cols = {
+            "item": "index of the image in the test split (the test loader's order)",
+            "target": "true class (argmax of a soft label)",
+            "pred": "predicted class (the loss's own prediction rule)",
+            "correct": "top-1 hit: pred == target",
+            "top5": "the target among the 5 best-ranked classes (more than 5 classes only)",
+            "p_true": "probability of the true class under the loss's predictive distribution",
+            "nll": "-log(max(p_true, 1e-12))",
+            "nll_zero": "p_true == 0 (a sparse distribution gave the target probability 0)",
+            "confidence": "maximum predictive probability, float64 (AURC's confidence)",
+            "ece_confidence": "maximum predictive probability, float32 (ECE's binned confidence)",
+            "ece_correct": "argmax of the predictive distribution == target (ECE's accuracy)",
+            "sparsemax_support": "|support of sparsemax(logits)| (sparse distributions only)",
+            "support": "number of classes with probability > 0 (sparse distributions only)",
+        }
+        metrics: Dict[str, Dict[str, Any]] = {
+            "test/top1": {"agg": "mean", "columns": ["correct"]},
+            "test/balanced_acc": {"agg": "class_mean", "columns": ["correct", "target"]},
+            "test/ece": {"agg": "ece", "columns": ["ece_confidence", "ece_correct"],
+                         "bins": int(self.eval_metrics["test"]["ece"].n_bins)},
+            "test/nll": {"agg": "mean", "columns": ["nll"]},
+            "test/nll_zero_frac": {"agg": "mean", "columns": ["nll_zero"]},
+            "test/aurc": {"agg": "aurc", "columns": ["confidence", "correct"]},
+        }
+        if self.num_classes > 5:
+            metrics["test/top5"] = {"agg": "mean", "columns": ["top5"]}
+        for c in range(self.num_classes):
+            metrics[f"test/acc_class_{c}"] = {"agg": "class_mean", "columns": ["correct", "target"], "classes": [c]}
+        if self._tail_classes:
+            tail = [c for c in range(self.num_classes) if c in self._tail_classes]
+            head = [c for c in range(self.num_classes) if c not in self._tail_classes]
+            for name, classes in (("head", head), ("tail", tail)):
+                metrics[f"test/acc_{name}"] = {"agg": "class_mean", "columns": ["correct", "target"],
+                                               "classes": classes}
+        if self.sparse_probabilities:
+            for name in ("sparsemax_support", "support"):
+                metrics[f"test/{name}"] = {"agg": "mean", "columns": [name]}
+        if self.robust_eval:
+            for _, name, _ in self._attacks:
+                cols[name] = f"top-1 hit on the PGD adversarial example of {name}"
+                metrics[f"test/{name}"] = {"agg": "mean", "columns": [name]}
+        for m in metrics.values():
+            m["table"] = "items"
+        return {"kind": "classifier", "tables": {"items": {"columns": cols}}, "metrics": metrics,
+                "tail_classes": list(self._tail_classes),
+                "notes": "not per item: loss (batch means of the loss), cos_intra / cos_inter (pairs of "
+                         "items), the OOD AUROCs (against the OOD sets) and the loss's own scale / "
+                         "concentrations"}
 
     def _eval_epoch_end(self, stage: str) -> None:
         per_class_metric = self.eval_stats[stage]["per_class"]
@@ -692,3 +770,63 @@ class VisionSegmenter(BenchmarkModule):
 
     def _eval_step(self, stage: str, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._step(stage, batch)
+        records = self._item_records(stage)
+        if records is not None:
+            self._record_items(records, batch, dataloader_idx)
+
+    # -- per-item test records (lightning_modules.records) ---------------------------------------
+    @torch.no_grad()
+    def _record_items(self, records, batch, dataloader_idx: int) -> None:
+        """Per-image pixel counts per class (what the set-level Dice / IoU sum over images)."""
+        x, target = batch
+        ids = _hard_target(target)
+        preds = predict_scores(self.loss, self(x)).argmax(1)
+        n, c = ids.shape[0], self.num_classes
+        flat_p, flat_t = preds.reshape(n, -1), ids.reshape(n, -1)
+        base = (torch.arange(n, device=ids.device) * c)[:, None]
+
+        def counts(values: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+            v = (values + base).reshape(-1)
+            if mask is not None:
+                v = v[mask.reshape(-1)]
+            return torch.bincount(v, minlength=n * c).reshape(n, c)
+
+        inter = counts(flat_t, flat_p == flat_t)
+        pred_px, true_px = counts(flat_p), counts(flat_t)
+        union = pred_px + true_px - inter
+        present = union > 0
+        dice_img = torch.where(present, 2 * inter / (pred_px + true_px).clamp_min(1), torch.zeros_like(inter, dtype=torch.float))
+        iou_img = torch.where(present, inter / union.clamp_min(1), torch.zeros_like(inter, dtype=torch.float))
+        k = present.sum(1).clamp_min(1)
+        records.add("images", item=records.positions(n, dataloader_idx), intersection=inter, pred_pixels=pred_px,
+                    true_pixels=true_px, correct_pixels=(flat_p == flat_t).sum(1), pixels=torch.full(
+                        (n,), flat_t.shape[1], dtype=torch.long),
+                    dice=dice_img.sum(1) / k, iou=iou_img.sum(1) / k)
+
+    def item_record_spec(self) -> Dict[str, Any]:
+        """Per-item test records: one row per test image (``lightning_modules.records``)."""
+        cols = {
+            "item": "index of the image in the test split (the test loader's order)",
+            "intersection": "(classes,) pixels predicted as the class and labelled with it",
+            "pred_pixels": "(classes,) pixels predicted as the class",
+            "true_pixels": "(classes,) pixels labelled with the class",
+            "correct_pixels": "pixels whose predicted class is the label",
+            "pixels": "pixels of the image",
+            "dice": "the image's own Dice: mean over the classes present in its prediction or label",
+            "iou": "the image's own IoU: mean over the classes present in its prediction or label",
+        }
+        t = "images"
+        metrics = {
+            "test/dice": {"table": t, "agg": "set_ratio", "columns": ["intersection", "pred_pixels", "true_pixels"],
+                          "scale": 2.0},
+            "test/dice_fg": {"table": t, "agg": "set_ratio", "columns": ["intersection", "pred_pixels", "true_pixels"],
+                             "scale": 2.0, "first_class": 1},
+            "test/miou": {"table": t, "agg": "set_ratio", "columns": ["intersection", "pred_pixels", "true_pixels"],
+                          "subtract": 1.0},
+            "test/pixel_acc": {"table": t, "agg": "ratio", "columns": ["correct_pixels", "pixels"]},
+        }
+        return {"kind": "segmentation", "tables": {t: {"columns": cols}}, "metrics": metrics,
+                "notes": "dice / dice_fg / miou are set-level: per class the sums over images, then the mean "
+                         "over the classes with pixels in the predictions or labels (resample rows, then "
+                         "aggregate); the per-image dice / iou columns are the images' own scores and do not "
+                         "average to them. Not per item: loss (batch means), ece (pixel-level bins)"}
