@@ -40,6 +40,19 @@ Two revision-3 rules read the runs rather than the differences: :func:`test_spli
 claim whose evaluation runs were tested on more than one test split (each run records its split's
 fingerprint), and :func:`budget_limited` marks a claim whose primary baseline's validation curve
 was still rising at the end of the step budget.
+
+Protocol revision 4 adds, without changing any revision-3 result (new functions, and new arguments
+whose defaults leave the old ones as they were):
+
+* two verdicts that say a claim was not tested, both kept out of the headline
+  (:func:`headline_counts`): *not applicable here* (:data:`NOT_APPLICABLE`, a reason declared
+  before the runs) and *not tested* (:data:`NOT_TESTED`, a :class:`ManipulationCheck` -- an
+  absolute level on one arm that shows the intervention acted -- failed);
+* margins declared relative to the baseline's error (:func:`resolve_margin`), so that a margin of
+  one point at 98% accuracy cannot let the error grow by half;
+* a percentile bootstrap over seeds and test items together (:func:`two_level_bootstrap`) for
+  per-item scores on one shared test split;
+* Benjamini-Hochberg across claims (:func:`benjamini_hochberg`, :func:`claims_fdr`).
 """
 
 from __future__ import annotations
@@ -410,7 +423,12 @@ class CheckInput:
     ``lower``, ``equivalent``, ``not_worse``), the differences in differences (``did``) or the
     family's values (``below`` / ``above``). ``kind="sanity"`` checks carry their ``rule`` (one of
     :data:`SANITY_RULES`). ``better``: the direction of the metric that is good (``not_worse`` and
-    ``did``)."""
+    ``did``).
+
+    A margin is declared either in the metric's units (``margin``) or, from revision 4, relative to
+    the baseline's error (``relative_margin`` with ``baseline_mean``, the baseline arm's mean over
+    the seeds of the check; ``better`` then also says which error applies): :func:`resolve_margin`
+    turns it into the absolute margin the check is read with, and :class:`CheckResult` reports it."""
 
     name: str
     kind: str
@@ -421,6 +439,8 @@ class CheckInput:
     margin: Optional[float] = None
     level: Optional[float] = None
     effect: Optional[float] = None
+    relative_margin: Optional[float] = None
+    baseline_mean: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -438,6 +458,8 @@ class CheckResult:
     flag: Optional[str]
     decidable: Optional[bool]
     decidable_text: str
+    margin: Optional[float] = None  # the absolute margin the check was read with (declared or resolved)
+    margin_basis: str = ""  # how it was obtained (:attr:`Margin.basis`); "" without a margin
 
 
 @dataclass(frozen=True)
@@ -448,8 +470,18 @@ class ClaimResult:
     invalid_arms: Tuple[Tuple[str, str, float, float], ...]  # (arm, metric, its mean, the floor)
     sanity: bool  # the primary check is a sanity check: a claim reported in the sanity section
     split_problem: Optional[str] = None  # more than one recorded test split: the claim is INVALID
+    not_applicable: Optional[str] = None  # the reason declared before the runs: NOT_APPLICABLE
+    manipulation: Tuple["ManipulationResult", ...] = ()  # every manipulation check, passed or failed
+
+    def failed_manipulation(self) -> Tuple["ManipulationResult", ...]:
+        """The manipulation checks that failed (a claim with any is :data:`NOT_TESTED`)."""
+        return tuple(m for m in self.manipulation if not m.passed)
 
     def verdict_text(self) -> str:
+        if self.verdict == NOT_APPLICABLE:
+            return f"{NOT_APPLICABLE} ({self.not_applicable})"
+        if self.verdict == NOT_TESTED:
+            return f"{NOT_TESTED} ({'; '.join(m.text() for m in self.failed_manipulation())})"
         if self.verdict == INVALID:
             why = []
             if self.invalid_arms:
@@ -480,8 +512,10 @@ def _sample_interval(values: Sequence[float], conf: float, method: str, n_boot: 
 
 def evaluate_claim(checks: Sequence[CheckInput], *, invalid_arms: Sequence[Tuple[str, str, float, float]] = (),
                    method: str = "t", confidence: float = 0.95, n_boot: int = 10000, seed: int = 0,
-                   test_splits: Optional[Mapping[Tuple[str, int], str]] = None) -> ClaimResult:
-    """Revision-3 verdicts of one claim.
+                   test_splits: Optional[Mapping[Tuple[str, int], str]] = None,
+                   manipulation: Sequence["ManipulationCheck"] = (),
+                   not_applicable: Optional[str] = None) -> ClaimResult:
+    """Revision-3 verdicts of one claim, with revision 4's two verdicts that are not a test's outcome.
 
     * The **primary** check (exactly one) decides the claim: its verdict at the nominal
       ``confidence``. A claim with an arm under its competence floor (``invalid_arms``) is
@@ -500,17 +534,42 @@ def evaluate_claim(checks: Sequence[CheckInput], *, invalid_arms: Sequence[Tuple
       confidence and say :data:`HOLDS` / :data:`FAILS` / *not resolved*; they never count as
       reproductions and take no part in Holm's adjustment. A claim whose primary check is a
       sanity check is a sanity claim (``ClaimResult.sanity``).
+    * Margins: a check's ``margin``, or the absolute margin its ``relative_margin`` resolves to
+      from ``baseline_mean`` (:func:`resolve_margin`), reported in ``CheckResult.margin``.
+
+    Revision 4 (both arguments default to nothing, which leaves the revision-3 result unchanged):
+
+    * ``not_applicable``: a reason declared in the claims file before the runs (e.g. the metric is
+      at its ceiling in this setting). The claim's verdict is :data:`NOT_APPLICABLE` whatever its
+      checks and runs say; the checks are still evaluated so that their numbers are reported (a
+      claim declared not applicable may also come with no checks at all).
+    * ``manipulation``: :class:`ManipulationCheck` s, absolute levels on one arm that show the
+      intervention acted (:func:`manipulation_result`). When any fails, the claim's verdict is
+      :data:`NOT_TESTED`; every result is in ``ClaimResult.manipulation``.
+
+    Precedence: *not applicable here* (declared before the runs), then *invalid* (an arm did not
+    train, the test split was not fixed: the runs cannot be read), then *not tested* (the runs are
+    sound but the intervention did not act), then the primary check's verdict.
     """
+    if not_applicable is not None and not (isinstance(not_applicable, str) and not_applicable.strip()):
+        raise ValueError(f"evaluate_claim: not_applicable must be the declared reason, a non-empty string "
+                         f"(got {not_applicable!r})")
+    manip = tuple(manipulation_result(m) for m in manipulation)
+    if not_applicable is not None and not checks:
+        return ClaimResult(NOT_APPLICABLE, None, (), tuple(tuple(x) for x in invalid_arms), False, None,
+                           not_applicable, manip)
     primaries = [c for c in checks if c.primary]
     if len(primaries) != 1:
         raise ValueError(f"evaluate_claim: exactly one check must be primary (got {len(primaries)})")
     alpha = 1.0 - confidence
     secondary = [i for i, c in enumerate(checks) if not c.primary and c.kind != "sanity"]
+    margins = [resolve_margin(margin=c.margin, relative=c.relative_margin, baseline_mean=c.baseline_mean,
+                              better=c.better) for c in checks]
     pv = {}
     for i, c in enumerate(checks):
         rule = _rule(c)
-        pv[i] = p_value(_verdict_kind(rule, c.better), c.values, margin=c.margin, level=c.level, method=method,
-                        n_boot=n_boot, seed=seed)
+        pv[i] = p_value(_verdict_kind(rule, c.better), c.values, margin=margins[i].margin, level=c.level,
+                        method=method, n_boot=n_boot, seed=seed)
     adjusted, ranks = holm([pv[i] for i in secondary])
     adj = {i: (a, r) for i, a, r in zip(secondary, adjusted, ranks)}
     m = len(secondary)
@@ -518,28 +577,35 @@ def evaluate_claim(checks: Sequence[CheckInput], *, invalid_arms: Sequence[Tuple
     for i, c in enumerate(checks):
         rule = _rule(c)
         vk = _verdict_kind(rule, c.better)
+        mg = margins[i].margin
         ci = _sample_interval(c.values, confidence, method, n_boot, seed)
         role = "primary" if c.primary else "sanity" if c.kind == "sanity" else "secondary"
         if role == "secondary":
             p_adj, rank = adj[i]
             shown = _sample_interval(c.values, holm_confidence(rank, m, confidence), method, n_boot, seed)
-            v = verdict(vk, shown, margin=c.margin, level=c.level)
+            v = verdict(vk, shown, margin=mg, level=c.level)
             if v == REPRODUCED and not (math.isfinite(p_adj) and p_adj < alpha):
                 v = NOT_RESOLVED  # Holm's step-down stopped before this check
         else:
             p_adj, rank, shown = pv[i], 0, ci
-            v = verdict(vk, ci, margin=c.margin, level=c.level)
+            v = verdict(vk, ci, margin=mg, level=c.level)
             if c.kind == "sanity":
                 v = HOLDS if v == REPRODUCED else FAILS if v == CONTRADICTED else NOT_RESOLVED
         fl = flag(rule, shown, better=c.better) if v in (REPRODUCED, HOLDS) else None
-        dec, dec_text = decidable(ci, margin=c.margin, effect=c.effect)
-        out.append(CheckResult(c.name, c.kind, rule, role, v, ci, shown, pv[i], p_adj, rank, fl, dec, dec_text))
+        dec, dec_text = decidable(ci, margin=mg, effect=c.effect)
+        out.append(CheckResult(c.name, c.kind, rule, role, v, ci, shown, pv[i], p_adj, rank, fl, dec, dec_text,
+                               mg, margins[i].basis))
     prim = next(r for r in out if r.role == "primary")
     is_sanity = next(c for c in checks if c.primary).kind == "sanity"
     recorded = {f for f in (test_splits or {}).values() if f}
     split_problem = test_split_problem(test_splits) if len(recorded) > 1 else None
     v = INVALID if invalid_arms or split_problem else prim.verdict
-    return ClaimResult(v, prim, tuple(out), tuple(tuple(x) for x in invalid_arms), is_sanity, split_problem)
+    if not_applicable is not None:
+        v = NOT_APPLICABLE
+    elif v != INVALID and any(not m.passed for m in manip):
+        v = NOT_TESTED
+    return ClaimResult(v, prim, tuple(out), tuple(tuple(x) for x in invalid_arms), is_sanity, split_problem,
+                       not_applicable, manip)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -604,3 +670,338 @@ def budget_limited(curves: Sequence[Sequence[Optional[float]]], *, better: str =
         threshold, basis = float("nan"), "no margin and no CI"
     limited = bool(gain > threshold) if math.isfinite(gain) and math.isfinite(threshold) else None
     return BudgetRule(gain=gain, threshold=threshold, basis=basis, n=len(gains), limited=limited)
+
+
+# ------------------------------------------------------------------------------------------------
+# revision 4: verdicts that say what was tested (not applicable here, not tested), margins relative
+# to the baseline's error, the two-level bootstrap over seeds and test items, Benjamini-Hochberg
+# across claims
+# ------------------------------------------------------------------------------------------------
+NOT_APPLICABLE = "not applicable here"  # declared before the runs: the claim cannot be tested in this setting
+NOT_TESTED = "not tested"  # a manipulation check failed: the intervention did not act in these runs
+HEADLINE = (REPRODUCED, CONTRADICTED, NOT_RESOLVED, INVALID)  # the verdicts the headline counts
+MANIPULATION_OPS = ("<", "<=", ">", ">=")
+TWO_LEVEL = "bootstrap, seeds x items"  # Interval.method of :func:`two_level_bootstrap`
+_BLOCK_INDICES = 2 ** 21  # resample indices drawn per block of :func:`two_level_bootstrap` (about 16 MB)
+
+
+@dataclass(frozen=True)
+class ManipulationCheck:
+    """A check that the intervention acted in one arm: its per-seed ``values`` of ``metric`` must
+    stand at an absolute ``level`` (``arm``'s mean ``op`` ``level``, ``op`` one of
+    :data:`MANIPULATION_OPS`). Examples: the log-Z penalty arm's mean |log Z| ``<`` 1; the sampled
+    fraction of Partial FC ``<`` 1; a sparse mapping's mean support ``<`` the number of classes; loss
+    spikes ``>`` 0 in the unstable arm of a stability claim. The level is absolute, never the
+    baseline arm's value: the question is whether the intervention happened, not whether it beat
+    anything. ``values``: the arm's per-seed values (a sequence, or ``{seed: value}``)."""
+
+    name: str
+    metric: str
+    arm: str
+    op: str
+    level: float
+    values: Tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class ManipulationResult:
+    """:func:`manipulation_result`'s reading of a :class:`ManipulationCheck`: the arm's mean over its
+    ``n`` seeds with finite values, the level and whether the mean passes it."""
+
+    name: str
+    metric: str
+    arm: str
+    op: str
+    level: float
+    mean: float
+    n: int
+    passed: bool
+
+    def text(self) -> str:
+        """E.g. ``"log Z small: mean |log Z| of penalty 1.37 (3 seeds), not < 1"``."""
+        if self.n == 0:
+            return f"{self.name}: no values of {self.metric} in {self.arm}"
+        seeds = f"{self.n} seed{'s' if self.n != 1 else ''}"
+        return (f"{self.name}: mean {self.metric} of {self.arm} {self.mean:.4g} ({seeds}), "
+                f"{'' if self.passed else 'not '}{self.op} {self.level:g}")
+
+
+def _values(xs) -> list:
+    vals = xs.values() if isinstance(xs, Mapping) else xs
+    return [float(v) for v in vals if v is not None and math.isfinite(float(v))]
+
+
+def manipulation_result(check: ManipulationCheck) -> ManipulationResult:
+    """Read one manipulation check. Rule: the arm's mean over its seeds (finite values) must satisfy
+    ``mean op level``; no interval is used. The check asks whether the intervention acted at all, a
+    question about a level the intervention is built to reach, so a point reading is the honest one:
+    a confidence interval would turn an intervention that barely acted into "not shown to act"
+    (or the reverse) by the seed count alone. The mean and the level are reported
+    (:meth:`ManipulationResult.text`). An arm with no finite values fails: nothing shows that the
+    intervention acted."""
+    if check.op not in MANIPULATION_OPS:
+        raise ValueError(f"manipulation check {check.name!r}: op must be one of {MANIPULATION_OPS} (got {check.op!r})")
+    level = float(check.level)
+    if not math.isfinite(level):
+        raise ValueError(f"manipulation check {check.name!r}: the level must be a finite number (got {check.level!r})")
+    v = _values(check.values)
+    if not v:
+        return ManipulationResult(check.name, check.metric, check.arm, check.op, level, float("nan"), 0, False)
+    m = float(np.mean(v))
+    passed = {"<": m < level, "<=": m <= level, ">": m > level, ">=": m >= level}[check.op]
+    return ManipulationResult(check.name, check.metric, check.arm, check.op, level, m, len(v), bool(passed))
+
+
+@dataclass(frozen=True)
+class Headline:
+    """:func:`headline_counts`: the claims counted in the headline (``counts``, one entry per
+    :data:`HEADLINE` verdict, and ``claims``, their names per verdict) and those listed apart:
+    ``not_applicable`` (claim, declared reason), ``not_tested`` (claim, the failing manipulation
+    checks) and ``sanity`` (claim, verdict text)."""
+
+    counts: Dict[str, int]
+    claims: Dict[str, Tuple[str, ...]]
+    not_applicable: Tuple[Tuple[str, str], ...]
+    not_tested: Tuple[Tuple[str, str], ...]
+    sanity: Tuple[Tuple[str, str], ...]
+
+    @property
+    def total(self) -> int:
+        """The number of claims in the headline."""
+        return sum(self.counts.values())
+
+
+def _named(results) -> list:
+    return list(results.items()) if isinstance(results, Mapping) else [tuple(x) for x in results]
+
+
+def headline_counts(results) -> Headline:
+    """Tally claims for the headline. ``results``: ``{claim: ClaimResult}`` (or ``(claim, result)``
+    pairs). Rule: a claim *not applicable here* or *not tested* is listed apart with its reason, a
+    sanity claim (its primary check is a sanity check) is listed apart with its verdict, and every
+    other claim counts under its verdict, one of *reproduced*, *contradicted*, *not resolved*,
+    *invalid*. Only those four make the headline: a claim that was not, or could not be, tested is
+    no evidence for or against the paper, and a sanity claim tests the implementation."""
+    counts = {v: 0 for v in HEADLINE}
+    claims = {v: [] for v in HEADLINE}
+    na, nt, sanity = [], [], []
+    for name, r in _named(results):
+        if r.verdict == NOT_APPLICABLE:
+            na.append((name, r.not_applicable or ""))
+        elif r.verdict == NOT_TESTED:
+            nt.append((name, "; ".join(m.text() for m in r.failed_manipulation())))
+        elif r.sanity:
+            sanity.append((name, r.verdict_text()))
+        elif r.verdict in counts:
+            counts[r.verdict] += 1
+            claims[r.verdict].append(name)
+        else:
+            raise ValueError(f"headline_counts: claim {name!r} has verdict {r.verdict!r}, which is neither a "
+                             f"headline verdict {HEADLINE} nor one listed apart")
+    return Headline(counts, {v: tuple(c) for v, c in claims.items()}, tuple(na), tuple(nt), tuple(sanity))
+
+
+@dataclass(frozen=True)
+class Margin:
+    """:func:`resolve_margin`: the absolute ``margin`` (metric units; ``None`` without one), the
+    declared ``relative`` margin and the ``baseline_error`` it was applied to (``None`` for a margin
+    declared in the metric's units) and a ``basis`` text for the reports."""
+
+    margin: Optional[float]
+    relative: Optional[float]
+    baseline_error: Optional[float]
+    basis: str
+
+
+def resolve_margin(*, margin: Optional[float] = None, relative: Optional[float] = None,
+                   baseline_mean: Optional[float] = None, better: str = "higher") -> Margin:
+    """The absolute margin of a check declared either in the metric's units (``margin``, returned as
+    it is) or relative to the baseline's error (``relative``; not both).
+
+    The baseline's error ``e`` is ``1 - b`` for a metric where higher is better, which must then lie
+    in [0, 1] (accuracy, recall@k), and ``b`` itself for a metric where lower is better, which must
+    be >= 0 (an error rate, ECE, NLL), with ``b`` the baseline arm's mean over the check's seeds
+    (``baseline_mean``). The absolute margin is ``m = relative * e``: a non-inferiority check then
+    lets the family's error grow to at most ``(1 + relative) * e`` (higher is better: ``f - b >=
+    -relative * (1 - b)``; lower is better: ``f - b <= relative * b``), an equivalence check keeps
+    it within ``(1 +- relative) * e``. E.g. at 97.9% baseline accuracy a margin of 1 point would let
+    the error grow from 2.1% to 3.1%, by 48%; ``relative=0.1`` gives ``m = 0.1 * 0.021 = 0.0021``.
+    ``b`` is the observed mean, read as fixed: what is declared before the runs is ``relative``.
+    A baseline error of 0 leaves no room for any margin and is refused."""
+    if margin is not None and relative is not None:
+        raise ValueError(f"resolve_margin: declare a margin either in the metric's units or relative to the "
+                         f"baseline's error, not both (margin={margin!r}, relative={relative!r})")
+    if relative is None:
+        if margin is None:
+            return Margin(None, None, None, "")
+        return Margin(margin, None, None, "declared")
+    r = float(relative)
+    if not (r > 0 and math.isfinite(r)):
+        raise ValueError(f"resolve_margin: the relative margin must be a positive number (got {relative!r})")
+    if better not in ("higher", "lower"):
+        raise ValueError(f"resolve_margin: better must be 'higher' or 'lower' (got {better!r})")
+    b = float("nan") if baseline_mean is None else float(baseline_mean)
+    if not math.isfinite(b):
+        raise ValueError(f"resolve_margin: a relative margin needs the baseline's mean (got {baseline_mean!r})")
+    if better == "higher":
+        if not 0.0 <= b <= 1.0:
+            raise ValueError(f"resolve_margin: a relative margin on a higher-is-better metric needs a metric in "
+                             f"[0, 1], whose error is 1 - metric (baseline mean {b!r})")
+        e, how = 1.0 - b, f"1 - mean {b:.4g}"
+    else:
+        if b < 0.0:
+            raise ValueError(f"resolve_margin: a relative margin on a lower-is-better metric needs a metric >= 0, "
+                             f"the error itself (baseline mean {b!r})")
+        e, how = b, "its mean"
+    if e == 0.0:
+        raise ValueError(f"resolve_margin: the baseline's error is 0 (mean {b!r}): a relative margin leaves no room")
+    m = r * e
+    return Margin(m, r, e, f"{r:g} x the baseline's error {e:.4g} ({how}) = {m:.4g}")
+
+
+def _score_rows(x, name: str) -> Dict[int, np.ndarray]:
+    """``{seed: 1-D float array}`` of one arm's per-seed, per-item scores (a mapping, or a sequence /
+    2-D array whose rows are the seeds), every row the same length and finite."""
+    if isinstance(x, Mapping):
+        rows = {k: np.asarray(v, dtype=float) for k, v in x.items()}
+    else:
+        if isinstance(x, np.ndarray) and x.ndim != 2:
+            raise ValueError(f"two_level_bootstrap: {name} must be shaped (seeds, items) (got shape {x.shape})")
+        rows = {k: np.asarray(v, dtype=float) for k, v in enumerate(x)}
+    ref = None
+    for k, v in rows.items():
+        if v.ndim != 1:
+            raise ValueError(f"two_level_bootstrap: {name}'s scores of seed {k} must be one value per test item "
+                             f"(got shape {v.shape})")
+        if ref is None:
+            ref = (k, v.size)
+        elif v.size != ref[1]:
+            raise ValueError(f"two_level_bootstrap: {name} has {ref[1]} test items for seed {ref[0]} but {v.size} "
+                             f"for seed {k}: every seed must be scored on the same test items")
+        if not np.isfinite(v).all():
+            raise ValueError(f"two_level_bootstrap: {name} has non-finite scores for seed {k}")
+    return rows
+
+
+def two_level_bootstrap(family, baseline, *, confidence: float = 0.95, n_boot: int = 10000, seed: int = 0,
+                        block: Optional[int] = None) -> Interval:
+    """Percentile bootstrap CI of the mean paired difference over seeds and test items.
+
+    ``family`` and ``baseline``: per-seed, per-item scores on the same test items (e.g. per-image
+    correctness 0/1, per-query recall@20), shaped ``(seeds, items)`` (rows paired by position) or
+    ``{seed: scores per item}`` (paired by seed; seeds in one arm only are dropped, as in
+    :func:`paired_differences`). Item ``j`` must be the same test item in every row of both arms;
+    rows of unequal length are refused (``ValueError`` naming the argument).
+
+    With ``D[s, j] = family[s, j] - baseline[s, j]`` over ``S`` seeds and ``N`` items, the statistic
+    is ``mean(D)``. A replicate draws ``S`` seeds with replacement and, independently, ``N`` items
+    with replacement, and takes the mean of ``D`` over every (drawn seed, drawn item) pair. The one
+    item resample is applied to both arms (the pairing by item is kept) and to every seed of the
+    replicate: the test items are shared by the seeds (one fixed test split), so an item's
+    difficulty is common to all seeds, and resampling it once per replicate keeps that crossed
+    structure; resampling items per seed would treat the seeds as tested on independent items and
+    understate the item variance. The interval is the ``(1 - confidence)/2`` and ``(1 +
+    confidence)/2`` quantiles of the ``n_boot`` replicate means.
+
+    RNG stream: ``np.random.default_rng(seed)``; the replicates are drawn in blocks of ``block``
+    (default ``max(1, min(n_boot, 2**21 // (S + N)))``, a function of the shape only, so a result is
+    reproducible anywhere); per block of ``r`` replicates the seed indices ``integers(0, S, (r, S))``
+    are drawn first, then the item indices ``integers(0, N, (r, N))``. Each replicate's mean is
+    computed from the draws' counts ``c`` (seeds) and ``w`` (items) as ``c @ D @ w / (S N)``, a
+    block at a time, so memory stays at a few times ``block * (S + N)`` numbers. With one item per
+    seed (``N = 1``, one block) the draws and the interval are those of :func:`interval`'s seed
+    bootstrap of the per-seed differences.
+
+    Returns an :class:`Interval`: ``n`` the number of seeds, ``mean`` the mean of ``D``, ``sd`` the
+    sd (ddof 1) of the per-seed mean differences, ``method`` :data:`TWO_LEVEL` and ``mde`` ``nan``
+    (no closed form for this design; :func:`decidable` reads the interval itself). With fewer than
+    two seeds there is no interval (the seed-to-seed variation is not observed)."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"two_level_bootstrap: confidence must be in (0, 1) (got {confidence!r})")
+    if int(n_boot) != n_boot or n_boot < 1:
+        raise ValueError(f"two_level_bootstrap: n_boot must be a positive integer (got {n_boot!r})")
+    n_boot = int(n_boot)
+    fam, base = _score_rows(family, "family"), _score_rows(baseline, "baseline")
+    if not isinstance(family, Mapping) and not isinstance(baseline, Mapping) and len(fam) != len(base):
+        raise ValueError(f"two_level_bootstrap: family has {len(fam)} seeds and baseline {len(base)}: rows are "
+                         f"paired by position (pass {{seed: scores}} mappings to pair by seed)")
+    seeds = sorted(set(fam) & set(base))
+    nf = next(iter(fam.values())).size if fam else 0
+    nb = next(iter(base.values())).size if base else 0
+    if fam and base and nf != nb:
+        raise ValueError(f"two_level_bootstrap: family is scored on {nf} test items and baseline on {nb}: both arms "
+                         f"must be scored on the same test items")
+    nan = float("nan")
+    if not seeds or nf == 0:
+        return Interval(len(seeds), nan, nan, nan, nan, TWO_LEVEL, confidence, nan)
+    d = np.stack([fam[s] - base[s] for s in seeds])
+    n_s, n_i = d.shape
+    per_seed = d.mean(axis=1)
+    mean = float(d.mean())
+    sd = float(per_seed.std(ddof=1)) if n_s > 1 else nan
+    if n_s < 2:
+        return Interval(n_s, mean, sd, nan, nan, TWO_LEVEL, confidence, nan)
+    if block is None:
+        block = max(1, min(n_boot, _BLOCK_INDICES // (n_s + n_i)))
+    block = int(block)
+    if block < 1:
+        raise ValueError(f"two_level_bootstrap: block must be a positive integer (got {block!r})")
+    rng = np.random.default_rng(seed)
+    dt = d.T.copy()  # (items, seeds)
+    means = np.empty(n_boot)
+    for start in range(0, n_boot, block):
+        r = min(block, n_boot - start)
+        si = rng.integers(0, n_s, size=(r, n_s))
+        ii = rng.integers(0, n_i, size=(r, n_i))
+        row = np.arange(r)[:, None]
+        c = np.bincount((si + row * n_s).ravel(), minlength=r * n_s).reshape(r, n_s).astype(float)
+        w = np.bincount((ii + row * n_i).ravel(), minlength=r * n_i).reshape(r, n_i).astype(float)
+        means[start:start + r] = np.einsum("rs,rs->r", c, w @ dt) / (n_s * n_i)
+    alpha = 1.0 - confidence
+    low, high = np.quantile(means, [alpha / 2.0, 1.0 - alpha / 2.0])
+    return Interval(n_s, mean, sd, float(low), float(high), TWO_LEVEL, confidence, nan)
+
+
+def benjamini_hochberg(pvalues: Sequence[float], q: float = 0.05) -> Tuple[list, list]:
+    """Benjamini-Hochberg adjustment of ``m`` p-values (one per claim): ``(adjusted, rejected)``.
+
+    Ordered ascending (ties: the given order), ``p_(1) <= ... <= p_(m)``, the adjusted value of the
+    ``k``-th is ``min(1, min_{j >= k} m p_(j) / j)``: monotone along the order and capped at 1.
+    ``rejected`` follows the step-up rule as written: reject ``p_(1) .. p_(k*)`` with ``k*`` the
+    largest ``k`` where ``p_(k) <= k q / m`` (the same as ``adjusted <= q`` but for rounding at the
+    boundary), which holds the false discovery rate at ``q`` for independent or positively
+    dependent tests. ``nan`` p-values (a claim without
+    an interval) are ranked last, stay ``nan``, are never rejected and still count in ``m``, the
+    conservative reading (as :func:`holm`)."""
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"benjamini_hochberg: q must be in (0, 1) (got {q!r})")
+    p = [float(x) for x in pvalues]
+    for x in p:
+        if math.isfinite(x) and not 0.0 <= x <= 1.0:
+            raise ValueError(f"benjamini_hochberg: p-values must lie in [0, 1] (got {x!r})")
+    m = len(p)
+    finite = sorted((i for i in range(m) if math.isfinite(p[i])), key=lambda i: (p[i], i))
+    adjusted = [float("nan")] * m
+    running = 1.0
+    for k in range(len(finite), 0, -1):
+        i = finite[k - 1]
+        running = min(running, m * p[i] / k)
+        adjusted[i] = running
+    kstar = max((k for k in range(1, len(finite) + 1) if p[finite[k - 1]] <= k * q / m), default=0)
+    rejected = [False] * m
+    for i in finite[:kstar]:
+        rejected[i] = True
+    return adjusted, rejected
+
+
+def claims_fdr(results, q: float = 0.05) -> Dict[str, Tuple[float, float, bool]]:
+    """Benjamini-Hochberg across claims: ``{claim: (p, adjusted p, rejected)}`` over the claims the
+    headline counts as tested (*reproduced*, *contradicted*, *not resolved*; not the invalid, not
+    applicable, not tested or sanity claims, :func:`headline_counts`), each represented by its
+    primary check's p-value for the claimed side (:func:`p_value`). ``rejected``: the claim is
+    reproduced with the false discovery rate over the claims held at ``q``."""
+    named = [(n, r) for n, r in _named(results)
+             if not r.sanity and r.verdict in (REPRODUCED, CONTRADICTED, NOT_RESOLVED) and r.primary is not None]
+    ps = [r.primary.p for _, r in named]
+    adjusted, rejected = benjamini_hochberg(ps, q)
+    return {n: (p, a, j) for (n, _), p, a, j in zip(named, ps, adjusted, rejected)}
