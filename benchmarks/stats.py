@@ -50,8 +50,9 @@ whose defaults leave the old ones as they were):
   absolute level on one arm that shows the intervention acted -- failed);
 * margins declared relative to the baseline's error (:func:`resolve_margin`), so that a margin of
   one point at 98% accuracy cannot let the error grow by half;
-* a percentile bootstrap over seeds and test items together (:func:`two_level_bootstrap`) for
-  per-item scores on one shared test split;
+* a percentile bootstrap over seeds and test items together (:func:`two_level_bootstrap`, and
+  its p-value for a check's claimed side, :func:`two_level_p_value`) for per-item scores on one
+  shared test split;
 * Benjamini-Hochberg across claims (:func:`benjamini_hochberg`, :func:`claims_fdr`).
 """
 
@@ -471,9 +472,9 @@ class ClaimResult:
     sanity: bool  # the primary check is a sanity check: a claim reported in the sanity section
     split_problem: Optional[str] = None  # more than one recorded test split: the claim is INVALID
     not_applicable: Optional[str] = None  # the reason declared before the runs: NOT_APPLICABLE
-    manipulation: Tuple["ManipulationResult", ...] = ()  # every manipulation check, passed or failed
+    manipulation: Tuple[ManipulationResult, ...] = ()  # every manipulation check, passed or failed
 
-    def failed_manipulation(self) -> Tuple["ManipulationResult", ...]:
+    def failed_manipulation(self) -> Tuple[ManipulationResult, ...]:
         """The manipulation checks that failed (a claim with any is :data:`NOT_TESTED`)."""
         return tuple(m for m in self.manipulation if not m.passed)
 
@@ -513,7 +514,7 @@ def _sample_interval(values: Sequence[float], conf: float, method: str, n_boot: 
 def evaluate_claim(checks: Sequence[CheckInput], *, invalid_arms: Sequence[Tuple[str, str, float, float]] = (),
                    method: str = "t", confidence: float = 0.95, n_boot: int = 10000, seed: int = 0,
                    test_splits: Optional[Mapping[Tuple[str, int], str]] = None,
-                   manipulation: Sequence["ManipulationCheck"] = (),
+                   manipulation: Sequence[ManipulationCheck] = (),
                    not_applicable: Optional[str] = None) -> ClaimResult:
     """Revision-3 verdicts of one claim, with revision 4's two verdicts that are not a test's outcome.
 
@@ -918,11 +919,29 @@ def two_level_bootstrap(family, baseline, *, confidence: float = 0.95, n_boot: i
     two seeds there is no interval (the seed-to-seed variation is not observed)."""
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"two_level_bootstrap: confidence must be in (0, 1) (got {confidence!r})")
-    if int(n_boot) != n_boot or n_boot < 1:
-        raise ValueError(f"two_level_bootstrap: n_boot must be a positive integer (got {n_boot!r})")
-    n_boot = int(n_boot)
+    d = _two_level_differences(family, baseline)
+    nan = float("nan")
+    if d.size == 0:
+        return Interval(d.shape[0], nan, nan, nan, nan, TWO_LEVEL, confidence, nan)
+    n_s = d.shape[0]
+    mean = float(d.mean())
+    sd = float(d.mean(axis=1).std(ddof=1)) if n_s > 1 else nan
+    if n_s < 2:
+        return Interval(n_s, mean, sd, nan, nan, TWO_LEVEL, confidence, nan)
+    means = _two_level_means(d, n_boot, seed, block)
+    alpha = 1.0 - confidence
+    low, high = np.quantile(means, [alpha / 2.0, 1.0 - alpha / 2.0])
+    return Interval(n_s, mean, sd, float(low), float(high), TWO_LEVEL, confidence, nan)
+
+
+def _two_level_differences(family, baseline) -> np.ndarray:
+    """``D = family - baseline``, shaped ``(seeds, items)``, after :func:`two_level_bootstrap`'s checks
+    of its arguments (``(0, 0)`` or ``(seeds, 0)`` when there is nothing to pair)."""
+    if isinstance(family, Mapping) != isinstance(baseline, Mapping):
+        raise ValueError("two_level_bootstrap: pass family and baseline both as {seed: scores} mappings (paired by "
+                         "seed) or both as (seeds, items) arrays (paired by row), not one of each")
     fam, base = _score_rows(family, "family"), _score_rows(baseline, "baseline")
-    if not isinstance(family, Mapping) and not isinstance(baseline, Mapping) and len(fam) != len(base):
+    if not isinstance(family, Mapping) and len(fam) != len(base):
         raise ValueError(f"two_level_bootstrap: family has {len(fam)} seeds and baseline {len(base)}: rows are "
                          f"paired by position (pass {{seed: scores}} mappings to pair by seed)")
     seeds = sorted(set(fam) & set(base))
@@ -931,21 +950,22 @@ def two_level_bootstrap(family, baseline, *, confidence: float = 0.95, n_boot: i
     if fam and base and nf != nb:
         raise ValueError(f"two_level_bootstrap: family is scored on {nf} test items and baseline on {nb}: both arms "
                          f"must be scored on the same test items")
-    nan = float("nan")
-    if not seeds or nf == 0:
-        return Interval(len(seeds), nan, nan, nan, nan, TWO_LEVEL, confidence, nan)
-    d = np.stack([fam[s] - base[s] for s in seeds])
+    if not seeds:
+        return np.zeros((0, 0))
+    return np.stack([fam[s] - base[s] for s in seeds])
+
+
+def _two_level_means(d: np.ndarray, n_boot: int, seed: int, block: Optional[int]) -> np.ndarray:
+    """The ``n_boot`` replicate means of :func:`two_level_bootstrap` (its RNG stream and blocks)."""
+    if int(n_boot) != n_boot or n_boot < 1:
+        raise ValueError(f"two_level_bootstrap: n_boot must be a positive integer (got {n_boot!r})")
+    n_boot = int(n_boot)
     n_s, n_i = d.shape
-    per_seed = d.mean(axis=1)
-    mean = float(d.mean())
-    sd = float(per_seed.std(ddof=1)) if n_s > 1 else nan
-    if n_s < 2:
-        return Interval(n_s, mean, sd, nan, nan, TWO_LEVEL, confidence, nan)
     if block is None:
         block = max(1, min(n_boot, _BLOCK_INDICES // (n_s + n_i)))
-    block = int(block)
-    if block < 1:
+    if int(block) != block or block < 1:
         raise ValueError(f"two_level_bootstrap: block must be a positive integer (got {block!r})")
+    block = int(block)
     rng = np.random.default_rng(seed)
     dt = d.T.copy()  # (items, seeds)
     means = np.empty(n_boot)
@@ -957,9 +977,38 @@ def two_level_bootstrap(family, baseline, *, confidence: float = 0.95, n_boot: i
         c = np.bincount((si + row * n_s).ravel(), minlength=r * n_s).reshape(r, n_s).astype(float)
         w = np.bincount((ii + row * n_i).ravel(), minlength=r * n_i).reshape(r, n_i).astype(float)
         means[start:start + r] = np.einsum("rs,rs->r", c, w @ dt) / (n_s * n_i)
-    alpha = 1.0 - confidence
-    low, high = np.quantile(means, [alpha / 2.0, 1.0 - alpha / 2.0])
-    return Interval(n_s, mean, sd, float(low), float(high), TWO_LEVEL, confidence, nan)
+    return means
+
+
+def two_level_p_value(kind: str, family, baseline, *, margin: Optional[float] = None, n_boot: int = 10000,
+                      seed: int = 0, block: Optional[int] = None) -> float:
+    """The p-value of a paired check for its claimed side from :func:`two_level_bootstrap`'s
+    replicates (same arguments, same stream): twice the share of replicate means on the wrong side
+    of the check's boundary, capped at 1, as :func:`p_value` does for the seed bootstrap. Boundaries:
+    0 (``higher``: means <= 0 are wrong; ``lower``: means >= 0), ``-margin`` (``not_worse``: means
+    <= -margin), ``+margin`` (``not_worse_lower``: means >= margin); ``equivalent`` takes the larger
+    of the two sides' values at ``-margin`` and ``+margin``. So ``p < alpha`` when the ``1 - alpha``
+    percentile interval reproduces the check (up to the interpolation of the quantiles), and the
+    value can enter :func:`holm` or :func:`benjamini_hochberg`. ``nan`` with fewer than two seeds."""
+    sides = {"higher": ((0.0, "above"),), "lower": ((0.0, "below"),)}
+    if kind in ("not_worse", "not_worse_lower", "equivalent"):
+        if margin is None or not (margin > 0 and math.isfinite(margin)):
+            raise ValueError(f"two_level_p_value: a {kind!r} check needs a positive margin (got {margin!r})")
+        m = float(margin)
+        sides = {"not_worse": ((-m, "above"),), "not_worse_lower": ((m, "below"),),
+                 "equivalent": ((-m, "above"), (m, "below"))}
+    if kind not in sides:
+        raise ValueError(f"two_level_p_value: unknown kind {kind!r}; choose one of higher, lower, not_worse, "
+                         f"not_worse_lower, equivalent")
+    d = _two_level_differences(family, baseline)
+    if d.shape[0] < 2 or d.size == 0:
+        return float("nan")
+    means = _two_level_means(d, n_boot, seed, block)
+    ps = []
+    for c, side in sides[kind]:
+        wrong = float((means <= c).mean()) if side == "above" else float((means >= c).mean())
+        ps.append(min(1.0, 2.0 * wrong))
+    return max(ps)
 
 
 def benjamini_hochberg(pvalues: Sequence[float], q: float = 0.05) -> Tuple[list, list]:

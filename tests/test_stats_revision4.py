@@ -137,13 +137,13 @@ def test_relative_margin_formula_by_hand():
     assert m.margin == pytest.approx(0.01) and m.basis == "0.2 x the baseline's error 0.05 (its mean) = 0.01"
     assert st.resolve_margin(margin=0.01) == st.Margin(0.01, None, None, "declared")
     assert st.resolve_margin() == st.Margin(None, None, None, "")
-    for kw, msg in ((dict(margin=0.01, relative=0.1, baseline_mean=0.9), "not both"),
-                    (dict(relative=0.1), "needs the baseline's mean"),
-                    (dict(relative=0.1, baseline_mean=12.0), r"in \[0, 1\]"),
-                    (dict(relative=0.1, baseline_mean=-0.1, better="lower"), ">= 0"),
-                    (dict(relative=0.1, baseline_mean=1.0), "error is 0"),
-                    (dict(relative=-0.1, baseline_mean=0.9), "positive"),
-                    (dict(relative=0.1, baseline_mean=0.9, better="up"), "better")):
+    for kw, msg in (({"margin": 0.01, "relative": 0.1, "baseline_mean": 0.9}, "not both"),
+                    ({"relative": 0.1}, "needs the baseline's mean"),
+                    ({"relative": 0.1, "baseline_mean": 12.0}, r"in \[0, 1\]"),
+                    ({"relative": 0.1, "baseline_mean": -0.1, "better": "lower"}, ">= 0"),
+                    ({"relative": 0.1, "baseline_mean": 1.0}, "error is 0"),
+                    ({"relative": -0.1, "baseline_mean": 0.9}, "positive"),
+                    ({"relative": 0.1, "baseline_mean": 0.9, "better": "up"}, "better")):
         with pytest.raises(ValueError, match=msg):
             st.resolve_margin(**kw)
 
@@ -177,9 +177,11 @@ def test_a_check_with_a_relative_margin_reads_as_its_resolved_absolute_margin():
     assert rel.verdict == st.CONTRADICTED  # a 10% larger error allows a loss of at most 0.0021 here
     assert rel.primary.margin == pytest.approx(0.0021)
     # identical numbers to the same margin declared in the metric's units, secondary checks included
-    checks = lambda **kw: [_ci("higher", _five(0.02), primary=True),  # noqa: E731
-                           _ci("not_worse", [-0.001, 0.0005, -0.0002], name="nw", **kw),
-                           _ci("equivalent", [0.0001, -0.0003, 0.0002], name="eq", **kw)]
+    def checks(**kw):
+        return [_ci("higher", _five(0.02), primary=True),
+                _ci("not_worse", [-0.001, 0.0005, -0.0002], name="nw", **kw),
+                _ci("equivalent", [0.0001, -0.0003, 0.0002], name="eq", **kw)]
+
     a = st.evaluate_claim(checks(margin=0.1 * 0.021))
     b = st.evaluate_claim(checks(relative_margin=0.1, baseline_mean=0.979))
     for x, y in zip(a.checks, b.checks):
@@ -194,6 +196,13 @@ def test_a_check_with_a_relative_margin_reads_as_its_resolved_absolute_margin():
 # two-level bootstrap (seeds x test items)
 # ------------------------------------------------------------------------------------------------
 def _slow_two_level(fam, base, n_boot, seed, block, confidence=0.95):
+    """The definition's interval, one replicate at a time (:func:`_slow_two_level_means`)."""
+    means = _slow_two_level_means(fam, base, n_boot, seed, block)
+    alpha = 1 - confidence
+    return np.quantile(means, [alpha / 2, 1 - alpha / 2])
+
+
+def _slow_two_level_means(fam, base, n_boot, seed, block):
     """The definition, one replicate at a time with explicit loops, on the documented stream: per
     block, the seed indices (r, S) and then the item indices (r, N)."""
     fam, base = np.asarray(fam, float), np.asarray(base, float)
@@ -210,8 +219,7 @@ def _slow_two_level(fam, base, n_boot, seed, block, confidence=0.95):
                 for j in ii[k]:  # the same item resample for every seed and for both arms
                     total += fam[a, j] - base[a, j]
             means.append(total / (S * N))
-    alpha = 1 - confidence
-    return np.quantile(means, [alpha / 2, 1 - alpha / 2])
+    return means
 
 
 def _fields(ci):
@@ -289,6 +297,8 @@ def test_two_level_bootstrap_refuses_unequal_item_sets():
         st.two_level_bootstrap(ok, np.zeros((2, 4)))
     with pytest.raises(ValueError, match=r"baseline must be shaped \(seeds, items\)"):
         st.two_level_bootstrap(ok, np.zeros(4))
+    with pytest.raises(ValueError, match="not one of each"):
+        st.two_level_bootstrap({s: ok[s] for s in range(3)}, ok)
     with pytest.raises(ValueError, match="family has non-finite scores for seed 1"):
         st.two_level_bootstrap([[0.0] * 4, [0.0, float("nan"), 0.0, 0.0], [0.0] * 4], ok)
     with pytest.raises(ValueError, match="confidence"):
@@ -297,6 +307,31 @@ def test_two_level_bootstrap_refuses_unequal_item_sets():
         st.two_level_bootstrap(ok, ok, n_boot=0)
     one = st.two_level_bootstrap(np.ones((1, 4)), np.zeros((1, 4)))  # one seed: no interval
     assert one.n == 1 and one.mean == 1.0 and math.isnan(one.low) and math.isnan(one.high)
+
+
+def test_two_level_p_value_is_the_share_of_replicates_on_the_wrong_side():
+    rng = np.random.default_rng(3)
+    fam = rng.normal(0.62, 0.2, size=(5, 12))
+    base = rng.normal(0.6, 0.2, size=(5, 12))
+    means = np.array(_slow_two_level_means(fam, base, 300, 9, 300))
+    def share(wrong):
+        return min(1.0, 2.0 * float(np.mean(wrong)))
+    cases = {("higher", None): share(means <= 0), ("lower", None): share(means >= 0),
+             ("not_worse", 0.05): share(means <= -0.05), ("not_worse_lower", 0.05): share(means >= 0.05),
+             ("equivalent", 0.05): max(share(means <= -0.05), share(means >= 0.05))}
+    for (kind, margin), want in cases.items():
+        assert st.two_level_p_value(kind, fam, base, margin=margin, n_boot=300, seed=9) == pytest.approx(want, abs=1e-15)
+    # p < alpha where the 1 - alpha interval reproduces: a clear effect and none
+    big = st.two_level_p_value("higher", fam + 0.2, base, n_boot=2000, seed=1)
+    ci = st.two_level_bootstrap(fam + 0.2, base, n_boot=2000, seed=1)
+    assert big < 0.05 and st.verdict("higher", ci) == st.REPRODUCED
+    none = st.two_level_p_value("higher", base, base + rng.normal(0, 0.05, size=base.shape), n_boot=2000, seed=1)
+    assert none > 0.05
+    assert math.isnan(st.two_level_p_value("higher", fam[:1], base[:1]))
+    with pytest.raises(ValueError, match="positive margin"):
+        st.two_level_p_value("not_worse", fam, base)
+    with pytest.raises(ValueError, match="unknown kind"):
+        st.two_level_p_value("below", fam, base)
 
 
 def test_two_level_bootstrap_at_full_size_is_bounded_and_matches_its_small_blocks():
