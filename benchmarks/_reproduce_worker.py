@@ -1,5 +1,5 @@
-"""One recipe run for ``benchmarks/reproduce_results.py``, in a process of its own (a fresh
-interpreter, or a process forked from the driver's fork server: :func:`forked_main`).
+"""One recipe run for ``benchmarks/reproduce_results.py`` (``reproduce.running.execute``), in a process
+of its own (a fresh interpreter, or a process forked from the driver's fork server: :func:`forked_main`).
 
 ``python benchmarks/_reproduce_worker.py SPEC.json OUT.json`` where ``SPEC.json`` holds
 ``{"config": path, "root": dir, "fit_args": [...], "test_args": [...], "fit": bool, "test": bool}``.
@@ -177,10 +177,10 @@ def main_cli(argv) -> int:
 
 
 def forked_main(spec_path: str, out_path: str, log_path: str, env: dict, root: str) -> None:
-    """The same run in a process forked from ``reproduce_results``' fork server (which imported
-    torch, Lightning and the CLI before forking): output to ``log_path``, the run's environment
-    variables set, the repository as the working folder, warnings off as ``PYTHONWARNINGS=ignore``
-    does for a fresh interpreter. Exits with :func:`main_cli`'s status."""
+    """The same run in a process forked from the reproduction's fork server (``reproduce.running``,
+    which imported torch, Lightning and the CLI before forking): output to ``log_path``, the run's
+    environment variables set, the repository as the working folder, warnings off as
+    ``PYTHONWARNINGS=ignore`` does for a fresh interpreter. Exits with :func:`main_cli`'s status."""
     import warnings
 
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

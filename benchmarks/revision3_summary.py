@@ -36,7 +36,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-import reproduce_results as rr  # noqa: E402
+from reproduce.claims import CLAIMS_FILE, load_claims  # noqa: E402
+from reproduce.records import read_csv  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "results", "revision3")
 #: folders of ``results/revision3`` that are not revision-3 runs (revision 2's runs read under its rules)
@@ -133,8 +134,8 @@ def confidence_cells(arm: str, rows: Sequence[dict]) -> Optional[List[str]]:
     return [str(len(ev))] + cells
 
 
-def build(root: str = RESULTS, claims_file: str = rr.CLAIMS_FILE) -> str:
-    cf = rr.load_claims(claims_file)
+def build(root: str = RESULTS, claims_file: str = CLAIMS_FILE) -> str:
+    cf = load_claims(claims_file)
     by_text = {(c.family, c.data, c.claim): c for c in cf.claims}
     # a claim run again in a later batch (folders in name order, then the top-level summaries) takes
     # that batch's line, sanity rows and runs; the earlier batch stays as the record of its runs
@@ -162,7 +163,7 @@ def build(root: str = RESULTS, claims_file: str = rr.CLAIMS_FILE) -> str:
             continue
         _, folder, path = found[c.key]
         if path not in runs_of:
-            runs_of[path] = [r for f in runs_files(folder, path) for r in rr.read_csv(f)]
+            runs_of[path] = [r for f in runs_files(folder, path) for r in read_csv(f)]
         for k in c.arms:  # the claim's own arms (not a difference-in-differences' clean arms)
             if k in conf:
                 conf[k][0].append(c.key)
@@ -244,7 +245,7 @@ def build(root: str = RESULTS, claims_file: str = rr.CLAIMS_FILE) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--root", default=RESULTS, help="the revision-3 results folder (default results/revision3)")
-    p.add_argument("--claims-file", default=rr.CLAIMS_FILE)
+    p.add_argument("--claims-file", default=CLAIMS_FILE)
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 if <root>/summary.md differs")
     args = p.parse_args(argv)
     text = build(args.root, args.claims_file)

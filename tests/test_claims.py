@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib.util
 import os
 import sys
 
@@ -16,21 +15,15 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("reproduce_results", os.path.join(ROOT, "benchmarks",
-                                                                                   "reproduce_results.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))  # as benchmarks/reproduce_results.py puts it there
+import reproduce as rp  # noqa: E402  (the reproduction package: rp.claims, rp.runs, rp.tuning, ...)
+import reproduce.cli  # noqa: E402,F401  (the command line imports every step's module)
 
-
-rr = _module()
-CF = rr.load_claims()
+CF = rp.claims.load_claims()
 
 
 def test_claims_file_is_valid():
-    assert rr.validate_claims(CF) == []
+    assert rp.claims.validate_claims(CF) == []
 
 
 def test_every_vision_and_segmentation_family_is_claimed():
@@ -92,7 +85,7 @@ def test_revision_3_every_arm_tunes_the_learning_rate():
         assert a.untuned_lr_points() == [], a.key
         keys = [k for k, _ in a.grid]
         if len(keys) > 1:
-            assert keys[0].split(".")[-1] in rr.LR_KEYS and len(a.grid_points()) == \
+            assert keys[0].split(".")[-1] in rp.claims.LR_KEYS and len(a.grid_points()) == \
                 len(dict(a.grid)[keys[0]]) * len(dict(a.grid)[keys[1]]), a.key
     for key in ("wcdas_lt", "wcdas_lt_2s"):
         pts = CF.arms[key].grid_points()
@@ -160,7 +153,7 @@ def test_long_tail_baselines_link_the_class_prior_from_the_data():
 
     for key, buf in (("la_lt", "class_prior"), ("bsm_lt_2s", "class_counts")):
         a = CF.arms[key]
-        args = rr.run_args(a, 0, a.grid_points()[0], phase="tune", quick=True)
+        args = rp.runs.run_args(a, 0, a.grid_points()[0], phase="tune", quick=True)
         cli = main(args=["--config", os.path.join(ROOT, a.recipe), *args, "--trainer.logger=false",
                          "--trainer.enable_checkpointing=false"], run=False)
         counts = torch.as_tensor(list(cli.datamodule.class_counts), dtype=torch.float64)
@@ -181,12 +174,12 @@ def test_validator_rejects_broken_claims():
     arms[c.arms[0]] = dataclasses.replace(a0, grid=a0.grid + (("model.init_args.weight_decay", (0.0, 1e-4)),),
                                           recipe="configs/mnist/missing.yaml", select="test/top1")
     cf = dataclasses.replace(CF, claims=(broken,), arms=arms)
-    text = "\n".join(rr.validate_claims(cf))
+    text = "\n".join(rp.claims.validate_claims(cf))
     for fragment in ("needs a positive margin declared up front", "kind 'sideways'", "must be another arm",
                      "seeds", "unequal tuning budgets", "does not exist", "validation metric"):
         assert fragment in text, fragment
     unknown = dataclasses.replace(c, arms=("no_such_arm",) + c.arms[1:])
-    assert "not declared under arms" in "\n".join(rr.validate_claims(dataclasses.replace(CF, claims=(unknown,))))
+    assert "not declared under arms" in "\n".join(rp.claims.validate_claims(dataclasses.replace(CF, claims=(unknown,))))
 
 
 def test_validator_requires_every_arm_to_tune_the_learning_rate():
@@ -199,13 +192,13 @@ def test_validator_requires_every_arm_to_tune_the_learning_rate():
     arms["wcdas_lt"] = dataclasses.replace(w, points=((),) + w.points[1:])  # {}: the recipe's lr
     # a learning rate by its other name passes
     arms["ce"] = dataclasses.replace(arms["ce"], grid=(("model.init_args.optimizer.learning_rate", (0.1, 0.2)),))
-    problems = rr.validate_claims(dataclasses.replace(CF, arms=arms))
+    problems = rp.claims.validate_claims(dataclasses.replace(CF, arms=arms))
     text = "\n".join(problems)
     assert "arm 'z_loss': revision 3 tunes the learning rate of every arm, but its grid tunes no learning rate" in text
     assert "arm 'wcdas_lt': revision 3 tunes the learning rate of every arm, but 1 of its 9 grid points set none" in text
     assert not any(p.startswith("arm 'ce':") for p in problems)
     old = dataclasses.replace(CF, arms=arms, revision=2)
-    assert "tunes the learning rate" not in "\n".join(rr.validate_claims(old))
+    assert "tunes the learning rate" not in "\n".join(rp.claims.validate_claims(old))
 
 
 def test_validator_requires_equal_budgets_over_the_clean_arms_of_did_checks():
@@ -216,15 +209,16 @@ def test_validator_requires_equal_budgets_over_the_clean_arms_of_did_checks():
     arms = dict(CF.arms)
     clean = arms["comp_sum_clean"]
     arms["comp_sum_clean"] = dataclasses.replace(clean, grid=clean.grid[:1])  # 3 learning rates, not 3 x 3
-    problems = [p for p in rr.validate_claims(dataclasses.replace(CF, arms=arms)) if "unequal tuning budgets" in p]
+    problems = [p for p in rp.claims.validate_claims(dataclasses.replace(CF, arms=arms))
+                if "unequal tuning budgets" in p]
     assert len(problems) == 1 and problems[0].startswith("claim 'comp_sum': unequal tuning budgets")
     assert "'comp_sum_clean': 3" in problems[0] and "'ce_noisy': 9" in problems[0]
 
 
 def test_run_args_pair_the_arms():
     ce, z = CF.arms["ce"], CF.arms["z_loss"]
-    a = rr.run_args(ce, 3, {"model.init_args.lr": 0.005}, phase="eval", quick=False)
-    b = rr.run_args(z, 3, {"model.init_args.loss.init_args.a": 2.0}, phase="eval", quick=False)
+    a = rp.runs.run_args(ce, 3, {"model.init_args.lr": 0.005}, phase="eval", quick=False)
+    b = rp.runs.run_args(z, 3, {"model.init_args.loss.init_args.a": 2.0}, phase="eval", quick=False)
     # revision 3 (the file's evaluation section): one test split for every seed, a validation pass per
     # epoch in evaluation runs (the learning curve)
     shared = ["--seed_everything=3", "--data.init_args.seed=3", "--data.init_args.test_seed=7",
@@ -233,29 +227,30 @@ def test_run_args_pair_the_arms():
         assert arg in a and arg in b
     assert "--trainer.limit_val_batches=0" not in a
     # read as revision 2 made its runs: a test split per seed, no validation in evaluation runs
-    old = rr.without_evaluation(CF).arms["ce"]
-    c = rr.run_args(old, 3, {"model.init_args.lr": 0.005}, phase="eval", quick=False)
+    old = rp.claims.without_evaluation(CF).arms["ce"]
+    c = rp.runs.run_args(old, 3, {"model.init_args.lr": 0.005}, phase="eval", quick=False)
     assert "--trainer.limit_val_batches=0" in c and not any("test_seed" in x for x in c)
     # MovieLens, retrieval and the synthetic identities take it too; a DataModule without test_seed (the
     # language model's, whose test files are fixed by a hash of their path) gets no such argument
     for name, has in (("MovieLens", True), ("Retrieval", True), ("Identities", True), ("LanguageModel", False)):
         arm = next(x for x in CF.arms.values() if name in x.recipe_config()["data"]["class_path"])
-        assert ("--data.init_args.test_seed=7" in rr.run_args(arm, 0, {}, phase="eval", quick=False)) == has, name
+        assert ("--data.init_args.test_seed=7" in rp.runs.run_args(arm, 0, {}, phase="eval", quick=False)) == has, name
     assert "--model.init_args.lr=0.005" in a and "--model.init_args.loss.init_args.a=2.0" in b
     # the OOD sets are scored by evaluation runs of MNIST arms only: tuning runs keep their arguments
     ood = "--data.init_args.ood=digits8x8,uniform_noise"
     assert ood in a and ood in b and c.count(ood) == 0
-    assert ood not in rr.run_args(ce, 1000, {"model.init_args.lr": 0.005}, phase="tune", quick=False)
+    assert ood not in rp.runs.run_args(ce, 1000, {"model.init_args.lr": 0.005}, phase="tune", quick=False)
     for name in ("MovieLens", "Retrieval", "Identities", "LanguageModel", "Segmentation"):
         arm = next(x for x in CF.arms.values() if name in x.recipe_config()["data"]["class_path"])
-        assert not any(x.startswith("--data.init_args.ood") for x in rr.run_args(arm, 0, {}, phase="eval", quick=False))
+        args = rp.runs.run_args(arm, 0, {}, phase="eval", quick=False)
+        assert not any(x.startswith("--data.init_args.ood") for x in args)
     bad = dataclasses.replace(CF, evaluation={**CF.evaluation, "ood": ""})
-    assert any(p.startswith("evaluation.ood must be") for p in rr.validate_claims(bad))
-    t = rr.run_args(CF.arms["wcdas_lt_2s"], 1000, CF.arms["wcdas_lt_2s"].grid_points()[1], phase="tune",
-                    quick=False)
+    assert any(p.startswith("evaluation.ood must be") for p in rp.claims.validate_claims(bad))
+    t = rp.runs.run_args(CF.arms["wcdas_lt_2s"], 1000, CF.arms["wcdas_lt_2s"].grid_points()[1], phase="tune",
+                         quick=False)
     assert "--model.init_args.two_stage_epoch=15" in t and "--model.init_args.loss.init_args.scale=16.0" in t
     assert "--trainer.check_val_every_n_epoch=20" in t and "--trainer.limit_val_batches=0" not in t
-    adv = rr.run_args(CF.arms["adv_eps01"], 2, {}, phase="eval", quick=False)
+    adv = rp.runs.run_args(CF.arms["adv_eps01"], 2, {}, phase="eval", quick=False)
     assert "--model.init_args.loss.init_args.seed=2" in adv  # the attack's own seed follows the run's
 
 
@@ -266,7 +261,7 @@ def test_every_arm_parses_through_the_cli():
     seen = set()
     for a in CF.arms.values():
         point = a.grid_points()[-1]  # the last point: a fixed WCDAS scale, the largest learning rates
-        args = rr.run_args(a, 0, point, phase="eval", quick=True)
+        args = rp.runs.run_args(a, 0, point, phase="eval", quick=True)
         key = (a.recipe, tuple(args))
         if key in seen:
             continue
@@ -282,7 +277,7 @@ def test_every_arm_parses_through_the_cli():
                 assert got == v, (a.key, k, got)
         if "model.init_args.two_stage_epoch" in dict(a.overrides):
             assert cli.model.two_stage_epoch == dict(a.overrides)["model.init_args.two_stage_epoch"]
-        if a.recipe_config()["model"]["class_path"].endswith(rr.INIT_SEED_MODELS):
+        if a.recipe_config()["model"]["class_path"].endswith(rp.runs.INIT_SEED_MODELS):
             assert cli.model.hparams.init_seed == 0
     assert len(seen) >= 16
 
@@ -290,13 +285,13 @@ def test_every_arm_parses_through_the_cli():
 def test_identical_runs_of_two_arms_share_one_key():
     """ce and ce_robust (revision 2's adversarial baseline) differ only in their selection metric: a
     shared setting is one run, not two."""
-    r2 = rr.load_claims(os.path.join(ROOT, "results", "revision2", "claims.yaml"))
+    r2 = rp.claims.load_claims(os.path.join(ROOT, "results", "revision2", "claims.yaml"))
     ce, ce_r = r2.arms["ce"], r2.arms["ce_robust"]
     p = ce.grid_points()[1]
-    a, b = rr.Run(ce, 0, "eval", tuple(p.items())), rr.Run(ce_r, 0, "eval", tuple(p.items()))
-    assert rr._run_key(a, a.args(False)) == rr._run_key(b, b.args(False))
-    c = rr.Run(ce, 0, "tune", tuple(p.items()))
-    assert rr._run_key(a, a.args(False)) != rr._run_key(c, c.args(False))
+    a, b = rp.runs.Run(ce, 0, "eval", tuple(p.items())), rp.runs.Run(ce_r, 0, "eval", tuple(p.items()))
+    assert rp.running._run_key(a, a.args(False)) == rp.running._run_key(b, b.args(False))
+    c = rp.runs.Run(ce, 0, "tune", tuple(p.items()))
+    assert rp.running._run_key(a, a.args(False)) != rp.running._run_key(c, c.args(False))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -367,8 +362,8 @@ def test_language_model_claims():
 
 
 def test_revision_2_claims_file_is_frozen_beside_its_runs():
-    old = rr.load_claims(os.path.join(ROOT, "results", "revision2", "claims.yaml"))
-    assert old.revision == 2 and rr.validate_claims(old) == []
+    old = rp.claims.load_claims(os.path.join(ROOT, "results", "revision2", "claims.yaml"))
+    assert old.revision == 2 and rp.claims.validate_claims(old) == []
     assert old.evaluation == {} and all(a.test_seed is None and not a.curves and a.ood is None for a in old.arms.values())
     assert not any(ch.primary or ch.kind in ("did", "sanity") for c in old.claims for ch in c.checks)
 
@@ -385,7 +380,7 @@ def test_validator_rejects_broken_revision_3_claims():
                   dataclasses.replace(ch, transform="square"),
                   dataclasses.replace(ch, effect=-0.01))
     bad = dataclasses.replace(c, checks=bad_checks)
-    text = "\n".join(rr.validate_claims(dataclasses.replace(CF, claims=(none, two, bad))))
+    text = "\n".join(rp.claims.validate_claims(dataclasses.replace(CF, claims=(none, two, bad))))
     for fragment in ("exactly one check must be primary: true (the one that states the paper's main claim; got 0)",
                      "got 3)", "declare floors", "must be a number or a test/ column", "floor metric 'test/nope'",
                      "a sanity check needs a rule", "needs a clean side that differs", "clean arm 'no_such_arm'",
@@ -397,5 +392,6 @@ def test_validator_requires_the_revision_3_evaluation_section():
     for ev, fragment in (({}, "revision 3 declares test_seed"), ({"test_seed": 1.5, "curves": True}, "must be an integer"),
                          ({"test_seed": 7, "curves": "yes"}, "curves must be true or false"),
                          ({"test_seed": 7, "curves": True, "tests": 1}, "unknown key(s) ['tests']")):
-        assert fragment in "\n".join(rr.validate_claims(dataclasses.replace(CF, evaluation=ev))), fragment
-    assert CF.evaluation == {"test_seed": 7, "curves": True, "ood": "digits8x8,uniform_noise"} and rr.validate_claims(CF) == []
+        assert fragment in "\n".join(rp.claims.validate_claims(dataclasses.replace(CF, evaluation=ev))), fragment
+    assert CF.evaluation == {"test_seed": 7, "curves": True, "ood": "digits8x8,uniform_noise"}
+    assert rp.claims.validate_claims(CF) == []

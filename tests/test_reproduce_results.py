@@ -30,16 +30,21 @@ SCRIPT = os.path.join(ROOT, "benchmarks", "reproduce_results.py")
 T975_9 = 2.262157  # t_{0.975, 9}, from a printed table
 
 
-def _module():
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))  # as benchmarks/reproduce_results.py puts it there
+import reproduce as rp  # noqa: E402  (the reproduction package: rp.claims, rp.runs, rp.running, ...)
+import reproduce.cli  # noqa: E402,F401  (the command line imports every step's module)
+
+CF = rp.claims.load_claims()
+
+
+def test_the_entry_point_is_the_packages_command_line():
+    """``benchmarks/reproduce_results.py`` (the command the reports and docs quote) runs
+    :func:`reproduce.cli.main`, and ``--help`` describes the pipeline."""
     spec = importlib.util.spec_from_file_location("reproduce_results", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
     spec.loader.exec_module(mod)
-    return mod
-
-
-rr = _module()
-CF = rr.load_claims()
+    assert mod.main is rp.cli.main
+    assert rp.cli.parse_args.__module__ == "reproduce.cli" and rp.__doc__.startswith("Reproduce the papers' claims")
 
 
 # ------------------------------------------------------------------------------------------
@@ -68,7 +73,7 @@ def test_choose_maximises_mean_validation_metric_ties_first():
     rows += [_row("ce_lt", "tune", s, p[1], **{"val/balanced_acc": v}) for s, v in ((1000, 0.90), (1001, 0.70))]
     rows += [_row("ce_lt", "tune", s, p[2], **{"val/balanced_acc": v}) for s, v in ((1000, 0.83), (1001, 0.83))]
     rows.append(_row("ce_lt", "eval", 0, p[1], **{"val/balanced_acc": 0.99, "test/balanced_acc": 0.99}))
-    best, table = rr.choose(arm, rows, quick=False)
+    best, table = rp.tuning.choose(arm, rows, quick=False)
     # means over the two tuning seeds: 0.82, 0.80, 0.83 (the single best run, 0.90, does not decide)
     assert best == p[2]
     assert [t["value"] for t in table] == pytest.approx([0.82, 0.80, 0.83]) and [t["n"] for t in table] == [2, 2, 2]
@@ -82,10 +87,10 @@ def test_choose_ignores_evaluation_rows_and_breaks_ties_by_order():
             _row("ce_lt", "tune", 1000, p[2], **{"val/balanced_acc": 0.83}),
             # an evaluation row and a test metric never influence the choice
             _row("ce_lt", "eval", 0, p[1], **{"val/balanced_acc": 0.99, "test/balanced_acc": 0.99})]
-    best, table = rr.choose(arm, rows, quick=False)
+    best, table = rp.tuning.choose(arm, rows, quick=False)
     assert best == p[2] and [t["value"] for t in table] == [0.82, 0.80, 0.83]
     rows[2]["val/balanced_acc"] = 0.82  # a tie: the first declared point wins
-    assert rr.choose(arm, rows, quick=False)[0] == p[0]
+    assert rp.tuning.choose(arm, rows, quick=False)[0] == p[0]
 
 
 def _synthetic_rows():
@@ -128,14 +133,14 @@ def _cells(md, heading_key):
 def test_report_statistics_match_an_independent_computation(tmp_path):
     rows = _synthetic_rows()
     claim = next(c for c in CF.claims if c.key == "wcdas")
-    res = rr.claim_results(claim, rows, seeds=list(range(10)), method="t", confidence=0.95)
+    res = rp.analysis.claim_results(claim, rows, seeds=list(range(10)), method="t", confidence=0.95)
     chosen = {k: CF.arms[k].grid_points()[0] for k in claim.arms}
     meta = _meta({"wcdas": list(range(10))})
     md_path = tmp_path / "vision.md"
-    rr.write_markdown("vision", [claim], [res], rows, CF, chosen, {}, meta, str(md_path), ["vision_forest.png"])
+    rp.reports.write_markdown("vision", [claim], [res], rows, CF, chosen, {}, meta, str(md_path), ["vision_forest.png"])
     assert set(claim.run_arms()) == {r["arm"] for r in rows}
-    assert rr.plot_forest("vision", [res], CF.arms, str(tmp_path / "f.png")) == len(claim.checks) == 6
-    rr.plot_per_class(rows, CF.arms, list(claim.arms), str(tmp_path / "pc.png"))
+    assert rp.plots.plot_forest("vision", [res], CF.arms, str(tmp_path / "f.png")) == len(claim.checks) == 6
+    rp.plots.plot_per_class(rows, CF.arms, list(claim.arms), str(tmp_path / "pc.png"))
     for png in ("f.png", "pc.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = md_path.read_text()
@@ -158,7 +163,7 @@ def test_report_statistics_match_an_independent_computation(tmp_path):
     assert "paired t interval" in md and "MDE" in md and "Verdict:" in md
     # the arms table reports mean +- sd of each arm over its seeds
     ce_vals = [r["test/acc_tail"] for r in rows if r["arm"] == "ce_lt"]
-    assert rr.fmt(statistics.fmean(ce_vals), statistics.stdev(ce_vals)) in md
+    assert rp.reports.fmt(statistics.fmean(ce_vals), statistics.stdev(ce_vals)) in md
 
 
 def _plan_arm(key, seconds, lrs):
@@ -195,9 +200,9 @@ def test_plan_queues_an_arms_evaluation_as_soon_as_its_own_tuning_is_done():
                 fast_evals_done.set()
         return row
 
-    tune = rr.tuning_runs([slow, fast], [1000], quick=False)
+    tune = rp.tuning.tuning_runs([slow, fast], [1000], quick=False)
     logs = []
-    tune_rows, eval_rows, chosen, tables = rr.run_plan(
+    tune_rows, eval_rows, chosen, tables = rp.running.run_plan(
         [slow, fast], tune, {"slow": [0, 1], "fast": [0, 1, 2]}, jobs=2, threads=1, quick=False,
         workdir="unused", fresh=False, timeout=1.0, log=lambda *a, **k: logs.append(a[0]), execute_fn=fake_execute)
     assert started[0] == ("slow", "tune", 1000)  # the longest declared run starts first
@@ -222,10 +227,10 @@ def test_plan_runs_identical_runs_once():
                 "error": "", "run_seconds": 0.0, "params": json.dumps(dict(run.params), sort_keys=True),
                 "val/open_rank1": 0.5}
 
-    tune = rr.tuning_runs([a, b], [1000], quick=False)
-    tune_rows, eval_rows, _, _ = rr.run_plan([a, b], tune, {"a": [0], "b": [0]}, jobs=2, threads=1, quick=False,
-                                             workdir="unused", fresh=True, timeout=1.0, log=lambda *x, **k: None,
-                                             execute_fn=fake_execute)
+    tune = rp.tuning.tuning_runs([a, b], [1000], quick=False)
+    tune_rows, eval_rows, _, _ = rp.running.run_plan([a, b], tune, {"a": [0], "b": [0]}, jobs=2, threads=1, quick=False,
+                                                     workdir="unused", fresh=True, timeout=1.0, log=lambda *x, **k: None,
+                                                     execute_fn=fake_execute)
     assert sorted(calls) == [("a", "eval", 0, True), ("a", "tune", 1000, True),
                              ("b", "eval", 0, False), ("b", "tune", 1000, False)]
     assert [r["arm"] for r in tune_rows] == ["a", "b"] and [r["arm"] for r in eval_rows] == ["a", "b"]
@@ -242,17 +247,17 @@ def test_plan_with_a_deadline_starts_only_runs_that_fit_and_reads_finished_ones(
 
     def fake_execute(run, *, fresh, quick, workdir, threads, timeout):
         started.append((run.arm.key, run.phase, run.seed))
-        if (row := rr.cached_row(run, quick=quick, workdir=workdir)) is not None:
+        if (row := rp.running.cached_row(run, quick=quick, workdir=workdir)) is not None:
             return row
         now[0] += run.arm.seconds
         return {"arm": run.arm.key, "phase": run.phase, "seed": run.seed, "ok": True, "cached": False,
                 "error": "", "run_seconds": run.arm.seconds, "params": json.dumps(dict(run.params), sort_keys=True),
                 "val/open_rank1": 0.5}
 
-    _finish(rr.Run(long, 1, "eval", (("model.init_args.lr", 0.1),)), tmp_path)
-    tune = rr.tuning_runs([long, short], [1000], quick=False)
+    _finish(rp.runs.Run(long, 1, "eval", (("model.init_args.lr", 0.1),)), tmp_path)
+    tune = rp.tuning.tuning_runs([long, short], [1000], quick=False)
     logs = []
-    tune_rows, eval_rows, chosen, _ = rr.run_plan(
+    tune_rows, eval_rows, chosen, _ = rp.running.run_plan(
         [long, short], tune, {"long": [0, 1], "short": [0, 1]}, jobs=1, threads=1, quick=False,
         workdir=str(tmp_path), fresh=False, timeout=1.0, log=lambda *a, **k: logs.append(a[0]),
         execute_fn=fake_execute, deadline=150.0, clock=lambda: now[0])
@@ -266,7 +271,7 @@ def test_plan_with_a_deadline_starts_only_runs_that_fit_and_reads_finished_ones(
     assert "1 run(s) not started" in logs[-1] and "(long)" in logs[-1]
     # without a deadline the same plan runs everything
     now[0], started[:] = 0.0, []
-    _, eval_rows, _, _ = rr.run_plan(
+    _, eval_rows, _, _ = rp.running.run_plan(
         [long, short], tune, {"long": [0, 1], "short": [0, 1]}, jobs=1, threads=1, quick=False,
         workdir=str(tmp_path), fresh=False, timeout=1.0, log=lambda *a, **k: None, execute_fn=fake_execute,
         clock=lambda: now[0])
@@ -278,8 +283,8 @@ def test_deadline_that_nothing_fits_writes_no_report(tmp_path, monkeypatch, caps
     no report; the exit status says the work is unfinished."""
     _only_cached(monkeypatch)
     out, work = tmp_path / "out", tmp_path / "work"
-    code = rr.main(["--claims", "opl", "--deadline", "0", "--out", str(out), "--workdir", str(work), "--jobs", "1",
-                    "--allow-dirty"])
+    code = rp.cli.main(["--claims", "opl", "--deadline", "0", "--out", str(out), "--workdir", str(work), "--jobs", "1",
+                        "--allow-dirty"])
     assert code == 3
     assert not out.exists() or not any(out.iterdir())
     msg = capsys.readouterr().out
@@ -287,7 +292,7 @@ def test_deadline_that_nothing_fits_writes_no_report(tmp_path, monkeypatch, caps
 
 
 def _finish(run, workdir, ok=True, **val):
-    d = rr._run_dir(run, run.args(False), str(workdir))
+    d = rp.running._run_dir(run, run.args(False), str(workdir))
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "result.json"), "w") as fh:
         json.dump({"ok": ok, "val_metrics": val, "wall_seconds": 1.0}, fh)
@@ -299,17 +304,17 @@ def test_plan_status_counts_the_runs_finished_in_the_workdir(tmp_path):
     claim = next(c for c in CF.claims if c.key == "pfc_cosface_c1e5")
     fam, base = (CF.arms[k] for k in claim.arms)
     seeds_of = {claim.key: [0, 1, 2]}
-    status = lambda: rr.plan_status([claim], CF.arms, [1000], seeds_of, quick=False, workdir=str(tmp_path))[0]
+    status = lambda: rp.running.plan_status([claim], CF.arms, [1000], seeds_of, quick=False, workdir=str(tmp_path))[0]
     st = status()
     assert (st["tune"], st["eval"], st["tune_done"], st["eval_done"]) == (8, 6, 0, 0)
     assert st["seconds_left"] == st["seconds"] == pytest.approx(7 * (fam.seconds + base.seconds))
-    for i, r in enumerate(rr.tuning_runs([fam], [1000], quick=False)):  # the third point wins
+    for i, r in enumerate(rp.tuning.tuning_runs([fam], [1000], quick=False)):  # the third point wins
         _finish(r, tmp_path, **{"val/open_rank1": 0.9 if i == 2 else 0.1})
     best = fam.grid_points()[2]
-    _finish(rr.Run(fam, 0, "eval", tuple(best.items())), tmp_path)
-    _finish(rr.Run(fam, 1, "eval", tuple(fam.grid_points()[0].items())), tmp_path)  # another point: not it
-    _finish(rr.Run(fam, 2, "eval", tuple(best.items())), tmp_path, ok=False)
-    _finish(rr.tuning_runs([base], [1000], quick=False)[0], tmp_path, **{"val/open_rank1": 0.5})
+    _finish(rp.runs.Run(fam, 0, "eval", tuple(best.items())), tmp_path)
+    _finish(rp.runs.Run(fam, 1, "eval", tuple(fam.grid_points()[0].items())), tmp_path)  # another point: not it
+    _finish(rp.runs.Run(fam, 2, "eval", tuple(best.items())), tmp_path, ok=False)
+    _finish(rp.tuning.tuning_runs([base], [1000], quick=False)[0], tmp_path, **{"val/open_rank1": 0.5})
     st = status()
     assert (st["tune_done"], st["eval_done"], st["open_arms"]) == (5, 1, [fam.key, base.key])
     assert st["seconds_left"] == pytest.approx(2 * fam.seconds + 6 * base.seconds)
@@ -320,10 +325,11 @@ def test_plan_status_counts_the_runs_finished_in_the_workdir(tmp_path):
 # ------------------------------------------------------------------------------------------
 def _finish_full(run, workdir, seed_value, *, versions=True):
     """A finished run's result.json with every kind of field the worker writes."""
-    d = rr._run_dir(run, run.args(False), str(workdir))
+    d = rp.running._run_dir(run, run.args(False), str(workdir))
     os.makedirs(d, exist_ok=True)
     res = {"ok": True, "epochs": run.arm.epochs, "steps": 3125, "fit_seconds": 700.123456, "test_seconds": 0.0,
-           "wall_seconds": 712.5, "peak_rss_mb": 1390.27, "recipe_sha": rr._match_fields(run)[1], "code": "deadbeef", "started": "t0",
+           "wall_seconds": 712.5, "peak_rss_mb": 1390.27, "recipe_sha": rp.records._match_fields(run)[1],
+           "code": "deadbeef", "started": "t0",
            "data": {"num_classes": 100000, "train_size": 400000},
            "fit_metrics": {"train/step_ms": 190.0 + seed_value, "train/loss": 3.0},
            "val_metrics": {"val/open_rank1": 0.1 * seed_value, "val/top1": 1.0 / 3.0},
@@ -337,14 +343,14 @@ def _finish_full(run, workdir, seed_value, *, versions=True):
 
 def _only_cached(monkeypatch):
     """Make any run that is not already finished in the workdir fail the test instead of training."""
-    real = rr.execute
+    real = rp.running.execute
 
     def execute(run, **kw):
-        assert rr.cached_row(run, quick=kw["quick"], workdir=kw["workdir"]) is not None, \
+        assert rp.running.cached_row(run, quick=kw["quick"], workdir=kw["workdir"]) is not None, \
             f"{run.phase} {run.arm.key} seed {run.seed} would have run"
         return real(run, **kw)
 
-    monkeypatch.setattr(rr, "execute", execute)
+    monkeypatch.setattr(rp.running, "execute", execute)
 
 
 def test_reports_regenerate_from_the_committed_runs_without_running_anything(tmp_path, monkeypatch):
@@ -354,9 +360,9 @@ def test_reports_regenerate_from_the_committed_runs_without_running_anything(tmp
     committed = os.path.join(ROOT, "results", "revision2")
     out, work = tmp_path / "out", tmp_path / "work"
     # the revision-2 reports regenerate under the revision-2 claims file frozen beside their runs
-    code = rr.main(["--claims", "nbc_softmax,partial_fc_ml100k", "--runs-from", committed, "--out", str(out),
-                    "--workdir", str(work), "--jobs", "1", "--claims-file", os.path.join(committed, "claims.yaml"),
-                    "--allow-dirty"])  # nothing runs: a checkout with uncommitted changes may regenerate
+    code = rp.cli.main(["--claims", "nbc_softmax,partial_fc_ml100k", "--runs-from", committed, "--out", str(out),
+                        "--workdir", str(work), "--jobs", "1", "--claims-file", os.path.join(committed, "claims.yaml"),
+                        "--allow-dirty"])  # nothing runs: a checkout with uncommitted changes may regenerate
     assert code == 0
     claims = {c.key: c for c in CF.claims}
     for bench, key in (("retrieval", "nbc_softmax"), ("recommendation", "partial_fc_ml100k")):
@@ -383,18 +389,18 @@ def test_a_changed_recipe_never_reuses_the_committed_runs_of_the_old_one(tmp_pat
     (the nuisance mixing), so none of revision 2's many-class rows stands in for a run of the current
     recipes, while the unchanged retrieval recipes' rows all do."""
     committed = os.path.join(ROOT, "results", "revision2")
-    rev2 = rr.load_claims(os.path.join(committed, "claims.yaml"))
+    rev2 = rp.claims.load_claims(os.path.join(committed, "claims.yaml"))
     for bench, key, expect_hits in (("many_class", "pfc_arcface", False), ("retrieval", "nbc_softmax", True)):
         claim = next(c for c in rev2.claims if c.key == key)
         arms = [rev2.arms[k] for k in claim.arms]
-        runs = rr.tuning_runs(arms, [1000], quick=False)
+        runs = rp.tuning.tuning_runs(arms, [1000], quick=False)
         path = os.path.join(committed, f"{bench}_runs.csv")
         with open(path, newline="") as fh:
             rows = [r for r in csv.DictReader(fh) if r["arm"] in claim.arms and r["phase"] == "tune"]
         assert rows and all(r["key"] for r in rows)
-        changed = {r["recipe_sha"] != rr._recipe_sha(rev2.arms[r["arm"]]) for r in rows}
+        changed = {r["recipe_sha"] != rp.running._recipe_sha(rev2.arms[r["arm"]]) for r in rows}
         assert changed == {not expect_hits}
-        written, had = rr.seed_workdir(runs, [path], workdir=str(tmp_path / key), quick=False)
+        written, had = rp.records.seed_workdir(runs, [path], workdir=str(tmp_path / key), quick=False)
         assert had == 0
         assert (written == len({r["key"] for r in rows})) if expect_hits else written == 0
 
@@ -405,54 +411,55 @@ def test_exported_runs_resume_on_another_workdir(tmp_path, monkeypatch):
     claim = next(c for c in CF.claims if c.key == "pfc_cosface_c1e5")
     fam, base = (CF.arms[k] for k in claim.arms)
     a, b = tmp_path / "a", tmp_path / "b"
-    tune = rr.tuning_runs([fam, base], [1000], quick=False)
+    tune = rp.tuning.tuning_runs([fam, base], [1000], quick=False)
     for i, r in enumerate(tune[:6]):
         _finish_full(r, a, i, versions=i != 1)
     best = fam.grid_points()[3]  # the family's last point gets the highest validation value (0.3)
-    ev = [rr.Run(fam, s, "eval", tuple(best.items())) for s in (0, 1)]
+    ev = [rp.runs.Run(fam, s, "eval", tuple(best.items())) for s in (0, 1)]
     for r in ev:
         _finish_full(r, a, 7 + r.seed)
     export = tmp_path / "part" / "many_class_runs.csv"
-    assert rr.main(["--claims", claim.key, "--workdir", str(a), "--export-runs", str(export)]) == 0
+    assert rp.cli.main(["--claims", claim.key, "--workdir", str(a), "--export-runs", str(export)]) == 0
     with open(export, newline="") as fh:
         exported = list(csv.DictReader(fh))
     assert len(exported) == 8 and all(r["key"] for r in exported)
     assert json.loads(next(r for r in exported if r["seed"] == "0")["versions"]) == \
         {"python": "3.11.7", "pytorch_lightning": "2.6.6", "torch": "2.14.1"}
 
-    rr.main(["--claims", claim.key, "--workdir", str(b), "--runs-from", str(export), "--plan"])
+    rp.cli.main(["--claims", claim.key, "--workdir", str(b), "--runs-from", str(export), "--plan"])
     for r in tune[:6] + ev:
-        ra, rb = (rr.cached_row(r, quick=False, workdir=str(w)) for w in (a, b))
+        ra, rb = (rp.running.cached_row(r, quick=False, workdir=str(w)) for w in (a, b))
         assert rb is not None
-        assert {k: rb[k] for k in rr.CSV_FIXED if k != "cached"} == {k: ra[k] for k in rr.CSV_FIXED if k != "cached"}
+        fixed = [k for k in rp.records.CSV_FIXED if k != "cached"]
+        assert {k: rb[k] for k in fixed} == {k: ra[k] for k in fixed}
         assert {k: v for k, v in rb.items() if "/" in k} == {k: v for k, v in ra.items() if "/" in k}
     for r in tune[6:]:
-        assert rr.cached_row(r, quick=False, workdir=str(b)) is None
-    st = rr.plan_status([claim], CF.arms, [1000], {claim.key: [0, 1, 2]}, quick=False, workdir=str(b))[0]
+        assert rp.running.cached_row(r, quick=False, workdir=str(b)) is None
+    st = rp.running.plan_status([claim], CF.arms, [1000], {claim.key: [0, 1, 2]}, quick=False, workdir=str(b))[0]
     # the family's tuning is done and chose its last point (highest validation value), where its two
     # evaluation runs are; the baseline's tuning is not done, so none of its evaluation counts yet
     assert (st["tune_done"], st["eval_done"], st["open_arms"]) == (6, 2, [fam.key, base.key])
 
     # a run the workdir already holds is left as it is; a second seeding writes nothing
-    assert rr.seed_workdir(tune, [str(export)], workdir=str(b), quick=False) == (0, 6)
+    assert rp.records.seed_workdir(tune, [str(export)], workdir=str(b), quick=False) == (0, 6)
 
 
 def test_runs_file_rows_match_by_key_or_by_their_fields(tmp_path):
     """Rows carrying a key match only that exact run; older rows without one match on recipe content,
     phase, seed, overrides, grid point and epochs; a changed recipe or failed run never matches."""
     arm = CF.arms["cos_c1e5_pfc01"]
-    run = rr.tuning_runs([arm], [1000], quick=False)[0]
+    run = rp.tuning.tuning_runs([arm], [1000], quick=False)[0]
     src = tmp_path / "src"
     _finish_full(run, src, 1)
-    row = rr.cached_row(run, quick=False, workdir=str(src))
+    row = rp.running.cached_row(run, quick=False, workdir=str(src))
     path = tmp_path / "x_runs.csv"
 
     def seeded(mutate):
         r = dict(row)
         mutate(r)
-        rr.write_csv([r], str(path))
+        rp.records.write_csv([r], str(path))
         work = tmp_path / f"w{len(list(tmp_path.iterdir()))}"
-        return rr.seed_workdir([run], [str(path)], workdir=str(work), quick=False)[0]
+        return rp.records.seed_workdir([run], [str(path)], workdir=str(work), quick=False)[0]
 
     assert seeded(lambda r: None) == 1
     assert seeded(lambda r: r.update(key="0" * 16)) == 0  # another run's key
@@ -466,63 +473,65 @@ def test_runs_file_rows_match_by_key_or_by_their_fields(tmp_path):
 
 def test_runs_from_refuses_fresh_and_missing_paths(tmp_path):
     with pytest.raises(SystemExit, match="cannot be combined"):
-        rr.main(["--claims", "opl", "--fresh", "--runs-from", str(tmp_path), "--workdir", str(tmp_path), "--plan"])
+        rp.cli.main(["--claims", "opl", "--fresh", "--runs-from", str(tmp_path), "--workdir", str(tmp_path), "--plan"])
     with pytest.raises(SystemExit, match="no such file or folder"):
-        rr.main(["--claims", "opl", "--runs-from", str(tmp_path / "nope"), "--workdir", str(tmp_path), "--plan"])
+        rp.cli.main(["--claims", "opl", "--runs-from", str(tmp_path / "nope"), "--workdir", str(tmp_path), "--plan"])
 
 
 def test_versions_line_says_how_many_runs_recorded_them():
     full = {"python": "3.11.7", "torch": "2.14.1", "pytorch_lightning": "2.6.6"}
-    assert rr._versions([{"_versions": {}}, {"_versions": full}]) == {**full, "recorded": 1, "runs": 2}
-    assert rr._versions_text(rr._versions([{"_versions": full}])) == \
+    assert rp.reports._versions([{"_versions": {}}, {"_versions": full}]) == {**full, "recorded": 1, "runs": 2}
+    assert rp.reports._versions_text(rp.reports._versions([{"_versions": full}])) == \
         "Python 3.11.7; torch 2.14.1, pytorch-lightning 2.6.6"
-    assert "recorded by 1 of the 2 runs" in rr._versions_text(rr._versions([{"_versions": {}}, {"_versions": full}]))
-    assert rr._versions_text(rr._versions([{"_versions": {"threads": 1}}])).startswith("library versions: not recorded")
+    text = rp.reports._versions_text
+    assert "recorded by 1 of the 2 runs" in text(rp.reports._versions([{"_versions": {}}, {"_versions": full}]))
+    assert text(rp.reports._versions([{"_versions": {"threads": 1}}])).startswith("library versions: not recorded")
 
 
 def test_grid_edges_flags_a_choice_at_an_end_of_a_numeric_list():
     arm = CF.arms["ce_lt"]  # lr over [0.0005, ..., 0.01], 9 values
     points = arm.grid_points()
     assert len(points) == 9
-    assert rr.grid_edges(arm, points[0]) == ["lr=0.0005 (lowest of 9)"]
-    assert all(rr.grid_edges(arm, p) == [] for p in points[1:-1])
-    assert rr.grid_edges(arm, points[-1]) == ["lr=0.01 (highest of 9)"]
-    assert rr.grid_edges(arm, {}) == []
+    assert rp.tuning.grid_edges(arm, points[0]) == ["lr=0.0005 (lowest of 9)"]
+    assert all(rp.tuning.grid_edges(arm, p) == [] for p in points[1:-1])
+    assert rp.tuning.grid_edges(arm, points[-1]) == ["lr=0.01 (highest of 9)"]
+    assert rp.tuning.grid_edges(arm, {}) == []
     cos = CF.arms["cosine_lt"]  # a product: lr x scale, each list read on its own
-    assert rr.grid_edges(cos, {"model.init_args.lr": 0.002, "model.init_args.loss.init_args.scale": 32.0}) == \
+    assert rp.tuning.grid_edges(cos, {"model.init_args.lr": 0.002, "model.init_args.loss.init_args.scale": 32.0}) == \
         ["scale=32.0 (highest of 3)"]
-    assert rr.grid_edges(cos, {"model.init_args.lr": 0.001, "model.init_args.loss.init_args.scale": 8.0}) == \
+    assert rp.tuning.grid_edges(cos, {"model.init_args.lr": 0.001, "model.init_args.loss.init_args.scale": 8.0}) == \
         ["lr=0.001 (lowest of 3)", "scale=8.0 (lowest of 3)"]
     # points written out: only a key every point sets to a number (here the learning rate) has an order
     explicit = CF.arms["wcdas_lt"]
-    assert rr.numeric_lists(explicit) == ["model.init_args.lr"]
-    assert rr.grid_edges(explicit, {"model.init_args.lr": 0.002, "model.init_args.loss.init_args.scale": 32.0}) == []
-    assert rr.grid_edges(explicit, {"model.init_args.lr": 0.005}) == ["lr=0.005 (highest of 3)"]
-    two = rr.Arm("x", "vision", "x", arm.recipe, 1, "val/acc", grid=(("model.init_args.lr", (0.1, 0.2)),))
-    assert rr.grid_edges(two, {"model.init_args.lr": 0.2}) == []  # with two values every choice is an end
+    assert rp.tuning.numeric_lists(explicit) == ["model.init_args.lr"]
+    assert rp.tuning.grid_edges(explicit, {"model.init_args.lr": 0.002,
+                                           "model.init_args.loss.init_args.scale": 32.0}) == []
+    assert rp.tuning.grid_edges(explicit, {"model.init_args.lr": 0.005}) == ["lr=0.005 (highest of 3)"]
+    two = rp.claims.Arm("x", "vision", "x", arm.recipe, 1, "val/acc", grid=(("model.init_args.lr", (0.1, 0.2)),))
+    assert rp.tuning.grid_edges(two, {"model.init_args.lr": 0.2}) == []  # with two values every choice is an end
 
 
 def test_report_names_the_arms_tuned_at_a_grid_edge(tmp_path):
     rows = _synthetic_rows()
     claim = next(c for c in CF.claims if c.key == "wcdas")
-    res = rr.claim_results(claim, rows, seeds=list(range(10)), method="t", confidence=0.95)
+    res = rp.analysis.claim_results(claim, rows, seeds=list(range(10)), method="t", confidence=0.95)
     chosen = {k: CF.arms[k].grid_points()[1] for k in claim.arms}
     chosen["ce_lt"] = CF.arms["ce_lt"].grid_points()[-1]
     meta = _meta({"wcdas": list(range(10))})
     md_path = tmp_path / "vision.md"
-    rr.write_markdown("vision", [claim], [res], rows, CF, chosen, {}, meta, str(md_path), [])
+    rp.reports.write_markdown("vision", [claim], [res], rows, CF, chosen, {}, meta, str(md_path), [])
     md = md_path.read_text()
     edge_lines = [line for line in md.splitlines() if line.startswith("Chosen at an end of its grid")]
     assert len(edge_lines) == 1
     assert f"{CF.arms['ce_lt'].label}: lr=0.01 (highest of 9)" in edge_lines[0]
-    others = [k for k in claim.arms if k != "ce_lt" and rr.grid_edges(CF.arms[k], chosen[k])]
+    others = [k for k in claim.arms if k != "ce_lt" and rp.tuning.grid_edges(CF.arms[k], chosen[k])]
     assert all(CF.arms[k].label in edge_lines[0] for k in others)
 
 
 def test_bootstrap_option_is_used_and_stated(tmp_path):
     rows = _synthetic_rows()
     claim = next(c for c in CF.claims if c.key == "wcdas")
-    res = rr.claim_results(claim, rows, seeds=list(range(10)), method="bootstrap", confidence=0.95)
+    res = rp.analysis.claim_results(claim, rows, seeds=list(range(10)), method="bootstrap", confidence=0.95)
     ci = res["checks"][0]["ci"]
     assert ci.method == "bootstrap" and ci.low > 0  # 0.05 +- 0.01 over 10 seeds
     d = np.array([r["test/acc_tail"] for r in rows if r["arm"] == "wcdas_lt"]) - \
@@ -533,7 +542,7 @@ def test_bootstrap_option_is_used_and_stated(tmp_path):
     assert ci.high == pytest.approx(d.mean() + half, abs=0.3 * half)
     meta = {**_meta({"wcdas": list(range(10))}), "ci": "bootstrap"}
     path = tmp_path / "v.md"
-    rr.write_markdown("vision", [claim], [res], rows, CF, {}, {}, meta, str(path), [])
+    rp.reports.write_markdown("vision", [claim], [res], rows, CF, {}, {}, meta, str(path), [])
     assert "percentile bootstrap of the mean (10000 resamples)" in path.read_text()
 
 
@@ -544,13 +553,13 @@ def test_bootstrap_option_is_used_and_stated(tmp_path):
 def quick_out(tmp_path_factory):
     out = tmp_path_factory.mktemp("results")
     work = tmp_path_factory.mktemp("work")
-    code = rr.main(["--quick", "--claims", "opl", "--jobs", "2", "--out", str(out), "--workdir", str(work)])
+    code = rp.cli.main(["--quick", "--claims", "opl", "--jobs", "2", "--out", str(out), "--workdir", str(work)])
     return out, code
 
 
 def test_quick_refuses_the_committed_results():
     with pytest.raises(SystemExit, match="outside results/"):
-        rr.main(["--quick", "--claims", "opl", "--out", os.path.join(ROOT, "results")])
+        rp.cli.main(["--quick", "--claims", "opl", "--out", os.path.join(ROOT, "results")])
 
 
 def test_quick_reproduction_writes_everything(quick_out):
@@ -576,10 +585,10 @@ def test_a_forked_run_equals_a_fresh_interpreter_run(quick_out, tmp_path):
     out, _ = quick_out
     with open(out / "vision_runs.csv", newline="") as fh:
         forked = next(r for r in csv.DictReader(fh) if r["arm"] == "ce_lowdata" and r["phase"] == "eval")
-    run = rr.Run(arm=CF.arms["ce_lowdata"], seed=int(forked["seed"]), phase="eval",
-                 params=tuple(sorted(json.loads(forked["params"]).items())))
-    fresh = rr.execute(run, quick=True, workdir=str(tmp_path), threads=1, fresh=True, timeout=600,
-                       isolation="process")
+    run = rp.runs.Run(arm=CF.arms["ce_lowdata"], seed=int(forked["seed"]), phase="eval",
+                      params=tuple(sorted(json.loads(forked["params"]).items())))
+    fresh = rp.running.execute(run, quick=True, workdir=str(tmp_path), threads=1, fresh=True, timeout=600,
+                               isolation="process")
     assert fresh["ok"], fresh["error"]
     metrics = [k for k in fresh if k.startswith("test/")]
     assert len(metrics) >= 10 and "test/loss" in metrics
@@ -612,7 +621,7 @@ def test_quick_csv_phases_and_markdown_agree(quick_out):
         ev = next(r for r in rows if r["arm"] == arm and r["phase"] == "eval")
         for col, cell in zip(cols, cells):
             if col in ("top1", "cos_intra", "cos_inter"):
-                assert rr.parse_fmt(cell)[0] == pytest.approx(float(ev[f"test/{col}"]), abs=5.1e-5)
+                assert rp.reports.parse_fmt(cell)[0] == pytest.approx(float(ev[f"test/{col}"]), abs=5.1e-5)
                 checked += 1
     assert checked == 6
 
@@ -627,8 +636,8 @@ REC_RET = ("partial_fc_ml100k", "decoupled_softmax_chatterbot")
 def quick_rec_ret(tmp_path_factory):
     out = tmp_path_factory.mktemp("results_rec_ret")
     work = tmp_path_factory.mktemp("work_rec_ret")
-    code = rr.main(["--quick", "--claims", ",".join(REC_RET), "--jobs", "2", "--out", str(out),
-                    "--workdir", str(work)])
+    code = rp.cli.main(["--quick", "--claims", ",".join(REC_RET), "--jobs", "2", "--out", str(out),
+                        "--workdir", str(work)])
     return out, code
 
 
@@ -687,7 +696,7 @@ def test_quick_language_model_claim_end_to_end(tmp_path):
     recipes through the real CLI (2 batches each), the unigram reference columns that the claim's
     competence floors name, and the report."""
     out, work = tmp_path / "results", tmp_path / "work"
-    code = rr.main(["--quick", "--claims", "z_loss_lm", "--jobs", "2", "--out", str(out), "--workdir", str(work)])
+    code = rp.cli.main(["--quick", "--claims", "z_loss_lm", "--jobs", "2", "--out", str(out), "--workdir", str(work)])
     assert code == 0, (out / "language_model_runs.csv").read_text()
     for name in ("language_model.md", "language_model_runs.csv", "summary.md"):
         assert (out / name).exists() and (out / name).stat().st_size > 0, name
@@ -728,10 +737,10 @@ def test_revision_3_report_primary_holm_and_competence_gate(tmp_path):
 
     rows = _synthetic_rows()
     claim = next(c for c in CF.claims if c.key == "wcdas")
-    res = rr.claim_results(claim, rows, seeds=list(range(10)), method="t", confidence=0.95, revision=3)
+    res = rp.analysis.claim_results(claim, rows, seeds=list(range(10)), method="t", confidence=0.95, revision=3)
     meta = {**_meta({"wcdas": list(range(10))}), "revision": 3}
     path = tmp_path / "vision.md"
-    rr.write_markdown("vision", [claim], [res], rows, CF, {}, {}, meta, str(path), [])
+    rp.reports.write_markdown("vision", [claim], [res], rows, CF, {}, {}, meta, str(path), [])
     md = path.read_text()
     cells = _rev3_cells(md, "wcdas")
     assert [c[1].split(" (")[0] for c in cells] == ["primary" if ch.primary else "secondary" for ch in claim.checks]
@@ -762,9 +771,9 @@ def test_revision_3_report_primary_holm_and_competence_gate(tmp_path):
 
     # the competence gate: CE's balanced accuracy under its floor (0.1) makes the claim invalid
     low = [dict(r, **{"test/balanced_acc": 0.05}) if r["arm"] == "ce_lt" else r for r in rows]
-    res = rr.claim_results(claim, low, seeds=list(range(10)), method="t", confidence=0.95, revision=3)
+    res = rp.analysis.claim_results(claim, low, seeds=list(range(10)), method="t", confidence=0.95, revision=3)
     assert res["rev3"].primary.verdict == "reproduced" and res["verdict"] == "invalid (arm ce_lt did not train)"
-    lines = rr.summary_rev3([res], CF.arms, meta)
+    lines = rp.reports.summary_rev3([res], CF.arms, meta)
     assert "1 claims: 0 reproduced, 0 contradicted, 0 not resolved, 1 invalid" in lines[0]
     assert any("| invalid (arm ce_lt did not train) |" in line for line in lines)
 
@@ -778,9 +787,9 @@ def test_revision_3_sanity_claim_and_did_in_the_report(tmp_path):
             rows.append(_row(arm, "eval", s, **{"test/r@1": 0.6 + 0.01 * s, "test/ndcg@10": 0.7, "test/r@10": 0.9,
                                                  "test/mrr@10": 0.65}))
     sanity = next(c for c in CF.claims if c.key == "decoupled_softmax_stdlib")
-    res = rr.claim_results(sanity, rows, seeds=list(range(10)), method="t", confidence=0.95, revision=3)
+    res = rp.analysis.claim_results(sanity, rows, seeds=list(range(10)), method="t", confidence=0.95, revision=3)
     assert res["rev3"].sanity and res["verdict"] == "holds"
-    lines = rr.summary_rev3([res], CF.arms, {"seeds_of": {sanity.key: list(range(10))}})
+    lines = rp.reports.summary_rev3([res], CF.arms, {"seeds_of": {sanity.key: list(range(10))}})
     assert "0 claims" in lines[0] and any(line.startswith("| `decoupled_softmax_stdlib` | sanity: r@1") for line in lines)
 
     fn = next(c for c in CF.claims if c.key == "psl_false_negatives")
@@ -792,7 +801,7 @@ def test_revision_3_sanity_claim_and_did_in_the_report(tmp_path):
         for arm, v in vals.items():
             rows.append(_row(arm, "eval", s, **{"test/recall@20": v + rng.normal(0, 0.001), "test/ndcg@20": v,
                                                  "test/debiased_recall@20": v}))
-    res = rr.claim_results(fn, rows, seeds=list(range(10)), method="t", confidence=0.95, revision=3)
+    res = rp.analysis.claim_results(fn, rows, seeds=list(range(10)), method="t", confidence=0.95, revision=3)
     d = []
     for s in range(10):
         v = {r["arm"]: r["test/recall@20"] for r in rows if r["seed"] == s}
@@ -800,11 +809,11 @@ def test_revision_3_sanity_claim_and_did_in_the_report(tmp_path):
     prim = res["rev3"].primary
     assert prim.ci.mean == pytest.approx(np.mean(d)) and prim.ci.n == 10 and res["verdict"] == "reproduced"
     # read under revision 2 (--revision 2): every check at 95%, the did check by its claimed direction
-    old = rr.claim_results(fn, rows, seeds=list(range(10)), method="t", confidence=0.95, revision=2)
+    old = rp.analysis.claim_results(fn, rows, seeds=list(range(10)), method="t", confidence=0.95, revision=2)
     assert old["checks"][0]["ci"].mean == pytest.approx(np.mean(d)) and old["checks"][0]["verdict"] == "reproduced"
     meta = {**_meta({fn.key: list(range(10))}), "revision": 3}
     path = tmp_path / "rec.md"
-    rr.write_markdown("recommendation", [fn], [res], rows, CF, {}, {}, meta, str(path), [])
+    rp.reports.write_markdown("recommendation", [fn], [res], rows, CF, {}, {}, meta, str(path), [])
     md = path.read_text()
     assert "minus clean (recall@20: PSL tanh - sampled softmax) > 0" in md
     # the clean arms run with the claim and appear in its arms table
@@ -820,20 +829,20 @@ def test_revision_3_flags_not_worse_but_worse_in_every_table(tmp_path):
         rows.append(_row("ce", "eval", s, **{"test/top1": ce, "test/top5": 0.99, "test/ece": 0.02}))
         rows.append(_row("z_loss", "eval", s, **{"test/top1": ce - 0.005 + 0.001 * ((s % 2) - 0.5),
                                                  "test/top5": 0.99 + 0.001 * (s % 2), "test/ece": 0.02}))
-    res = rr.claim_results(claim, rows, seeds=list(range(10)), method="t", confidence=0.95, revision=3)
+    res = rp.analysis.claim_results(claim, rows, seeds=list(range(10)), method="t", confidence=0.95, revision=3)
     top1 = next(x["result"] for x in res["checks"] if x["check"].metric == "test/top1")
     assert top1.verdict == "reproduced" and top1.flag == "not worse by the margin, but worse"
     meta = {**_meta({"z_loss": list(range(10))}), "revision": 3}
     path = tmp_path / "vision.md"
-    rr.write_markdown("vision", [claim], [res], rows, CF, {}, {}, meta, str(path), [])
+    rp.reports.write_markdown("vision", [claim], [res], rows, CF, {}, {}, meta, str(path), [])
     md = path.read_text()
     assert "| reproduced (not worse by the margin, but worse) |" in md
     # the margin beside the baseline's own error: CE's seed sd and 1 - mean
     ce = [r["test/top1"] for r in rows if r["arm"] == "ce"]
     assert f"0.01 (baseline sd {statistics.stdev(ce):.4f}; 1 - mean {1 - statistics.fmean(ce):.4f})" in md
     assert any("flagged: top1: Z-loss not worse than cross-entropy (at most 0.01 below): not worse by the margin, "
-               "but worse" in line for line in rr.summary_rev3([res], CF.arms, meta))
-    assert rr.plot_forest("vision", [res], CF.arms, str(tmp_path / "f.png")) == 2  # the flag is in its labels too
+               "but worse" in line for line in rp.reports.summary_rev3([res], CF.arms, meta))
+    assert rp.plots.plot_forest("vision", [res], CF.arms, str(tmp_path / "f.png")) == 2  # the flag is in its labels too
 
 
 # ------------------------------------------------------------------------------------------------
@@ -858,10 +867,10 @@ def test_revision_3_report_refuses_a_test_split_that_is_not_fixed_and_flags_a_bu
     meta = {**_meta({"wcdas": seeds}), "revision": 3}
 
     def report(rows):
-        res = rr.claim_results(claim, rows, seeds=seeds, method="t", confidence=0.95, revision=3, arms=CF.arms)
+        res = rp.analysis.claim_results(claim, rows, seeds=seeds, method="t", confidence=0.95, revision=3, arms=CF.arms)
         path = tmp_path / "vision.md"
-        rr.write_markdown("vision", [claim], [res], rows, CF, {}, {}, meta, str(path), [])
-        return res, path.read_text(), rr.summary_rev3([res], CF.arms, meta)
+        rp.reports.write_markdown("vision", [claim], [res], rows, CF, {}, {}, meta, str(path), [])
+        return res, path.read_text(), rp.reports.summary_rev3([res], CF.arms, meta)
 
     # one test split, a baseline that stopped improving: nothing flagged
     res, md, summary = report(_curve_rows(lambda a, s: "5a1b2c3d4e5f", gain=0.0))
@@ -886,55 +895,55 @@ def test_revision_3_report_refuses_a_test_split_that_is_not_fixed_and_flags_a_bu
     assert b["rule"].gain == pytest.approx(0.02) and b["rule"].threshold == pytest.approx((prim.ci.high - prim.ci.low) / 4)
     assert b["rule"].limited is True and "**budget-limited**" in md
     assert any(f"budget-limited ({CF.arms['ce_lt'].label} still improving)" in line for line in summary)
-    assert rr.plot_curves("vision", [res], rows, CF.arms, str(tmp_path / "c.png"))
+    assert rp.plots.plot_curves("vision", [res], rows, CF.arms, str(tmp_path / "c.png"))
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # runs without curves or fingerprints (revision 2's): said so, nothing plotted
     plain = _synthetic_rows()
     res, md, _ = report(plain)
     assert "Test split: not recorded" in md and "Learning curve: not recorded" in md
-    assert not rr.plot_curves("vision", [res], plain, CF.arms, str(tmp_path / "none.png"))
+    assert not rp.plots.plot_curves("vision", [res], plain, CF.arms, str(tmp_path / "none.png"))
 
 
 def test_a_changed_code_hash_makes_a_cached_run_miss(tmp_path, monkeypatch):
     """A run finished with other code (a loss, model or DataModule changed since) is not reused; a run
     read from a runs file is the record and is read as recorded, whatever code made it."""
     arm = CF.arms["cos_c1e5_pfc01"]
-    run = rr.tuning_runs([arm], [1000], quick=False)[0]
+    run = rp.tuning.tuning_runs([arm], [1000], quick=False)[0]
     _finish_full(run, tmp_path / "a", 1)
-    row = rr.cached_row(run, quick=False, workdir=str(tmp_path / "a"))
-    assert row is not None and len(rr._code_hash(arm)) == 12
-    monkeypatch.setattr(rr, "_code_tree_hash", lambda: "another version of losses/ and lightning_modules/")
-    assert rr.cached_row(run, quick=False, workdir=str(tmp_path / "a")) is None
+    row = rp.running.cached_row(run, quick=False, workdir=str(tmp_path / "a"))
+    assert row is not None and len(rp.running._code_hash(arm)) == 12
+    monkeypatch.setattr(rp.running, "_code_tree_hash", lambda: "another version of losses/ and lightning_modules/")
+    assert rp.running.cached_row(run, quick=False, workdir=str(tmp_path / "a")) is None
     # the recipe is part of the hash too
     other = dataclasses.replace(arm, recipe=CF.arms["ce"].recipe)
-    assert rr._code_hash(other) != rr._code_hash(arm)
+    assert rp.running._code_hash(other) != rp.running._code_hash(arm)
     # a runs file's row (revision 2's rows have no code hash) still seeds the workdir and keeps its record
     runs_file = tmp_path / "x_runs.csv"
-    rr.write_csv([row], str(runs_file))
-    assert rr.seed_workdir([run], [str(runs_file)], workdir=str(tmp_path / "b"), quick=False) == (1, 0)
-    again = rr.cached_row(run, quick=False, workdir=str(tmp_path / "b"))
+    rp.records.write_csv([row], str(runs_file))
+    assert rp.records.seed_workdir([run], [str(runs_file)], workdir=str(tmp_path / "b"), quick=False) == (1, 0)
+    again = rp.running.cached_row(run, quick=False, workdir=str(tmp_path / "b"))
     assert again is not None and again["code_hash"] == row["code_hash"] == ""
 
 
 def test_a_dirty_tree_is_refused_unless_allowed_and_quick_says_so(tmp_path, monkeypatch):
     _only_cached(monkeypatch)
-    monkeypatch.setattr(rr, "_dirty_paths", lambda: [" M losses/classification/comp_sum.py"])
+    monkeypatch.setattr(rp.running, "_dirty_paths", lambda: [" M losses/classification/comp_sum.py"])
     common = ["--claims", "opl", "--workdir", str(tmp_path / "w"), "--jobs", "1", "--deadline", "0"]
     with pytest.raises(SystemExit, match="uncommitted changes under losses/.*--allow-dirty"):
-        rr.main([*common, "--out", str(tmp_path / "o")])
+        rp.cli.main([*common, "--out", str(tmp_path / "o")])
     # allowed: it starts (nothing fits before a deadline of 0, so nothing runs); --quick runs dirty as CI does
-    assert rr.main([*common, "--out", str(tmp_path / "o"), "--allow-dirty"]) == 3
-    assert rr.main([*common, "--out", str(tmp_path / "q"), "--quick"]) == 3
+    assert rp.cli.main([*common, "--out", str(tmp_path / "o"), "--allow-dirty"]) == 3
+    assert rp.cli.main([*common, "--out", str(tmp_path / "q"), "--quick"]) == 3
     # --plan and --export-runs run nothing and write no report: never refused
-    assert rr.main(["--claims", "opl", "--workdir", str(tmp_path / "w"), "--plan"]) == 0
+    assert rp.cli.main(["--claims", "opl", "--workdir", str(tmp_path / "w"), "--plan"]) == 0
     # the report names the uncommitted changes and the runs made on them
     rows = [dict(_row("ce_lowdata", "eval", 0), code="abc-dirty"), dict(_row("opl_lowdata", "eval", 0), code="abc")]
-    lines = rr.provenance_lines(rows, {"dirty": [" M losses/x.py"], "dirty_reason": "--quick", "revision": 3})
+    lines = rp.reports.provenance_lines(rows, {"dirty": [" M losses/x.py"], "dirty_reason": "--quick", "revision": 3})
     assert lines[0].startswith("**uncommitted changes** under losses/") and "(--quick)" in lines[0]
     assert "`M losses/x.py`" in lines[0]
     assert lines[1] == "**1 run(s) made with uncommitted changes** (their code ends in -dirty): eval ce_lowdata seed 0"
     # revision 2's reports regenerate as they were: runs read from a file are named under revision 3 only
-    assert rr.provenance_lines(rows, {"dirty": [], "revision": 2}) == []
+    assert rp.reports.provenance_lines(rows, {"dirty": [], "revision": 2}) == []
 
 
 def test_revision_2_runs_are_read_under_the_current_claims_file(tmp_path, monkeypatch):
@@ -944,14 +953,14 @@ def test_revision_2_runs_are_read_under_the_current_claims_file(tmp_path, monkey
     gol_items arms tuned the learning rate already; revision 3's equal tuning changed the others')."""
     _only_cached(monkeypatch)
     committed = os.path.join(ROOT, "results", "revision2")
-    old = rr.load_claims(os.path.join(committed, "claims.yaml"))
+    old = rp.claims.load_claims(os.path.join(committed, "claims.yaml"))
     claim = next(c for c in CF.claims if c.key == "gol_items")
     for k in claim.run_arms():
         a, b = CF.arms[k], old.arms[k]
         assert (a.recipe, a.grid_points(), a.overrides, a.epochs) == (b.recipe, b.grid_points(), b.overrides, b.epochs), k
     out, work = tmp_path / "out", tmp_path / "work"
-    assert rr.main(["--claims", claim.key, "--runs-from", committed, "--revision-2-runs", "--out", str(out),
-                    "--workdir", str(work), "--jobs", "1", "--allow-dirty"]) == 0
+    assert rp.cli.main(["--claims", claim.key, "--runs-from", committed, "--revision-2-runs", "--out", str(out),
+                        "--workdir", str(work), "--jobs", "1", "--allow-dirty"]) == 0
     md = (out / "recommendation.md").read_text()
     assert "Test split: not recorded" in md and "Learning curve: not recorded" in md
     assert not (out / "recommendation_curves.png").exists()
@@ -962,7 +971,7 @@ def test_quick_rows_carry_curve_test_split_and_code_hash(quick_out):
     with open(out / "vision_runs.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
     for r in rows:
-        assert r["code_hash"] == rr._code_hash(CF.arms[r["arm"]])
+        assert r["code_hash"] == rp.running._code_hash(CF.arms[r["arm"]])
         assert re.fullmatch(r"[0-9a-f]{12}", r["test_split"])
         curve = json.loads(r["curve"])
         assert len(curve["val/top1"]) == 1 and "val/loss" in curve  # 1 epoch, validated once
@@ -1013,7 +1022,7 @@ def test_one_epoch_evaluation_runs_validate_every_quarter():
     its tuning runs and multi-epoch arms are unchanged."""
     lm = CF.arms["ce_lm"]
     assert lm.epochs == 1
-    ev = rr.run_args(lm, 0, {"model.init_args.lr": 0.001}, phase="eval", quick=False)
+    ev = rp.runs.run_args(lm, 0, {"model.init_args.lr": 0.001}, phase="eval", quick=False)
     assert "--trainer.val_check_interval=0.25" in ev and "--trainer.check_val_every_n_epoch=1" in ev
-    assert not any("val_check_interval" in a for a in rr.run_args(lm, 1000, {}, phase="tune", quick=False))
-    assert not any("val_check_interval" in a for a in rr.run_args(CF.arms["ce"], 0, {}, phase="eval", quick=False))
+    assert not any("val_check_interval" in a for a in rp.runs.run_args(lm, 1000, {}, phase="tune", quick=False))
+    assert not any("val_check_interval" in a for a in rp.runs.run_args(CF.arms["ce"], 0, {}, phase="eval", quick=False))

@@ -21,7 +21,7 @@ def _module():
 
 
 rs = _module()
-CF = rs.rr.load_claims()
+CF = rs.load_claims()
 
 
 def test_the_committed_page_is_up_to_date():

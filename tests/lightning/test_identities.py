@@ -336,15 +336,14 @@ def test_ddp_recipe_with_two_gloo_processes_matches_one_process(tmp_path):
 
 
 # -- claims ------------------------------------------------------------------------------------
-def _reproduce_module():
-    import importlib.util
+def _reproduce_package():
+    """The reproduction package (``benchmarks/reproduce/``), imported as its entry point imports it."""
+    if os.path.join(ROOT, "benchmarks") not in sys.path:
+        sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import reproduce.claims
+    import reproduce.runs
 
-    spec = importlib.util.spec_from_file_location("reproduce_results_identities",
-                                                  os.path.join(ROOT, "benchmarks", "reproduce_results.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return reproduce
 
 
 def _rate_and_data(arm):
@@ -355,9 +354,9 @@ def _rate_and_data(arm):
 
 
 def test_many_class_claims_compare_sampled_rates_with_the_full_softmax():
-    rr = _reproduce_module()
-    cf = rr.load_claims()
-    assert rr.validate_claims(cf) == []
+    rp = _reproduce_package()
+    cf = rp.claims.load_claims()
+    assert rp.claims.validate_claims(cf) == []
     claims = {c.key: c for c in cf.claims if c.benchmark == "many_class"}
     assert set(claims) == {"pfc_arcface", "pfc_cosface", "pfc_cosface_c1e5"}
     for c in claims.values():
@@ -371,5 +370,5 @@ def test_many_class_claims_compare_sampled_rates_with_the_full_softmax():
             for metric in ("test/open_rank1", "test/top1"):
                 (ch,) = [ch for ch in c.checks if ch.family == k and ch.metric == metric]
                 assert ch.baseline == base and ch.kind == "not_worse" and 0 < ch.margin <= 0.02
-        args = rr.run_args(cf.arms[c.arms[0]], 3, {}, phase="eval", quick=False)
+        args = rp.runs.run_args(cf.arms[c.arms[0]], 3, {}, phase="eval", quick=False)
         assert "--model.init_args.init_seed=3" in args and "--model.init_args.loss.init_args.seed=3" in args

@@ -1,0 +1,163 @@
+"""Step 3 of the pipeline: comparison. The evaluation runs of a claim's arms are collected into the
+inputs of its checks -- per seed, an arm's value of a metric (:func:`seed_values`), the paired
+differences family - baseline or the differences in differences (:func:`check_sample`), the arms
+under the competence floors (:func:`competence`), the test splits the runs were scored on
+(:func:`test_splits`) and the primary baseline's learning curves (:func:`claim_budget`) -- and
+:func:`claim_results` reads the claim's verdict from them with the rules of ``benchmarks/stats.py``
+(revision 2: every check, :func:`evaluate_check`; revision 3: the primary check decides,
+``stats.evaluate_claim``). Nothing here decides a verdict itself: the rules live in ``stats.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .claims import DID_KIND, DIRECTION_KINDS, LEVEL_KINDS, MARGIN_KINDS, Arm, Check, Claim
+from .common import stats
+
+def per_seed(rows: Sequence[dict], arm: str, metric: str) -> Dict[int, float]:
+    out = {}
+    for r in rows:
+        if r["arm"] == arm and r["phase"] == "eval" and r["ok"]:
+            v = r.get(metric, "")
+            if v not in ("", None) and math.isfinite(float(v)):
+                out[int(r["seed"])] = float(v)
+    return out
+
+
+def seed_values(rows: Sequence[dict], arm: str, metric: str, seeds: Sequence[int],
+                transform: Optional[str] = None) -> Dict[int, float]:
+    """``{seed: value}`` of one arm's evaluation runs over ``seeds``, the check's transform applied."""
+    vals = {s: v for s, v in per_seed(rows, arm, metric).items() if s in seeds}
+    if transform == "abs":
+        vals = {s: abs(v) for s, v in vals.items()}
+    return vals
+
+
+def check_sample(ch: Check, rows: Sequence[dict], seeds: Sequence[int]) -> Dict[int, float]:
+    """The per-seed sample a check is read from: the family's values (level rules), the differences
+    in differences (``did``) or the paired differences family - baseline."""
+    fam = seed_values(rows, ch.family, ch.metric, seeds, ch.transform)
+    if ch.rule_kind() in LEVEL_KINDS:
+        return fam
+    base = seed_values(rows, ch.baseline, ch.metric, seeds, ch.transform)
+    if ch.kind == DID_KIND:
+        cm = ch.clean_metric or ch.metric
+        return stats.did_differences(fam, base,
+                                     seed_values(rows, ch.clean_family or ch.family, cm, seeds, ch.transform),
+                                     seed_values(rows, ch.clean_baseline or ch.baseline, cm, seeds, ch.transform))
+    return stats.paired_differences(fam, base)
+
+
+def evaluate_check(ch: Check, rows: Sequence[dict], seeds: Sequence[int], *, method: str,
+                   confidence: float) -> Tuple[str, "stats.Interval"]:
+    """Revision 2: the verdict and interval of one check (a sanity check by its rule; a did check as
+    the claimed direction of its differences in differences)."""
+    if ch.kind == DID_KIND:
+        ci = stats.interval(list(check_sample(ch, rows, seeds).values()), method=method, confidence=confidence)
+        return stats.verdict("higher" if ch.better == "higher" else "lower", ci), ci
+    fam = seed_values(rows, ch.family, ch.metric, seeds, ch.transform)
+    base = None
+    if ch.baseline:
+        base = seed_values(rows, ch.baseline, ch.metric, seeds, ch.transform)
+    return stats.check(ch.rule_kind(), fam, base, better=ch.better, margin=ch.margin, level=ch.level, method=method,
+                       confidence=confidence)
+
+
+def competence(c: Claim, rows: Sequence[dict], seeds: Sequence[int]) -> List[Tuple[str, str, float, float]]:
+    """Revision 3: ``(arm, metric, arm mean, floor)`` for every arm of the claim (its clean arms
+    included) whose mean over ``seeds`` does not beat the claim's floor of a metric."""
+    out = []
+    for metric, floor in c.floors:
+        arms = {a: seed_values(rows, a, metric, seeds) for a in c.run_arms()}
+        fl = floor if not isinstance(floor, str) else {a: seed_values(rows, a, floor, seeds) for a in c.run_arms()}
+        out += [(a, metric, m, f) for a, m, f in stats.competence_failures(arms, fl)]
+    return out
+
+
+def _mean_sd(vals: Sequence[float]) -> Tuple[float, float]:
+    m, s, _ = stats.mean_sd(vals)
+    return m, s
+
+
+def claim_results(c: Claim, rows: Sequence[dict], *, seeds: Sequence[int], method: str, confidence: float,
+                  revision: int = 2, n_boot: int = 10000, arms: Optional[Dict[str, Arm]] = None) -> dict:
+    """The verdicts of one claim. Revision 2: every check at the nominal confidence, the claim
+    reproduced when every check is (:func:`stats.claim_verdict`). Revision 3: the primary check
+    decides, secondary checks are Holm-adjusted within the claim, sanity checks are reported apart
+    and an arm under its competence floor makes the claim invalid (:func:`stats.evaluate_claim`);
+    the result also carries the claim's test splits (``test_split``: :func:`stats.test_split_problem`)
+    and whether its primary baseline was budget-limited (``budget``: :func:`claim_budget`; ``arms``
+    lets a curve fall back to the baseline's ``select`` metric)."""
+    if revision < 3:
+        checks = []
+        for ch in c.checks:
+            v, ci = evaluate_check(ch, rows, seeds, method=method, confidence=confidence)
+            checks.append({"check": ch, "verdict": v, "ci": ci})
+        return {"claim": c, "checks": checks, "verdict": stats.claim_verdict([x["verdict"] for x in checks])}
+    inputs = [stats.CheckInput(name=f"{i}", kind=ch.kind, values=tuple(check_sample(ch, rows, seeds).values()),
+                               primary=ch.primary, rule=ch.rule, better=ch.better, margin=ch.margin, level=ch.level,
+                               effect=ch.effect) for i, ch in enumerate(c.checks)]
+    fps = test_splits(c, rows, seeds)
+    res = stats.evaluate_claim(inputs, invalid_arms=competence(c, rows, seeds), method=method, confidence=confidence,
+                               n_boot=n_boot, test_splits=fps)
+    checks = [{"check": ch, "verdict": r.verdict, "ci": r.reported_ci, "result": r} for ch, r in zip(c.checks, res.checks)]
+    out = {"claim": c, "checks": checks, "verdict": res.verdict_text(), "rev3": res, "seeds": list(seeds)}
+    out["test_split"] = {"fingerprints": fps, "problem": stats.test_split_problem(fps)}
+    prim = next((x for x in checks if x["result"].role == "primary"), None)
+    out["budget"] = claim_budget(c, prim, rows, seeds, arms) if prim is not None else None
+    return out
+
+
+def test_splits(c: Claim, rows: Sequence[dict], seeds: Sequence[int]) -> Dict[Tuple[str, int], str]:
+    """``{(arm, seed): test-split fingerprint}`` of the claim's finished evaluation runs (its clean
+    arms included; ``""`` where a run recorded none)."""
+    out = {}
+    for r in rows:
+        if r["arm"] in c.run_arms() and r["phase"] == "eval" and r["ok"] and int(r["seed"]) in seeds:
+            fp = r.get("test_split") or ""
+            if not fp and r.get("data"):
+                d = json.loads(r["data"]) if isinstance(r["data"], str) else r["data"]
+                fp = d.get("test_split", "")
+            out[(r["arm"], int(r["seed"]))] = fp
+    return out
+
+
+def curve_of(row: dict, metric: str) -> Optional[List[Optional[float]]]:
+    """The run's validation curve of ``metric`` (a value per epoch), or ``None``."""
+    raw = row.get("curve")
+    if not raw:
+        return None
+    curve = json.loads(raw) if isinstance(raw, str) else raw
+    return curve.get(metric)
+
+
+def curve_metric(check: Check, arm: Optional[Arm], rows: Sequence[dict]) -> Tuple[str, str]:
+    """The validation metric a check's learning curves are read on and its good direction: the
+    check's own metric as ``val/...`` where the baseline's curves carry it, else the baseline arm's
+    ``select`` (maximised)."""
+    name = "val/" + check.metric.split("/", 1)[-1]
+    better = check.kind if check.kind in DIRECTION_KINDS else check.better
+    if arm is None or any(curve_of(r, name) for r in rows if r["arm"] == check.baseline and r["phase"] == "eval"):
+        return name, better
+    return arm.select, "higher"
+
+
+def claim_budget(c: Claim, prim: dict, rows: Sequence[dict], seeds: Sequence[int],
+                 arms: Optional[Dict[str, Arm]] = None) -> Optional[dict]:
+    """Revision 3: whether the primary check's baseline was still improving at the end of the budget
+    (:func:`stats.budget_limited` on its evaluation runs' validation curves); ``None`` for a check
+    without a baseline (levels)."""
+    ch, r = prim["check"], prim["result"]
+    if not ch.baseline:
+        return None
+    metric, better = curve_metric(ch, (arms or {}).get(ch.baseline), rows)
+    curves = [v for row in rows if row["arm"] == ch.baseline and row["phase"] == "eval" and row["ok"]
+              and int(row["seed"]) in seeds and (v := curve_of(row, metric))]
+    half = (r.ci.high - r.ci.low) / 2.0 if math.isfinite(r.ci.low) else float("nan")
+    margin = ch.margin if ch.rule_kind() in MARGIN_KINDS else None
+    return {"arm": ch.baseline, "metric": metric, "curves": len(curves),
+            "epochs": (arms or {})[ch.baseline].epochs if ch.baseline in (arms or {}) else None,
+            "rule": stats.budget_limited(curves, better=better, margin=margin, half_width=half)}

@@ -1,0 +1,405 @@
+"""Step 0 of the pipeline: the claims file (``benchmarks/claims.yaml``), read and validated.
+
+The file declares, before anything runs, every claim's arms (recipe, fixed overrides, step budget,
+the hyperparameter grid each arm is tuned over and the validation metric it is selected on), the
+tuning and evaluation seeds, the evaluation section (revision 3) and each check's claimed direction,
+margin or level. :func:`load_claims` parses it into the frozen dataclasses :class:`Arm`,
+:class:`Check`, :class:`Claim` and :class:`ClaimsFile` (no validation beyond its shape);
+:func:`validate_claims` lists every problem of it as readable lines (the reproduction refuses an
+invalid file). :meth:`ClaimsFile.widen_groups` gives the groups of arms that widen their grids
+together (:mod:`reproduce.tuning`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .common import CLAIMS_FILE, ROOT, stats
+
+DIRECTION_KINDS = ("higher", "lower")
+MARGIN_KINDS = ("equivalent", "not_worse")
+LEVEL_KINDS = ("below", "above")
+DID_KIND = "did"  # revision 3: difference in differences (robustness claims)
+SANITY_KIND = "sanity"  # revision 3: identities / levels a loss meets by construction
+TRANSFORMS = ("abs",)  # per-seed transforms of a metric a check may declare
+REVISIONS = (2, 3)
+#: revision 3: the last component of a grid key that tunes the learning rate (every arm tunes one)
+LR_KEYS = ("lr", "learning_rate")
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    key: str
+    benchmark: str
+    label: str
+    recipe: str
+    epochs: int
+    select: str
+    grid: Tuple[Tuple[str, Tuple[Any, ...]], ...] = ()
+    overrides: Tuple[Tuple[str, Any], ...] = ()
+    seconds: float = 60.0
+    points: Tuple[Tuple[Tuple[str, Any], ...], ...] = ()  # an explicit list of grid points instead
+    # the claims file's evaluation section (revision 3), the same for every arm of the file
+    test_seed: Optional[int] = None  # one test split for every seed (DataModules of runs.TEST_SEED_DATA)
+    curves: bool = False  # evaluation runs validate every epoch: the run's learning curve
+    ood: Optional[str] = None  # evaluation runs score these OOD sets at test (DataModules of runs.OOD_DATA)
+    widen: bool = True  # False: the grid is the condition under test; never widened (tuning.widen)
+
+    def recipe_text(self) -> str:
+        with open(os.path.join(ROOT, self.recipe)) as fh:
+            return fh.read()
+
+    def recipe_config(self) -> dict:
+        import yaml
+
+        return yaml.safe_load(self.recipe_text()) or {}
+
+    def loss_has_seed(self) -> bool:
+        loss = (((self.recipe_config().get("model") or {}).get("init_args") or {}).get("loss") or {})
+        return "seed" in (loss.get("init_args") or {})
+
+    def untuned_lr_points(self) -> List[Dict[str, Any]]:
+        """The grid points that set no learning rate (no key whose last component is in
+        :data:`LR_KEYS`); revision 3 requires none."""
+        return [p for p in self.grid_points() if not any(k.split(".")[-1] in LR_KEYS for k in p)]
+
+    def grid_points(self) -> List[Dict[str, Any]]:
+        """The grid points in declared order: the explicit ``points``, or the product of the grid's
+        lists (``[{}]`` without a grid)."""
+        if self.points:
+            return [dict(p) for p in self.points]
+        if not self.grid:
+            return [{}]
+        keys = [k for k, _ in self.grid]
+        return [dict(zip(keys, vals)) for vals in itertools.product(*[v for _, v in self.grid])]
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    metric: str
+    family: str
+    kind: str
+    baseline: Optional[str] = None
+    margin: Optional[float] = None
+    level: Optional[float] = None
+    better: str = "higher"  # for not_worse and did: which direction of the metric is good
+    # revision 3
+    primary: bool = False  # the one check that decides the claim
+    rule: Optional[str] = None  # kind: sanity -- the rule it is read with (higher ... above)
+    transform: Optional[str] = None  # "abs": the per-seed metric value is replaced by its absolute value
+    clean_metric: Optional[str] = None  # kind: did -- the clean column (default: metric)
+    clean_family: Optional[str] = None  # kind: did -- the clean arms (default: family / baseline)
+    clean_baseline: Optional[str] = None
+    effect: Optional[float] = None  # the effect the paper reports (absolute units), for "decidable at this n"
+
+    def rule_kind(self) -> str:
+        """The kind the verdict is read with: a sanity check's ``rule``, else the ``kind``."""
+        return (self.rule or "") if self.kind == SANITY_KIND else self.kind
+
+    def metric_text(self) -> str:
+        m = self.metric.split("/", 1)[-1]
+        return f"abs({m})" if self.transform == "abs" else m  # no "|": it would split a markdown table cell
+
+    def clean_arms(self) -> Tuple[str, ...]:
+        if self.kind != DID_KIND:
+            return ()
+        return tuple(a for a in (self.clean_family or self.family, self.clean_baseline or self.baseline) if a)
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    key: str
+    family: str
+    benchmark: str
+    data: str
+    claim: str
+    arms: Tuple[str, ...]
+    metrics: Tuple[str, ...]
+    seeds: int
+    plot: str
+    checks: Tuple[Check, ...]
+    notes: str = ""
+    varies: Tuple[str, ...] = ()  # data arguments the arms deliberately differ in (e.g. label_type)
+    floors: Tuple[Tuple[str, Any], ...] = ()  # revision 3: (metric, a number or a floor column) per metric
+
+    def run_arms(self) -> Tuple[str, ...]:
+        """The claim's arms and the clean arms its difference-in-differences checks read (which may
+        belong to another claim), in order, each once: every one of them is run for the claim."""
+        out = list(self.arms)
+        for ch in self.checks:
+            out += [a for a in ch.clean_arms() if a not in out]
+        return tuple(out)
+
+    def primary(self) -> Optional[Check]:
+        prim = [ch for ch in self.checks if ch.primary]
+        return prim[0] if len(prim) == 1 else None
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimsFile:
+    path: str
+    statistics: Dict[str, Any]
+    tuning_seeds: Tuple[int, ...]
+    benchmarks: Dict[str, Dict[str, str]]
+    arms: Dict[str, Arm]
+    claims: Tuple[Claim, ...]
+    revision: int = 2  # the protocol revision the file declares (statistics.revision)
+    evaluation: Dict[str, Any] = dataclasses.field(default_factory=dict)  # test_seed, curves (revision 3)
+    widen_rounds: int = 0  # tuning.widen.rounds: automatic widening rounds of a grid chosen at an end
+
+    def widen_groups(self) -> List[List[str]]:
+        """The groups of arms that widen together (:func:`reproduce.tuning.tune_group`): the arms a
+        claim compares (:meth:`Claim.run_arms`), joined across claims that share an arm, in file
+        order; an arm declared ``widen: false`` is a group of its own."""
+        parent = {k: k for k in self.arms}
+
+        def root(k: str) -> str:
+            while parent[k] != k:
+                parent[k] = parent[parent[k]]
+                k = parent[k]
+            return k
+
+        for c in self.claims:
+            ks = [k for k in c.run_arms() if k in self.arms and self.arms[k].widen]
+            for k in ks[1:]:
+                parent[root(k)] = root(ks[0])
+        groups: Dict[str, List[str]] = {}
+        for k in self.arms:
+            groups.setdefault(root(k) if self.arms[k].widen else k, []).append(k)
+        return list(groups.values())
+
+
+def load_claims(path: str = CLAIMS_FILE) -> ClaimsFile:
+    """Parse the claims file (no validation beyond its shape; see :func:`validate_claims`)."""
+    import yaml
+
+    with open(path) as fh:
+        raw = yaml.safe_load(fh) or {}
+    arms = {}
+    evaluation = dict(raw.get("evaluation") or {})
+    for key, a in (raw.get("arms") or {}).items():
+        grid = dict(a.get("grid") or {})
+        points = tuple(tuple((p or {}).items()) for p in grid.pop("points", None) or ())
+        arms[key] = Arm(key=key, benchmark=a["benchmark"], label=a.get("label", key), recipe=a["recipe"],
+                        epochs=int(a["epochs"]), select=a.get("select", ""), points=points,
+                        grid=tuple((k, tuple(v)) for k, v in grid.items()),
+                        overrides=tuple((a.get("overrides") or {}).items()), seconds=float(a.get("seconds", 60)),
+                        test_seed=evaluation.get("test_seed"), curves=bool(evaluation.get("curves", False)),
+                        ood=evaluation.get("ood"),
+                        widen=bool(a.get("widen", True)))
+    claims = []
+    for c in raw.get("claims") or []:
+        checks = tuple(Check(metric=ch["metric"], family=ch["family"], kind=ch["kind"], baseline=ch.get("baseline"),
+                             margin=ch.get("margin"), level=ch.get("level"), better=ch.get("better", "higher"),
+                             primary=bool(ch.get("primary", False)), rule=ch.get("rule"),
+                             transform=ch.get("transform"), clean_metric=ch.get("clean_metric"),
+                             clean_family=ch.get("clean_family"), clean_baseline=ch.get("clean_baseline"),
+                             effect=ch.get("effect"))
+                       for ch in c.get("checks") or [])
+        claims.append(Claim(key=c["key"], family=c["family"], benchmark=c["benchmark"], data=c.get("data", ""),
+                            claim=c.get("claim", ""), arms=tuple(c.get("arms") or ()),
+                            metrics=tuple(c.get("metrics") or ()), seeds=int(c.get("seeds", 0)),
+                            plot=c.get("plot", ""), checks=checks, notes=c.get("notes", "") or "",
+                            varies=tuple(c.get("varies") or ()),
+                            floors=tuple((c.get("floors") or {}).items())))
+    tuning = raw.get("tuning") or {}
+    return ClaimsFile(path=path, statistics=dict(raw.get("statistics") or {}),
+                      tuning_seeds=tuple(int(s) for s in tuning.get("seeds") or ()),
+                      benchmarks=dict(raw.get("benchmarks") or {}), arms=arms, claims=tuple(claims),
+                      revision=int((raw.get("statistics") or {}).get("revision", 2)), evaluation=evaluation,
+                      widen_rounds=int((tuning.get("widen") or {}).get("rounds", 0)))
+
+
+def without_evaluation(cf: ClaimsFile) -> ClaimsFile:
+    """``cf`` with its evaluation section dropped: runs made as revision 2 made them (a test split per
+    seed, no validation during evaluation runs), so that revision 2's committed runs are read under
+    the current claims file (``--revision-2-runs``)."""
+    arms = {k: dataclasses.replace(a, test_seed=None, curves=False, ood=None) for k, a in cf.arms.items()}
+    return dataclasses.replace(cf, arms=arms, evaluation={})
+
+
+def _data_config(arm: Arm, varies: Sequence[str] = ()) -> dict:
+    """The recipe's data section with the arm's overrides, without ``seed`` and the ``varies`` keys."""
+    cfg = arm.recipe_config().get("data") or {}
+    init = dict(cfg.get("init_args") or {})
+    for k, v in arm.overrides:
+        if k.startswith("data.init_args."):
+            init[k[len("data.init_args."):]] = v
+    for k in ("seed", *varies):
+        init.pop(k, None)
+    return {"class_path": cfg.get("class_path"), "init_args": init}
+
+
+def validate_claims(cf: ClaimsFile) -> List[str]:
+    """Every problem of the claims file, as readable lines (empty: valid)."""
+    problems: List[str] = []
+    st = cf.statistics
+    if cf.revision not in REVISIONS:
+        problems.append(f"statistics.revision must be one of {REVISIONS} (got {cf.revision!r})")
+    if st.get("ci", "t") not in stats.METHODS:
+        problems.append(f"statistics.ci must be one of {stats.METHODS} (got {st.get('ci')!r})")
+    if not cf.tuning_seeds:
+        problems.append("tuning.seeds: declare at least one tuning seed")
+    ev = cf.evaluation
+    unknown = sorted(set(ev) - {"test_seed", "curves", "ood"})
+    if unknown:
+        problems.append(f"evaluation: unknown key(s) {unknown} (test_seed, curves, ood)")
+    ood = ev.get("ood")
+    if ood is not None and (not isinstance(ood, str) or not [n for n in ood.split(",") if n.strip()]):
+        problems.append(f"evaluation.ood must be comma-separated OOD set names, e.g. 'digits8x8,uniform_noise' "
+                        f"(got {ood!r})")
+    ts = ev.get("test_seed")
+    if ts is not None and (isinstance(ts, bool) or not isinstance(ts, int)):
+        problems.append(f"evaluation.test_seed must be an integer (got {ts!r})")
+    if not isinstance(ev.get("curves", False), bool):
+        problems.append(f"evaluation.curves must be true or false (got {ev.get('curves')!r})")
+    if cf.revision >= 3 and (ts is None or ev.get("curves") is not True):
+        problems.append("evaluation: revision 3 declares test_seed (one test split for every seed) and curves: true "
+                        "(evaluation runs record their validation curve)")
+    keys = [c.key for c in cf.claims]
+    for k in {k for k in keys if keys.count(k) > 1}:
+        problems.append(f"claim key {k!r} is used twice")
+    for a in cf.arms.values():
+        where = f"arm {a.key!r}"
+        if a.benchmark not in cf.benchmarks:
+            problems.append(f"{where}: benchmark {a.benchmark!r} is not declared under benchmarks")
+        if not os.path.isfile(os.path.join(ROOT, a.recipe)):
+            problems.append(f"{where}: recipe {a.recipe} does not exist")
+        if a.epochs < 1:
+            problems.append(f"{where}: epochs must be >= 1")
+        if a.points and a.grid:
+            problems.append(f"{where}: give the grid either as lists (a product) or as points, not both")
+        if len(a.grid_points()) < 2 or any(len(v) < 1 for _, v in a.grid):
+            problems.append(f"{where}: declare a hyperparameter grid of at least 2 points (tuned on validation)")
+        if not a.select.startswith("val/"):
+            problems.append(f"{where}: select must be a validation metric (val/...), got {a.select!r}")
+        if cf.revision >= 3 and (no_lr := a.untuned_lr_points()):
+            problems.append(f"{where}: revision 3 tunes the learning rate of every arm, but "
+                            + ("its grid tunes no learning rate" if len(no_lr) == len(a.grid_points()) else
+                               f"{len(no_lr)} of its {len(a.grid_points())} grid points set none")
+                            + f" (a grid key ending in {' or '.join(LR_KEYS)}; a knob is tuned as learning rate x knob)")
+        for k in [k for p in a.grid_points() for k in p] + [k for k, _ in a.overrides]:
+            if k.startswith("-") or k.split(".")[0] not in ("model", "data", "trainer"):
+                problems.append(f"{where}: override key {k!r} must look like model.init_args...., data.... or "
+                                "trainer.... (no leading dashes)")
+    for c in cf.claims:
+        where = f"claim {c.key!r}"
+        if c.benchmark not in cf.benchmarks:
+            problems.append(f"{where}: benchmark {c.benchmark!r} is not declared")
+        missing = [k for k in c.arms if k not in cf.arms]
+        if missing:
+            problems.append(f"{where}: arms {missing} are not declared under arms")
+            continue
+        if len(c.arms) < 2:
+            problems.append(f"{where}: needs a family arm and at least one baseline arm")
+        if not c.checks:
+            problems.append(f"{where}: declares no checks")
+        arms = [cf.arms[k] for k in c.arms]
+        if any(a.benchmark != c.benchmark for a in arms):
+            problems.append(f"{where}: every arm must belong to benchmark {c.benchmark!r}")
+        if len({a.epochs for a in arms}) > 1:
+            problems.append(f"{where}: arms have different step budgets {[(a.key, a.epochs) for a in arms]}")
+        datas = {json.dumps(_data_config(a, c.varies), sort_keys=True) for a in arms
+                 if os.path.isfile(os.path.join(ROOT, a.recipe))}
+        if len(datas) > 1:
+            problems.append(f"{where}: arms train on different data (the recipes' data sections differ beyond "
+                            f"the declared varies={list(c.varies)})")
+        # every arm the claim runs (the clean arms of its did checks too) gets the same tuning budget
+        budgets = {k: len(cf.arms[k].grid_points()) for k in c.run_arms() if k in cf.arms}
+        if len(set(budgets.values())) > 1:
+            problems.append(f"{where}: unequal tuning budgets (grid points per arm: {budgets})")
+        need = 10 if all(a.seconds < 60 for a in arms) else 5
+        if c.seeds < need:
+            problems.append(f"{where}: {c.seeds} seeds; arms of about {max(a.seconds for a in arms):.0f} s need >= {need}")
+        if c.plot not in c.metrics:
+            problems.append(f"{where}: plot metric {c.plot!r} is not among its metrics")
+        if cf.revision >= 3:
+            n_primary = sum(ch.primary for ch in c.checks)
+            if n_primary != 1:
+                problems.append(f"{where}: exactly one check must be primary: true (the one that states the "
+                                f"paper's main claim; got {n_primary})")
+            problems += _validate_floors(c, where)
+        for i, ch in enumerate(c.checks):
+            w = f"{where}, check {i + 1} ({ch.metric})"
+            if ch.family not in c.arms:
+                problems.append(f"{w}: family arm {ch.family!r} is not an arm of the claim")
+            if ch.metric not in c.metrics:
+                problems.append(f"{w}: metric is not among the claim's reported metrics")
+            if ch.effect is not None and (isinstance(ch.effect, bool) or not isinstance(ch.effect, (int, float))
+                                          or not ch.effect > 0):
+                problems.append(f"{w}: effect (the paper's reported effect) must be a positive number (got {ch.effect!r})")
+            if ch.transform is not None and ch.transform not in TRANSFORMS:
+                problems.append(f"{w}: transform {ch.transform!r} is not one of {TRANSFORMS}")
+            if ch.kind == DID_KIND:
+                problems += _validate_did(cf, c, ch, w)
+                continue
+            kind = ch.kind
+            if ch.kind == SANITY_KIND:
+                kind = ch.rule or ""
+                if kind not in stats.SANITY_RULES:
+                    problems.append(f"{w}: a sanity check needs a rule, one of {stats.SANITY_RULES} (got {ch.rule!r})")
+                    continue
+            if kind in DIRECTION_KINDS + MARGIN_KINDS:
+                if ch.baseline not in c.arms or ch.baseline == ch.family:
+                    problems.append(f"{w}: baseline {ch.baseline!r} must be another arm of the claim")
+            if kind in DIRECTION_KINDS:
+                if ch.margin is not None:
+                    problems.append(f"{w}: a direction claim takes no margin")
+            elif kind in MARGIN_KINDS:
+                if not isinstance(ch.margin, (int, float)) or not ch.margin > 0:
+                    problems.append(f"{w}: a {kind} claim needs a positive margin declared up front")
+                if ch.better not in ("higher", "lower"):
+                    problems.append(f"{w}: better must be 'higher' or 'lower'")
+            elif kind in LEVEL_KINDS:
+                if not isinstance(ch.level, (int, float)):
+                    problems.append(f"{w}: a {kind} claim needs a level")
+            else:
+                problems.append(f"{w}: kind {ch.kind!r} is not one of "
+                                f"{DIRECTION_KINDS + MARGIN_KINDS + LEVEL_KINDS + (DID_KIND, SANITY_KIND)}")
+    return problems
+
+
+def _validate_did(cf: ClaimsFile, c: Claim, ch: Check, w: str) -> List[str]:
+    """A difference-in-differences check: stressed arms of the claim, clean arms declared anywhere in
+    the file (same benchmark and step budget), and something that differs between the two sides."""
+    out = []
+    if ch.baseline not in c.arms or ch.baseline == ch.family:
+        out.append(f"{w}: baseline {ch.baseline!r} must be another arm of the claim")
+    clean_f, clean_b = ch.clean_family or ch.family, ch.clean_baseline or ch.baseline
+    for a in (clean_f, clean_b):
+        if a not in cf.arms:
+            out.append(f"{w}: clean arm {a!r} is not declared under arms")
+        elif cf.arms[a].benchmark != c.benchmark or (ch.family in cf.arms and cf.arms[a].epochs != cf.arms[ch.family].epochs):
+            out.append(f"{w}: clean arm {a!r} must belong to benchmark {c.benchmark!r} with the same step budget")
+    if clean_f == clean_b:
+        out.append(f"{w}: the clean family and baseline must be two arms")
+    clean_metric = ch.clean_metric or ch.metric
+    if clean_metric not in c.metrics:
+        out.append(f"{w}: clean metric {clean_metric!r} is not among the claim's reported metrics")
+    if clean_metric == ch.metric and (clean_f, clean_b) == (ch.family, ch.baseline):
+        out.append(f"{w}: a did check needs a clean side that differs from the stressed one (clean_metric, or "
+                   "clean_family / clean_baseline)")
+    if ch.margin is not None:
+        out.append(f"{w}: a did check takes no margin (its claimed direction is given by better)")
+    if ch.better not in ("higher", "lower"):
+        out.append(f"{w}: better must be 'higher' or 'lower'")
+    return out
+
+
+def _validate_floors(c: Claim, where: str) -> List[str]:
+    """Revision 3: every claim declares a competence floor per metric -- a number, or a floor column
+    (``test/...``) that the same runs compute on the same split."""
+    out = []
+    if not c.floors:
+        out.append(f"{where}: declare floors (a competence floor per metric that every arm must beat)")
+    for metric, floor in c.floors:
+        if metric not in c.metrics:
+            out.append(f"{where}: floor metric {metric!r} is not among the claim's reported metrics")
+        if isinstance(floor, bool) or not (isinstance(floor, (int, float)) or
+                                           (isinstance(floor, str) and floor.startswith("test/"))):
+            out.append(f"{where}: the floor of {metric!r} must be a number or a test/ column (got {floor!r})")
+    return out

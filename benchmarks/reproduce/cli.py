@@ -1,0 +1,262 @@
+"""The command line: ``python benchmarks/reproduce_results.py [options]`` (:func:`main`).
+
+:func:`main` runs the pipeline in order for the claims selected by ``--claims`` / ``--benchmarks``
+(:func:`select_claims`): it loads and validates the claims file (:mod:`reproduce.claims`), refuses a
+tree with uncommitted changes (:func:`reproduce.running._dirty_paths`), builds the tuning runs
+(:mod:`reproduce.tuning`), seeds the workdir from ``--runs-from`` or writes ``--export-runs``
+(:mod:`reproduce.records`), prints ``--plan`` or runs the queue (:func:`reproduce.running.run_plan`),
+and then, per benchmark, reads the claims' verdicts (:mod:`reproduce.analysis`) and writes the runs
+file, the figures (:mod:`reproduce.plots`) and the reports (:mod:`reproduce.reports`).
+
+The functions of :mod:`reproduce.running` are looked up on the module when called (``running.execute``),
+so that a test that replaces one of them there replaces it for the command line too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import functools
+import os
+import platform
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from . import __doc__ as PIPELINE
+from . import running
+from .analysis import claim_results
+from .claims import REVISIONS, Claim, ClaimsFile, load_claims, validate_claims, without_evaluation
+from .common import CLAIMS_FILE, ROOT, stats
+from .plots import plot_claims, plot_curves, plot_forest, plot_per_class
+from .records import candidate_runs, file_points, finished_rows, runs_files, seed_workdir, write_csv
+from .reports import _versions, write_markdown, write_summary
+from .tuning import plan_groups, tuning_runs
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    cpus = os.cpu_count() or 1
+    p = argparse.ArgumentParser(description=PIPELINE.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--claims-file", default=CLAIMS_FILE, help="the claims file (default benchmarks/claims.yaml)")
+    p.add_argument("--claims", default="", help="comma-separated claim keys (default: every claim of --benchmarks)")
+    p.add_argument("--benchmarks", default="", help="comma-separated benchmarks (default: every one in the file)")
+    p.add_argument("--ci", choices=stats.METHODS, default=None, help="CI method (default: the file's statistics.ci)")
+    p.add_argument("--revision", type=int, choices=REVISIONS, default=None,
+                   help="protocol revision of the verdicts and reports (default: the file's statistics.revision; "
+                        "2 without one)")
+    p.add_argument("--quick", action="store_true", help="CI smoke run: 1 seed, the first grid point, 1 epoch of 2 batches "
+                   "(numbers meaningless); needs --out outside results/")
+    p.add_argument("--out", default=os.path.join(ROOT, "results"), help="output folder (default results/)")
+    p.add_argument("--jobs", type=int, default=cpus, help="runs at once (default: CPU count)")
+    p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "losses-reproduce-v2"),
+                   help="per-run folders (results kept for resuming; checkpoints deleted)")
+    p.add_argument("--fresh", action="store_true", help="ignore finished runs in --workdir")
+    p.add_argument("--runs-from", action="append", default=[], metavar="PATH",
+                   help="a runs CSV file, or a folder's *_runs.csv (repeatable): their finished runs are copied into "
+                        "--workdir first, so reports regenerate from committed runs and only missing runs execute")
+    p.add_argument("--export-runs", default="", metavar="FILE",
+                   help="run nothing: write the rows of the selected claims' runs finished in --workdir to FILE "
+                        "(to commit unfinished work and resume it elsewhere with --runs-from FILE)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per run before it is killed")
+    p.add_argument("--isolation", choices=("fork", "process"), default="fork",
+                   help="fork: each run is a process forked from a server that imported torch, Lightning and the "
+                        "CLI once (default, where the platform has a fork server); process: a fresh interpreter "
+                        "per run")
+    p.add_argument("--deadline", type=float, default=None, metavar="MINUTES",
+                   help="start no run whose declared time would end more than MINUTES after this invocation "
+                        "started (shorter runs that fit go first); the runs left are reported and no report is "
+                        "written: rerun on the same --workdir, or --export-runs and --runs-from, to finish")
+    p.add_argument("--plan", action="store_true", help="print the runs and their estimated time, run nothing")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="start even with uncommitted changes under losses/, lightning_modules/, configs/ or "
+                        "benchmarks/ (refused otherwise, except in --quick); the runs made are marked (their code "
+                        "ends in -dirty) and the reports name them")
+    p.add_argument("--revision-2-runs", action="store_true",
+                   help="make and read runs as revision 2 did, ignoring the claims file's evaluation section (a "
+                        "test split per seed, no validation during evaluation runs): to read results/revision2 "
+                        "under the current claims file without training")
+    return p.parse_args(argv)
+
+def select_claims(cf: ClaimsFile, claims_arg: str, benchmarks_arg: str) -> List[Claim]:
+    claims = list(cf.claims)
+    if benchmarks_arg:
+        want = [b.strip() for b in benchmarks_arg.split(",") if b.strip()]
+        bad = [b for b in want if b not in cf.benchmarks]
+        if bad:
+            raise SystemExit(f"reproduce_results: unknown benchmark(s) {bad}; the file declares {list(cf.benchmarks)}")
+        claims = [c for c in claims if c.benchmark in want]
+    if claims_arg:
+        want = [c.strip() for c in claims_arg.split(",") if c.strip()]
+        unknown = [w for w in want if w not in {c.key for c in cf.claims}]
+        if unknown:
+            raise SystemExit(f"reproduce_results: unknown claim(s) {unknown}; the file declares "
+                             f"{[c.key for c in cf.claims]}")
+        claims = [c for c in claims if c.key in want]
+    if not claims:
+        raise SystemExit("reproduce_results: nothing to run (check --benchmarks / --claims)")
+    return claims
+
+
+def write_benchmark(b: str, claims: Sequence[Claim], rows: Sequence[dict], out: str, cf: ClaimsFile,
+                    chosen: Dict[str, Dict[str, Any]], tables: Dict[str, List[dict]], meta: dict) -> List[dict]:
+    """What ``out`` holds of benchmark ``b`` (``claims``: its selected claims; ``rows``: every run):
+    its runs file, its figures and its report, from its claims' verdicts, which it returns (for the
+    summary)."""
+    brows = [r for r in rows if r["benchmark"] == b]
+    write_csv(brows, os.path.join(out, f"{b}_runs.csv"))
+    results = [claim_results(c, brows, seeds=meta["seeds_of"][c.key], method=meta["ci"], confidence=meta["confidence"],
+                             revision=meta["revision"], n_boot=meta["bootstrap_resamples"], arms=cf.arms)
+               for c in claims]
+    pngs = []
+    if plot_forest(b, results, cf.arms, os.path.join(out, f"{b}_forest.png")):
+        pngs.append(f"{b}_forest.png")
+    plot_claims(b, claims, brows, cf.arms, os.path.join(out, f"{b}.png"))
+    pngs.append(f"{b}.png")
+    if plot_curves(b, results, brows, cf.arms, os.path.join(out, f"{b}_curves.png")):
+        pngs.append(f"{b}_curves.png")
+    lt = [k for c in claims for k in c.arms if any("test/acc_class_0" in r for r in brows if r["arm"] == k)
+          and any("acc_tail" in m for m in c.metrics)]
+    lt = list(dict.fromkeys(lt))
+    if lt:
+        plot_per_class(brows, cf.arms, lt, os.path.join(out, f"{b}_lt_per_class.png"))
+        pngs.append(f"{b}_lt_per_class.png")
+    write_markdown(b, claims, results, brows, cf, chosen, tables, meta, os.path.join(out, f"{b}.md"), pngs)
+    return results
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    t_start = time.perf_counter()
+    cf = load_claims(args.claims_file)
+    problems = validate_claims(cf)
+    if problems:
+        raise SystemExit("reproduce_results: the claims file is invalid:\n  " + "\n  ".join(problems))
+    if args.revision_2_runs:
+        cf = without_evaluation(cf)
+    dirty: List[str] = []
+    if not (args.plan or args.export_runs):  # both run nothing and write no report
+        dirty = running._dirty_paths()
+        if dirty and not (args.allow_dirty or args.quick):
+            raise SystemExit("reproduce_results: uncommitted changes under "
+                             + ", ".join(f"{d}/" for d in running.PROVENANCE_DIRS)
+                             + " -- a run must be traceable to a commit. Commit them, or pass --allow-dirty (the runs "
+                             "are then marked and the reports name them):\n  " + "\n  ".join(dirty[:20])
+                             + ("\n  ..." if len(dirty) > 20 else ""))
+    out = os.path.abspath(args.out)
+    if args.quick and os.path.commonpath([out, os.path.join(ROOT, "results")]) == os.path.join(ROOT, "results"):
+        raise SystemExit("reproduce_results: --quick writes meaningless numbers; pass --out outside results/")
+    claims = select_claims(cf, args.claims, args.benchmarks)
+    method = args.ci or cf.statistics.get("ci", "t")
+    revision = args.revision or cf.revision
+    confidence = float(cf.statistics.get("confidence", 0.95))
+    seeds_of = {c.key: [0] if args.quick else list(range(c.seeds)) for c in claims}
+    arm_seeds: Dict[str, set] = {}
+    for c in claims:
+        for k in c.run_arms():
+            arm_seeds.setdefault(k, set()).update(seeds_of[c.key])
+    rounds = 0 if args.quick else cf.widen_rounds
+    groups = plan_groups(cf, list(arm_seeds)) if rounds else None
+    # an arm of a selected arm's widening group is tuned too (it widens with the group), never evaluated
+    arm_list = [cf.arms[k] for k in dict.fromkeys(list(arm_seeds) + [k for g in groups or () for k in g])]
+    tune_seeds = list(cf.tuning_seeds[:1] if args.quick else cf.tuning_seeds)
+    tune = tuning_runs(arm_list, tune_seeds, args.quick)
+    n_eval = sum(len(s) for s in arm_seeds.values())
+    est = (sum(r.arm.seconds for r in tune) + sum(cf.arms[k].seconds * len(s) for k, s in arm_seeds.items()))
+    if rounds:
+        print(f"reproduce_results: grids chosen at an end widen automatically (tuning.widen: at most {rounds} "
+              f"round(s), {len(groups)} group(s) of arms that widen together); the declared time below counts "
+              f"the declared grids only", flush=True)
+    cpus = os.cpu_count() or 1
+    jobs = max(1, args.jobs)
+    threads = max(1, cpus // jobs)
+    print(f"reproduce_results: {len(claims)} claims, {len(arm_list)} arms: {len(tune)} tuning runs + {n_eval} "
+          f"evaluation runs; declared run time {est / 60:.0f} min in all (~{est / 60 / jobs:.0f} min at {jobs} "
+          f"at a time); workdir {args.workdir}", flush=True)
+    if args.runs_from and args.fresh:
+        raise SystemExit("reproduce_results: --fresh ignores finished runs; it cannot be combined with --runs-from")
+    eval_seeds = {k: sorted(ss) for k, ss in arm_seeds.items()}
+    if args.runs_from:
+        files = runs_files(args.runs_from)
+        os.makedirs(args.workdir, exist_ok=True)
+        written, had = seed_workdir(candidate_runs(arm_list, tune_seeds, eval_seeds, args.quick,
+                                                   extra=file_points(files, arm_list)), files,
+                                    workdir=args.workdir, quick=args.quick)
+        print(f"reproduce_results: {written} finished run(s) read from {len(files)} runs file(s) into the workdir "
+              f"({had} already there)", flush=True)
+    if args.export_runs:
+        states = running.group_states(cf.arms, groups, [a.key for a in arm_list],
+                              running.workdir_score(tune_seeds, quick=args.quick, workdir=args.workdir),
+                              rounds=rounds, quick=args.quick)
+        extra = {k: st.points[k] for k, st in states.items()}
+        rows = finished_rows(candidate_runs(arm_list, tune_seeds, eval_seeds, args.quick, extra=extra),
+                             workdir=args.workdir, quick=args.quick)
+        os.makedirs(os.path.dirname(os.path.abspath(args.export_runs)), exist_ok=True)
+        write_csv(rows, args.export_runs)
+        print(f"reproduce_results: wrote the {len(rows)} finished run(s) of the selected claims to "
+              f"{args.export_runs}", flush=True)
+        return 0
+    if args.plan:
+        left = 0.0
+        for st in running.plan_status(claims, cf.arms, tune_seeds, seeds_of, quick=args.quick, workdir=args.workdir,
+                              groups=groups, rounds=rounds):
+            left += st["seconds_left"]
+            print(f"  {st['claim']} ({st['benchmark']}): {st['arms']} arms, {st['tune']} tuning + {st['eval']} "
+                  f"evaluation runs, {st['seconds'] / 60:.0f} min declared; finished: {st['tune_done']} tuning, "
+                  f"{st['eval_done']} evaluation"
+                  + (f"; left ~{st['seconds_left'] / 60:.0f} min ({', '.join(st['open_arms'])})"
+                     if st["seconds_left"] else ""), flush=True)
+        print(f"reproduce_results: declared time of the runs not finished in {args.workdir}: {left / 60:.0f} min "
+              f"(~{left / 60 / jobs:.0f} min at {jobs} at a time; an arm shared by claims counts in each)", flush=True)
+        return 0
+    os.makedirs(out, exist_ok=True)
+    os.makedirs(args.workdir, exist_ok=True)
+    common = dict(jobs=jobs, threads=threads, quick=args.quick, workdir=args.workdir, fresh=args.fresh,
+                  timeout=args.timeout)
+    deadline = None if args.deadline is None else t_start + 60.0 * args.deadline
+    tune_rows, eval_rows, chosen, tables = running.run_plan(
+        arm_list, tune, eval_seeds, deadline=deadline, groups=groups, rounds=rounds,
+        execute_fn=functools.partial(running.execute, isolation=args.isolation), **common)
+    rows = tune_rows + eval_rows
+    if len(tune_rows) < len(tune) or len(eval_rows) < n_eval or len(chosen) < len(arm_list):
+        print(f"reproduce_results: stopped at the deadline with {max(0, len(tune) - len(tune_rows))} declared "
+              f"tuning run(s), the widening rounds of {len(arm_list) - len(chosen)} arm(s) and "
+              f"{n_eval - len(eval_rows)} evaluation run(s) left; no report written. The finished runs are kept "
+              f"in {args.workdir}: rerun this command to go on, or add --export-runs FILE to carry them elsewhere "
+              f"(and --runs-from FILE there)", flush=True)
+        return 3
+    wall = time.perf_counter() - t_start
+    meta = {
+        "mode": ("quick smoke run: 1 seed, the first grid point, 1 epoch of 2 batches -- the numbers are meaningless"
+                 if args.quick else "declared seeds and grids"),
+        "command": "python benchmarks/reproduce_results.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "code": running._code_version(), "date": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "versions": _versions(rows),
+        "cpus": cpus, "cpu": _cpu_name(), "jobs": jobs, "threads": threads, "ci": method, "confidence": confidence,
+        "power": float(cf.statistics.get("power", 0.8)),
+        "bootstrap_resamples": int(cf.statistics.get("bootstrap_resamples", 10000)),
+        "tuning_seeds": tune_seeds, "seeds_of": seeds_of, "revision": revision,
+        "dirty": dirty, "dirty_reason": "--quick" if args.quick and not args.allow_dirty else "--allow-dirty",
+    }
+    summary = []
+    for b in cf.benchmarks:
+        bc = [c for c in claims if c.benchmark == b]
+        if bc:
+            summary += write_benchmark(b, bc, rows, out, cf, chosen, tables, meta)
+    write_summary(os.path.join(out, "summary.md"), summary, rows, n_tune=len(tune_rows), n_eval=len(eval_rows),
+                  cf=cf, chosen=chosen, tables=tables, meta=meta, wall=wall)
+    n_fail = sum(not r["ok"] for r in rows)
+    print(f"reproduce_results: wrote {out} in {wall / 60:.1f} min; {n_fail} failed run(s)", flush=True)
+    return 1 if n_fail else 0
