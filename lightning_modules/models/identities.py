@@ -295,7 +295,7 @@ class IdentityEmbedder(BenchmarkModule):
             res = identification_metrics(emb[g], ident[g], emb[p], ident[p], far=self.far)
             records = self._item_records(stage)
             if records is not None and math.isfinite(res["rank1"]):
-                self._record_probes(records, emb[g], ident[g], emb[p], ident[p], idx[p])
+                self._record_probes(records, emb[g], ident[g], emb[p], ident[p], table[:, -1].long()[p])
             for k in ("rank1", "tar_at_far"):
                 if math.isfinite(res[k]):
                     self.log(f"{stage}/open_{'tar_far' if k == 'tar_at_far' else k}", res[k], on_step=False,
