@@ -106,6 +106,11 @@ _LOSSES = {"ce": lambda z, y: F.cross_entropy(z.float(), y, reduction="none"), "
            "margin": margin_loss}
 
 
+def _label(predict, out: Tensor) -> Tensor:
+    """Predicted class of a model output: ``predict(out).argmax(1)`` (``out.argmax(1)`` by default)."""
+    return (out if predict is None else predict(out)).argmax(1)
+
+
 def _loss_grad(model, x: Tensor, y: Tensor, loss_fn) -> Tuple[Tensor, Tensor, Tensor]:
     """Per-example loss, input gradient and logits at ``x``."""
     x = x.detach().requires_grad_(True)
@@ -126,12 +131,12 @@ def apgd_checkpoints(n_iter: int) -> list:
 
 
 # -- Auto-PGD ------------------------------------------------------------------------------------
-def _apgd_once(model, x0, y, eps, loss_fn, n_iter, rho, alpha, gen, clip):
+def _apgd_once(model, x0, y, eps, loss_fn, n_iter, rho, alpha, gen, clip, predict=None):
     n = x0.shape[0]
     view = (-1,) + (1,) * (x0.dim() - 1)
     x = _uniform_start(x0, eps, gen, clip)
     loss, grad, logits = _loss_grad(model, x, y, loss_fn)
-    fooled = logits.argmax(1) != y
+    fooled = _label(predict, logits) != y
     x_adv = torch.where(fooled.view(view), x, x0)
     best_x, best_loss, best_grad = x.clone(), loss.clone(), grad.clone()
     x_prev = x.clone()
@@ -147,7 +152,7 @@ def _apgd_once(model, x0, y, eps, loss_fn, n_iter, rho, alpha, gen, clip):
             x_new = _project(x + alpha * (z - x) + (1 - alpha) * (x - x_prev), x0, eps, clip)
         x_prev, x = x, x_new
         new_loss, grad, logits = _loss_grad(model, x, y, loss_fn)
-        now = (logits.argmax(1) != y) & ~fooled
+        now = (_label(predict, logits) != y) & ~fooled
         x_adv = torch.where(now.view(view), x, x_adv)
         fooled |= now
         count += (new_loss > loss).float()
@@ -175,7 +180,8 @@ def _apgd_once(model, x0, y, eps, loss_fn, n_iter, rho, alpha, gen, clip):
 
 def apgd(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, *, eps: float, norm: str = "Linf",
          loss: str = "ce", n_iter: int = 100, restarts: int = 1, rho: float = 0.75, seed: int = 0,
-         clip: Optional[Tuple[float, float]] = (0.0, 1.0), alpha: float = 0.75) -> Tuple[Tensor, Tensor]:
+         clip: Optional[Tuple[float, float]] = (0.0, 1.0), alpha: float = 0.75,
+         predict: Optional[Callable[[Tensor], Tensor]] = None) -> Tuple[Tensor, Tensor]:
     """Auto-PGD (Croce & Hein, ICML 2020) in the l-inf ball of radius ``eps``.
 
     Algorithm: random start uniform in the ball; ``n_iter`` gradient evaluations of
@@ -194,6 +200,8 @@ def apgd(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, *, eps: float,
             on the examples not yet broken (default 1); rho: default 0.75; alpha: momentum, 0.75.
         seed: seeds a ``torch.Generator`` on the inputs' device (deterministic for a seed).
         clip: the valid input range (default ``(0, 1)``), ``None`` for no box.
+        predict: maps the model's output to class scores for deciding "misclassified"
+            (default: the output's argmax); the loss is always taken on the output as logits.
 
     Returns:
         ``(x_adv, fooled)``: adversarial inputs (for broken examples the misclassified point, for
@@ -207,9 +215,9 @@ def apgd(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, *, eps: float,
     if n_iter < 1 or restarts < 1:
         raise ValueError(f"apgd: n_iter and restarts must be >= 1 (got {n_iter!r}, {restarts!r})")
     _check("apgd", x, y, eps, clip)
-    x0, y = x.detach(), y.detach().long()
-    gen = _generator(x0, seed)
+    gen = _generator(x, seed)
     with _attack_mode(model):
+        x0, y = x.detach().clone(), y.detach().clone().long()
         if loss == "dlr":
             with torch.no_grad():
                 dlr_loss(model(x0[:1]), y[:1])  # raises for < 3 classes before attacking
@@ -219,7 +227,7 @@ def apgd(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, *, eps: float,
             idx = (~fooled).nonzero().squeeze(1)
             if idx.numel() == 0:
                 break
-            xa, fo = _apgd_once(model, x0[idx], y[idx], eps, _LOSSES[loss], n_iter, rho, alpha, gen, clip)
+            xa, fo = _apgd_once(model, x0[idx], y[idx], eps, _LOSSES[loss], n_iter, rho, alpha, gen, clip, predict)
             with torch.no_grad():
                 la = _LOSSES[loss](model(xa), y[idx]).float()
             keep = fo | (la > best_loss[idx])
@@ -232,7 +240,8 @@ def apgd(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, *, eps: float,
 # -- PGD -----------------------------------------------------------------------------------------
 def pgd(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, *, eps: float, step: Optional[float] = None,
         n_iter: int = 100, restarts: int = 10, loss: str = "ce", seed: int = 0,
-        clip: Optional[Tuple[float, float]] = (0.0, 1.0)) -> Tuple[Tensor, Tensor]:
+        clip: Optional[Tuple[float, float]] = (0.0, 1.0),
+        predict: Optional[Callable[[Tensor], Tensor]] = None) -> Tuple[Tensor, Tensor]:
     """PGD with random restarts (Madry et al., ICLR 2018), l-inf: each restart starts uniformly in
     the ball and takes ``n_iter`` steps ``x <- P(x + step * sign(grad loss))``; an example is broken
     as soon as any iterate of any restart is misclassified (restarts run only on unbroken examples).
@@ -241,7 +250,7 @@ def pgd(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, *, eps: float, 
         step: step size; ``None`` gives ``2.5 * eps / n_iter`` (Madry et al.).
         n_iter: steps per restart (default 100); restarts: default 10.
         loss: ``"ce"`` (cross-entropy) or ``"margin"`` (``max_{i != y} z_i - z_y``, Carlini-Wagner style).
-        seed, clip: as in ``apgd``.
+        seed, clip, predict: as in ``apgd``.
 
     Returns ``(x_adv, fooled)`` as ``apgd``.
     """
@@ -251,11 +260,11 @@ def pgd(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, *, eps: float, 
         raise ValueError(f"pgd: n_iter must be >= 0 and restarts >= 1 (got {n_iter!r}, {restarts!r})")
     _check("pgd", x, y, eps, clip)
     step = 2.5 * eps / max(n_iter, 1) if step is None else float(step)
-    x0, y = x.detach(), y.detach().long()
-    view = (-1,) + (1,) * (x0.dim() - 1)
-    gen = _generator(x0, seed)
+    view = (-1,) + (1,) * (x.dim() - 1)
+    gen = _generator(x, seed)
     fn = _LOSSES[loss]
     with _attack_mode(model):
+        x0, y = x.detach().clone(), y.detach().clone().long()
         x_adv, fooled = x0.clone(), torch.zeros(x0.shape[0], dtype=torch.bool, device=x0.device)
         best_loss = torch.full((x0.shape[0],), -float("inf"), device=x0.device)
         for _ in range(restarts):
@@ -268,7 +277,7 @@ def pgd(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, *, eps: float, 
             xa = xi.clone()
             for k in range(n_iter + 1):
                 ls, grad, logits = _loss_grad(model, xi, ys, fn)
-                now = (logits.argmax(1) != ys) & ~fo
+                now = (_label(predict, logits) != ys) & ~fo
                 xa = torch.where(now.view(view), xi, xa)
                 fo |= now
                 better = ~fo & (ls.float() > best_loss[idx])
@@ -295,20 +304,21 @@ class RobustResult:
     x_adv: Optional[Tensor] = None
 
 
-def _run_attack(name, model, x, y, eps, n_iter, restarts, seed, clip):
+def _run_attack(name, model, x, y, eps, n_iter, restarts, seed, clip, predict):
     if name in ("apgd-ce", "apgd-dlr"):
-        return apgd(model, x, y, eps=eps, loss=name[5:], n_iter=n_iter, restarts=restarts, seed=seed, clip=clip)
+        return apgd(model, x, y, eps=eps, loss=name[5:], n_iter=n_iter, restarts=restarts, seed=seed, clip=clip,
+                    predict=predict)
     if name in ("pgd", "pgd-ce", "pgd-margin"):
         return pgd(model, x, y, eps=eps, n_iter=n_iter, restarts=restarts, seed=seed, clip=clip,
-                   loss="margin" if name == "pgd-margin" else "ce")
+                   loss="margin" if name == "pgd-margin" else "ce", predict=predict)
     if name == "noise":  # uniform noise in the ball: a baseline, not an attack
-        x0 = x.detach()
-        gen = _generator(x0, seed)
+        gen = _generator(x, seed)
         with _attack_mode(model), torch.no_grad():
+            x0 = x.detach().clone()
             xa, fooled = x0.clone(), torch.zeros(x0.shape[0], dtype=torch.bool, device=x0.device)
             for _ in range(max(restarts, 1)):
                 xn = _uniform_start(x0, eps, gen, clip)
-                now = (model(xn).argmax(1) != y) & ~fooled
+                now = (_label(predict, model(xn)) != y) & ~fooled
                 xa[now] = xn[now]
                 fooled |= now
         return xa, fooled
@@ -318,27 +328,29 @@ def _run_attack(name, model, x, y, eps, n_iter, restarts, seed, clip):
 
 def robust_accuracy(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, *, eps: float,
                     attacks: Sequence[str] = ("apgd-ce", "apgd-dlr"), n_iter: int = 100, restarts: int = 1,
-                    batch_size: int = 500, seed: int = 0, clip: Optional[Tuple[float, float]] = (0.0, 1.0)
-                    ) -> RobustResult:
+                    batch_size: int = 500, seed: int = 0, clip: Optional[Tuple[float, float]] = (0.0, 1.0),
+                    predict: Optional[Callable[[Tensor], Tensor]] = None) -> RobustResult:
     """Worst-case robust accuracy over an ensemble of attacks (the AutoAttack protocol of Croce &
     Hein, 2020, default ensemble APGD-CE then APGD-DLR): an example counts as robust only if it is
     classified correctly and no attack breaks it; each attack runs only on the examples still
     robust. Attacks: ``"apgd-ce"``, ``"apgd-dlr"``, ``"pgd"`` (``"pgd-ce"``), ``"pgd-margin"``,
     ``"noise"`` (uniform noise in the ball, ``restarts`` draws). ``n_iter`` (default 100) and
     ``restarts`` (default 1) go to each attack; inputs are processed in chunks of ``batch_size``
-    (default 500), chunk ``b`` seeded with ``seed + b`` (deterministic for a seed).
+    (default 500), chunk ``b`` seeded with ``seed + b`` (deterministic for a seed). ``predict`` maps
+    the model's output to class scores (default: the output itself), as in ``apgd``.
 
     Returns a ``RobustResult`` (per-example ``robust`` flags in input order, accuracies)."""
     if not attacks:
         raise ValueError("robust_accuracy: attacks must name at least one attack, e.g. ('apgd-ce', 'apgd-dlr')")
     _check("robust_accuracy", x, y, eps, clip)
-    x, y = x.detach(), y.detach().long()
-    n = x.shape[0]
-    robust = torch.zeros(n, dtype=torch.bool, device=x.device)
-    x_adv = x.clone()
+    with torch.inference_mode(False):
+        x, y = x.detach().clone(), y.detach().clone().long()
+        n = x.shape[0]
+        robust = torch.zeros(n, dtype=torch.bool, device=x.device)
+        x_adv = x.clone()
     with _attack_mode(model), torch.no_grad():
         for s in range(0, n, batch_size):
-            robust[s:s + batch_size] = model(x[s:s + batch_size]).argmax(1) == y[s:s + batch_size]
+            robust[s:s + batch_size] = _label(predict, model(x[s:s + batch_size])) == y[s:s + batch_size]
     clean = robust.float().mean().item() if n else float("nan")
     by_attack = {}
     for name in attacks:
@@ -347,7 +359,7 @@ def robust_accuracy(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, *, 
             idx = sl[robust[sl]]
             if idx.numel() == 0:
                 continue
-            xa, fooled = _run_attack(name, model, x[idx], y[idx], eps, n_iter, restarts, seed + b, clip)
+            xa, fooled = _run_attack(name, model, x[idx], y[idx], eps, n_iter, restarts, seed + b, clip, predict)
             x_adv[idx] = xa
             robust[idx[fooled]] = False
         by_attack[name] = robust.float().mean().item() if n else float("nan")
@@ -358,7 +370,8 @@ def robust_accuracy(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, *, 
 def masking_checks(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, eps: float, *,
                    attacks: Sequence[str] = ("apgd-ce", "apgd-dlr"), n_iter: int = 50, large_eps: float = 1.0,
                    unbounded_tol: float = 0.02, tol: float = 0.0, seed: int = 0,
-                   clip: Optional[Tuple[float, float]] = (0.0, 1.0)) -> Dict[str, object]:
+                   clip: Optional[Tuple[float, float]] = (0.0, 1.0),
+                   predict: Optional[Callable[[Tensor], Tensor]] = None) -> Dict[str, object]:
     """Cheap sanity checks that flag gradient masking (Athalye et al., 2018; Carlini et al., 2019).
 
     Numbers: ``robust_eps`` / ``robust_2eps`` (the ensemble at ``eps`` and ``2 eps``),
@@ -370,16 +383,16 @@ def masking_checks(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, eps:
     attack), ``apgd_not_weaker`` (``robust_eps <= pgd10 + tol``), ``gradients_alive``
     (``zero_grad_fraction`` below 0.5); ``ok`` is their conjunction.
     """
-    ra = lambda e, atk, **kw: robust_accuracy(model, x, y, eps=e, attacks=atk, seed=seed, clip=clip, **kw)
+    ra = lambda e, atk, **kw: robust_accuracy(model, x, y, eps=e, attacks=atk, seed=seed, clip=clip, predict=predict, **kw)
     r1 = ra(eps, attacks, n_iter=n_iter)
     r2 = ra(2 * eps, attacks, n_iter=n_iter)
     ru = ra(large_eps, ("apgd-ce",), n_iter=n_iter)
     rn = ra(eps, ("noise",), restarts=20)
-    x0, yy = x.detach(), y.detach().long()
     with _attack_mode(model):
-        p10 = pgd(model, x0, yy, eps=eps, step=eps / 4, n_iter=10, restarts=1, seed=seed, clip=clip)[1]
+        x0, yy = x.detach().clone(), y.detach().clone().long()
+        p10 = pgd(model, x0, yy, eps=eps, step=eps / 4, n_iter=10, restarts=1, seed=seed, clip=clip, predict=predict)[1]
         _, grad, logits = _loss_grad(model, x0, yy, _LOSSES["ce"])
-    clean_ok = logits.argmax(1) == yy
+    clean_ok = _label(predict, logits) == yy
     pgd10 = (clean_ok & ~p10).float().mean().item()
     zero = (grad.flatten(1).abs().amax(1) == 0).float().mean().item()
     out = dict(eps=eps, clean=r1.clean_accuracy, robust_eps=r1.robust_accuracy, robust_2eps=r2.robust_accuracy,

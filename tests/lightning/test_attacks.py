@@ -156,3 +156,18 @@ def test_model_flags_restored(digits):
     with torch.inference_mode():  # works inside Lightning's test loop
         xa, _ = apgd(net, x[:5], y[:5], eps=0.05, n_iter=3)
     assert xa.shape == (5, 64)
+
+
+def test_inputs_made_in_inference_mode_and_predict_hook(digits):
+    model, x, y = digits
+    with torch.inference_mode():  # a Lightning test step's batch is an inference tensor
+        xi, yi = x[:40].clone(), y[:40].clone()
+        res = robust_accuracy(model, xi, yi, eps=0.08, n_iter=10)
+    ref = robust_accuracy(model, x[:40], y[:40], eps=0.08, n_iter=10)
+    assert torch.equal(res.robust, ref.robust)
+    # predict maps outputs to scores: a permuted-score predictor is always wrong at the clean point
+    wrong = robust_accuracy(model, x[:40], y[:40], eps=0.0, attacks=("apgd-ce",), n_iter=2,
+                            predict=lambda z: z.roll(1, dims=1))
+    right = robust_accuracy(model, x[:40], y[:40], eps=0.0, attacks=("apgd-ce",), n_iter=2,
+                            predict=lambda z: z.softmax(1))
+    assert right.clean_accuracy == ref.clean_accuracy and wrong.clean_accuracy < 0.2
