@@ -21,15 +21,24 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["dlr_loss", "margin_loss", "apgd", "pgd", "robust_accuracy", "RobustResult", "masking_checks",
-           "apgd_checkpoints"]
+__all__ = [
+    "RobustResult",
+    "apgd",
+    "apgd_checkpoints",
+    "dlr_loss",
+    "margin_loss",
+    "masking_checks",
+    "pgd",
+    "robust_accuracy",
+]
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -111,7 +120,7 @@ def _label(predict, out: Tensor) -> Tensor:
     return (out if predict is None else predict(out)).argmax(1)
 
 
-def _loss_grad(model, x: Tensor, y: Tensor, loss_fn) -> Tuple[Tensor, Tensor, Tensor]:
+def _loss_grad(model, x: Tensor, y: Tensor, loss_fn) -> tuple[Tensor, Tensor, Tensor]:
     """Per-example loss, input gradient and logits at ``x``."""
     x = x.detach().requires_grad_(True)
     logits = model(x)
@@ -126,7 +135,7 @@ def apgd_checkpoints(n_iter: int) -> list:
     p = [0.0, 0.22]
     while p[-1] < 1:
         p.append(p[-1] + max(p[-1] - p[-2] - 0.03, 0.06))
-    w = sorted({int(math.ceil(q * n_iter)) for q in p if q <= 1})
+    w = sorted({math.ceil(q * n_iter) for q in p if q <= 1})
     return [v for v in w if v <= n_iter]
 
 
@@ -180,8 +189,8 @@ def _apgd_once(model, x0, y, eps, loss_fn, n_iter, rho, alpha, gen, clip, predic
 
 def apgd(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, *, eps: float, norm: str = "Linf",
          loss: str = "ce", n_iter: int = 100, restarts: int = 1, rho: float = 0.75, seed: int = 0,
-         clip: Optional[Tuple[float, float]] = (0.0, 1.0), alpha: float = 0.75,
-         predict: Optional[Callable[[Tensor], Tensor]] = None) -> Tuple[Tensor, Tensor]:
+         clip: tuple[float, float] | None = (0.0, 1.0), alpha: float = 0.75,
+         predict: Callable[[Tensor], Tensor] | None = None) -> tuple[Tensor, Tensor]:
     """Auto-PGD (Croce & Hein, ICML 2020) in the l-inf ball of radius ``eps``.
 
     Algorithm: random start uniform in the ball; ``n_iter`` gradient evaluations of
@@ -238,10 +247,10 @@ def apgd(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, *, eps: float,
 
 
 # -- PGD -----------------------------------------------------------------------------------------
-def pgd(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, *, eps: float, step: Optional[float] = None,
+def pgd(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, *, eps: float, step: float | None = None,
         n_iter: int = 100, restarts: int = 10, loss: str = "ce", seed: int = 0,
-        clip: Optional[Tuple[float, float]] = (0.0, 1.0),
-        predict: Optional[Callable[[Tensor], Tensor]] = None) -> Tuple[Tensor, Tensor]:
+        clip: tuple[float, float] | None = (0.0, 1.0),
+        predict: Callable[[Tensor], Tensor] | None = None) -> tuple[Tensor, Tensor]:
     """PGD with random restarts (Madry et al., ICLR 2018), l-inf: each restart starts uniformly in
     the ball and takes ``n_iter`` steps ``x <- P(x + step * sign(grad loss))``; an example is broken
     as soon as any iterate of any restart is misclassified (restarts run only on unbroken examples).
@@ -300,8 +309,8 @@ class RobustResult:
     robust: Tensor
     robust_accuracy: float
     clean_accuracy: float
-    by_attack: Dict[str, float] = field(default_factory=dict)
-    x_adv: Optional[Tensor] = None
+    by_attack: dict[str, float] = field(default_factory=dict)
+    x_adv: Tensor | None = None
 
 
 def _run_attack(name, model, x, y, eps, n_iter, restarts, seed, clip, predict):
@@ -328,8 +337,8 @@ def _run_attack(name, model, x, y, eps, n_iter, restarts, seed, clip, predict):
 
 def robust_accuracy(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, *, eps: float,
                     attacks: Sequence[str] = ("apgd-ce", "apgd-dlr"), n_iter: int = 100, restarts: int = 1,
-                    batch_size: int = 500, seed: int = 0, clip: Optional[Tuple[float, float]] = (0.0, 1.0),
-                    predict: Optional[Callable[[Tensor], Tensor]] = None) -> RobustResult:
+                    batch_size: int = 500, seed: int = 0, clip: tuple[float, float] | None = (0.0, 1.0),
+                    predict: Callable[[Tensor], Tensor] | None = None) -> RobustResult:
     """Worst-case robust accuracy over an ensemble of attacks (the AutoAttack protocol of Croce &
     Hein, 2020, default ensemble APGD-CE then APGD-DLR): an example counts as robust only if it is
     classified correctly and no attack breaks it; each attack runs only on the examples still
@@ -370,8 +379,8 @@ def robust_accuracy(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, *, 
 def masking_checks(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, eps: float, *,
                    attacks: Sequence[str] = ("apgd-ce", "apgd-dlr"), n_iter: int = 50, large_eps: float = 1.0,
                    unbounded_tol: float = 0.02, tol: float = 0.0, seed: int = 0,
-                   clip: Optional[Tuple[float, float]] = (0.0, 1.0),
-                   predict: Optional[Callable[[Tensor], Tensor]] = None) -> Dict[str, object]:
+                   clip: tuple[float, float] | None = (0.0, 1.0),
+                   predict: Callable[[Tensor], Tensor] | None = None) -> dict[str, object]:
     """Cheap sanity checks that flag gradient masking (Athalye et al., 2018; Carlini et al., 2019).
 
     Numbers: ``robust_eps`` / ``robust_2eps`` (the ensemble at ``eps`` and ``2 eps``),
@@ -395,9 +404,9 @@ def masking_checks(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, eps:
     clean_ok = _label(predict, logits) == yy
     pgd10 = (clean_ok & ~p10).float().mean().item()
     zero = (grad.flatten(1).abs().amax(1) == 0).float().mean().item()
-    out = dict(eps=eps, clean=r1.clean_accuracy, robust_eps=r1.robust_accuracy, robust_2eps=r2.robust_accuracy,
-               robust_unbounded=ru.robust_accuracy, robust_noise=rn.robust_accuracy, pgd10=pgd10,
-               zero_grad_fraction=zero)
+    out = {"eps": eps, "clean": r1.clean_accuracy, "robust_eps": r1.robust_accuracy, "robust_2eps": r2.robust_accuracy,
+               "robust_unbounded": ru.robust_accuracy, "robust_noise": rn.robust_accuracy, "pgd10": pgd10,
+               "zero_grad_fraction": zero}
     out["monotone"] = r2.robust_accuracy <= r1.robust_accuracy + tol
     out["unbounded_zero"] = ru.robust_accuracy <= unbounded_tol
     out["noise_weaker"] = rn.robust_accuracy >= r1.robust_accuracy - tol

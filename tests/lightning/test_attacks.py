@@ -5,9 +5,15 @@ import torch
 import torch.nn.functional as F
 
 pytest.importorskip("sklearn")
-from sklearn.datasets import load_digits  # noqa: E402
+from sklearn.datasets import load_digits
 
-from lightning_modules.attacks import apgd, dlr_loss, masking_checks, pgd, robust_accuracy  # noqa: E402
+from lightning_modules.attacks import (
+    apgd,
+    dlr_loss,
+    masking_checks,
+    pgd,
+    robust_accuracy,
+)
 
 
 class Quantised(torch.nn.Module):
@@ -141,7 +147,7 @@ def test_deterministic_for_a_seed(digits):
 
 
 def test_model_flags_restored(digits):
-    model, x, y = digits
+    _model, x, y = digits
     net = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.Dropout(0.1), torch.nn.Linear(16, 10))
     net.load_state_dict(net.state_dict())
     net.train()
