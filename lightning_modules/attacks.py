@@ -135,7 +135,7 @@ def apgd_checkpoints(n_iter: int) -> list:
     p = [0.0, 0.22]
     while p[-1] < 1:
         p.append(p[-1] + max(p[-1] - p[-2] - 0.03, 0.06))
-    w = sorted({math.ceil(q * n_iter) for q in p if q <= 1})
+    w = sorted({math.ceil(round(q * n_iter, 9)) for q in p if q <= 1})  # round: 0.57 * 100 is 57.000...01
     return [v for v in w if v <= n_iter]
 
 

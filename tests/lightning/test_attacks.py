@@ -9,6 +9,7 @@ from sklearn.datasets import load_digits
 
 from lightning_modules.attacks import (
     apgd,
+    apgd_checkpoints,
     dlr_loss,
     masking_checks,
     pgd,
@@ -115,6 +116,10 @@ def test_masking_checks_flag_quantised_model(digits):
     assert not checks["unbounded_zero"] and checks["robust_unbounded"] > 0.05
     plain = masking_checks(model, x, y, eps, n_iter=20)
     assert plain["ok"], plain
+
+
+def test_apgd_checkpoints():
+    assert apgd_checkpoints(100) == [0, 22, 41, 57, 70, 80, 87, 93, 99]
 
 
 def test_dlr_matches_float64_formula_and_needs_three_classes():
