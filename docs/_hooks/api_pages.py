@@ -57,7 +57,8 @@ OPTIONAL_LOSS_PACKAGES = ("losses.integrations", "losses.testing")
 LIGHTNING_PACKAGES = ("lightning_modules.models", "lightning_modules.data")
 LIGHTNING_MODULES = ("lightning_modules.cli", "lightning_modules.base", "lightning_modules.optim",
                      "lightning_modules.routing", "lightning_modules.metrics", "lightning_modules.lm_metrics",
-                     "lightning_modules.retrieval_metrics",
+                     "lightning_modules.retrieval_metrics", "lightning_modules.records",
+                     "lightning_modules.attacks",
                      "lightning_modules.summary", "lightning_modules.progress", "lightning_modules.recipes",
                      "lightning_modules.models.pretrained")
 

