@@ -13,7 +13,9 @@ only ``test`` runs, on the untrained model (zero-shot references); with ``"test"
 LightningModule logged (``test/...``), the validation curve of the fit (``curve``: every ``val/...``
 metric per validation epoch, from the CSV logger), wall times, the epochs trained, the DataModule's
 data sizes and test-split fingerprint (``data.test_split``), peak RSS and the library versions to
-``OUT.json``.
+``OUT.json``. The test also writes ``test_items.npz`` in the run's directory
+(:class:`lightning_modules.records.TestItemRecorder`: the per-item values behind each test metric,
+for a bootstrap over training seeds and test items); ``test_items`` in ``OUT.json`` names it.
 """
 
 from __future__ import annotations
@@ -143,7 +145,12 @@ def run(spec: dict) -> dict:
         ckpt_args = [f"--ckpt_path={ckpts[-1]}"]
         del fit
     t0 = time.perf_counter()
-    test = main(args=["test", "--config", spec["config"], *common, *spec.get("test_args", []), *ckpt_args])
+    # the per-item values behind each test metric (for a bootstrap over seeds and test items)
+    items = os.path.join(root, "test_items.npz")
+    record = ["--trainer.callbacks+=lightning_modules.records.TestItemRecorder", f"--trainer.callbacks.path={items}"]
+    test = main(args=["test", "--config", spec["config"], *common, *spec.get("test_args", []), *record, *ckpt_args])
+    if os.path.exists(items):
+        result["test_items"] = os.path.relpath(items, root)
     result["test_seconds"] = time.perf_counter() - t0
     result["test_metrics"] = {k: v for k, v in _scalars(test.trainer.callback_metrics).items() if k.startswith("test/")}
     result["data"] = _data_info(test.datamodule)

@@ -87,7 +87,9 @@ def claim_results(c: Claim, rows: Sequence[dict], *, seeds: Sequence[int], metho
     """The verdicts of one claim. Revision 2: every check at the nominal confidence, the claim
     reproduced when every check is (:func:`stats.claim_verdict`). Revision 3: the primary check
     decides, secondary checks are Holm-adjusted within the claim, sanity checks are reported apart
-    and an arm under its competence floor makes the claim invalid (:func:`stats.evaluate_claim`);
+    and an arm under its competence floor makes the claim invalid (:func:`stats.evaluate_claim`).
+    Revision 4 adds the claim's declared ``not_applicable`` reason, its manipulation checks
+    (:func:`manipulation_checks`) and margins relative to the baseline's error;
     the result also carries the claim's test splits (``test_split``: :func:`stats.test_split_problem`)
     and whether its primary baseline was budget-limited (``budget``: :func:`claim_budget`; ``arms``
     lets a curve fall back to the baseline's ``select`` metric)."""
@@ -97,18 +99,40 @@ def claim_results(c: Claim, rows: Sequence[dict], *, seeds: Sequence[int], metho
             v, ci = evaluate_check(ch, rows, seeds, method=method, confidence=confidence)
             checks.append({"check": ch, "verdict": v, "ci": ci})
         return {"claim": c, "checks": checks, "verdict": stats.claim_verdict([x["verdict"] for x in checks])}
+    rev4 = revision >= 4
     inputs = [stats.CheckInput(name=f"{i}", kind=ch.kind, values=tuple(check_sample(ch, rows, seeds).values()),
                                primary=ch.primary, rule=ch.rule, better=ch.better, margin=ch.margin, level=ch.level,
-                               effect=ch.effect) for i, ch in enumerate(c.checks)]
+                               effect=ch.effect, **(_relative(ch, rows, seeds) if rev4 else {}))
+              for i, ch in enumerate(c.checks)]
     fps = test_splits(c, rows, seeds)
     res = stats.evaluate_claim(inputs, invalid_arms=competence(c, rows, seeds), method=method, confidence=confidence,
-                               n_boot=n_boot, test_splits=fps)
+                               n_boot=n_boot, test_splits=fps,
+                               manipulation=manipulation_checks(c, rows, seeds) if rev4 else (),
+                               not_applicable=c.not_applicable if rev4 else None)
     checks = [{"check": ch, "verdict": r.verdict, "ci": r.reported_ci, "result": r} for ch, r in zip(c.checks, res.checks)]
     out = {"claim": c, "checks": checks, "verdict": res.verdict_text(), "rev3": res, "seeds": list(seeds)}
     out["test_split"] = {"fingerprints": fps, "problem": stats.test_split_problem(fps)}
     prim = next((x for x in checks if x["result"].role == "primary"), None)
     out["budget"] = claim_budget(c, prim, rows, seeds, arms) if prim is not None else None
     return out
+
+
+def _relative(ch: Check, rows: Sequence[dict], seeds: Sequence[int]) -> dict:
+    """Revision 4: a check's margin relative to the baseline's error, with the baseline arm's mean over
+    the seeds it is applied to (``stats.resolve_margin``); nothing for a check without one."""
+    if ch.relative_margin is None:
+        return {}
+    base = list(seed_values(rows, ch.baseline, ch.metric, seeds, ch.transform).values())
+    return {"relative_margin": float(ch.relative_margin),
+            "baseline_mean": _mean_sd(base)[0] if base else float("nan")}
+
+
+def manipulation_checks(c: Claim, rows: Sequence[dict], seeds: Sequence[int]) -> List["stats.ManipulationCheck"]:
+    """Revision 4: the claim's manipulation checks with their arm's per-seed values of the metric over
+    the evaluation ``seeds`` (``stats.manipulation_result`` reads them against the absolute level)."""
+    return [stats.ManipulationCheck(name=m.name, metric=m.metric, arm=m.arm, op=m.op, level=float(m.level),
+                                    values=tuple(seed_values(rows, m.arm, m.metric, seeds).values()))
+            for m in c.manipulation]
 
 
 def test_splits(c: Claim, rows: Sequence[dict], seeds: Sequence[int]) -> Dict[Tuple[str, int], str]:

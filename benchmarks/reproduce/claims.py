@@ -26,7 +26,9 @@ LEVEL_KINDS = ("below", "above")
 DID_KIND = "did"  # revision 3: difference in differences (robustness claims)
 SANITY_KIND = "sanity"  # revision 3: identities / levels a loss meets by construction
 TRANSFORMS = ("abs",)  # per-seed transforms of a metric a check may declare
-REVISIONS = (2, 3)
+REVISIONS = (2, 3, 4)
+#: claim keys read only under revision 4 (``statistics.revision: 4``)
+REVISION4_KEYS = ("not_applicable", "manipulation")
 #: revision 3: the last component of a grid key that tunes the learning rate (every arm tunes one)
 LR_KEYS = ("lr", "learning_rate")
 
@@ -95,6 +97,8 @@ class Check:
     clean_family: Optional[str] = None  # kind: did -- the clean arms (default: family / baseline)
     clean_baseline: Optional[str] = None
     effect: Optional[float] = None  # the effect the paper reports (absolute units), for "decidable at this n"
+    # revision 4: a margin relative to the baseline's error (stats.resolve_margin), instead of ``margin``
+    relative_margin: Optional[float] = None
 
     def rule_kind(self) -> str:
         """The kind the verdict is read with: a sanity check's ``rule``, else the ``kind``."""
@@ -108,6 +112,19 @@ class Check:
         if self.kind != DID_KIND:
             return ()
         return tuple(a for a in (self.clean_family or self.family, self.clean_baseline or self.baseline) if a)
+
+
+@dataclasses.dataclass(frozen=True)
+class Manipulation:
+    """Revision 4: a check that the claim's condition occurred in one arm (``stats.ManipulationCheck``):
+    the mean over the evaluation seeds of ``metric`` in ``arm`` must satisfy ``op level``, an absolute
+    level. ``name`` says what it shows (e.g. "the penalty acted")."""
+
+    name: str
+    arm: str
+    metric: str
+    op: str
+    level: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +142,10 @@ class Claim:
     notes: str = ""
     varies: Tuple[str, ...] = ()  # data arguments the arms deliberately differ in (e.g. label_type)
     floors: Tuple[Tuple[str, Any], ...] = ()  # revision 3: (metric, a number or a floor column) per metric
+    # revision 4: every known deviation from the paper's setup (None: not declared; (): none known)
+    fidelity: Optional[Tuple[str, ...]] = None
+    not_applicable: Optional[str] = None  # the declared reason the regime cannot express the claim
+    manipulation: Tuple[Manipulation, ...] = ()  # the condition occurred (absolute levels)
 
     def run_arms(self) -> Tuple[str, ...]:
         """The claim's arms and the clean arms its difference-in-differences checks read (which may
@@ -198,14 +219,22 @@ def load_claims(path: str = CLAIMS_FILE) -> ClaimsFile:
                              primary=bool(ch.get("primary", False)), rule=ch.get("rule"),
                              transform=ch.get("transform"), clean_metric=ch.get("clean_metric"),
                              clean_family=ch.get("clean_family"), clean_baseline=ch.get("clean_baseline"),
-                             effect=ch.get("effect"))
+                             effect=ch.get("effect"), relative_margin=ch.get("relative_margin"))
                        for ch in c.get("checks") or [])
+        fid = c.get("fidelity")
+        raw_manip = c.get("manipulation") or []
+        raw_manip = raw_manip if isinstance(raw_manip, list) else [raw_manip]
+        manip = tuple(Manipulation(name=str(m.get("name", "")), arm=str(m.get("arm", "")), metric=str(m.get("metric", "")),
+                                   op=str(m.get("op", "")), level=m.get("level"))
+                      if isinstance(m, dict) else Manipulation("", "", "", "", None) for m in raw_manip)
         claims.append(Claim(key=c["key"], family=c["family"], benchmark=c["benchmark"], data=c.get("data", ""),
                             claim=c.get("claim", ""), arms=tuple(c.get("arms") or ()),
                             metrics=tuple(c.get("metrics") or ()), seeds=int(c.get("seeds", 0)),
                             plot=c.get("plot", ""), checks=checks, notes=c.get("notes", "") or "",
                             varies=tuple(c.get("varies") or ()),
-                            floors=tuple((c.get("floors") or {}).items())))
+                            floors=tuple((c.get("floors") or {}).items()),
+                            fidelity=None if fid is None else tuple(fid) if isinstance(fid, (list, tuple)) else (fid,),
+                            not_applicable=c.get("not_applicable"), manipulation=manip))
     tuning = raw.get("tuning") or {}
     return ClaimsFile(path=path, statistics=dict(raw.get("statistics") or {}),
                       tuning_seeds=tuple(int(s) for s in tuning.get("seeds") or ()),
@@ -323,6 +352,7 @@ def validate_claims(cf: ClaimsFile) -> List[str]:
                 problems.append(f"{where}: exactly one check must be primary: true (the one that states the "
                                 f"paper's main claim; got {n_primary})")
             problems += _validate_floors(c, where)
+        problems += _validate_revision4(cf, c, where)
         for i, ch in enumerate(c.checks):
             w = f"{where}, check {i + 1} ({ch.metric})"
             if ch.family not in c.arms:
@@ -350,7 +380,14 @@ def validate_claims(cf: ClaimsFile) -> List[str]:
                 if ch.margin is not None:
                     problems.append(f"{w}: a direction claim takes no margin")
             elif kind in MARGIN_KINDS:
-                if not isinstance(ch.margin, (int, float)) or not ch.margin > 0:
+                if ch.relative_margin is not None:
+                    if ch.margin is not None:
+                        problems.append(f"{w}: declare the margin either in the metric's units (margin) or relative "
+                                        f"to the baseline's error (relative_margin), not both")
+                    elif (isinstance(ch.relative_margin, bool) or not isinstance(ch.relative_margin, (int, float))
+                          or not ch.relative_margin > 0):
+                        problems.append(f"{w}: relative_margin must be a positive number (got {ch.relative_margin!r})")
+                elif not isinstance(ch.margin, (int, float)) or not ch.margin > 0:
                     problems.append(f"{w}: a {kind} claim needs a positive margin declared up front")
                 if ch.better not in ("higher", "lower"):
                     problems.append(f"{w}: better must be 'higher' or 'lower'")
@@ -360,6 +397,45 @@ def validate_claims(cf: ClaimsFile) -> List[str]:
             else:
                 problems.append(f"{w}: kind {ch.kind!r} is not one of "
                                 f"{DIRECTION_KINDS + MARGIN_KINDS + LEVEL_KINDS + (DID_KIND, SANITY_KIND)}")
+    return problems
+
+
+def _validate_revision4(cf: ClaimsFile, c: Claim, where: str) -> List[str]:
+    """The revision-4 keys of a claim: ``fidelity`` (declared by every claim of a revision-4 file, a
+    list of lines, ``[]`` when none is known), ``not_applicable`` (the reason, a non-empty string),
+    ``manipulation`` (checks of an arm the claim runs against an absolute level) and the checks'
+    ``relative_margin``; the last three change verdicts and are refused below revision 4."""
+    problems: List[str] = []
+    if c.fidelity is None:
+        if cf.revision >= 4:
+            problems.append(f"{where}: revision 4 declares fidelity: the deviations from the paper's setup, one line "
+                            f"each (fidelity: [] when none is known)")
+    elif not all(isinstance(x, str) and x.strip() for x in c.fidelity):
+        problems.append(f"{where}: fidelity must be a list of non-empty lines (got {list(c.fidelity)!r})")
+    rel = [i + 1 for i, ch in enumerate(c.checks) if ch.relative_margin is not None]
+    if cf.revision < 4:
+        used = [k for k in REVISION4_KEYS if getattr(c, k)] + (["relative_margin (checks " + str(rel) + ")"] if rel else [])
+        if used:
+            problems.append(f"{where}: {', '.join(used)} change verdicts under protocol revision 4 only "
+                            f"(statistics.revision: 4; this file is revision {cf.revision})")
+        return problems
+    if c.not_applicable is not None and not (isinstance(c.not_applicable, str) and c.not_applicable.strip()):
+        problems.append(f"{where}: not_applicable must be the declared reason, a non-empty string "
+                        f"(got {c.not_applicable!r})")
+    for i, m in enumerate(c.manipulation):
+        w = f"{where}, manipulation {i + 1}"
+        if not m.name.strip():
+            problems.append(f"{w}: give each manipulation check a name, an arm, a metric, an op and a level")
+            continue
+        if m.arm not in c.run_arms():
+            problems.append(f"{w} ({m.name}): arm {m.arm!r} is not an arm the claim runs")
+        if "/" not in m.metric:
+            problems.append(f"{w} ({m.name}): metric {m.metric!r} must be a logged column (test/..., train/...)")
+        if m.op not in stats.MANIPULATION_OPS:
+            problems.append(f"{w} ({m.name}): op must be one of {stats.MANIPULATION_OPS} (got {m.op!r})")
+        if isinstance(m.level, bool) or not isinstance(m.level, (int, float)) or m.level != m.level \
+                or m.level in (float("inf"), float("-inf")):
+            problems.append(f"{w} ({m.name}): level must be a finite number, an absolute level (got {m.level!r})")
     return problems
 
 

@@ -14,7 +14,7 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .analysis import _mean_sd, per_seed, seed_values
 from .claims import DID_KIND, LEVEL_KINDS, SANITY_KIND, Arm, Check, Claim, ClaimsFile
@@ -60,10 +60,11 @@ def check_text(ch: Check, arms: Dict[str, Arm]) -> str:
         return f"{m}: {fam} > {base}"
     if ch.kind == "lower":
         return f"{m}: {fam} < {base}"
+    mg = f"{ch.margin:g}" if ch.relative_margin is None else f"{ch.relative_margin:g} x {base}'s error"
     if ch.kind == "equivalent":
-        return f"{m}: {fam} = {base} within ±{ch.margin:g}"
+        return f"{m}: {fam} = {base} within ±{mg}"
     worse = "below" if ch.better == "higher" else "above"
-    return f"{m}: {fam} not worse than {base} (at most {ch.margin:g} {worse})"
+    return f"{m}: {fam} not worse than {base} (at most {mg} {worse})"
 
 
 def _versions(rows: Sequence[dict]) -> dict:
@@ -239,9 +240,12 @@ def provenance_lines(rows: Sequence[dict], meta: dict) -> List[str]:
     return out + ([""] if out else [])
 
 
-def _margin_text(ch: Check, rows: Sequence[dict], seeds: Sequence[int]) -> str:
+def _margin_text(ch: Check, rows: Sequence[dict], seeds: Sequence[int], r: Optional["stats.CheckResult"] = None) -> str:
     """A margin beside the baseline's own error: its seed sd and, for a higher-is-better metric in
-    [0, 1], its error 1 - mean (so a reader sees how large the margin is)."""
+    [0, 1], its error 1 - mean (so a reader sees how large the margin is); a margin relative to the
+    baseline's error (revision 4) as the absolute margin it resolved to and how."""
+    if ch.relative_margin is not None and r is not None and r.margin is not None:
+        return f"{r.margin:.4g} ({r.margin_basis})"
     if ch.margin is None:
         return "-"
     m, s = _mean_sd(list(seed_values(rows, ch.baseline, ch.metric, seeds, ch.transform).values()))
@@ -281,7 +285,7 @@ def _check_row(x: dict, rows: Sequence[dict], seeds: Sequence[int], arms: Dict[s
     else:
         role, p = r.role, f"{r.p:.4g}"
     p = p if math.isfinite(r.p) else "n/a"
-    return (f"| {check_text(ch, arms)} | {role} | {ci.n} | {fam} | {base} | {_margin_text(ch, rows, seeds)} | {diff} | "
+    return (f"| {check_text(ch, arms)} | {role} | {ci.n} | {fam} | {base} | {_margin_text(ch, rows, seeds, r)} | {diff} | "
             f"{_ci_cell(ci, r.role == 'secondary')} | {p} | {_decidable_cell(r)} | {_verdict_cell(r)} |")
 
 
@@ -301,16 +305,40 @@ def _rev3_check_lines(res: dict, rows: Sequence[dict], seeds: Sequence[int], arm
             + (". Under the floor: " + "; ".join(f"{arms[a].label} {m.split('/', 1)[-1]} {v:.4f} <= {f:.4f}"
                                                  for a, m, v, f in r3.invalid_arms) if r3.invalid_arms else "") + ".")
         lines.append("")
+    lines += revision4_lines(res, arms)
     n_sanity = sum(x["result"].role == "sanity" for x in res["checks"])
     if n_sanity and not r3.sanity:
         lines += [f"{n_sanity} sanity check(s) of this claim: see *Sanity checks* below (never counted).", ""]
     lines += _rev3_run_lines(res, arms)
     if r3.sanity:
         lines += [f"**Sanity claim: {res['verdict']}** (never counted as a reproduction).", ""]
+    elif r3.verdict == stats.NOT_APPLICABLE:
+        lines += [f"**Verdict: {res['verdict']}**: declared before the runs; not counted in the headline (the "
+                  f"checks above are reported only).", ""]
+    elif r3.verdict == stats.NOT_TESTED:
+        lines += [f"**Verdict: {res['verdict']}**: the condition the claim is about did not occur in these runs; "
+                  f"not counted in the headline (the primary check read {r3.primary.verdict}).", ""]
     else:
         why = ([", made invalid by the competence gate"] if r3.invalid_arms else []) + \
               ([", made invalid because its runs were tested on more than one test split"] if r3.split_problem else [])
         lines += [f"**Verdict: {res['verdict']}** (the primary check's" + "".join(why) + ").", ""]
+    return lines
+
+
+def revision4_lines(res: dict, arms: Dict[str, Arm]) -> List[str]:
+    """Revision 4: the claim's declared deviations from the paper's setup (``fidelity``) and its
+    manipulation checks, each with the arm's mean against its absolute level."""
+    c, r = res["claim"], res["rev3"]
+    lines: List[str] = []
+    if c.fidelity is not None:
+        lines += (["Deviations from the paper's setup (declared before the runs):", ""]
+                  + [f"- {x}" for x in c.fidelity] + [""]) if c.fidelity else \
+            ["Deviations from the paper's setup: none known (declared before the runs).", ""]
+    if r.manipulation:
+        lines += ["Manipulation checks (the condition occurred; absolute levels, never the baseline):", ""]
+        lines += [f"- {'passed' if m.passed else '**failed**'}: {m.text().replace(m.arm, arms[m.arm].label if m.arm in arms else m.arm, 1)}"
+                  for m in r.manipulation]
+        lines.append("")
     return lines
 
 
@@ -368,9 +396,34 @@ def _rev3_sanity_section(results: Sequence[dict], rows: Sequence[dict], meta: di
     return lines
 
 
+def headline_rev4(results: Sequence[dict]) -> List[str]:
+    """Revision 4's headline (``stats.headline_counts``): the tested claims by verdict, the claims not
+    applicable here and not tested listed apart with their reasons, and Benjamini-Hochberg across the
+    tested claims' primary p-values (``stats.claims_fdr``)."""
+    named = [(r["claim"].key, r["rev3"]) for r in results]
+    h = stats.headline_counts(named)
+    lines = [f"Protocol revision 4: each claim's verdict is its primary check's; {h.total} claims tested: "
+             + ", ".join(f"{h.counts[k]} {k}" for k in stats.HEADLINE)
+             + f". Listed apart, never counted: {len(h.not_applicable)} {stats.NOT_APPLICABLE}, "
+             f"{len(h.not_tested)} {stats.NOT_TESTED}, {len(h.sanity)} sanity claim(s).", ""]
+    lines += [f"- `{k}`: {stats.NOT_APPLICABLE} ({why})" for k, why in h.not_applicable]
+    lines += [f"- `{k}`: {stats.NOT_TESTED} ({why})" for k, why in h.not_tested]
+    fdr = stats.claims_fdr(named)
+    if fdr:
+        kept = [k for k, (_, _, rej) in fdr.items() if rej]
+        if h.not_applicable or h.not_tested:
+            lines.append("")
+        lines.append(f"Benjamini-Hochberg across the {len(fdr)} tested claims' primary p-values (false discovery "
+                     f"rate 0.05): {len(kept)} significant" + (f" ({', '.join(f'`{k}`' for k in kept)})" if kept else "")
+                     + ".")
+    return lines + [""]
+
+
 def summary_rev3(results: Sequence[dict], arms: Dict[str, Arm], meta: dict) -> List[str]:
     """Revision 3 summary: claims counted by their primary verdict (invalid claims apart), then the
-    sanity claims and checks, which never count."""
+    sanity claims and checks, which never count. Revision 4 (``meta["revision"]``): the headline of
+    :func:`headline_rev4` instead of the count line, and each claim's declared deviations."""
+    rev4 = meta.get("revision", 3) >= 4
     claims = [r for r in results if not r["rev3"].sanity]
     sanity = [(r, x) for r in results for x in r["checks"] if x["result"].role == "sanity" or r["rev3"].sanity]
     counts = {}
@@ -378,10 +431,11 @@ def summary_rev3(results: Sequence[dict], arms: Dict[str, Arm], meta: dict) -> L
         key = stats.INVALID if r["rev3"].verdict == stats.INVALID else r["verdict"]
         counts[key] = counts.get(key, 0) + 1
     order = [stats.REPRODUCED, stats.CONTRADICTED, stats.NOT_RESOLVED, stats.INVALID]
-    lines = [f"Protocol revision 3: each claim's verdict is its primary check's; {len(claims)} claims: "
-             + ", ".join(f"{counts.get(k, 0)} {k}" for k in order)
-             + f". {len(sanity)} sanity check(s) are listed apart and never counted.", "",
-             "| family | data | claim | primary check: mean difference [CI], decidable at this n | verdict | "
+    lines = headline_rev4(results) if rev4 else [
+        f"Protocol revision 3: each claim's verdict is its primary check's; {len(claims)} claims: "
+        + ", ".join(f"{counts.get(k, 0)} {k}" for k in order)
+        + f". {len(sanity)} sanity check(s) are listed apart and never counted.", ""]
+    lines += ["| family | data | claim | primary check: mean difference [CI], decidable at this n | verdict | "
              "secondary checks (Holm) | details |", "|---|---|---|---|---|---|---|"]
     for res in claims:
         c = res["claim"]
@@ -399,7 +453,10 @@ def summary_rev3(results: Sequence[dict], arms: Dict[str, Arm], meta: dict) -> L
             flags.append(f"test split not fixed ({res['test_split']['problem']})")
         if res.get("budget") and res["budget"]["rule"].limited:
             flags.append(f"budget-limited ({arms[res['budget']['arm']].label} still improving)")
-        verdict = _verdict_cell(r) if res["rev3"].verdict != stats.INVALID else res["verdict"]
+        if rev4 and res["claim"].fidelity:
+            flags.append(f"{len(res['claim'].fidelity)} declared deviation(s) from the paper's setup")
+        verdict = _verdict_cell(r) if res["rev3"].verdict not in (stats.INVALID, stats.NOT_APPLICABLE, stats.NOT_TESTED) \
+            else res["verdict"]
         lines.append(f"| {c.family} | {c.data} | {c.claim} | {first} | {verdict} | {sec_text or '-'}"
                      + (f"; flagged: {'; '.join(flags)}" if flags else "") + f" | [{c.benchmark}.md]({c.benchmark}.md) |")
     lines.append("")

@@ -1,0 +1,209 @@
+"""Protocol revision 4 in the reproduction pipeline (``benchmarks/reproduce``): the claims file's
+``fidelity``, ``not_applicable``, ``manipulation`` and ``relative_margin`` keys are parsed, validated
+(refused below revision 4, where they would change revision 3's verdicts), read into the verdicts
+(``stats.evaluate_claim``) and printed by the reports, whose revision-4 headline counts only the
+tested claims and lists the others apart. Hand-made runs, no training; the expected numbers are
+computed here independently."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))  # as benchmarks/reproduce_results.py puts it there
+import reproduce as rp  # noqa: E402
+import reproduce.cli  # noqa: E402,F401  (imports every step's module)
+
+CF = rp.claims.load_claims()
+CF4 = dataclasses.replace(CF, revision=4, claims=tuple(dataclasses.replace(c, fidelity=()) for c in CF.claims))
+SEEDS = list(range(10))
+
+
+def _row(arm, seed, **metrics):
+    r = {"benchmark": CF.arms[arm].benchmark, "arm": arm, "phase": "eval", "seed": seed, "ok": True,
+         "params": "{}", "steps": 800, "run_seconds": 10.0, "data": json.dumps({"train_size": 975}), "error": "",
+         "label": CF.arms[arm].label}
+    r.update(metrics)
+    return r
+
+
+def _wcdas_rows():
+    """10 seeds of the WCDAS claim: WCDAS = CE + 0.05 on balanced accuracy (+ small noise), the other
+    baselines near CE; WCDAS logs its learned scale (16) and a mean rho of 0.5."""
+    rng = np.random.default_rng(11)
+    base = rng.uniform(0.6, 0.8, size=10)
+    rows = []
+    for s in SEEDS:
+        vals = {"ce_lt": base[s], "wcdas_lt": base[s] + 0.05 + rng.normal(0, 0.01),
+                "cosine_lt": base[s] + rng.normal(0, 0.02), "la_lt": base[s] + 0.01 + rng.normal(0, 0.02),
+                "bsm_lt": base[s] + 0.01 + rng.normal(0, 0.02)}
+        for arm, v in vals.items():
+            rows.append(_row(arm, s, **{"test/balanced_acc": v, "test/acc_tail": v - 0.1,
+                                        "test/loss_scale": 16.0 if arm == "wcdas_lt" else ""}))
+    return rows
+
+
+def _claim(**changes):
+    c = next(c for c in CF4.claims if c.key == "wcdas")
+    return dataclasses.replace(c, **changes)
+
+
+def _meta():
+    return {"mode": "test", "command": "x", "code": "c", "date": "d", "versions": {}, "cpus": 2, "cpu": "cpu",
+            "jobs": 1, "threads": 1, "ci": "t", "confidence": 0.95, "power": 0.8, "bootstrap_resamples": 10000,
+            "tuning_seeds": [1000], "seeds_of": {c.key: SEEDS for c in CF.claims}, "revision": 4}
+
+
+# ------------------------------------------------------------------------------------------
+# the claims file
+# ------------------------------------------------------------------------------------------
+def test_revision_4_keys_are_parsed_from_the_claims_file(tmp_path):
+    with open(rp.common.CLAIMS_FILE) as fh:
+        raw = yaml.safe_load(fh)
+    raw["statistics"]["revision"] = 4
+    for c in raw["claims"]:
+        c["fidelity"] = []
+    c = next(c for c in raw["claims"] if c["key"] == "wcdas")
+    c["fidelity"] = ["MNIST-5k with a long tail instead of ImageNet-LT", "a 2-layer MLP instead of a ResNet"]
+    c["not_applicable"] = "ten classes"
+    c["manipulation"] = [{"name": "the scale was learned", "arm": "wcdas_lt", "metric": "test/loss_scale",
+                          "op": ">", "level": 1}]
+    ch = next(x for x in c["checks"] if x.get("primary"))
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    cf = rp.claims.load_claims(str(path))
+    got = next(x for x in cf.claims if x.key == "wcdas")
+    assert cf.revision == 4 and got.fidelity == tuple(c["fidelity"]) and got.not_applicable == "ten classes"
+    assert got.manipulation == (rp.claims.Manipulation("the scale was learned", "wcdas_lt", "test/loss_scale", ">", 1),)
+    assert next(x for x in cf.claims if x.key == "opl").fidelity == ()
+    assert rp.claims.validate_claims(cf) == []
+    # a relative margin on a not_worse check is read as such
+    ch.update(kind="not_worse", relative_margin=0.1, better="higher")
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    prim = next(x for x in next(x for x in rp.claims.load_claims(str(path)).claims if x.key == "wcdas").checks
+                if x.primary)
+    assert prim.relative_margin == 0.1 and prim.margin is None
+    assert rp.claims.validate_claims(rp.claims.load_claims(str(path))) == []
+
+
+def test_revision_4_keys_are_refused_below_revision_4_and_checked_at_4():
+    c3 = next(c for c in CF.claims if c.key == "wcdas")
+    assert c3.fidelity is None and c3.not_applicable is None and c3.manipulation == ()
+    prim = next(i for i, ch in enumerate(c3.checks) if ch.primary)
+    rel = tuple(dataclasses.replace(ch, kind="not_worse", relative_margin=0.1) if i == prim else ch
+                for i, ch in enumerate(c3.checks))
+    bad3 = dataclasses.replace(c3, not_applicable="ten classes", checks=rel)
+    text = "\n".join(rp.claims.validate_claims(dataclasses.replace(CF, claims=(bad3,))))
+    assert "not_applicable, relative_margin (checks [3]) change verdicts under protocol revision 4 only" in text
+
+    # revision 4: every claim declares fidelity; bad manipulation checks, reasons and margins are named
+    no_fid = dataclasses.replace(_claim(), key="a", fidelity=None)
+    bad = dataclasses.replace(_claim(), key="b", fidelity=("",), not_applicable="  ", manipulation=(
+        rp.claims.Manipulation("", "", "", "", None),
+        rp.claims.Manipulation("acts", "no_such_arm", "loss_scale", "!=", float("nan"))))
+    both = dataclasses.replace(_claim(), key="c", checks=tuple(
+        dataclasses.replace(ch, kind="not_worse", relative_margin=-1.0 if i == 0 else 0.1, margin=None if i == 0 else 0.01)
+        for i, ch in enumerate(c3.checks)))
+    text = "\n".join(rp.claims.validate_claims(dataclasses.replace(CF4, claims=(no_fid, bad, both))))
+    for fragment in ("claim 'a': revision 4 declares fidelity", "claim 'b': fidelity must be a list of non-empty lines",
+                     "not_applicable must be the declared reason", "manipulation 1: give each manipulation check",
+                     "arm 'no_such_arm' is not an arm the claim runs", "metric 'loss_scale' must be a logged column",
+                     "op must be one of", "level must be a finite number",
+                     "claim 'c', check 1 (test/acc_tail): relative_margin must be a positive number",
+                     "claim 'c', check 2 (test/acc_tail): declare the margin either in the metric's units"):
+        assert fragment in text, fragment
+    assert rp.claims.validate_claims(CF4) == []
+
+
+# ------------------------------------------------------------------------------------------
+# verdicts and reports
+# ------------------------------------------------------------------------------------------
+def _results(claim, rows, revision=4):
+    return rp.analysis.claim_results(claim, rows, seeds=SEEDS, method="t", confidence=0.95, revision=revision,
+                                     arms=CF.arms)
+
+
+def test_not_applicable_and_not_tested_override_the_primary_verdict():
+    rows = _wcdas_rows()
+    plain = _results(_claim(), rows)
+    assert plain["verdict"] == "reproduced" and plain["rev3"].manipulation == ()
+    # revision 3 reading of the same claim is the same
+    assert _results(_claim(), rows, revision=3)["verdict"] == "reproduced"
+
+    na = _results(_claim(not_applicable="ten classes cannot show a long-tail method"), rows)
+    assert na["verdict"] == "not applicable here (ten classes cannot show a long-tail method)"
+    assert na["rev3"].primary.verdict == "reproduced"  # the checks are still computed and reported
+
+    acted = rp.claims.Manipulation("the scale moved off 1", "wcdas_lt", "test/loss_scale", ">", 1.0)
+    passed = _results(_claim(manipulation=(acted,)), rows)
+    assert passed["verdict"] == "reproduced"
+    m = passed["rev3"].manipulation[0]
+    assert m.passed and m.mean == 16.0 and m.n == 10
+
+    failed = _results(_claim(manipulation=(dataclasses.replace(acted, level=20.0),)), rows)
+    assert failed["verdict"] == "not tested (the scale moved off 1: mean test/loss_scale of wcdas_lt 16 (10 seeds), not > 20)"
+    # an arm without the metric has no evidence that the intervention acted
+    missing = _results(_claim(manipulation=(dataclasses.replace(acted, arm="ce_lt"),)), rows)
+    assert missing["verdict"].startswith("not tested (the scale moved off 1: no values of test/loss_scale in ce_lt")
+
+
+def test_relative_margin_resolves_against_the_baselines_error():
+    rows = _wcdas_rows()
+    c = _claim()
+    prim = next(i for i, ch in enumerate(c.checks) if ch.primary)
+    checks = tuple(dataclasses.replace(ch, kind="not_worse", relative_margin=0.2, better="higher") if i == prim else ch
+                   for i, ch in enumerate(c.checks))
+    res = _results(dataclasses.replace(c, checks=checks), rows)
+    base = np.mean([r["test/balanced_acc"] for r in rows if r["arm"] == "ce_lt"])
+    d = np.array([r["test/balanced_acc"] for r in rows if r["arm"] == "wcdas_lt"]) - \
+        np.array([r["test/balanced_acc"] for r in rows if r["arm"] == "ce_lt"])
+    r = res["rev3"].primary
+    assert r.margin == pytest.approx(0.2 * (1.0 - base), rel=1e-12)
+    assert r.margin_basis.startswith("0.2 x the baseline's error")
+    # non-inferiority: the one-sided lower bound of the mean difference against -margin (WCDAS is ahead)
+    assert d.mean() - 2.262157 * d.std(ddof=1) / math.sqrt(10) > -r.margin and res["verdict"] == "reproduced"
+
+
+def test_reports_print_fidelity_manipulation_and_the_revision_4_headline(tmp_path):
+    rows = _wcdas_rows()
+    acted = rp.claims.Manipulation("the scale moved off 1", "wcdas_lt", "test/loss_scale", ">", 20.0)
+    fid = ("MNIST-5k with a long tail instead of ImageNet-LT",)
+    w_nt = _claim(fidelity=fid, manipulation=(acted,))
+    w_na = dataclasses.replace(_claim(not_applicable="declared: ten classes"), key="wcdas_na")
+    w_ok = dataclasses.replace(_claim(), key="wcdas_ok")
+    results = [_results(w_nt, rows), _results(w_na, rows), _results(w_ok, rows)]
+    meta = _meta()
+    meta["seeds_of"].update({"wcdas_na": SEEDS, "wcdas_ok": SEEDS})
+    path = tmp_path / "vision.md"
+    rp.reports.write_markdown("vision", [w_nt, w_na, w_ok], results, rows, CF4, {}, {}, meta, str(path), [])
+    md = path.read_text()
+    block = md.split("(`wcdas`)", 1)[1].split("\n## ", 1)[0]
+    assert "Deviations from the paper's setup (declared before the runs):\n\n- MNIST-5k with a long tail" in block
+    assert "- **failed**: the scale moved off 1: mean test/loss_scale of WCDAS" in block
+    assert "**Verdict: not tested (" in block and "the primary check read reproduced" in block
+    na_block = md.split("(`wcdas_na`)", 1)[1].split("\n## ", 1)[0]
+    assert "**Verdict: not applicable here (declared: ten classes)**: declared before the runs" in na_block
+    assert "Deviations from the paper's setup: none known" in na_block
+
+    lines = rp.reports.summary_rev3(results, CF.arms, meta)
+    head = "\n".join(lines[:8])
+    assert lines[0].startswith("Protocol revision 4: each claim's verdict is its primary check's; 1 claims tested: "
+                               "1 reproduced, 0 contradicted, 0 not resolved, 0 invalid. Listed apart, never counted: "
+                               "1 not applicable here, 1 not tested, 0 sanity claim(s).")
+    assert "- `wcdas_na`: not applicable here (declared: ten classes)" in head
+    assert "- `wcdas`: not tested (the scale moved off 1:" in head
+    # BH over the one tested claim: its own p-value, significant at 0.05
+    p = results[2]["rev3"].primary.p
+    assert p < 0.05 and "Benjamini-Hochberg across the 1 tested claims' primary p-values (false discovery rate " \
+                        "0.05): 1 significant (`wcdas_ok`)." in head
+    table = [x for x in lines if x.startswith("| ")]
+    assert any("| not tested (the scale" in x and "1 declared deviation(s)" in x for x in table)
+    assert any("| not applicable here (declared: ten classes) |" in x for x in table)
