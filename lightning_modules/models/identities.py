@@ -178,6 +178,16 @@ class IdentityEmbedder(BenchmarkModule):
         emb = self(x)
         loss = self.loss(emb, y) if self.route.owns_head else self.loss(self.logits(emb), y)
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=y.numel())
+        index = getattr(self.loss, "last_index", None)
+        if self.route.owns_head and isinstance(index, Tensor):
+            # how many centres the step's softmax saw (Partial FC: k = the batch's positives and sampled
+            # negatives) and the positives' share of them: below 1, some of the k are sampled negatives
+            # (at 1 the "sample" is the batch's positives and nothing was sampled)
+            n, k, pos = y.numel(), float(index.numel()), float(torch.unique(y).numel())
+            self.log("train/softmax_classes", k, on_step=False, on_epoch=True, batch_size=n)
+            self.log("train/positive_classes", pos, on_step=False, on_epoch=True, batch_size=n)
+            self.log("train/positive_share", pos / k if k else float("nan"), on_step=False, on_epoch=True,
+                     batch_size=n)
         return loss
 
     def on_train_start(self) -> None:

@@ -253,6 +253,10 @@ def test_recipe_fits_and_tests_from_its_checkpoint(recipe, tmp_path):
         assert model.loss.last_index.numel() == dm.num_classes
     m = {k: float(v) for k, v in fit.trainer.callback_metrics.items()}
     assert {"val/top1", "val/top5", "val/open_rank1", "val/open_tar_far", "train/step_ms", "train/peak_rss_mb"} <= set(m)
+    # the centres each step's softmax saw and the positives' share of them (< 1: negatives were sampled)
+    assert m["train/softmax_classes"] == model.loss.last_index.numel()
+    assert 1 <= m["train/positive_classes"] <= min(32, m["train/softmax_classes"])  # a batch of 32
+    assert 0 < m["train/positive_share"] < 1
     ckpt = find_checkpoint(tmp_path)
     test = run_cli("test", recipe, tmp_path, [*extra, f"--ckpt_path={ckpt}"])
     t = {k: float(v) for k, v in test.trainer.callback_metrics.items()}
