@@ -2,7 +2,8 @@
 of its own (a fresh interpreter, or a process forked from the driver's fork server: :func:`forked_main`).
 
 ``python benchmarks/_reproduce_worker.py SPEC.json OUT.json`` where ``SPEC.json`` holds
-``{"config": path, "root": dir, "fit_args": [...], "test_args": [...], "fit": bool, "test": bool}``.
+``{"config": path, "root": dir, "fit_args": [...], "test_args": [...], "fit": bool, "test": bool}``
+and optionally ``"test_items": path``.
 
 Runs the project's CLI entry point (``lightning_modules.cli.main``, the function behind
 ``python -m lightning_modules``) twice in this process: ``fit`` with ``fit_args``, then ``test``
@@ -13,7 +14,7 @@ only ``test`` runs, on the untrained model (zero-shot references); with ``"test"
 LightningModule logged (``test/...``), the validation curve of the fit (``curve``: every ``val/...``
 metric per validation epoch, from the CSV logger), wall times, the epochs trained, the DataModule's
 data sizes and test-split fingerprint (``data.test_split``), peak RSS and the library versions to
-``OUT.json``. The test also writes ``test_items.npz`` in the run's directory
+``OUT.json``. With ``"test_items"`` the test also writes that file
 (:class:`lightning_modules.records.TestItemRecorder`: the per-item values behind each test metric,
 for a bootstrap over training seeds and test items); ``test_items`` in ``OUT.json`` names it.
 """
@@ -145,12 +146,14 @@ def run(spec: dict) -> dict:
         ckpt_args = [f"--ckpt_path={ckpts[-1]}"]
         del fit
     t0 = time.perf_counter()
-    # the per-item values behind each test metric (for a bootstrap over seeds and test items)
-    items = os.path.join(root, "test_items.npz")
-    record = ["--trainer.callbacks+=lightning_modules.records.TestItemRecorder", f"--trainer.callbacks.path={items}"]
+    # the per-item values behind each test metric (for a bootstrap over seeds and test items), where
+    # the spec names a file for them
+    items = spec.get("test_items")
+    record = ["--trainer.callbacks+=lightning_modules.records.TestItemRecorder",
+              f"--trainer.callbacks.path={items}"] if items else []
     test = main(args=["test", "--config", spec["config"], *common, *spec.get("test_args", []), *record, *ckpt_args])
-    if os.path.exists(items):
-        result["test_items"] = os.path.relpath(items, root)
+    if items and os.path.exists(items):
+        result["test_items"] = items
     result["test_seconds"] = time.perf_counter() - t0
     result["test_metrics"] = {k: v for k, v in _scalars(test.trainer.callback_metrics).items() if k.startswith("test/")}
     result["data"] = _data_info(test.datamodule)

@@ -416,7 +416,7 @@ def headline_rev4(results: Sequence[dict]) -> List[str]:
         lines.append(f"Benjamini-Hochberg across the {len(fdr)} tested claims' primary p-values (false discovery "
                      f"rate 0.05): {len(kept)} significant" + (f" ({', '.join(f'`{k}`' for k in kept)})" if kept else "")
                      + ".")
-    return lines + [""]
+    return lines + ([""] if lines[-1] else [])
 
 
 def summary_rev3(results: Sequence[dict], arms: Dict[str, Arm], meta: dict) -> List[str]:

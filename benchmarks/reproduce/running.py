@@ -43,6 +43,8 @@ WORKER = os.path.join(HERE, "_reproduce_worker.py")
 CODE_DIRS = ("losses", "lightning_modules")
 #: folders whose uncommitted changes make the reproduction refuse to start (``--allow-dirty``)
 PROVENANCE_DIRS = ("losses", "lightning_modules", "configs", "benchmarks")
+#: an evaluation run's per-item test records, in its workdir folder (``lightning_modules.records``)
+TEST_ITEMS = "test_items.npz"
 
 
 # ------------------------------------------------------------------------------------------
@@ -197,6 +199,8 @@ def execute(run: Run, *, quick: bool, workdir: str, threads: int, fresh: bool, t
     spec = {"config": os.path.join(ROOT, run.arm.recipe), "root": os.path.join(run_dir, "logs"),
             "fit_args": args, "test_args": args, "fit": True, "test": run.phase == "eval",
             "recipe_sha": _recipe_sha(run.arm)}
+    if run.phase == "eval":  # kept beside result.json (the logs folder goes once the run is done)
+        spec["test_items"] = os.path.join(run_dir, TEST_ITEMS)
     spec_path = os.path.join(run_dir, "spec.json")
     with open(spec_path, "w") as fh:
         json.dump(spec, fh, indent=1)
