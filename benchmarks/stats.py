@@ -461,6 +461,10 @@ class CheckResult:
     decidable_text: str
     margin: Optional[float] = None  # the absolute margin the check was read with (declared or resolved)
     margin_basis: str = ""  # how it was obtained (:attr:`Margin.basis`); "" without a margin
+    # revision 4: the two-level bootstrap over seeds and test items at the nominal confidence (None:
+    # not computed) and which interval the verdict was read from ("seeds" or "seeds x items")
+    item_ci: Optional[Interval] = None
+    read_from: str = "seeds"
 
 
 @dataclass(frozen=True)
@@ -515,7 +519,8 @@ def evaluate_claim(checks: Sequence[CheckInput], *, invalid_arms: Sequence[Tuple
                    method: str = "t", confidence: float = 0.95, n_boot: int = 10000, seed: int = 0,
                    test_splits: Optional[Mapping[Tuple[str, int], str]] = None,
                    manipulation: Sequence[ManipulationCheck] = (),
-                   not_applicable: Optional[str] = None) -> ClaimResult:
+                   not_applicable: Optional[str] = None,
+                   item_intervals: Optional[Mapping[str, Tuple[Interval, float]]] = None) -> ClaimResult:
     """Revision-3 verdicts of one claim, with revision 4's two verdicts that are not a test's outcome.
 
     * The **primary** check (exactly one) decides the claim: its verdict at the nominal
@@ -547,6 +552,12 @@ def evaluate_claim(checks: Sequence[CheckInput], *, invalid_arms: Sequence[Tuple
     * ``manipulation``: :class:`ManipulationCheck` s, absolute levels on one arm that show the
       intervention acted (:func:`manipulation_result`). When any fails, the claim's verdict is
       :data:`NOT_TESTED`; every result is in ``ClaimResult.manipulation``.
+
+    * ``item_intervals``: ``{check name: (interval, p)}``, a paired check's
+      :func:`two_level_bootstrap` interval over seeds and test items at the nominal confidence and
+      its :func:`two_level_p_value`. The **primary** check's verdict is read from the wider of its
+      seed interval and this one (the p-value is the larger of the two); every other check reports
+      it beside its own (``CheckResult.item_ci``) and is read as before.
 
     Precedence: *not applicable here* (declared before the runs), then *invalid* (an arm did not
     train, the test split was not fixed: the runs cannot be read), then *not tested* (the runs are
@@ -592,10 +603,18 @@ def evaluate_claim(checks: Sequence[CheckInput], *, invalid_arms: Sequence[Tuple
             v = verdict(vk, ci, margin=mg, level=c.level)
             if c.kind == "sanity":
                 v = HOLDS if v == REPRODUCED else FAILS if v == CONTRADICTED else NOT_RESOLVED
+        item = (item_intervals or {}).get(c.name)
+        item_ci, read_from, p_i = (item[0], "seeds", pv[i]) if item else (None, "seeds", pv[i])
+        if item and role == "primary" and _wider(item[0], ci):
+            shown, read_from = item[0], "seeds x items"
+            v = verdict(vk, shown, margin=mg, level=c.level)
+        if item and role == "primary" and math.isfinite(item[1]):
+            p_i = max(pv[i], float(item[1])) if math.isfinite(pv[i]) else float(item[1])
+            p_adj = p_i
         fl = flag(rule, shown, better=c.better) if v in (REPRODUCED, HOLDS) else None
-        dec, dec_text = decidable(ci, margin=mg, effect=c.effect)
-        out.append(CheckResult(c.name, c.kind, rule, role, v, ci, shown, pv[i], p_adj, rank, fl, dec, dec_text,
-                               mg, margins[i].basis))
+        dec, dec_text = decidable(shown if read_from != "seeds" else ci, margin=mg, effect=c.effect)
+        out.append(CheckResult(c.name, c.kind, rule, role, v, ci, shown, p_i, p_adj, rank, fl, dec, dec_text,
+                               mg, margins[i].basis, item_ci, read_from))
     prim = next(r for r in out if r.role == "primary")
     is_sanity = next(c for c in checks if c.primary).kind == "sanity"
     recorded = {f for f in (test_splits or {}).values() if f}
@@ -607,6 +626,15 @@ def evaluate_claim(checks: Sequence[CheckInput], *, invalid_arms: Sequence[Tuple
         v = NOT_TESTED
     return ClaimResult(v, prim, tuple(out), tuple(tuple(x) for x in invalid_arms), is_sanity, split_problem,
                        not_applicable, manip)
+
+
+def _wider(a: Interval, b: Interval) -> bool:
+    """Whether interval ``a`` is finite and wider than ``b`` (or ``b`` has no finite bounds)."""
+    if not (math.isfinite(a.low) and math.isfinite(a.high)):
+        return False
+    if not (math.isfinite(b.low) and math.isfinite(b.high)):
+        return True
+    return (a.high - a.low) > (b.high - b.low)
 
 
 # ------------------------------------------------------------------------------------------------

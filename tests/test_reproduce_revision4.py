@@ -207,3 +207,96 @@ def test_reports_print_fidelity_manipulation_and_the_revision_4_headline(tmp_pat
     table = [x for x in lines if x.startswith("| ")]
     assert any("| not tested (the scale" in x and "1 declared deviation(s)" in x for x in table)
     assert any("| not applicable here (declared: ten classes) |" in x for x in table)
+
+
+# ------------------------------------------------------------------------------------------
+# the two-level bootstrap from per-item test records
+# ------------------------------------------------------------------------------------------
+R4 = rp.claims.load_claims(os.path.join(ROOT, "benchmarks", "claims_revision4.yaml"))
+
+
+def _write_items(path, ids, correct, top1):
+    from lightning_modules.records import write_test_items
+
+    header = {"format": "test-item-records", "version": 1, "module": "IdentityEmbedder", "kind": "many_class",
+              "metrics": {"test/open_rank1": {"table": "open", "columns": ["open_rank1"], "agg": "mean"},
+                          "test/top1": {"table": "closed", "columns": ["top1", "target"], "agg": "class_mean"}},
+              "tables": {}}
+    write_test_items(str(path), {"open": {"item": ids, "open_rank1": correct},
+                                 "closed": {"item": np.arange(4), "top1": top1, "target": np.arange(4)}}, header)
+
+
+def test_two_level_bootstrap_from_the_records_decides_the_primary_check_when_wider(tmp_path):
+    """Five seeds whose open-set differences are the same four probes every seed (no seed-to-seed
+    variation: the seed interval has no width) while the item resampling sees how few probes carry the
+    difference. The seed interval alone reads non-inferiority; the two-level interval is wider, the
+    verdict is read from it and is not resolved. The records are matched by probe id (one arm's file
+    is stored in another order); a class-mean metric has no per-item value and is left out."""
+    c = next(x for x in R4.claims if x.key == "pfc_cosface_r4")
+    n, rng = 300, np.random.default_rng(5)
+    base = (rng.random(n) < 0.8).astype(np.float32)
+    worse = np.flatnonzero(base == 1)[:4]
+    fam = base.copy()
+    fam[worse] = 0.0
+    ids = np.arange(1000, 1000 + n)
+    rows, items = [], {}
+    for s in range(5):
+        for arm, v in (("cos4_pfc01", fam), ("cos4_pfc03", base), ("cos4_pfc10", base)):
+            order = rng.permutation(n) if arm == "cos4_pfc01" else np.arange(n)
+            path = tmp_path / f"{arm}__s{s}.npz"
+            _write_items(path, ids[order], v[order], np.ones(4, dtype=np.float32))
+            items[(arm, s)] = str(path)
+            rows.append({"benchmark": "many_class", "arm": arm, "phase": "eval", "seed": s, "ok": True,
+                         "test/open_rank1": float(v.mean()), "test/top1": 0.9, "test/open_rank1_fixed": 0.1,
+                         "test/top1_fixed": 0.1, "test/train_step_ms": 10.0 if arm != "cos4_pfc10" else 20.0,
+                         "train/positive_share": 0.25, "data": "{}", "params": "{}", "steps": 2496,
+                         "run_seconds": 60.0, "error": "", "label": R4.arms[arm].label})
+    res = rp.analysis.claim_results(c, rows, seeds=list(range(5)), method="t", confidence=0.95, revision=4,
+                                    n_boot=2000, arms=R4.arms, items=items)
+    prim = res["rev3"].primary
+    d = np.stack([fam - base] * 5)  # the per-seed, per-probe differences, probes in id order
+    expect = rp.common.stats.two_level_bootstrap(d, np.zeros_like(d), n_boot=2000)
+    got = res["items"]["checks"]["0"]
+    assert (got["ci"].low, got["ci"].high, got["items"], got["seeds"]) == (expect.low, expect.high, n, 5)
+    margin = 0.1 * (1.0 - base.mean())
+    assert prim.margin == pytest.approx(margin)
+    assert prim.ci.low == pytest.approx(-4 / n) and prim.ci.low > -margin  # the seeds alone: non-inferior
+    assert expect.low < -margin < expect.high  # seeds x items: not resolved
+    assert prim.read_from == "seeds x items" and prim.verdict == "not resolved" and res["verdict"] == "not resolved"
+    assert prim.item_ci == got["ci"] and prim.reported_ci == got["ci"]
+    assert "aggregated as class_mean" in res["items"]["notes"]["2"]  # top1 here is a class mean
+    assert "not in the per-item records" in res["items"]["notes"]["4"]
+    # a secondary check reports its two-level interval and keeps its seed verdict
+    sec = next(x["result"] for x in res["checks"] if x["result"].name == "1")
+    assert sec.item_ci is not None and sec.read_from == "seeds"
+    # without the records the seed interval decides
+    plain = rp.analysis.claim_results(c, rows, seeds=list(range(5)), method="t", confidence=0.95, revision=4,
+                                      n_boot=2000, arms=R4.arms)
+    assert plain["verdict"] == "reproduced" and "items" not in plain
+    # the report says what was read
+    meta = {**_meta(), "seeds_of": {c.key: list(range(5))}}
+    path = tmp_path / "many_class.md"
+    rp.reports.write_markdown("many_class", [c], [res], rows, R4, {}, {}, meta, str(path), [])
+    md = path.read_text()
+    assert "Two-level bootstrap over seeds and test items" in md
+    assert f"over 5 seeds x {n} items" in md and "the verdict is read from the seeds x items interval" in md
+
+
+def test_collect_test_items_copies_workdir_records_beside_the_runs_file(tmp_path):
+    arm = R4.arms["cos4_pfc01"]
+    stem = os.path.splitext(os.path.basename(arm.recipe))[0]
+    run_dir = tmp_path / "work" / f"{stem}__eval__s3__abc__def"
+    run_dir.mkdir(parents=True)
+    _write_items(run_dir / "test_items.npz", np.arange(3), np.ones(3, dtype=np.float32), np.ones(4, dtype=np.float32))
+    rows = [{"phase": "eval", "ok": True, "arm": "cos4_pfc01", "seed": 3, "key": "abc", "code_hash": "def"},
+            {"phase": "eval", "ok": True, "arm": "cos4_pfc10", "seed": 3, "key": "x", "code_hash": "y"},
+            {"phase": "tune", "ok": True, "arm": "cos4_pfc01", "seed": 1000, "key": "abc", "code_hash": "def"}]
+    out = tmp_path / "out"
+    got = rp.records.collect_test_items(rows, R4.arms, benchmark="many_class", workdir=str(tmp_path / "work"),
+                                        out=str(out))
+    copied = out / "many_class_test_items" / "cos4_pfc01__s3.npz"
+    assert got == {("cos4_pfc01", 3): str(copied)} and copied.is_file()
+    # read again from a committed folder (a runs file's neighbour), the workdir gone
+    again = rp.records.collect_test_items(rows, R4.arms, benchmark="many_class", workdir=str(tmp_path / "none"),
+                                          out=str(tmp_path / "other"), search=[str(out)])
+    assert again == {("cos4_pfc01", 3): str(copied)}

@@ -10,9 +10,12 @@ under the competence floors (:func:`competence`), the test splits the runs were 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from .claims import DID_KIND, DIRECTION_KINDS, LEVEL_KINDS, MARGIN_KINDS, Arm, Check, Claim
 from .common import stats
@@ -83,7 +86,8 @@ def _mean_sd(vals: Sequence[float]) -> Tuple[float, float]:
 
 
 def claim_results(c: Claim, rows: Sequence[dict], *, seeds: Sequence[int], method: str, confidence: float,
-                  revision: int = 2, n_boot: int = 10000, arms: Optional[Dict[str, Arm]] = None) -> dict:
+                  revision: int = 2, n_boot: int = 10000, arms: Optional[Dict[str, Arm]] = None,
+                  items: Optional[Dict[Tuple[str, int], str]] = None) -> dict:
     """The verdicts of one claim. Revision 2: every check at the nominal confidence, the claim
     reproduced when every check is (:func:`stats.claim_verdict`). Revision 3: the primary check
     decides, secondary checks are Holm-adjusted within the claim, sanity checks are reported apart
@@ -92,7 +96,9 @@ def claim_results(c: Claim, rows: Sequence[dict], *, seeds: Sequence[int], metho
     (:func:`manipulation_checks`) and margins relative to the baseline's error;
     the result also carries the claim's test splits (``test_split``: :func:`stats.test_split_problem`)
     and whether its primary baseline was budget-limited (``budget``: :func:`claim_budget`; ``arms``
-    lets a curve fall back to the baseline's ``select`` metric)."""
+    lets a curve fall back to the baseline's ``select`` metric). Revision 4 with ``items`` (``{(arm,
+    seed): per-item records file}``): each paired check's two-level bootstrap over seeds and test
+    items (:func:`item_intervals`), the primary check read from the wider interval."""
     if revision < 3:
         checks = []
         for ch in c.checks:
@@ -105,13 +111,18 @@ def claim_results(c: Claim, rows: Sequence[dict], *, seeds: Sequence[int], metho
                                effect=ch.effect, **(_relative(ch, rows, seeds) if rev4 else {}))
               for i, ch in enumerate(c.checks)]
     fps = test_splits(c, rows, seeds)
+    two_level, item_notes = ({}, {}) if not (rev4 and items is not None) else \
+        item_intervals(c, rows, seeds, items, confidence=confidence, n_boot=n_boot)
     res = stats.evaluate_claim(inputs, invalid_arms=competence(c, rows, seeds), method=method, confidence=confidence,
                                n_boot=n_boot, test_splits=fps,
                                manipulation=manipulation_checks(c, rows, seeds) if rev4 else (),
-                               not_applicable=c.not_applicable if rev4 else None)
+                               not_applicable=c.not_applicable if rev4 else None,
+                               item_intervals={k: (v["ci"], v["p"]) for k, v in two_level.items()})
     checks = [{"check": ch, "verdict": r.verdict, "ci": r.reported_ci, "result": r} for ch, r in zip(c.checks, res.checks)]
     out = {"claim": c, "checks": checks, "verdict": res.verdict_text(), "rev3": res, "seeds": list(seeds)}
     out["test_split"] = {"fingerprints": fps, "problem": stats.test_split_problem(fps)}
+    if rev4 and items is not None:
+        out["items"] = {"checks": two_level, "notes": item_notes}
     prim = next((x for x in checks if x["result"].role == "primary"), None)
     out["budget"] = claim_budget(c, prim, rows, seeds, arms) if prim is not None else None
     return out
@@ -133,6 +144,78 @@ def manipulation_checks(c: Claim, rows: Sequence[dict], seeds: Sequence[int]) ->
     return [stats.ManipulationCheck(name=m.name, metric=m.metric, arm=m.arm, op=m.op, level=float(m.level),
                                     values=tuple(seed_values(rows, m.arm, m.metric, seeds).values()))
             for m in c.manipulation]
+
+
+@functools.lru_cache(maxsize=256)
+def _load_items(path: str):
+    from lightning_modules.records import load_test_items
+
+    return load_test_items(path)
+
+
+def item_scores(items: Dict[Tuple[str, int], str], arm: str, metric: str,
+                seeds: Sequence[int]) -> Tuple[Dict[int, np.ndarray], Optional[np.ndarray], str]:
+    """``({seed: per-item values}, item ids, "")`` of one arm's metric, the items in the order of their
+    ids, or ``({}, None, why)`` where the records cannot give it: a seed without a records file, a
+    metric not recorded or not a mean over items (a ratio or a class mean has no per-item value whose
+    mean is the metric), or test items that differ between seeds."""
+    out: Dict[int, np.ndarray] = {}
+    ids = None
+    for s in seeds:
+        path = items.get((arm, s))
+        if path is None:
+            return {}, None, f"no per-item records for {arm} seed {s}"
+        rec = _load_items(path)
+        spec = rec.header.get("metrics", {}).get(metric)
+        if spec is None:
+            return {}, None, f"{metric} is not in the per-item records"
+        if spec["agg"] != "mean":
+            return {}, None, f"{metric} is aggregated as {spec['agg']}, not a mean over items"
+        table = rec.tables[spec["table"]]
+        order = np.argsort(table["item"], kind="stable")
+        these = table["item"][order]
+        if ids is None:
+            ids = these
+        elif these.shape != ids.shape or not np.array_equal(these, ids):
+            return {}, None, f"{arm}'s test items differ between seeds"
+        out[s] = table[spec["columns"][0]][order].astype(np.float64)
+    return out, ids, ""
+
+
+def item_intervals(c: Claim, rows: Sequence[dict], seeds: Sequence[int], items: Dict[Tuple[str, int], str], *,
+                   confidence: float, n_boot: int) -> Tuple[Dict[str, dict], Dict[str, str]]:
+    """Revision 4: the two-level bootstrap (``stats.two_level_bootstrap``, seeds and test items
+    resampled, the pairing by seed and item kept) of every paired check (``higher``, ``lower``,
+    ``not_worse``, ``equivalent``; not sanity, level, did or transformed checks) whose metric the
+    per-item records give for every seed of both arms: ``({check name: {"ci", "p", "items", "seeds"}},
+    {check name: why not})``. The seeds are those both arms finished; the margin is the one the
+    check is read with (declared, or resolved from the baseline's error)."""
+    found: Dict[str, dict] = {}
+    notes: Dict[str, str] = {}
+    for i, ch in enumerate(c.checks):
+        name = f"{i}"
+        if ch.kind not in DIRECTION_KINDS + MARGIN_KINDS or ch.transform or not ch.baseline:
+            continue
+        both = sorted(set(seed_values(rows, ch.family, ch.metric, seeds)) & set(seed_values(rows, ch.baseline,
+                                                                                            ch.metric, seeds)))
+        fam, fam_ids, why = item_scores(items, ch.family, ch.metric, both)
+        base, base_ids, why_b = item_scores(items, ch.baseline, ch.metric, both) if not why else ({}, None, "")
+        why = why or why_b
+        if not why and (fam_ids is None or not np.array_equal(fam_ids, base_ids)):
+            why = "the two arms were tested on different items"
+        if not why and len(both) < 2:
+            why = "fewer than 2 seeds"
+        if why:
+            notes[name] = why
+            continue
+        rel = _relative(ch, rows, seeds) if ch.relative_margin is not None else {}
+        margin = stats.resolve_margin(margin=ch.margin, relative=rel.get("relative_margin"),
+                                      baseline_mean=rel.get("baseline_mean"), better=ch.better).margin
+        kind = "not_worse_lower" if ch.kind == "not_worse" and ch.better == "lower" else ch.kind
+        ci = stats.two_level_bootstrap(fam, base, confidence=confidence, n_boot=n_boot)
+        p = stats.two_level_p_value(kind, fam, base, margin=margin, n_boot=n_boot)
+        found[name] = {"ci": ci, "p": p, "items": int(fam_ids.size), "seeds": len(both)}
+    return found, notes
 
 
 def test_splits(c: Claim, rows: Sequence[dict], seeds: Sequence[int]) -> Dict[Tuple[str, int], str]:

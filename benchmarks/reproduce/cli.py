@@ -30,7 +30,8 @@ from .analysis import claim_results
 from .claims import REVISIONS, Claim, ClaimsFile, load_claims, validate_claims, without_evaluation
 from .common import CLAIMS_FILE, ROOT, stats
 from .plots import plot_claims, plot_curves, plot_forest, plot_per_class
-from .records import candidate_runs, file_points, finished_rows, runs_files, seed_workdir, write_csv
+from .records import (candidate_runs, collect_test_items, file_points, finished_rows, runs_files, seed_workdir,
+                      write_csv)
 from .reports import _versions, write_markdown, write_summary
 from .tuning import plan_groups, tuning_runs
 
@@ -117,8 +118,12 @@ def write_benchmark(b: str, claims: Sequence[Claim], rows: Sequence[dict], out: 
     summary)."""
     brows = [r for r in rows if r["benchmark"] == b]
     write_csv(brows, os.path.join(out, f"{b}_runs.csv"))
+    items = None
+    if meta["revision"] >= 4:  # the per-item records behind the two-level bootstrap, kept beside the runs file
+        items = collect_test_items(brows, cf.arms, benchmark=b, workdir=meta.get("workdir", ""), out=out,
+                                   search=meta.get("items_search", ()))
     results = [claim_results(c, brows, seeds=meta["seeds_of"][c.key], method=meta["ci"], confidence=meta["confidence"],
-                             revision=meta["revision"], n_boot=meta["bootstrap_resamples"], arms=cf.arms)
+                             revision=meta["revision"], n_boot=meta["bootstrap_resamples"], arms=cf.arms, items=items)
                for c in claims]
     pngs = []
     if plot_forest(b, results, cf.arms, os.path.join(out, f"{b}_forest.png")):
@@ -249,6 +254,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "bootstrap_resamples": int(cf.statistics.get("bootstrap_resamples", 10000)),
         "tuning_seeds": tune_seeds, "seeds_of": seeds_of, "revision": revision,
         "dirty": dirty, "dirty_reason": "--quick" if args.quick and not args.allow_dirty else "--allow-dirty",
+        "workdir": args.workdir,
+        "items_search": [os.path.dirname(os.path.abspath(f)) for f in runs_files(args.runs_from)] if args.runs_from else [],
     }
     summary = []
     for b in cf.benchmarks:

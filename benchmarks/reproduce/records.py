@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .claims import Arm
 from .common import ROOT
-from .running import _recipe_sha, _run_dir, _run_key, cached_row
+from .running import TEST_ITEMS, _recipe_sha, _run_dir, _run_key, cached_row
 from .runs import Run, _overrides
 from .tuning import _points, tuning_runs
 
@@ -181,3 +181,41 @@ def finished_rows(runs: Sequence[Run], *, workdir: str, quick: bool) -> List[dic
             seen.add(key)
             out.append(row)
     return out
+
+
+def items_folder(out: str, benchmark: str) -> str:
+    """The folder of a benchmark's per-item test records beside its runs file (``<benchmark>_test_items``)."""
+    return os.path.join(out, f"{benchmark}_test_items")
+
+
+def collect_test_items(rows: Sequence[dict], arms: Dict[str, Arm], *, benchmark: str, workdir: str, out: str,
+                       search: Sequence[str] = ()) -> Dict[Tuple[str, int], str]:
+    """``{(arm, seed): path}`` of the per-item test records of the finished evaluation runs in ``rows``
+    (revision 4). An evaluation run writes ``test_items.npz`` in its workdir folder; it is copied to
+    ``<out>/<benchmark>_test_items/<arm>__s<seed>.npz`` (committed beside the runs file), and a run read
+    from a runs file finds its records in the ``<benchmark>_test_items`` folder beside that file
+    (``search``: the folders of the ``--runs-from`` files) or already in ``out``. A run without
+    records (made before they were written) is left out."""
+    import shutil
+
+    dest = items_folder(out, benchmark)
+    found: Dict[Tuple[str, int], str] = {}
+    for r in rows:
+        if r.get("phase") != "eval" or not r.get("ok") or r.get("arm") not in arms:
+            continue
+        arm, seed = r["arm"], int(r["seed"])
+        name = f"{arm}__s{seed}.npz"
+        stem = os.path.splitext(os.path.basename(arms[arm].recipe))[0]
+        src = os.path.join(workdir, f"{stem}__eval__s{seed}__{r.get('key', '')}__{r.get('code_hash', '')}", TEST_ITEMS)
+        target = os.path.join(dest, name)
+        if os.path.isfile(src):
+            os.makedirs(dest, exist_ok=True)
+            shutil.copyfile(src, target)
+            found[(arm, seed)] = target
+            continue
+        for folder in [dest, *(items_folder(d, benchmark) for d in search)]:
+            path = os.path.join(folder, name)
+            if os.path.isfile(path):
+                found[(arm, seed)] = path
+                break
+    return found

@@ -334,6 +334,23 @@ def revision4_lines(res: dict, arms: Dict[str, Arm]) -> List[str]:
         lines += (["Deviations from the paper's setup (declared before the runs):", ""]
                   + [f"- {x}" for x in c.fidelity] + [""]) if c.fidelity else \
             ["Deviations from the paper's setup: none known (declared before the runs).", ""]
+    it = res.get("items")
+    if it and (it["checks"] or it["notes"]):
+        by_name = {x["result"].name: x for x in res["checks"]}
+        lines += ["Two-level bootstrap over seeds and test items (both resampled, the pairing by seed and item "
+                  "kept; 95%): the primary check's verdict is read from the wider of this interval and the "
+                  "seed interval above, the other checks report it.", ""]
+        for name, v in it["checks"].items():
+            x = by_name[name]
+            ci, seed_ci, role = v["ci"], x["result"].ci, x["result"].role
+            read = (f"; the verdict is read from the {'seeds x items' if x['result'].read_from != 'seeds' else 'seed'}"
+                    f" interval" if role == "primary" else "")
+            seeds_txt = f"[{seed_ci.low:+.4f}, {seed_ci.high:+.4f}]" if math.isfinite(seed_ci.low) else "n/a"
+            lines.append(f"- {check_text(x['check'], arms)} ({role}): {ci.mean:+.4f} [{ci.low:+.4f}, {ci.high:+.4f}] "
+                         f"over {v['seeds']} seeds x {v['items']} items, p {v['p']:.4g}; seeds only {seeds_txt}{read}.")
+        for name, why in it["notes"].items():
+            lines.append(f"- {check_text(by_name[name]['check'], arms)}: not computed ({why}).")
+        lines.append("")
     if r.manipulation:
         lines += ["Manipulation checks (the condition occurred; absolute levels, never the baseline):", ""]
         lines += [f"- {'passed' if m.passed else '**failed**'}: {m.text().replace(m.arm, arms[m.arm].label if m.arm in arms else m.arm, 1)}"
