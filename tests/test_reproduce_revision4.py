@@ -300,3 +300,25 @@ def test_collect_test_items_copies_workdir_records_beside_the_runs_file(tmp_path
     again = rp.records.collect_test_items(rows, R4.arms, benchmark="many_class", workdir=str(tmp_path / "none"),
                                           out=str(tmp_path / "other"), search=[str(out)])
     assert again == {("cos4_pfc01", 3): str(copied)}
+
+
+def test_budget_rule_on_every_arm_and_at_this_budget_in_the_wording():
+    """Revision 4 reads every arm's learning curve: a family arm still rising at the end of its budget
+    flags the claim (the baseline's flat curve would not have) and the verdict says "at this budget"."""
+    rows = _wcdas_rows()
+    flat = json.dumps({"val/balanced_acc": [0.5, 0.6, 0.7, 0.7, 0.7]})
+    rising = json.dumps({"val/balanced_acc": [0.3, 0.4, 0.5, 0.6, 0.7]})
+    for r in rows:
+        r["curve"] = rising if r["arm"] == "wcdas_lt" else flat
+    res = _results(_claim(), rows)
+    assert set(res["budgets"]) == set(_claim().run_arms())
+    assert rp.reports.limited_arms(res) == ["wcdas_lt"] and not res["budget"]["rule"].limited  # the baseline is flat
+    lines = rp.reports.summary_rev3([res], CF.arms, _meta())
+    label = CF.arms["wcdas_lt"].label
+    row = next(x for x in lines if x.startswith("| ") and "(vision.md)" in x)
+    assert "reproduced at this budget |" in row and f"budget-limited ({label} still improving)" in row
+    text = "\n".join(rp.reports._rev3_check_lines(res, rows, SEEDS, CF.arms))
+    assert f"**Verdict: reproduced at this budget** (the primary check's; {label} still improving" in text
+    assert "Learning curves, every arm" in text and "it was still improving" in text
+    # revision 3 reads the baseline's curve only: nothing flagged
+    assert "budgets" not in _results(_claim(), rows, revision=3)

@@ -125,6 +125,8 @@ def claim_results(c: Claim, rows: Sequence[dict], *, seeds: Sequence[int], metho
         out["items"] = {"checks": two_level, "notes": item_notes}
     prim = next((x for x in checks if x["result"].role == "primary"), None)
     out["budget"] = claim_budget(c, prim, rows, seeds, arms) if prim is not None else None
+    if rev4 and prim is not None:  # revision 4: the budget rule on every arm the claim runs
+        out["budgets"] = {k: arm_budget(k, prim, rows, seeds, arms) for k in c.run_arms()}
     return out
 
 
@@ -257,14 +259,22 @@ def claim_budget(c: Claim, prim: dict, rows: Sequence[dict], seeds: Sequence[int
     """Revision 3: whether the primary check's baseline was still improving at the end of the budget
     (:func:`stats.budget_limited` on its evaluation runs' validation curves); ``None`` for a check
     without a baseline (levels)."""
-    ch, r = prim["check"], prim["result"]
+    ch = prim["check"]
     if not ch.baseline:
         return None
+    return arm_budget(ch.baseline, prim, rows, seeds, arms)
+
+
+def arm_budget(arm: str, prim: dict, rows: Sequence[dict], seeds: Sequence[int],
+               arms: Optional[Dict[str, Arm]] = None) -> dict:
+    """:func:`stats.budget_limited` on one arm's evaluation curves, read on the primary check's
+    metric (or the check's baseline's ``select``) with the primary check's margin and interval."""
+    ch, r = prim["check"], prim["result"]
     metric, better = curve_metric(ch, (arms or {}).get(ch.baseline), rows)
-    curves = [v for row in rows if row["arm"] == ch.baseline and row["phase"] == "eval" and row["ok"]
+    curves = [v for row in rows if row["arm"] == arm and row["phase"] == "eval" and row["ok"]
               and int(row["seed"]) in seeds and (v := curve_of(row, metric))]
     half = (r.ci.high - r.ci.low) / 2.0 if math.isfinite(r.ci.low) else float("nan")
-    margin = ch.margin if ch.rule_kind() in MARGIN_KINDS else None
-    return {"arm": ch.baseline, "metric": metric, "curves": len(curves),
-            "epochs": (arms or {})[ch.baseline].epochs if ch.baseline in (arms or {}) else None,
+    margin = r.margin if ch.rule_kind() in MARGIN_KINDS else None
+    return {"arm": arm, "metric": metric, "curves": len(curves),
+            "epochs": (arms or {})[arm].epochs if arm in (arms or {}) else None,
             "rule": stats.budget_limited(curves, better=better, margin=margin, half_width=half)}

@@ -318,6 +318,10 @@ def _rev3_check_lines(res: dict, rows: Sequence[dict], seeds: Sequence[int], arm
     elif r3.verdict == stats.NOT_TESTED:
         lines += [f"**Verdict: {res['verdict']}**: the condition the claim is about did not occur in these runs; "
                   f"not counted in the headline (the primary check read {r3.primary.verdict}).", ""]
+    elif limited_arms(res) and r3.verdict in (stats.REPRODUCED, stats.CONTRADICTED, stats.NOT_RESOLVED):
+        names = ", ".join(arms[k].label if k in arms else k for k in limited_arms(res))
+        lines += [f"**Verdict: {res['verdict']} at this budget** (the primary check's; {names} still improving "
+                  f"when the budget ended).", ""]
     else:
         why = ([", made invalid by the competence gate"] if r3.invalid_arms else []) + \
               ([", made invalid because its runs were tested on more than one test split"] if r3.split_problem else [])
@@ -393,10 +397,22 @@ def budget_text(res: dict, arms: Dict[str, Arm]) -> str:
     return head + f"{last} {gain} (mean of {rule.n}) against {thr}: {word}."
 
 
+def limited_arms(res: dict) -> List[str]:
+    """Revision 4: the arms whose learning curve says they were still improving at the end of the budget."""
+    return [k for k, b in (res.get("budgets") or {}).items() if b["rule"].limited]
+
+
 def _rev3_run_lines(res: dict, arms: Dict[str, Arm]) -> List[str]:
     if "test_split" not in res:
         return []
-    return [test_split_text(res), "", budget_text(res, arms), ""]
+    if res.get("budgets") is None:
+        return [test_split_text(res), "", budget_text(res, arms), ""]
+    lines = [test_split_text(res), "", "Learning curves, every arm (revision 4: the budget-limited rule on each):", ""]
+    for k, b in res["budgets"].items():
+        text = budget_text({"budget": b}, arms).replace("Learning curve of the primary baseline ", "", 1)
+        lines.append("- " + text.replace("Learning curve: ", "", 1).replace("the baseline was still", "it was still"))
+    lines.append("")
+    return lines
 
 
 def _rev3_sanity_section(results: Sequence[dict], rows: Sequence[dict], meta: dict, arms: Dict[str, Arm]) -> List[str]:
@@ -468,12 +484,18 @@ def summary_rev3(results: Sequence[dict], arms: Dict[str, Arm], meta: dict) -> L
                  if y["result"].flag and y["result"].role != "sanity"]
         if (res.get("test_split") or {}).get("problem"):
             flags.append(f"test split not fixed ({res['test_split']['problem']})")
-        if res.get("budget") and res["budget"]["rule"].limited:
+        if res.get("budgets") is not None:
+            if limited_arms(res):
+                flags.append("budget-limited (" + ", ".join(arms[k].label for k in limited_arms(res)) + " still improving)")
+        elif res.get("budget") and res["budget"]["rule"].limited:
             flags.append(f"budget-limited ({arms[res['budget']['arm']].label} still improving)")
         if rev4 and res["claim"].fidelity:
             flags.append(f"{len(res['claim'].fidelity)} declared deviation(s) from the paper's setup")
         verdict = _verdict_cell(r) if res["rev3"].verdict not in (stats.INVALID, stats.NOT_APPLICABLE, stats.NOT_TESTED) \
             else res["verdict"]
+        if rev4 and limited_arms(res) and res["rev3"].verdict in (stats.REPRODUCED, stats.CONTRADICTED,
+                                                                    stats.NOT_RESOLVED):
+            verdict += " at this budget"
         lines.append(f"| {c.family} | {c.data} | {c.claim} | {first} | {verdict} | {sec_text or '-'}"
                      + (f"; flagged: {'; '.join(flags)}" if flags else "") + f" | [{c.benchmark}.md]({c.benchmark}.md) |")
     lines.append("")
