@@ -322,3 +322,87 @@ def test_budget_rule_on_every_arm_and_at_this_budget_in_the_wording():
     assert "Learning curves, every arm" in text and "it was still improving" in text
     # revision 3 reads the baseline's curve only: nothing flagged
     assert "budgets" not in _results(_claim(), rows, revision=3)
+
+
+# ------------------------------------------------------------------------------------------
+# the replicate at twice the budget
+# ------------------------------------------------------------------------------------------
+def test_replicate_is_declared_at_revision_4_and_validated():
+    c3 = next(c for c in CF.claims if c.key == "wcdas")
+    text = "\n".join(rp.claims.validate_claims(dataclasses.replace(CF, claims=(dataclasses.replace(c3, replicate=(2, 3)),))))
+    assert "replicate change verdicts under protocol revision 4 only" in text
+    bad = [dataclasses.replace(_claim(), key=f"r{i}", replicate=r) for i, r in enumerate(((1, 3), (2, 99), ("x", None)))]
+    text = "\n".join(rp.claims.validate_claims(dataclasses.replace(CF4, claims=tuple(bad))))
+    assert "claim 'r0': replicate.budget must be an integer >= 2" in text
+    assert "claim 'r1': replicate.seeds must be an integer from 1 to the claim's 10 seeds (got 99)" in text
+    assert "claim 'r2': replicate.budget" in text and "claim 'r2': replicate.seeds" in text
+    r4 = next(c for c in R4.claims if c.key == "pfc_cosface_r4")
+    assert r4.replicate == (2, 3)
+    reps = rp.claims.replicates([r4])
+    assert reps == {k: (2, (0, 1, 2)) for k in r4.run_arms()}
+    arm2 = rp.claims.replicate_arm(R4.arms["cos4_pfc01"], 2)
+    assert arm2.epochs == 16 and arm2.key == "cos4_pfc01" and arm2.seconds == 2 * R4.arms["cos4_pfc01"].seconds
+    # its runs: evaluation runs at twice the epochs, a phase of their own (their own workdir folder)
+    run = rp.runs.Run(arm2, 0, "replicate", (("model.init_args.lr", 0.001),))
+    args = run.args(False)
+    assert "--trainer.max_epochs=16" in args and "--trainer.check_val_every_n_epoch=1" in args
+
+
+def test_plan_queues_the_replicate_once_the_arms_setting_is_chosen():
+    arm = dataclasses.replace(R4.arms["cos4_pfc01"], grid=(("model.init_args.lr", (0.001, 0.003)),), seconds=1.0)
+    started = []
+
+    def fake_execute(run, *, fresh, quick, workdir, threads, timeout):
+        started.append((run.phase, run.seed, run.arm.epochs))
+        lr = dict(run.params)["model.init_args.lr"]
+        return {"arm": run.arm.key, "phase": run.phase, "seed": run.seed, "ok": True, "cached": False, "error": "",
+                "run_seconds": 0.0, "params": json.dumps(dict(run.params), sort_keys=True),
+                "val/open_rank1": lr, "epochs": run.arm.epochs}
+
+    tune = rp.tuning.tuning_runs([arm], [1000], quick=False)
+    tune_rows, eval_rows, chosen, _ = rp.running.run_plan(
+        [arm], tune, {arm.key: [0, 1]}, jobs=1, threads=1, quick=False, workdir="unused", fresh=False, timeout=1.0,
+        log=lambda *a, **k: None, execute_fn=fake_execute, replicates={arm.key: (2, (0,))})
+    assert chosen == {arm.key: {"model.init_args.lr": 0.003}}
+    assert [(r["phase"], r["seed"], r["epochs"]) for r in eval_rows] == [("eval", 0, 8), ("eval", 1, 8),
+                                                                         ("replicate", 0, 16)]
+    assert started.index(("replicate", 0, 16)) > max(started.index(("tune", 1000, 8)), 1)
+    # every candidate the runs files may hold, the replicates at every point too
+    cands = rp.records.candidate_runs([arm], [1000], {arm.key: [0, 1]}, False, replicates={arm.key: (2, (0,))})
+    assert sorted((r.phase, r.arm.epochs) for r in cands if r.phase == "replicate") == [("replicate", 16)] * 2
+
+
+def _with_replicate_rows(rows, shift):
+    """The claim's rows plus replicate rows on seeds 0-2: WCDAS's balanced accuracy = CE's + ``shift``."""
+    out = list(rows)
+    for s in range(3):
+        for arm in _claim().run_arms():
+            base = next(r for r in rows if r["arm"] == "ce_lt" and r["seed"] == s)["test/balanced_acc"]
+            v = base + shift if arm == "wcdas_lt" else base
+            out.append(dict(_row(arm, s, **{"test/balanced_acc": v, "test/acc_tail": v - 0.1}), phase="replicate",
+                            steps=1600))
+    return out
+
+
+def test_replicate_confirms_or_overturns_a_decided_verdict():
+    rows = _wcdas_rows()
+    c = _claim(replicate=(2, 3))
+    stands = _results(c, _with_replicate_rows(rows, 0.03))
+    assert stands["verdict"] == "reproduced" and stands["replicate"]["flips"] is False
+    assert stands["replicate"]["n"] == 3 and stands["replicate"]["mean"] == pytest.approx(0.03)
+    assert "the verdict stands" in stands["replicate"]["text"]
+    flips = _results(c, _with_replicate_rows(rows, -0.01))
+    assert flips["replicate"]["flips"] is True and flips["verdict"] == "not resolved"
+    assert flips["rev3"].verdict == "not resolved" and flips["rev3"].primary.verdict == "reproduced"
+    assert "not resolved at this budget" in flips["replicate"]["text"]
+    lines = rp.reports.summary_rev3([flips], CF.arms, _meta())
+    assert lines[0].startswith("Protocol revision 4: each claim's verdict is its primary check's; 1 claims tested: "
+                               "0 reproduced, 0 contradicted, 1 not resolved")
+    assert any("not resolved at this budget (the primary check read reproduced; its 2x-budget replicate did not)" in x
+               for x in lines)
+    md = "\n".join(rp.reports._rev3_check_lines(flips, rows, SEEDS, CF.arms))
+    assert "Replicate at 2x the budget" in md and "**Verdict: not resolved at this budget**" in md
+    # declared but not run: flagged, the verdict left as the seeds read it
+    missing = _results(c, rows)
+    assert missing["verdict"] == "reproduced" and missing["replicate"]["n"] == 0
+    assert any("2x-budget replicate not run" in x for x in rp.reports.summary_rev3([missing], CF.arms, _meta()))

@@ -10,6 +10,7 @@ under the competence floors (:func:`competence`), the test splits the runs were 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -17,7 +18,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .claims import DID_KIND, DIRECTION_KINDS, LEVEL_KINDS, MARGIN_KINDS, Arm, Check, Claim
+from .claims import DID_KIND, DIRECTION_KINDS, LEVEL_KINDS, MARGIN_KINDS, REPLICATE_PHASE, Arm, Check, Claim
 from .common import stats
 
 def per_seed(rows: Sequence[dict], arm: str, metric: str) -> Dict[int, float]:
@@ -127,6 +128,11 @@ def claim_results(c: Claim, rows: Sequence[dict], *, seeds: Sequence[int], metho
     out["budget"] = claim_budget(c, prim, rows, seeds, arms) if prim is not None else None
     if rev4 and prim is not None:  # revision 4: the budget rule on every arm the claim runs
         out["budgets"] = {k: arm_budget(k, prim, rows, seeds, arms) for k in c.run_arms()}
+    if rev4 and prim is not None and c.replicate is not None:
+        out["replicate"] = replicate_result(c, prim, rows)
+        if out["replicate"]["flips"]:  # the verdict does not survive twice the budget
+            out["rev3"] = res = dataclasses.replace(res, verdict=stats.NOT_RESOLVED)
+            out["verdict"] = res.verdict_text()
     return out
 
 
@@ -218,6 +224,55 @@ def item_intervals(c: Claim, rows: Sequence[dict], seeds: Sequence[int], items: 
         p = stats.two_level_p_value(kind, fam, base, margin=margin, n_boot=n_boot)
         found[name] = {"ci": ci, "p": p, "items": int(fam_ids.size), "seeds": len(both)}
     return found, notes
+
+
+def replicate_result(c: Claim, prim: dict, rows: Sequence[dict]) -> dict:
+    """Revision 4: the primary check on the claim's replicate runs (phase ``replicate``: every arm at
+    ``budget`` times its epochs, the chosen settings kept, on seeds ``0 .. seeds - 1``). A decided
+    verdict (*reproduced* / *contradicted*) stands only if the replicate's mean paired difference lies
+    on the same side of the check's decision boundary: 0 for ``higher`` / ``lower``; ``-margin``
+    (``+margin`` where lower is better) for ``not_worse``; inside ``+-margin`` for ``equivalent``
+    (reproduced) or outside it (contradicted), with the margin the main check was read with. Returns
+    ``{"budget", "seeds", "n", "mean", "values", "flips", "text"}``; ``flips`` is ``False`` where
+    there is nothing to flip (the verdict is not decided, no replicate run finished)."""
+    ch, r = prim["check"], prim["result"]
+    budget, n_seeds = int(c.replicate[0]), int(c.replicate[1])
+    seeds = list(range(n_seeds))
+    rep = [dict(x, phase="eval") for x in rows if x.get("phase") == REPLICATE_PHASE]
+    sample = check_sample(ch, rep, seeds)
+    vals = [sample[s] for s in sorted(sample)]
+    out = {"budget": budget, "seeds": n_seeds, "n": len(vals), "values": vals,
+           "mean": float(np.mean(vals)) if vals else float("nan"), "flips": False}
+    decided = r.verdict in (stats.REPRODUCED, stats.CONTRADICTED)
+    if not vals:
+        out["text"] = f"not run (no finished run at {budget}x the budget)"
+        return out
+    m, mg = out["mean"], r.margin
+    kind = ch.rule_kind()
+    if kind == "higher":
+        same = (m > 0) if r.verdict == stats.REPRODUCED else (m < 0)
+        boundary = "0"
+    elif kind == "lower":
+        same = (m < 0) if r.verdict == stats.REPRODUCED else (m > 0)
+        boundary = "0"
+    elif kind == "not_worse":
+        edge = -mg if ch.better == "higher" else mg
+        ok = m > edge if ch.better == "higher" else m < edge
+        same = ok if r.verdict == stats.REPRODUCED else not ok
+        boundary = f"{edge:+.4g}"
+    elif kind == "equivalent":
+        inside = -mg < m < mg
+        same = inside if r.verdict == stats.REPRODUCED else not inside
+        boundary = f"+-{mg:.4g}"
+    else:  # level, did and sanity rules are not replicated
+        out["text"] = f"not read (a {kind} check)"
+        return out
+    out["flips"] = bool(decided and not same)
+    word = ("the verdict stands" if same else "the verdict does not stand: not resolved at this budget") if decided \
+        else "nothing to confirm (the verdict is not decided)"
+    out["text"] = (f"mean difference {m:+.4f} over {len(vals)} seed(s) at {budget}x the budget (decision boundary "
+                   f"{boundary}): {word}")
+    return out
 
 
 def test_splits(c: Claim, rows: Sequence[dict], seeds: Sequence[int]) -> Dict[Tuple[str, int], str]:

@@ -28,7 +28,9 @@ SANITY_KIND = "sanity"  # revision 3: identities / levels a loss meets by constr
 TRANSFORMS = ("abs",)  # per-seed transforms of a metric a check may declare
 REVISIONS = (2, 3, 4)
 #: claim keys read only under revision 4 (``statistics.revision: 4``)
-REVISION4_KEYS = ("not_applicable", "manipulation")
+REVISION4_KEYS = ("not_applicable", "manipulation", "replicate")
+#: the phase of a replicate's runs (revision 4): evaluation runs at a multiple of the budget
+REPLICATE_PHASE = "replicate"
 #: revision 3: the last component of a grid key that tunes the learning rate (every arm tunes one)
 LR_KEYS = ("lr", "learning_rate")
 
@@ -146,6 +148,9 @@ class Claim:
     fidelity: Optional[Tuple[str, ...]] = None
     not_applicable: Optional[str] = None  # the declared reason the regime cannot express the claim
     manipulation: Tuple[Manipulation, ...] = ()  # the condition occurred (absolute levels)
+    # a replicate of the evaluation at ``budget`` times every arm's epochs on seeds 0 .. seeds - 1,
+    # the chosen settings kept: (budget, seeds), or None
+    replicate: Optional[Tuple[Any, Any]] = None
 
     def run_arms(self) -> Tuple[str, ...]:
         """The claim's arms and the clean arms its difference-in-differences checks read (which may
@@ -194,6 +199,34 @@ class ClaimsFile:
         return list(groups.values())
 
 
+def _replicate(raw: Any) -> Optional[Tuple[Any, Any]]:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        return (raw, None)
+    return (raw.get("budget"), raw.get("seeds"))
+
+
+def replicate_arm(arm: Arm, budget: int) -> Arm:
+    """``arm`` at ``budget`` times its epochs (and declared seconds): a replicate's runs, whose
+    schedule stretches with the epochs (a cosine schedule spans the whole fit)."""
+    return dataclasses.replace(arm, epochs=arm.epochs * int(budget), seconds=arm.seconds * int(budget))
+
+
+def replicates(claims: Sequence["Claim"]) -> Dict[str, Tuple[int, Tuple[int, ...]]]:
+    """``{arm: (budget, seeds)}`` of the replicates the ``claims`` declare (every arm each runs; an
+    arm of two claims takes the larger budget and the union of the seeds)."""
+    out: Dict[str, Tuple[int, Tuple[int, ...]]] = {}
+    for c in claims:
+        if c.replicate is None:
+            continue
+        budget, n = int(c.replicate[0]), int(c.replicate[1])
+        for k in c.run_arms():
+            b0, s0 = out.get(k, (budget, ()))
+            out[k] = (max(b0, budget), tuple(sorted(set(s0) | set(range(n)))))
+    return out
+
+
 def load_claims(path: str = CLAIMS_FILE) -> ClaimsFile:
     """Parse the claims file (no validation beyond its shape; see :func:`validate_claims`)."""
     import yaml
@@ -234,7 +267,8 @@ def load_claims(path: str = CLAIMS_FILE) -> ClaimsFile:
                             varies=tuple(c.get("varies") or ()),
                             floors=tuple((c.get("floors") or {}).items()),
                             fidelity=None if fid is None else tuple(fid) if isinstance(fid, (list, tuple)) else (fid,),
-                            not_applicable=c.get("not_applicable"), manipulation=manip))
+                            not_applicable=c.get("not_applicable"), manipulation=manip,
+                            replicate=_replicate(c.get("replicate"))))
     tuning = raw.get("tuning") or {}
     return ClaimsFile(path=path, statistics=dict(raw.get("statistics") or {}),
                       tuning_seeds=tuple(int(s) for s in tuning.get("seeds") or ()),
@@ -422,6 +456,14 @@ def _validate_revision4(cf: ClaimsFile, c: Claim, where: str) -> List[str]:
     if c.not_applicable is not None and not (isinstance(c.not_applicable, str) and c.not_applicable.strip()):
         problems.append(f"{where}: not_applicable must be the declared reason, a non-empty string "
                         f"(got {c.not_applicable!r})")
+    if c.replicate is not None:
+        budget, n = c.replicate
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 2:
+            problems.append(f"{where}: replicate.budget must be an integer >= 2, the multiple of every arm's epochs "
+                            f"(got {budget!r})")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= c.seeds:
+            problems.append(f"{where}: replicate.seeds must be an integer from 1 to the claim's {c.seeds} seeds "
+                            f"(got {n!r})")
     for i, m in enumerate(c.manipulation):
         w = f"{where}, manipulation {i + 1}"
         if not m.name.strip():

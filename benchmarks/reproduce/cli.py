@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from . import __doc__ as PIPELINE
 from . import running
 from .analysis import claim_results
-from .claims import REVISIONS, Claim, ClaimsFile, load_claims, validate_claims, without_evaluation
+from .claims import REVISIONS, Claim, ClaimsFile, load_claims, replicates, validate_claims, without_evaluation
 from .common import CLAIMS_FILE, ROOT, stats
 from .plots import plot_claims, plot_curves, plot_forest, plot_per_class
 from .records import (candidate_runs, collect_test_items, file_points, finished_rows, runs_files, seed_workdir,
@@ -193,11 +193,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.runs_from and args.fresh:
         raise SystemExit("reproduce_results: --fresh ignores finished runs; it cannot be combined with --runs-from")
     eval_seeds = {k: sorted(ss) for k, ss in arm_seeds.items()}
+    # revision 4: the declared replicates at a multiple of the budget (not in --quick)
+    reps = replicates(claims) if revision >= 4 and not args.quick else {}
+    if reps:
+        rep_s = sum(cf.arms[k].seconds * b * len(ss) for k, (b, ss) in reps.items())
+        print(f"reproduce_results: and {sum(len(ss) for _, ss in reps.values())} replicate run(s) at a multiple of the "
+              f"budget once their arm's setting is chosen, {rep_s / 60:.0f} min declared", flush=True)
     if args.runs_from:
         files = runs_files(args.runs_from)
         os.makedirs(args.workdir, exist_ok=True)
         written, had = seed_workdir(candidate_runs(arm_list, tune_seeds, eval_seeds, args.quick,
-                                                   extra=file_points(files, arm_list)), files,
+                                                   extra=file_points(files, arm_list), replicates=reps), files,
                                     workdir=args.workdir, quick=args.quick)
         print(f"reproduce_results: {written} finished run(s) read from {len(files)} runs file(s) into the workdir "
               f"({had} already there)", flush=True)
@@ -206,7 +212,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                               running.workdir_score(tune_seeds, quick=args.quick, workdir=args.workdir),
                               rounds=rounds, quick=args.quick)
         extra = {k: st.points[k] for k, st in states.items()}
-        rows = finished_rows(candidate_runs(arm_list, tune_seeds, eval_seeds, args.quick, extra=extra),
+        rows = finished_rows(candidate_runs(arm_list, tune_seeds, eval_seeds, args.quick, extra=extra,
+                                            replicates=reps),
                              workdir=args.workdir, quick=args.quick)
         os.makedirs(os.path.dirname(os.path.abspath(args.export_runs)), exist_ok=True)
         write_csv(rows, args.export_runs)
@@ -232,13 +239,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   timeout=args.timeout)
     deadline = None if args.deadline is None else t_start + 60.0 * args.deadline
     tune_rows, eval_rows, chosen, tables = running.run_plan(
-        arm_list, tune, eval_seeds, deadline=deadline, groups=groups, rounds=rounds,
+        arm_list, tune, eval_seeds, deadline=deadline, groups=groups, rounds=rounds, replicates=reps,
         execute_fn=functools.partial(running.execute, isolation=args.isolation), **common)
     rows = tune_rows + eval_rows
-    if len(tune_rows) < len(tune) or len(eval_rows) < n_eval or len(chosen) < len(arm_list):
+    n_rep = sum(len(ss) for _, ss in reps.values())
+    if len(tune_rows) < len(tune) or len(eval_rows) < n_eval + n_rep or len(chosen) < len(arm_list):
         print(f"reproduce_results: stopped at the deadline with {max(0, len(tune) - len(tune_rows))} declared "
               f"tuning run(s), the widening rounds of {len(arm_list) - len(chosen)} arm(s) and "
-              f"{n_eval - len(eval_rows)} evaluation run(s) left; no report written. The finished runs are kept "
+              f"{n_eval + n_rep - len(eval_rows)} evaluation run(s) left; no report written. The finished runs are kept "
               f"in {args.workdir}: rerun this command to go on, or add --export-runs FILE to carry them elsewhere "
               f"(and --runs-from FILE there)", flush=True)
         return 3

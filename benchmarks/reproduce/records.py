@@ -19,7 +19,7 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .claims import Arm
+from .claims import REPLICATE_PHASE, Arm, replicate_arm
 from .common import ROOT
 from .running import TEST_ITEMS, _recipe_sha, _run_dir, _run_key, cached_row
 from .runs import Run, _overrides
@@ -62,16 +62,22 @@ def runs_files(paths: Sequence[str]) -> List[str]:
 
 
 def candidate_runs(arms: Sequence[Arm], tune_seeds: Sequence[int], eval_seeds: Dict[str, Sequence[int]],
-                   quick: bool, extra: Optional[Dict[str, Sequence[Dict[str, Any]]]] = None) -> List[Run]:
+                   quick: bool, extra: Optional[Dict[str, Sequence[Dict[str, Any]]]] = None,
+                   replicates: Optional[Dict[str, Tuple[int, Sequence[int]]]] = None) -> List[Run]:
     """Every run the plan can need: the tuning runs, and each arm's evaluation runs at every grid
     point (which point is evaluated is known only once tuning is done); ``extra``: per arm, points
-    beyond the declared grid (widened points, known from runs files or the workdir)."""
+    beyond the declared grid (widened points, known from runs files or the workdir); ``replicates``
+    (``{arm: (budget, seeds)}``): the replicate runs at every point too."""
     runs = tuning_runs(arms, tune_seeds, quick)
     for a in arms:
         more = [p for p in (extra or {}).get(a.key, ()) if p not in _points(a, quick)]
         runs += [Run(a, s, "tune", tuple(p.items())) for p in more for s in tune_seeds]
         runs += [Run(a, s, "eval", tuple(p.items())) for p in _points(a, quick) + more
                  for s in sorted(eval_seeds.get(a.key, ()))]
+        if a.key in (replicates or {}):
+            budget, rseeds = replicates[a.key]
+            runs += [Run(replicate_arm(a, budget), s, REPLICATE_PHASE, tuple(p.items()))
+                     for p in _points(a, quick) + more for s in sorted(rseeds)]
     return runs
 
 

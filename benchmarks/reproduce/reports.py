@@ -318,6 +318,10 @@ def _rev3_check_lines(res: dict, rows: Sequence[dict], seeds: Sequence[int], arm
     elif r3.verdict == stats.NOT_TESTED:
         lines += [f"**Verdict: {res['verdict']}**: the condition the claim is about did not occur in these runs; "
                   f"not counted in the headline (the primary check read {r3.primary.verdict}).", ""]
+    elif (res.get("replicate") or {}).get("flips"):
+        lines += [f"**Verdict: {res['verdict']} at this budget** (the primary check read {r3.primary.verdict}, but "
+                  f"its replicate at {res['replicate']['budget']}x the budget lies on the other side of the "
+                  f"decision boundary).", ""]
     elif limited_arms(res) and r3.verdict in (stats.REPRODUCED, stats.CONTRADICTED, stats.NOT_RESOLVED):
         names = ", ".join(arms[k].label if k in arms else k for k in limited_arms(res))
         lines += [f"**Verdict: {res['verdict']} at this budget** (the primary check's; {names} still improving "
@@ -355,6 +359,12 @@ def revision4_lines(res: dict, arms: Dict[str, Arm]) -> List[str]:
         for name, why in it["notes"].items():
             lines.append(f"- {check_text(by_name[name]['check'], arms)}: not computed ({why}).")
         lines.append("")
+    rep = res.get("replicate")
+    if rep is not None:
+        per_seed = ", ".join(f"{v:+.4f}" for v in rep["values"])
+        lines += [f"Replicate at {rep['budget']}x the budget (every arm at {rep['budget']}x its epochs, the chosen "
+                  f"settings kept, seeds 0-{rep['seeds'] - 1}), the primary check: {rep['text']}"
+                  + (f" (per seed {per_seed})." if per_seed else "."), ""]
     if r.manipulation:
         lines += ["Manipulation checks (the condition occurred; absolute levels, never the baseline):", ""]
         lines += [f"- {'passed' if m.passed else '**failed**'}: {m.text().replace(m.arm, arms[m.arm].label if m.arm in arms else m.arm, 1)}"
@@ -493,9 +503,14 @@ def summary_rev3(results: Sequence[dict], arms: Dict[str, Arm], meta: dict) -> L
             flags.append(f"{len(res['claim'].fidelity)} declared deviation(s) from the paper's setup")
         verdict = _verdict_cell(r) if res["rev3"].verdict not in (stats.INVALID, stats.NOT_APPLICABLE, stats.NOT_TESTED) \
             else res["verdict"]
-        if rev4 and limited_arms(res) and res["rev3"].verdict in (stats.REPRODUCED, stats.CONTRADICTED,
-                                                                    stats.NOT_RESOLVED):
+        if (res.get("replicate") or {}).get("flips"):
+            verdict = f"{res['verdict']} at this budget (the primary check read {r.verdict}; its " \
+                      f"{res['replicate']['budget']}x-budget replicate did not)"
+        elif rev4 and limited_arms(res) and res["rev3"].verdict in (stats.REPRODUCED, stats.CONTRADICTED,
+                                                                      stats.NOT_RESOLVED):
             verdict += " at this budget"
+        if rev4 and res.get("replicate") is not None and not res["replicate"]["n"]:
+            flags.append(f"{res['replicate']['budget']}x-budget replicate not run")
         lines.append(f"| {c.family} | {c.data} | {c.claim} | {first} | {verdict} | {sec_text or '-'}"
                      + (f"; flagged: {'; '.join(flags)}" if flags else "") + f" | [{c.benchmark}.md]({c.benchmark}.md) |")
     lines.append("")

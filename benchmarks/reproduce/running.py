@@ -33,7 +33,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .claims import Arm, Claim
+from .claims import REPLICATE_PHASE, Arm, Claim, replicate_arm
 from .common import HERE, ROOT
 from .runs import Run, _overrides
 from .tuning import GroupTuning, Score, _params_text, score_from_rows, tune_group
@@ -197,9 +197,9 @@ def execute(run: Run, *, quick: bool, workdir: str, threads: int, fresh: bool, t
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir, exist_ok=True)
     spec = {"config": os.path.join(ROOT, run.arm.recipe), "root": os.path.join(run_dir, "logs"),
-            "fit_args": args, "test_args": args, "fit": True, "test": run.phase == "eval",
+            "fit_args": args, "test_args": args, "fit": True, "test": run.phase != "tune",
             "recipe_sha": _recipe_sha(run.arm)}
-    if run.phase == "eval":  # kept beside result.json (the logs folder goes once the run is done)
+    if run.phase != "tune":  # kept beside result.json (the logs folder goes once the run is done)
         spec["test_items"] = os.path.join(run_dir, TEST_ITEMS)
     spec_path = os.path.join(run_dir, "spec.json")
     with open(spec_path, "w") as fh:
@@ -275,7 +275,7 @@ def _row(run: Run, args: Sequence[str], res: dict) -> dict:
 def run_plan(arms: Sequence[Arm], tune: Sequence[Run], eval_seeds: Dict[str, Sequence[int]], *, jobs: int,
              threads: int, quick: bool, workdir: str, fresh: bool, timeout: float, log=print,
              execute_fn=None, deadline: Optional[float] = None, groups: Optional[Sequence[Sequence[str]]] = None,
-             rounds: int = 0,
+             rounds: int = 0, replicates: Optional[Dict[str, Tuple[int, Sequence[int]]]] = None,
              clock=time.perf_counter) -> Tuple[List[dict], List[dict], Dict[str, Dict[str, Any]], Dict[str, List[dict]]]:
     """Run the tuning and then the evaluation of every arm as one queue of at most ``jobs`` processes.
 
@@ -293,6 +293,10 @@ def run_plan(arms: Sequence[Arm], tune: Sequence[Run], eval_seeds: Dict[str, Seq
     no slot holds a run that would be cut off), the runs in flight finish, and the runs never started
     are left for a later invocation on the same workdir (or ``--runs-from`` a file written by
     ``--export-runs``); a finished run already in the workdir is read whatever the deadline.
+
+    ``replicates`` (``{arm: (budget, seeds)}``, revision 4): once an arm's point is chosen, its
+    replicate runs (``budget`` times its epochs, phase ``replicate``, on ``seeds``) join the queue
+    with its evaluation runs; their rows follow the evaluation rows.
 
     Returns ``(tuning rows, evaluation rows, chosen point per arm, tuning table per arm)`` (a table
     entry's ``round`` > 0 marks a widened point, ``reason`` says why); the rows are in plan order
@@ -343,6 +347,12 @@ def run_plan(arms: Sequence[Arm], tune: Sequence[Run], eval_seeds: Dict[str, Seq
             for a in members:
                 chosen[a.key], tables[a.key] = st.chosen[a.key], st.tables[a.key]
                 pending.extend(Run(a, s, "eval", tuple(chosen[a.key].items())) for s in sorted(eval_seeds.get(a.key, ())))
+                if a.key in (replicates or {}):
+                    budget, rseeds = replicates[a.key]
+                    reps = [Run(replicate_arm(a, budget), s, REPLICATE_PHASE, tuple(chosen[a.key].items()))
+                            for s in sorted(rseeds)]
+                    pending.extend(reps)
+                    counts["total"] += len(reps)
 
     def finish(r: Run, row: dict) -> None:
         nonlocal n_done
@@ -354,7 +364,7 @@ def run_plan(arms: Sequence[Arm], tune: Sequence[Run], eval_seeds: Dict[str, Seq
             tune_rows[id(r)] = row
             advance(group_of[r.arm.key])
         else:
-            eval_rows[(r.arm.key, r.seed)] = row
+            eval_rows[(r.arm.key, r.seed, r.phase)] = row
 
     def fits(r: Run) -> bool:
         if deadline is None or clock() + r.arm.seconds <= deadline:
@@ -395,7 +405,10 @@ def run_plan(arms: Sequence[Arm], tune: Sequence[Run], eval_seeds: Dict[str, Seq
     if pending:
         log(f"reproduce_results: {len(pending)} run(s) not started: their declared time does not fit before the "
             f"deadline ({', '.join(sorted({r.arm.key for r in pending}))})", flush=True)
-    evals = [eval_rows[(a.key, s)] for a in arms for s in sorted(eval_seeds.get(a.key, ())) if (a.key, s) in eval_rows]
+    evals = [eval_rows[(a.key, s, "eval")] for a in arms for s in sorted(eval_seeds.get(a.key, ()))
+             if (a.key, s, "eval") in eval_rows]
+    evals += [eval_rows[(a.key, s, REPLICATE_PHASE)] for a in arms if a.key in (replicates or {})
+              for s in sorted(replicates[a.key][1]) if (a.key, s, REPLICATE_PHASE) in eval_rows]
     return [tune_rows[id(r)] for r in all_tune if id(r) in tune_rows], evals, chosen, tables
 
 

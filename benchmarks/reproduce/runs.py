@@ -47,7 +47,7 @@ def _overrides(items) -> List[str]:
 class Run:
     arm: Arm
     seed: int
-    phase: str  # "tune" | "eval"
+    phase: str  # "tune" | "eval" | "replicate" (an evaluation run at a multiple of the budget)
     params: Tuple[Tuple[str, Any], ...]  # the grid point
 
     def args(self, quick: bool) -> List[str]:
@@ -62,7 +62,7 @@ def run_args(arm: Arm, seed: int, params: Dict[str, Any], *, phase: str, quick: 
     args = [f"--seed_everything={seed}", f"--data.init_args.seed={seed}"]
     if arm.test_seed is not None and data_cls.endswith(TEST_SEED_DATA):
         args.append(f"--data.init_args.test_seed={arm.test_seed}")  # one test split for every seed
-    if (arm.ood and phase == "eval" and data_cls.endswith(OOD_DATA)
+    if (arm.ood and phase != "tune" and data_cls.endswith(OOD_DATA)
             and "ood" not in ((cfg.get("data") or {}).get("init_args") or {})
             and not any(k == "data.init_args.ood" for k, _ in arm.overrides)):
         # scored at test only: tuning runs (validation alone) keep their arguments
