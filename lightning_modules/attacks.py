@@ -226,16 +226,11 @@ def apgd(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, *, eps: float,
     _check("apgd", x, y, eps, clip)
     gen = _generator(x, seed)
     with _attack_mode(model):
-        x0, y = x.detach().clone(), y.detach().clone().long()
+        x0, y, x_adv, fooled, best_loss = _restart_state(x, y)
         if loss == "dlr":
             with torch.no_grad():
                 dlr_loss(model(x0[:1]), y[:1])  # raises for < 3 classes before attacking
-        x_adv, fooled = x0.clone(), torch.zeros(x0.shape[0], dtype=torch.bool, device=x0.device)
-        best_loss = torch.full((x0.shape[0],), -float("inf"), device=x0.device)
-        for _ in range(restarts):
-            idx = (~fooled).nonzero().squeeze(1)
-            if idx.numel() == 0:
-                break
+        for idx in _unbroken(fooled, restarts):
             xa, fo = _apgd_once(model, x0[idx], y[idx], eps, _LOSSES[loss], n_iter, rho, alpha, gen, clip, predict)
             with torch.no_grad():
                 la = _LOSSES[loss](model(xa), y[idx]).float()
@@ -244,6 +239,24 @@ def apgd(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, *, eps: float,
             best_loss[idx[keep]] = la[keep]
             fooled[idx[fo]] = True
     return x_adv.detach(), fooled
+
+
+def _restart_state(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(x0, y, x_adv, fooled, best_loss)`` before the first restart: detached copies of the inputs,
+    the adversarial points (the inputs), nobody fooled, every example's best loss ``-inf``."""
+    x0, y = x.detach().clone(), y.detach().clone().long()
+    fooled = torch.zeros(x0.shape[0], dtype=torch.bool, device=x0.device)
+    return x0, y, x0.clone(), fooled, torch.full((x0.shape[0],), -float("inf"), device=x0.device)
+
+
+def _unbroken(fooled: Tensor, restarts: int):
+    """For each of ``restarts`` restarts, the indices of the examples not fooled yet (read when the
+    restart begins; ``fooled`` is updated in place by the caller); stops early once all are."""
+    for _ in range(restarts):
+        idx = (~fooled).nonzero().squeeze(1)
+        if idx.numel() == 0:
+            return
+        yield idx
 
 
 # -- PGD -----------------------------------------------------------------------------------------
@@ -273,13 +286,8 @@ def pgd(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, *, eps: float, 
     gen = _generator(x, seed)
     fn = _LOSSES[loss]
     with _attack_mode(model):
-        x0, y = x.detach().clone(), y.detach().clone().long()
-        x_adv, fooled = x0.clone(), torch.zeros(x0.shape[0], dtype=torch.bool, device=x0.device)
-        best_loss = torch.full((x0.shape[0],), -float("inf"), device=x0.device)
-        for _ in range(restarts):
-            idx = (~fooled).nonzero().squeeze(1)
-            if idx.numel() == 0:
-                break
+        x0, y, x_adv, fooled, best_loss = _restart_state(x, y)
+        for idx in _unbroken(fooled, restarts):
             xs, ys = x0[idx], y[idx]
             xi = _uniform_start(xs, eps, gen, clip)
             fo = torch.zeros(idx.numel(), dtype=torch.bool, device=x0.device)

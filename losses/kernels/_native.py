@@ -114,24 +114,42 @@ int {prefix}_variant(void) {{
 
 #: C source of a vectorisable float ``exp`` (name ``exp_@V@``, one copy per ISA variant): Cody-Waite
 #: range reduction and a degree-6 polynomial, within one float spacing over [-87.3, 88]; 0 below
-#: -87.3, the argument clamped at 88 above; ``-inf`` gives 0. Shared by the CPU kernels.
+#: -87.3, the argument clamped at 88 above; ``-inf`` gives 0. Shared by the CPU kernels, with its
+#: three steps (``exp_reduce_@V@``, ``exp_poly_@V@``: the ``expm1`` of the reduced argument,
+#: ``exp2i_@V@``) for kernels that specialise an exponential to a known argument range.
 EXP_C = r"""
-static inline float exp_@V@(float v) {
-    float w = v < -87.33654f ? -87.33654f : (v > 88.0f ? 88.0f : v);
+/* w = n ln 2 + r: returns n, the nearest integer to w / ln 2, and *r (ln 2 in two parts) */
+static inline float exp_reduce_@V@(float w, float* r) {
     float n = (w * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* nearest integer */
-    float r = w - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
+    float t = w - n * 0.693359375f;
+    *r = t - n * -2.12194440e-4f;
+    return n;
+}
+
+/* exp(r) - 1 for a reduced argument |r| <= ln 2 / 2: r + r^2 P(r), P of degree 5 */
+static inline float exp_poly_@V@(float r) {
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    return p * r * r + r;
+}
+
+/* 2^n for an integer-valued n in [-126, 127] (the exponent field) */
+static inline float exp2i_@V@(float n) {
     int32_t bits = ((int32_t)n + 127) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof scale);
-    p = p * scale;
+    return scale;
+}
+
+static inline float exp_@V@(float v) {
+    float w = v < -87.33654f ? -87.33654f : (v > 88.0f ? 88.0f : v);
+    float r;
+    float n = exp_reduce_@V@(w, &r);
+    float p = (exp_poly_@V@(r) + 1.0f) * exp2i_@V@(n);
     return v < -87.33654f ? 0.0f : p;
 }
 """

@@ -63,23 +63,12 @@ BLOCK = 64
 #: elements (B x C x positions) above which the chunks are split over ``torch.get_num_threads()``
 PARALLEL_MIN = 1 << 18
 
-_BODY = r"""
+_BODY = _native.EXP_C + r"""
 static inline float exp_neg_@V@(float v) {
     float w = v < -87.33654f ? -87.33654f : v; /* ln of the smallest normal float */
-    float n = (w * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* nearest integer */
-    float r = w - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    p = p * scale;
+    float r;
+    float n = exp_reduce_@V@(w, &r);
+    float p = (exp_poly_@V@(r) + 1.0f) * exp2i_@V@(n);
     return v < -87.33654f ? 0.0f : p;
 }
 
