@@ -406,3 +406,29 @@ def test_replicate_confirms_or_overturns_a_decided_verdict():
     missing = _results(c, rows)
     assert missing["verdict"] == "reproduced" and missing["replicate"]["n"] == 0
     assert any("2x-budget replicate not run" in x for x in rp.reports.summary_rev3([missing], CF.arms, _meta()))
+
+
+def test_the_committed_revision_4_report_regenerates_from_its_runs_and_records(tmp_path, monkeypatch):
+    """``results/revision4/``: its runs file and per-item records rebuild the report on a fresh machine
+    (nothing trains), with the committed summary's verdict lines and two-level bootstrap lines."""
+    real = rp.running.execute
+
+    def execute(run, **kw):
+        assert rp.running.cached_row(run, quick=kw["quick"], workdir=kw["workdir"]) is not None, \
+            f"{run.phase} {run.arm.key} seed {run.seed} would have run"
+        return real(run, **kw)
+
+    monkeypatch.setattr(rp.running, "execute", execute)
+    committed = os.path.join(ROOT, "results", "revision4")
+    out, work = tmp_path / "out", tmp_path / "work"
+    code = rp.cli.main(["--claims-file", os.path.join(ROOT, "benchmarks", "claims_revision4.yaml"), "--runs-from",
+                        committed, "--out", str(out), "--workdir", str(work), "--jobs", "1", "--allow-dirty"])
+    assert code == 0
+    old_summary = open(os.path.join(committed, "summary.md")).read()
+    new_lines = [x for x in (out / "summary.md").read_text().splitlines() if x.startswith(("| ", "Protocol", "- `"))
+                 and "|---" not in x]
+    assert new_lines and all(x in old_summary for x in new_lines)
+    old_md = open(os.path.join(committed, "many_class.md")).read()
+    two_level = [x for x in (out / "many_class.md").read_text().splitlines() if "seeds x " in x]
+    assert two_level and all(x in old_md for x in two_level)
+    assert not (out / "many_class_test_items").exists()  # the records were read where they are committed
