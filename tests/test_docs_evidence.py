@@ -12,7 +12,8 @@ table (``acc_tail: GOL (LT) > logit-adjusted CE (LT)``). The link points at the 
 the report the summary names. ``revision 3`` is checked against ``results/revision3/summary.md``
 (with, for a claim it lists as not run under revision 3 yet, the line of
 ``results/revision3/on_revision2_runs/summary.md``); ``revision 2`` against
-``results/revision2/summary.md``. Every other verdict word on a checked page (outside the history
+``results/revision2/summary.md``; ``revision 4`` (the claims re-declared under it, one at a time)
+against ``results/revision4/summary.md``. Every other verdict word on a checked page (outside the history
 sections of a family page) is an error, a revision-2 citation of a claim with a revision-3 line
 must come after that claim's revision-3 citation, and every claim of the latest results is cited
 on its family page.
@@ -40,14 +41,15 @@ DOCS = os.path.join(ROOT, "docs")
 RESULTS = os.path.join(ROOT, "results")
 LATEST = os.path.join(RESULTS, "revision3", "summary.md")
 ON_REV2 = os.path.join(RESULTS, "revision3", "on_revision2_runs", "summary.md")
-SUMMARIES = {"2": os.path.join(RESULTS, "revision2", "summary.md"), "3": LATEST}
+SUMMARIES = {"2": os.path.join(RESULTS, "revision2", "summary.md"), "3": LATEST,
+             "4": os.path.join(RESULTS, "revision4", "summary.md")}
 
 VERDICTS = ("reproduced", "contradicted", "not resolved")
 _VERDICT_WORD = re.compile(r"\b(reproduced|contradicted|not resolved)\b", re.I)
 _BOLD_VERDICT = re.compile(r"\*\*(reproduced|contradicted|not resolved)\*\*")
 CITATION = re.compile(
     r"\*\*(?P<verdict>reproduced|contradicted|not resolved)\*\* "
-    r"\(\[revision (?P<rev>[23]), `(?P<claim>\w+)`(?:: (?P<check>[^\]]+))?\]"
+    r"\(\[revision (?P<rev>[234]), `(?P<claim>\w+)`(?:: (?P<check>[^\]]+))?\]"
     r"\((?P<link>[^)\s]+)\)\)"
 )
 #: a measured number: a decimal with a point (hyperparameters are written in maths or code)
