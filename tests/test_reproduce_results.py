@@ -33,6 +33,7 @@ T975_9 = 2.262157  # t_{0.975, 9}, from a printed table
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))  # as benchmarks/reproduce_results.py puts it there
 import reproduce as rp  # noqa: E402  (the reproduction package: rp.claims, rp.runs, rp.running, ...)
 import reproduce.cli  # noqa: E402,F401  (the command line imports every step's module)
+from tests._helpers.reproduce_runs import only_cached  # noqa: E402
 
 CF = rp.claims.load_claims()
 
@@ -281,7 +282,7 @@ def test_plan_with_a_deadline_starts_only_runs_that_fit_and_reads_finished_ones(
 def test_deadline_that_nothing_fits_writes_no_report(tmp_path, monkeypatch, capsys):
     """``--deadline 0`` with no finished runs starts nothing (any execution fails this test) and writes
     no report; the exit status says the work is unfinished."""
-    _only_cached(monkeypatch)
+    only_cached(monkeypatch)
     out, work = tmp_path / "out", tmp_path / "work"
     code = rp.cli.main(["--claims", "opl", "--deadline", "0", "--out", str(out), "--workdir", str(work), "--jobs", "1",
                         "--allow-dirty"])
@@ -341,22 +342,10 @@ def _finish_full(run, workdir, seed_value, *, versions=True):
         json.dump(res, fh)
 
 
-def _only_cached(monkeypatch):
-    """Make any run that is not already finished in the workdir fail the test instead of training."""
-    real = rp.running.execute
-
-    def execute(run, **kw):
-        assert rp.running.cached_row(run, quick=kw["quick"], workdir=kw["workdir"]) is not None, \
-            f"{run.phase} {run.arm.key} seed {run.seed} would have run"
-        return real(run, **kw)
-
-    monkeypatch.setattr(rp.running, "execute", execute)
-
-
 def test_reports_regenerate_from_the_committed_runs_without_running_anything(tmp_path, monkeypatch):
     """The committed runs file is enough to rebuild a claim's report on a fresh machine: every run is
     read from it (none executes), and every committed column of its rows comes back unchanged."""
-    _only_cached(monkeypatch)
+    only_cached(monkeypatch)
     committed = os.path.join(ROOT, "results", "revision2")
     out, work = tmp_path / "out", tmp_path / "work"
     # the revision-2 reports regenerate under the revision-2 claims file frozen beside their runs
@@ -926,7 +915,7 @@ def test_a_changed_code_hash_makes_a_cached_run_miss(tmp_path, monkeypatch):
 
 
 def test_a_dirty_tree_is_refused_unless_allowed_and_quick_says_so(tmp_path, monkeypatch):
-    _only_cached(monkeypatch)
+    only_cached(monkeypatch)
     monkeypatch.setattr(rp.running, "_dirty_paths", lambda: [" M losses/classification/comp_sum.py"])
     common = ["--claims", "opl", "--workdir", str(tmp_path / "w"), "--jobs", "1", "--deadline", "0"]
     with pytest.raises(SystemExit, match="uncommitted changes under losses/.*--allow-dirty"):
@@ -951,7 +940,7 @@ def test_revision_2_runs_are_read_under_the_current_claims_file(tmp_path, monkey
     runs as revision 2 made them, so its committed runs regenerate the claim without training. The claim
     is one whose arms revision 3 left as revision 2 declared them (recipe, grid, overrides, epochs: the
     gol_items arms tuned the learning rate already; revision 3's equal tuning changed the others')."""
-    _only_cached(monkeypatch)
+    only_cached(monkeypatch)
     committed = os.path.join(ROOT, "results", "revision2")
     old = rp.claims.load_claims(os.path.join(committed, "claims.yaml"))
     claim = next(c for c in CF.claims if c.key == "gol_items")

@@ -21,6 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))  # as benchmarks/reproduce_results.py puts it there
 import reproduce as rp  # noqa: E402
 import reproduce.cli  # noqa: E402,F401  (imports every step's module)
+from tests._helpers.reproduce_runs import only_cached  # noqa: E402
 
 CF = rp.claims.load_claims()
 CF4 = dataclasses.replace(CF, revision=4, claims=tuple(dataclasses.replace(c, fidelity=()) for c in CF.claims))
@@ -411,14 +412,7 @@ def test_replicate_confirms_or_overturns_a_decided_verdict():
 def test_the_committed_revision_4_report_regenerates_from_its_runs_and_records(tmp_path, monkeypatch):
     """``results/revision4/``: its runs file and per-item records rebuild the report on a fresh machine
     (nothing trains), with the committed summary's verdict lines and two-level bootstrap lines."""
-    real = rp.running.execute
-
-    def execute(run, **kw):
-        assert rp.running.cached_row(run, quick=kw["quick"], workdir=kw["workdir"]) is not None, \
-            f"{run.phase} {run.arm.key} seed {run.seed} would have run"
-        return real(run, **kw)
-
-    monkeypatch.setattr(rp.running, "execute", execute)
+    only_cached(monkeypatch)
     committed = os.path.join(ROOT, "results", "revision4")
     out, work = tmp_path / "out", tmp_path / "work"
     code = rp.cli.main(["--claims-file", os.path.join(ROOT, "benchmarks", "claims_revision4.yaml"), "--runs-from",

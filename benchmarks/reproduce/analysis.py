@@ -216,7 +216,7 @@ def item_intervals(c: Claim, rows: Sequence[dict], seeds: Sequence[int], items: 
         if why:
             notes[name] = why
             continue
-        rel = _relative(ch, rows, seeds) if ch.relative_margin is not None else {}
+        rel = _relative(ch, rows, seeds)
         margin = stats.resolve_margin(margin=ch.margin, relative=rel.get("relative_margin"),
                                       baseline_mean=rel.get("baseline_mean"), better=ch.better).margin
         kind = "not_worse_lower" if ch.kind == "not_worse" and ch.better == "lower" else ch.kind

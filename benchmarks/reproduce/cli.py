@@ -199,8 +199,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rep_s = sum(cf.arms[k].seconds * b * len(ss) for k, (b, ss) in reps.items())
         print(f"reproduce_results: and {sum(len(ss) for _, ss in reps.values())} replicate run(s) at a multiple of the "
               f"budget once their arm's setting is chosen, {rep_s / 60:.0f} min declared", flush=True)
+    files = runs_files(args.runs_from) if args.runs_from else []
     if args.runs_from:
-        files = runs_files(args.runs_from)
         os.makedirs(args.workdir, exist_ok=True)
         written, had = seed_workdir(candidate_runs(arm_list, tune_seeds, eval_seeds, args.quick,
                                                    extra=file_points(files, arm_list), replicates=reps), files,
@@ -263,7 +263,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "tuning_seeds": tune_seeds, "seeds_of": seeds_of, "revision": revision,
         "dirty": dirty, "dirty_reason": "--quick" if args.quick and not args.allow_dirty else "--allow-dirty",
         "workdir": args.workdir,
-        "items_search": [os.path.dirname(os.path.abspath(f)) for f in runs_files(args.runs_from)] if args.runs_from else [],
+        "items_search": [os.path.dirname(os.path.abspath(f)) for f in files],
     }
     summary = []
     for b in cf.benchmarks:

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .claims import REPLICATE_PHASE, Arm, replicate_arm
 from .common import ROOT
-from .running import TEST_ITEMS, _recipe_sha, _run_dir, _run_key, cached_row
+from .running import TEST_ITEMS, _recipe_sha, _run_dir, _run_key, cached_row, run_dir_name
 from .runs import Run, _overrides
 from .tuning import _points, tuning_runs
 
@@ -211,8 +211,8 @@ def collect_test_items(rows: Sequence[dict], arms: Dict[str, Arm], *, benchmark:
             continue
         arm, seed = r["arm"], int(r["seed"])
         name = f"{arm}__s{seed}.npz"
-        stem = os.path.splitext(os.path.basename(arms[arm].recipe))[0]
-        src = os.path.join(workdir, f"{stem}__eval__s{seed}__{r.get('key', '')}__{r.get('code_hash', '')}", TEST_ITEMS)
+        folder_name = run_dir_name(arms[arm].recipe, "eval", seed, r.get("key", ""), r.get("code_hash", ""))
+        src = os.path.join(workdir, folder_name, TEST_ITEMS)
         target = os.path.join(dest, name)
         if os.path.isfile(src):
             os.makedirs(dest, exist_ok=True)

@@ -109,11 +109,18 @@ def _run_key(run: Run, args: Sequence[str]) -> str:
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
+def run_dir_name(recipe: str, phase: str, seed: int, key: str, code_hash: str) -> str:
+    """The name of a run's folder in the workdir: the recipe's stem, the phase, the seed, the run key
+    (recipe and arguments) and the code hash."""
+    stem = os.path.splitext(os.path.basename(recipe))[0]
+    return f"{stem}__{phase}__s{seed}__{key}__{code_hash}"
+
+
 def _run_dir(run: Run, args: Sequence[str], workdir: str) -> str:
-    """The run's folder in ``workdir``: its key (recipe and arguments) and the code hash, so that a run
-    finished with other code is a miss."""
-    stem = os.path.splitext(os.path.basename(run.arm.recipe))[0]
-    return os.path.join(workdir, f"{stem}__{run.phase}__s{run.seed}__{_run_key(run, args)}__{_code_hash(run.arm)}")
+    """The run's folder in ``workdir`` (:func:`run_dir_name`), so that a run finished with other code
+    is a miss."""
+    return os.path.join(workdir, run_dir_name(run.arm.recipe, run.phase, run.seed, _run_key(run, args),
+                                              _code_hash(run.arm)))
 
 
 def cached_row(run: Run, *, quick: bool, workdir: str) -> Optional[dict]:
