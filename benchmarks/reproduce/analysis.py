@@ -136,6 +136,16 @@ def claim_results(c: Claim, rows: Sequence[dict], *, seeds: Sequence[int], metho
     return out
 
 
+def not_run_result(c: Claim) -> dict:
+    """Revision 4: the result of a claim declared ``not_applicable`` before any run, which is not run:
+    its verdict is :data:`stats.NOT_APPLICABLE` with the declared reason, no check is read, and its arms
+    are trained only where another selected claim needs them (``not_run`` marks it for the reports)."""
+    if not c.not_applicable:
+        raise ValueError(f"not_run_result: claim {c.key!r} declares no not_applicable reason; it must be run")
+    res = stats.evaluate_claim([], not_applicable=c.not_applicable)
+    return {"claim": c, "checks": [], "verdict": res.verdict_text(), "rev3": res, "seeds": [], "not_run": True}
+
+
 def _relative(ch: Check, rows: Sequence[dict], seeds: Sequence[int]) -> dict:
     """Revision 4: a check's margin relative to the baseline's error, with the baseline arm's mean over
     the seeds it is applied to (``stats.resolve_margin``); nothing for a check without one."""

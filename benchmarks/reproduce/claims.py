@@ -180,7 +180,8 @@ class ClaimsFile:
     def widen_groups(self) -> List[List[str]]:
         """The groups of arms that widen together (:func:`reproduce.tuning.tune_group`): the arms a
         claim compares (:meth:`Claim.run_arms`), joined across claims that share an arm, in file
-        order; an arm declared ``widen: false`` is a group of its own."""
+        order; an arm declared ``widen: false`` is a group of its own. A claim declared not applicable
+        (revision 4) is never run and joins no arms."""
         parent = {k: k for k in self.arms}
 
         def root(k: str) -> str:
@@ -190,6 +191,8 @@ class ClaimsFile:
             return k
 
         for c in self.claims:
+            if self.revision >= 4 and c.not_applicable:
+                continue
             ks = [k for k in c.run_arms() if k in self.arms and self.arms[k].widen]
             for k in ks[1:]:
                 parent[root(k)] = root(ks[0])

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from . import __doc__ as PIPELINE
 from . import running
-from .analysis import claim_results
+from .analysis import claim_results, not_run_result
 from .claims import REVISIONS, Claim, ClaimsFile, load_claims, replicates, validate_claims, without_evaluation
 from .common import CLAIMS_FILE, ROOT, stats
 from .plots import plot_claims, plot_curves, plot_forest, plot_per_class
@@ -166,6 +166,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     claims = select_claims(cf, args.claims, args.benchmarks)
     method = args.ci or cf.statistics.get("ci", "t")
     revision = args.revision or cf.revision
+    # revision 4: a claim declared not applicable before any run is not run (its verdict is the declaration)
+    not_run = [c for c in claims if revision >= 4 and c.not_applicable]
+    if not_run:
+        print(f"reproduce_results: {len(not_run)} claim(s) declared not applicable here, not run: "
+              + ", ".join(c.key for c in not_run), flush=True)
+        claims = [c for c in claims if c not in not_run]
+    if not claims:
+        raise SystemExit("reproduce_results: every selected claim is declared not applicable; nothing to run")
     confidence = float(cf.statistics.get("confidence", 0.95))
     seeds_of = {c.key: [0] if args.quick else list(range(c.seeds)) for c in claims}
     arm_seeds: Dict[str, set] = {}
@@ -270,6 +278,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         bc = [c for c in claims if c.benchmark == b]
         if bc:
             summary += write_benchmark(b, bc, rows, out, cf, chosen, tables, meta)
+    summary += [not_run_result(c) for c in not_run]
     write_summary(os.path.join(out, "summary.md"), summary, rows, n_tune=len(tune_rows), n_eval=len(eval_rows),
                   cf=cf, chosen=chosen, tables=tables, meta=meta, wall=wall)
     n_fail = sum(not r["ok"] for r in rows)

@@ -482,6 +482,10 @@ def summary_rev3(results: Sequence[dict], arms: Dict[str, Arm], meta: dict) -> L
              "secondary checks (Holm) | details |", "|---|---|---|---|---|---|---|"]
     for res in claims:
         c = res["claim"]
+        if res.get("not_run"):  # declared not applicable before any run: nothing was trained for it
+            lines.append(f"| {c.family} | {c.data} | {c.claim} | not run: declared not applicable before any run "
+                         f"| {res['verdict']} | - | - |")
+            continue
         x = next(x for x in res["checks"] if x["result"].role == "primary")
         r = x["result"]
         ci = r.ci
@@ -554,7 +558,7 @@ def write_summary(path: str, results: Sequence[dict], rows: Sequence[dict], *, n
         lines.append("")
     edges: Dict[str, Tuple[str, List[str]]] = {}  # arm -> (its first claim, its grid ends)
     for res in results:
-        for k in res["claim"].run_arms():
+        for k in () if res.get("not_run") else res["claim"].run_arms():
             if k not in edges and (e := grid_edges(cf.arms[k], chosen.get(k, {}),
                                                    [t["params"] for t in tables.get(k, [])])):
                 edges[k] = (res["claim"].key, e)

@@ -97,6 +97,13 @@ class DigitsDataModule(ClassificationVariantsDataModule):
             the validation / training split, the variants, the order and the initial weights still
             vary with ``seed``. :meth:`test_split_fingerprint` names the test split (SHA-256 of
             its sorted indices, 12 hex digits).
+        linear_probe: ``True`` gives :meth:`floor_metrics` a trained reference on the same split: a
+            multinomial logistic regression on the raw pixels of the training split as trained on
+            (its noisy, long-tailed or low-data labels), L2 strength chosen on validation
+            (:func:`~lightning_modules.data.image_variants.linear_probe_metrics`); the classifier
+            logs it at test as ``test/top1_linear``, ``test/balanced_acc_linear`` and, long-tailed,
+            ``test/acc_head_linear`` / ``test/acc_tail_linear``: a competence floor. ``False``
+            (default): nothing is fitted.
 
     Batches are ``(images (B, 1, S, S) float32 in [0, 1], target)``; target is ``(B,)`` int64 or,
     with ``soft_targets``, ``(B, C)`` float32. ``tail_classes`` lists the classes whose training
@@ -124,12 +131,14 @@ class DigitsDataModule(ClassificationVariantsDataModule):
         num_workers: int = 0,
         seed: int = 0,
         test_seed: Optional[int] = None,
+        linear_probe: bool = False,
     ) -> None:
         super().__init__(image_size=image_size, batch_size=batch_size, eval_batch_size=eval_batch_size,
                          val_fraction=val_fraction, test_fraction=test_fraction, train_fraction=train_fraction,
                          imbalance_factor=imbalance_factor, noise_rate=noise_rate, noise_type=noise_type,
                          soft_targets=soft_targets, soft_neighbours=soft_neighbours, shuffle=shuffle,
-                         num_workers=num_workers, seed=seed, test_seed=test_seed)
+                         num_workers=num_workers, seed=seed, test_seed=test_seed,
+                         linear_probe=linear_probe)
         self.save_hyperparameters()  # checkpoints carry the data settings (load_from_checkpoint)
 
     def _load(self) -> Tuple[Tensor, Tensor]:

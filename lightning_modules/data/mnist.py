@@ -121,6 +121,7 @@ class MNISTDataModule(ClassificationVariantsDataModule):
         seed: int = 0,
         ood: Optional[str] = None,
         test_seed: Optional[int] = None,
+        linear_probe: bool = False,
     ) -> None:
         names = [n.strip() for n in ood.split(",") if n.strip()] if ood else []
         bad = [n for n in names if n not in OOD_SETS]
@@ -134,7 +135,8 @@ class MNISTDataModule(ClassificationVariantsDataModule):
                          val_fraction=val_fraction, test_fraction=test_fraction, train_fraction=train_fraction,
                          imbalance_factor=imbalance_factor, noise_rate=noise_rate, noise_type=noise_type,
                          soft_targets=soft_targets, soft_neighbours=soft_neighbours, shuffle=shuffle,
-                         num_workers=num_workers, seed=seed, test_seed=test_seed)
+                         num_workers=num_workers, seed=seed, test_seed=test_seed,
+                         linear_probe=linear_probe)
         self.save_hyperparameters()  # checkpoints carry the data settings (load_from_checkpoint)
 
     def _load(self) -> Tuple[Tensor, Tensor]:

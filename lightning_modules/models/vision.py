@@ -197,7 +197,10 @@ class VisionClassifier(BenchmarkModule):
     ``ood_noise_auroc_energy`` against ``uniform_noise`` (scores: maximum predictive probability,
     and ``logsumexp`` of the evaluation logits, higher = more in-distribution). ``ece`` is the
     top-label ECE of 15 equal-width bins (torchmetrics; the same definition as
-    :func:`lightning_modules.confidence.expected_calibration_error`).
+    :func:`lightning_modules.confidence.expected_calibration_error`). At test, a DataModule built with
+    ``linear_probe=True`` adds its trained reference on the same split (``top1_linear``,
+    ``balanced_acc_linear``, ``acc_head_linear`` / ``acc_tail_linear``, ``l2_linear``: a logistic
+    regression on raw pixels, the competence floor of the claims file).
     """
 
     loss_kinds = (InputKind.LOGITS, InputKind.EMBEDDINGS, InputKind.MODEL)
@@ -592,6 +595,11 @@ class VisionClassifier(BenchmarkModule):
                 out[f"{stage}/cos_{k}"] = v.float()
         cos_metric.reset()
         out.update(self._confidence_metrics(stage))
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if stage == "test" and callable(getattr(dm, "floor_metrics", None)):  # a trained reference, same split
+            for k, v in dm.floor_metrics(stage).items():
+                if math.isfinite(v):
+                    out[f"test/{k}"] = torch.tensor(float(v), dtype=torch.float32, device=self.device)
         with torch.no_grad():  # a head's own scale / concentrations (WCDAS), as trained so far
             if callable(getattr(self.loss, "effective_scale", None)):
                 out[f"{stage}/loss_scale"] = self.loss.effective_scale().detach().float().reshape(())

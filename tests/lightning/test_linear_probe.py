@@ -1,0 +1,104 @@
+"""The linear-probe reference of the image DataModules (a competence floor of the claims file):
+the fit against scikit-learn's multinomial logistic regression, the metrics by hand, the
+DataModule's switch and cache, and the classifier logging it at test."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import pytorch_lightning as pl
+import torch
+
+import losses
+from lightning_modules.data import DigitsDataModule, MNISTDataModule
+from lightning_modules.data import image_variants as iv
+from lightning_modules.models import VisionClassifier
+
+
+def _digits():
+    dm = DigitsDataModule(image_size=8, seed=0, test_seed=7)
+    dm.setup()
+    return [dm._splits[k].tensors for k in ("train", "val", "test")]
+
+
+def test_probe_matches_scikit_learn_logistic_regression(monkeypatch):
+    from sklearn.linear_model import LogisticRegression
+
+    (xtr, ytr), (xva, yva), (xte, yte) = _digits()
+    l2 = 1e-2
+    monkeypatch.setattr(iv, "PROBE_L2", (l2,))
+    ours = iv.linear_probe_metrics((xtr, ytr), (xva, yva), (xte, yte), 10)
+    a = xtr.reshape(len(xtr), -1).double().numpy()
+    # sklearn minimises C * sum(CE) + |W|^2 / 2 (bias unpenalised): C = 1 / (l2 * n) is our objective
+    ref = LogisticRegression(C=1.0 / (l2 * len(a)), max_iter=5000, tol=1e-10).fit(a, ytr.numpy())
+    pred = ref.predict(xte.reshape(len(xte), -1).double().numpy())
+    top1 = float(np.mean(pred == yte.numpy()))
+    assert ours["l2_linear"] == l2
+    assert ours["top1_linear"] == pytest.approx(top1, abs=1.5 / len(yte))  # at most one test image apart
+    per_class = [np.mean(pred[yte.numpy() == c] == c) for c in range(10)]
+    assert ours["balanced_acc_linear"] == pytest.approx(float(np.mean(per_class)), abs=0.02)
+
+
+def test_probe_by_hand_separable_classes_and_tail_split():
+    g = torch.Generator().manual_seed(0)
+    centres = torch.eye(4) * 5.0
+
+    def sample(n):
+        y = torch.arange(4).repeat(n)
+        return centres[y] + 0.1 * torch.randn(len(y), 4, generator=g), y
+
+    train, val, test = sample(20), sample(5), sample(10)
+    out = iv.linear_probe_metrics(train, val, test, 4, tail_classes=[2, 3])
+    assert out["top1_linear"] == 1.0 and out["balanced_acc_linear"] == 1.0
+    assert out["acc_head_linear"] == 1.0 and out["acc_tail_linear"] == 1.0
+    # a class the probe never gets right: per-class and balanced accuracy by hand
+    xt, yt = test
+    wrong = yt.clone()
+    wrong[yt == 3] = 0  # relabel the evaluation items of class 3 as class 0: the probe says 3
+    out = iv.linear_probe_metrics(train, val, (xt, wrong), 4, tail_classes=[2, 3])
+    n0, n3 = int((yt == 0).sum()), int((yt == 3).sum())
+    assert out["top1_linear"] == pytest.approx(1 - n3 / len(yt))
+    assert out["balanced_acc_linear"] == pytest.approx((n0 / (n0 + n3) + 1 + 1) / 3)  # class 3 has no items
+    assert out["acc_tail_linear"] == pytest.approx(1.0)
+    assert out["acc_head_linear"] == pytest.approx((n0 / (n0 + n3) + 1) / 2)
+
+
+def test_soft_targets_train_the_probe():
+    (xtr, ytr), val, test = _digits()
+    soft = torch.nn.functional.one_hot(ytr, 10).float() * 0.9 + 0.01
+    hard = iv.linear_probe_metrics((xtr, ytr), val, test, 10)
+    smooth = iv.linear_probe_metrics((xtr, soft), val, test, 10)
+    assert smooth["top1_linear"] > 0.9 and abs(smooth["top1_linear"] - hard["top1_linear"]) < 0.03
+
+
+def test_datamodule_switch_cache_and_errors():
+    off = MNISTDataModule(seed=0, test_seed=7, train_fraction=0.1)
+    assert off.floor_metrics("test") == {}
+    dm = MNISTDataModule(seed=0, test_seed=7, train_fraction=0.1, imbalance_factor=50.0, linear_probe=True)
+    first = dm.floor_metrics("test")
+    assert set(first) == {"top1_linear", "balanced_acc_linear", "l2_linear", "acc_head_linear", "acc_tail_linear"}
+    assert dm.floor_metrics("test") == first  # cached: the same numbers, no refit
+    again = MNISTDataModule(seed=0, test_seed=7, train_fraction=0.1, imbalance_factor=50.0, linear_probe=True)
+    assert again.floor_metrics("test") == first  # deterministic
+    with pytest.raises(ValueError, match="stage"):
+        dm.floor_metrics("train")
+    with pytest.raises(ValueError, match="linear_probe"):
+        MNISTDataModule(linear_probe="yes")
+
+
+def test_classifier_logs_the_probe_at_test_only():
+    torch.manual_seed(0)
+    model = VisionClassifier(losses.CrossEntropyLoss(), backbone="test_resnet", num_classes=10, embedding_dim=16,
+                             robust_eval=False)
+    dm = DigitsDataModule(seed=0, test_seed=7, linear_probe=True, eval_batch_size=128)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, limit_test_batches=1,
+                         limit_val_batches=1)
+    trainer.test(model, datamodule=dm, verbose=False)
+    m = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    ref = dm.floor_metrics("test")
+    assert m["test/top1_linear"] == pytest.approx(ref["top1_linear"], abs=1e-6)
+    assert m["test/balanced_acc_linear"] == pytest.approx(ref["balanced_acc_linear"], abs=1e-6)
+    assert ref["top1_linear"] > 0.9  # digits are nearly linearly separable: a floor, not chance
+    trainer.validate(model, datamodule=dm, verbose=False)
+    assert not any(k.endswith("_linear") for k in trainer.callback_metrics)
