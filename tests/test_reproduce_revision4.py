@@ -156,6 +156,33 @@ def test_not_applicable_and_not_tested_override_the_primary_verdict():
     assert missing["verdict"].startswith("not tested (the scale moved off 1: no values of test/loss_scale in ce_lt")
 
 
+def test_a_claim_declared_not_applicable_is_not_run_and_reported_with_its_reason(monkeypatch, tmp_path):
+    """Revision 4: a claim declared not applicable before any run is not trained (its arms join no
+    widening group and are run only for another selected claim); its summary line gives the reason,
+    and the headline lists it apart."""
+    na = next(c for c in R4.claims if c.key == "z_loss_r4")
+    assert na.not_applicable and "z4" in na.arms
+    res = rp.analysis.not_run_result(na)
+    assert res["not_run"] and res["checks"] == [] and res["verdict"] == f"not applicable here ({na.not_applicable})"
+    with pytest.raises(ValueError, match="declares no not_applicable reason"):
+        rp.analysis.not_run_result(next(c for c in R4.claims if c.key == "sparsemax_r4"))
+    lines = "\n".join(rp.reports.summary_rev3([res], R4.arms, {**_meta(), "revision": 4}))
+    assert "0 claims tested" in lines and "1 not applicable here" in lines
+    assert f"| not run: declared not applicable before any run | {res['verdict']} |" in lines
+    # the not-applicable claim's own arm joins no group; read at revision 3 it would join ce4's
+    assert not any("z4" in g and len(g) > 1 for g in R4.widen_groups())
+    assert any({"z4", "ce4"} <= set(g) for g in dataclasses.replace(R4, revision=3).widen_groups())
+    # the command line trains nothing for it: its arms are not in the plan
+    planned = []
+    monkeypatch.setattr(rp.running, "run_plan", lambda arms, *a, **k: planned.extend(a.key for a in arms) or ([], [], {}, {}))
+    rp.cli.main(["--claims-file", os.path.join(ROOT, "benchmarks", "claims_revision4.yaml"), "--claims",
+                 "z_loss_r4,opl_r4", "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "w"), "--allow-dirty"])
+    assert set(planned) == {"opl4_lowdata", "ce4_lowdata"}
+    with pytest.raises(SystemExit, match="every selected claim is declared not applicable"):
+        rp.cli.main(["--claims-file", os.path.join(ROOT, "benchmarks", "claims_revision4.yaml"), "--claims",
+                     "z_loss_r4", "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "w"), "--allow-dirty"])
+
+
 def test_relative_margin_resolves_against_the_baselines_error():
     rows = _wcdas_rows()
     c = _claim()

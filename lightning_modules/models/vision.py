@@ -98,6 +98,25 @@ def _robust_epsilons(cls: str, values: Sequence[float], robust_eval: bool) -> Li
     return out
 
 
+#: Attacks :func:`lightning_modules.attacks.robust_accuracy` runs (``test_attacks``).
+TEST_ATTACKS = ("apgd-ce", "apgd-dlr", "pgd", "pgd-ce", "pgd-margin")
+
+
+def _test_attacks(cls: str, attacks: Sequence[str], iters: int, restarts: int, robust_eval: bool) -> List[str]:
+    names = list(attacks or ())
+    bad = [a for a in names if a not in TEST_ATTACKS]
+    if bad or len(set(names)) != len(names):
+        raise ValueError(f"{cls}: test_attacks must name distinct attacks of {TEST_ATTACKS} (got {names!r}); "
+                         "the AutoAttack-style pair is ['apgd-ce', 'apgd-dlr']")
+    for name, v in (("test_attack_iters", iters), ("test_attack_restarts", restarts)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{cls}: {name} must be a positive integer (got {v!r}); e.g. 100 iterations, 1 restart")
+    if names and not robust_eval:
+        raise ValueError(f"{cls}: test_attacks needs robust_eval=true (got robust_eval=false); the ensemble "
+                         "attacks the radii of the robust evaluation (pgd_epsilon and robust_epsilons)")
+    return names
+
+
 def _train_pgd(cls: str, epsilon: float, steps: int, step_size: Optional[float], route) -> Optional[Dict[str, float]]:
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not math.isfinite(epsilon) or epsilon < 0:
         raise ValueError(f"{cls}: train_pgd_epsilon must be a finite radius >= 0 (got {epsilon!r}); 0 turns "
@@ -143,6 +162,18 @@ class VisionClassifier(BenchmarkModule):
             radii), each with ``pgd_steps`` steps of ``eps * pgd_step_size / pgd_epsilon`` (the
             main attack's step-to-radius ratio; ``eps / 4`` when ``pgd_epsilon`` is 0). Needs
             ``robust_eval``.
+        test_attacks: at test only, also the worst case over an ensemble of stronger attacks
+            (:func:`lightning_modules.attacks.robust_accuracy`: an image counts as robust only if it
+            is classified correctly and no attack of the list breaks it, each attack running on
+            the images still robust), at ``pgd_epsilon`` and every ``robust_epsilons`` radius,
+            logged as ``test/robust_acc_ensemble`` and ``test/robust_acc_ensemble@{eps}``. E.g.
+            ``["apgd-ce", "apgd-dlr"]`` (Auto-PGD with the cross-entropy and the DLR loss, the
+            AutoAttack-style evaluation of Croce and Hein, 2020) or ``["pgd-margin"]`` with
+            ``test_attack_restarts: 10`` (PGD with a margin loss and restarts). ``()`` (default): off.
+            The attacks see the evaluation logits and judge success by the loss's own prediction
+            rule. Needs ``robust_eval``. Costly: ``test_attack_iters`` (default 100) gradient steps
+            per attack and restart.
+        test_attack_iters / test_attack_restarts: iterations and random restarts of each test attack.
         train_pgd_epsilon: PGD adversarial training (Madry et al., ICLR 2018) for any loss that
             takes logits or embeddings: each training batch is replaced by its adversarial
             examples against the current model, ``train_pgd_steps`` steps of
@@ -184,7 +215,8 @@ class VisionClassifier(BenchmarkModule):
     auxiliary loss), ``top1``; in val/test also ``top5`` (with more than 5 classes),
     ``balanced_acc``, ``ece`` (of the loss's predictive distribution, see
     :func:`~lightning_modules.routing.predict_proba`), ``acc_class_<c>``, ``acc_head``/``acc_tail``
-    (when the DataModule has ``tail_classes``), ``robust_acc``; for a loss whose predictive
+    (when the DataModule has ``tail_classes``), ``robust_acc`` (and, at test with ``test_attacks``,
+    ``robust_acc_ensemble``); for a loss whose predictive
     distribution is sparse (:func:`~lightning_modules.routing.has_sparse_probabilities`:
     sparsemax, 1.5-entmax) ``sparsemax_support`` (mean support size of ``sparsemax(logits)``) and
     ``support`` (mean support of the loss's own distribution); ``cos_intra``/``cos_inter`` (mean cosine of features within / across
@@ -226,6 +258,9 @@ class VisionClassifier(BenchmarkModule):
         pgd_steps: int = 10,
         pgd_seed: int = 0,
         robust_epsilons: Sequence[float] = (),
+        test_attacks: Sequence[str] = (),
+        test_attack_iters: int = 100,
+        test_attack_restarts: int = 1,
         train_pgd_epsilon: float = 0.0,
         train_pgd_steps: int = 10,
         train_pgd_step_size: Optional[float] = None,
@@ -274,6 +309,11 @@ class VisionClassifier(BenchmarkModule):
             (_robust_key(eps), f"robust_acc@{eps:g}", dict(epsilon=eps, step_size=eps * ratio, steps=self.pgd["steps"]))
             for eps in self.robust_epsilons]
         self.train_pgd = _train_pgd(cls, train_pgd_epsilon, train_pgd_steps, train_pgd_step_size, self.route)
+        self.test_attacks = _test_attacks(cls, test_attacks, test_attack_iters, test_attack_restarts, self.robust_eval)
+        self.test_attack = dict(n_iter=int(test_attack_iters), restarts=int(test_attack_restarts))
+        # the ensemble's radii at test: (metric key, logged name, radius), the main radius first
+        self._ensemble = [] if not self.test_attacks else [("ensemble", "robust_acc_ensemble", self.pgd["epsilon"])] + [
+            (f"ensemble_{_robust_key(eps)}", f"robust_acc_ensemble@{eps:g}", eps) for eps in self.robust_epsilons]
 
         timm = _timm()
         with seeded_init(init_seed):  # the same start for every loss (paired comparisons)
@@ -300,6 +340,7 @@ class VisionClassifier(BenchmarkModule):
             "sparsemax_support": MeanMetric(),
             "support": MeanMetric(),
             **{key: MulticlassAccuracy(num_classes, average="micro") for key, _, _ in self._attacks},
+            **{key: MeanMetric() for key, _, _ in self._ensemble},
         }) for stage in ("val", "test")})
         self._tail_classes: List[int] = []
         # per evaluation stage: probabilities, logits, predictions and targets of the epoch (the
@@ -500,6 +541,17 @@ class VisionClassifier(BenchmarkModule):
                 self.log(f"{stage}/{name}", stats[key], on_step=False, on_epoch=True)
                 if row is not None:
                     row[name] = adv_scores.argmax(1) == ids
+        if stage == "test" and self._ensemble:  # the stronger attacks: test only (costly)
+            from ..attacks import robust_accuracy
+
+            for key, name, eps in self._ensemble:
+                res = robust_accuracy(self, x, ids, eps=eps, attacks=self.test_attacks, batch_size=x.shape[0],
+                                      seed=self.pgd_seed + batch_idx, clip=(0.0, 1.0),
+                                      predict=lambda out: predict_scores(self.loss, out), **self.test_attack)
+                stats[key].update(res.robust.float())
+                self.log(f"{stage}/{name}", stats[key], on_step=False, on_epoch=True)
+                if row is not None:
+                    row[name] = res.robust
         if row is not None:
             records.add("items", **row)
 
@@ -566,6 +618,9 @@ class VisionClassifier(BenchmarkModule):
             for _, name, _ in self._attacks:
                 cols[name] = f"top-1 hit on the PGD adversarial example of {name}"
                 metrics[f"test/{name}"] = {"agg": "mean", "columns": [name]}
+        for _, name, _ in self._ensemble:
+            cols[name] = f"robust under every test attack ({', '.join(self.test_attacks)}) at the radius of {name}"
+            metrics[f"test/{name}"] = {"agg": "mean", "columns": [name]}
         for m in metrics.values():
             m["table"] = "items"
         return {"kind": "classifier", "tables": {"items": {"columns": cols}}, "metrics": metrics,

@@ -198,10 +198,52 @@ def test_pgd_adversarial_training_and_robust_accuracy_at_several_radii():
     ({"train_pgd_epsilon": 0.1, "train_pgd_steps": 0}, "train_pgd_steps must be a positive integer"),
     ({"robust_epsilons": [0.1, 0.0], "robust_eval": True}, "robust_epsilons must be positive"),
     ({"robust_epsilons": [0.1]}, "robust_epsilons needs robust_eval=true"),
+    ({"test_attacks": ["apgd-ce"]}, "test_attacks needs robust_eval=true"),
+    ({"test_attacks": ["autoattack"], "robust_eval": True}, "test_attacks must name distinct attacks"),
+    ({"test_attacks": ["apgd-ce", "apgd-ce"], "robust_eval": True}, "test_attacks must name distinct attacks"),
+    ({"test_attacks": ["apgd-ce"], "robust_eval": True, "test_attack_iters": 0}, "test_attack_iters must be"),
+    ({"test_attacks": ["apgd-ce"], "robust_eval": True, "test_attack_restarts": 1.5}, "test_attack_restarts must be"),
 ])
 def test_adversarial_options_refuse_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
         VisionClassifier(losses.CrossEntropyLoss(), **{**TINY, **kwargs})
+
+
+def test_test_attack_ensemble_is_the_worst_case_of_its_attacks_at_test_only(tmp_path):
+    """``test_attacks``: at test, per batch, the worst case over the listed attacks at every radius
+    (the same numbers as calling lightning_modules.attacks.robust_accuracy on the batch); never at
+    validation; recorded per item; at radius 0 nothing can break an image, so it is the top-1."""
+    from lightning_modules.attacks import robust_accuracy
+    from lightning_modules.records import TestItemRecorder, load_test_items
+    from lightning_modules.routing import predict_scores
+
+    torch.manual_seed(0)
+    kw = {**TINY, "robust_eval": True, "pgd_steps": 2, "pgd_epsilon": 0.1, "pgd_step_size": 0.025,
+          "robust_epsilons": [0.3], "test_attacks": ["apgd-ce", "apgd-dlr"], "test_attack_iters": 4}
+    model = VisionClassifier(losses.CrossEntropyLoss(), **kw)
+    dm = DigitsDataModule(seed=0, eval_batch_size=48)
+    path = str(tmp_path / "items.npz")
+    trainer = _trainer(limit_test_batches=1, limit_val_batches=1, callbacks=[TestItemRecorder(path)])
+    trainer.test(model, datamodule=dm, verbose=False)
+    m = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    x, y = next(iter(dm.test_dataloader()))
+    for name, eps in (("robust_acc_ensemble", 0.1), ("robust_acc_ensemble@0.3", 0.3)):
+        ref = robust_accuracy(model, x, y, eps=eps, attacks=("apgd-ce", "apgd-dlr"), n_iter=4, batch_size=48,
+                              seed=0, predict=lambda out: predict_scores(model.loss, out))
+        assert m[f"test/{name}"] == pytest.approx(ref.robust_accuracy, abs=1e-6), name
+        assert m[f"test/{name}"] <= m["test/top1"] + 1e-6
+    assert m["test/robust_acc_ensemble@0.3"] <= m["test/robust_acc_ensemble"] + 1e-6
+    rec = load_test_items(path)
+    assert rec.aggregate()["test/robust_acc_ensemble"] == pytest.approx(m["test/robust_acc_ensemble"], abs=1e-6)
+    trainer.validate(model, datamodule=dm, verbose=False)
+    assert not any("ensemble" in k for k in trainer.callback_metrics)
+    # radius 0: the attacks cannot move an image, the ensemble's robust accuracy is the clean top-1
+    zero = VisionClassifier(losses.CrossEntropyLoss(), **{**kw, "pgd_epsilon": 0.0, "robust_epsilons": []})
+    zero.load_state_dict(model.state_dict())
+    trainer = _trainer(limit_test_batches=1)
+    trainer.test(zero, datamodule=dm, verbose=False)
+    m0 = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    assert m0["test/robust_acc_ensemble"] == pytest.approx(m0["test/top1"], abs=1e-6)
 
 
 def test_pgd_training_refuses_a_loss_with_its_own_attack():
