@@ -10,6 +10,7 @@ import csv
 import dataclasses
 import json
 import math
+import os
 
 import pytest
 
@@ -195,3 +196,27 @@ def test_points_read_from_a_runs_file_take_the_grid_order_so_they_name_the_same_
     assert key(run_read, run_read.args(False)) == key(run_replay, run_replay.args(False))
     # keys the grid does not declare keep their place after the declared ones
     assert list(rp.records.grid_order(arm, {"x": 1, scale: 8.0, lr: 0.01})) == [lr, scale, "x"]
+
+
+def test_revision_4_widens_lists_of_two_values_and_two_value_points(tmp_path):
+    """Up to revision 3 a list of two values never widens (every choice is an end); from revision 4
+    (``widen_min`` 2, set from the claims file's revision) it does, a points list of two fixed scales
+    included, and grid_edges names such an end."""
+    scale = "model.init_args.loss.init_args.scale"
+    two = dataclasses.replace(_arm("a", [0.001, 0.002]), grid=((LR, (0.001, 0.002)),))
+    assert rp.tuning.numeric_lists(two) == [] and rp.tuning.grid_edges(two, {LR: 0.002}) == []
+    two4 = dataclasses.replace(two, widen_min=2)
+    assert rp.tuning.numeric_lists(two4) == [LR]
+    assert rp.tuning.grid_edges(two4, {LR: 0.002}) == ["lr=0.002 (highest of 2)"]
+    score = lambda arm, p: (p[LR], 1)  # higher is better: the highest learning rate wins
+    assert rp.tuning.tune_group([two], score, rounds=3).rounds == 0
+    st = rp.tuning.tune_group([two4], score, rounds=3)
+    assert st.rounds == 3 and [p[LR] for p in st.points["a"]] == [0.001, 0.002, 0.004, 0.008, 0.016]
+    pts = tuple(tuple({LR: lr, scale: s}.items()) for lr in (0.001, 0.002, 0.005) for s in (16.0, 32.0))
+    fixed = dataclasses.replace(_arm("b", [0.1]), grid=(), points=pts, widen_min=2)
+    assert rp.tuning.numeric_lists(fixed) == [LR, scale]
+    st = rp.tuning.tune_group([fixed], lambda arm, p: (p[scale] / 100 - abs(p[LR] - 0.002), 1), rounds=1)
+    assert st.points["b"][-1] == {LR: 0.002, scale: 64.0}  # the learning rate inside its list: the scale steps out
+    # the claims files: revision 4 arms widen two-value lists, revision 3 arms do not
+    r4 = rp.claims.load_claims(os.path.join(rp.common.ROOT, "benchmarks", "claims_revision4.yaml"))
+    assert {a.widen_min for a in r4.arms.values()} == {2} and {a.widen_min for a in CF.arms.values()} == {3}

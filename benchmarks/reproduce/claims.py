@@ -52,6 +52,9 @@ class Arm:
     curves: bool = False  # evaluation runs validate every epoch: the run's learning curve
     ood: Optional[str] = None  # evaluation runs score these OOD sets at test (DataModules of runs.OOD_DATA)
     widen: bool = True  # False: the grid is the condition under test; never widened (tuning.widen)
+    # the fewest distinct values of a numeric list the widening rule applies to: 3 up to revision 3
+    # (with two, every choice is an end), 2 from revision 4 (the file's statistics.revision)
+    widen_min: int = 3
 
     def recipe_text(self) -> str:
         with open(os.path.join(ROOT, self.recipe)) as fh:
@@ -238,6 +241,8 @@ def load_claims(path: str = CLAIMS_FILE) -> ClaimsFile:
         raw = yaml.safe_load(fh) or {}
     arms = {}
     evaluation = dict(raw.get("evaluation") or {})
+    revision = (raw.get("statistics") or {}).get("revision", 2)
+    widen_min = 2 if isinstance(revision, int) and revision >= 4 else 3
     for key, a in (raw.get("arms") or {}).items():
         grid = dict(a.get("grid") or {})
         points = tuple(tuple((p or {}).items()) for p in grid.pop("points", None) or ())
@@ -247,7 +252,7 @@ def load_claims(path: str = CLAIMS_FILE) -> ClaimsFile:
                         overrides=tuple((a.get("overrides") or {}).items()), seconds=float(a.get("seconds", 60)),
                         test_seed=evaluation.get("test_seed"), curves=bool(evaluation.get("curves", False)),
                         ood=evaluation.get("ood"),
-                        widen=bool(a.get("widen", True)))
+                        widen=bool(a.get("widen", True)), widen_min=widen_min)
     claims = []
     for c in raw.get("claims") or []:
         checks = tuple(Check(metric=ch["metric"], family=ch["family"], kind=ch["kind"], baseline=ch.get("baseline"),

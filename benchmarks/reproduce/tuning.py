@@ -63,15 +63,18 @@ def _is_num(v: Any) -> bool:
 
 
 def numeric_lists(arm: Arm) -> List[str]:
-    """The grid keys the widening rule applies to: declared lists of three or more numbers (with two
-    values every choice is an end); in an explicit ``points`` grid, a key that every point sets to a
-    number, with three or more distinct values (e.g. the learning rate of a list written out as
-    learning rates x settings that have no value of their own to tune)."""
+    """The grid keys the widening rule applies to: declared lists of ``arm.widen_min`` or more numbers
+    (3 up to protocol revision 3, where with two values every choice is an end and nothing widened;
+    2 from revision 4, which widens every tuned numeric key); in an explicit ``points`` grid, a key
+    that every point sets to a number, with that many distinct values (e.g. the learning rate of a
+    list written out as learning rates x settings that have no value of their own to tune, or a
+    points list of fixed scales)."""
+    least = max(2, int(arm.widen_min))
     if arm.points:
         pts = arm.grid_points()
         keys = [k for k in pts[0] if all(_is_num(p.get(k)) for p in pts)]
-        return [k for k in keys if len({p[k] for p in pts}) >= 3]
-    return [k for k, vals in arm.grid if len(vals) >= 3 and all(_is_num(v) for v in vals)]
+        return [k for k in keys if len({p[k] for p in pts}) >= least]
+    return [k for k, vals in arm.grid if len(set(vals)) >= least and all(_is_num(v) for v in vals)]
 
 
 def step_out(values: Sequence[Any], side: str) -> Any:
@@ -206,8 +209,9 @@ def plan_groups(cf: ClaimsFile, arm_keys: Sequence[str]) -> List[List[str]]:
 
 def grid_edges(arm: Arm, point: Dict[str, Any], tried: Sequence[Dict[str, Any]] = ()) -> List[str]:
     """The tuned values of ``point`` that sit at an end of their grid list, e.g. ``["lr=0.01
-    (highest of 3)"]``: lists of three or more numbers only (with two, every choice is an end; an
-    explicit ``points`` grid: only a key every point sets to a number, :func:`numeric_lists`);
+    (highest of 3)"]``: the lists :func:`numeric_lists` widens (up to revision 3 three or more
+    numbers, with two every choice being an end; from revision 4 two or more; an explicit ``points``
+    grid: only a key every point sets to a number);
     ``tried``: every point tuned (the widened ones extend the lists). Such an arm may be under-tuned:
     its optimum can lie beyond the grid."""
     out = []
