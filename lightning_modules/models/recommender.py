@@ -83,6 +83,12 @@ class Recommender(BenchmarkModule):
             ``torch.manual_seed(init_seed)`` (the global RNG is restored afterwards), so arms of a
             paired comparison start from the same tables whatever the loss.
         lr, weight_decay: AdamW.
+        popularity_reference: at test, also rank every test user's items by their training
+            popularity (the number of training interactions; the same known items excluded, ties
+            broken by the lower item id) and log its ``recall@20`` / ``ndcg@20`` / ``hr@10`` /
+            ``ndcg@10`` as ``test/<metric>_popularity``: a trained reference that needs no user
+            model, the competence floor of the reproduction's recommendation claims. Needs a
+            DataModule whose ``split`` has ``train_item_counts()`` (MovieLens).
     """
 
     loss_kinds = (InputKind.PAIRS, InputKind.LOGITS, InputKind.SCORES, InputKind.EMBEDDINGS)
@@ -104,8 +110,14 @@ class Recommender(BenchmarkModule):
         item_bias_init: float = 0.0,
         extra_metrics: Optional[List[str]] = None,
         init_seed: Optional[int] = None,
+        popularity_reference: bool = False,
     ) -> None:
         super().__init__(loss, lr=lr, weight_decay=weight_decay)
+        if not isinstance(popularity_reference, bool):
+            raise ValueError(f"Recommender: popularity_reference must be True or False (got {popularity_reference!r}); "
+                             "True also scores the training-popularity ranking at test")
+        self.popularity_reference = popularity_reference
+        self._popularity: Optional[Tensor] = None
         if num_users < 1 or num_items < 1:
             raise ValueError(f"Recommender: num_users and num_items must be >= 1 (got {num_users}, {num_items}); "
                              "they are linked from the DataModule by the CLI, or pass them")
@@ -135,6 +147,7 @@ class Recommender(BenchmarkModule):
             for stage in ("val", "test")})
         self.eval_metrics = nn.ModuleDict({stage: recommendation_metrics().clone(prefix=f"{stage}/")
                                            for stage in ("val", "test")})
+        self.popularity_metrics = recommendation_metrics().clone(prefix="test/", postfix="_popularity")
         self._train_loss = {InputKind.PAIRS: self._pair_loss, InputKind.LOGITS: self._logits_loss,
                             InputKind.SCORES: self._scores_loss, InputKind.EMBEDDINGS: self._head_loss}[self.route.kind]
 
@@ -240,6 +253,11 @@ class Recommender(BenchmarkModule):
         if "all" in extra:
             extra["all"].update(preds, target, indexes=indexes)
             self.log_dict(extra["all"], on_step=False, on_epoch=True, batch_size=n)
+        if stage == "test" and self.popularity_reference:
+            pop = self._popularity_scores().to(scores.device).expand(n, -1).clone()
+            p, t, i = candidates_from_scores(pop, batch["target"], users, k=20, exclude=batch.get("exclude"))
+            self.popularity_metrics.update(p, t, indexes=i)
+            self.log_dict(self.popularity_metrics, on_step=False, on_epoch=True, batch_size=n)
         records = self._item_records(stage)
         row = self._user_row(preds, target, indexes, "") if records is not None else None
         views = batch.get("views") or {}
@@ -253,6 +271,21 @@ class Recommender(BenchmarkModule):
                     self._add_view_columns(row, self._user_row(p, t, i, name))
         if row is not None:
             records.add("users", **row)
+
+    def _popularity_scores(self) -> Tensor:
+        """``(1, I)`` float64 scores of the popularity ranking: training interactions per item, ties
+        broken by the lower item id (a fraction below 1 that decreases with the id)."""
+        if self._popularity is None:
+            dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+            split = getattr(dm, "split", None)
+            if split is None or not callable(getattr(split, "train_item_counts", None)):
+                raise ValueError("Recommender: popularity_reference needs a DataModule whose split has "
+                                 f"train_item_counts() (got {type(dm).__name__}); use MovieLensDataModule or "
+                                 "turn popularity_reference off")
+            counts = split.train_item_counts().double()
+            ids = torch.arange(counts.numel(), dtype=torch.float64)
+            self._popularity = (counts + 0.5 * (1.0 - ids / counts.numel()))[None]
+        return self._popularity
 
     # -- per-item test records (lightning_modules.records) ---------------------------------------
     def _record_metrics(self, view: str) -> List[Tuple[str, str, int]]:

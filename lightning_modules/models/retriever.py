@@ -64,6 +64,10 @@ class DualEncoderRetriever(BenchmarkModule):
             always searches with cosines.
         logit_scale: multiplies the scores handed to ``"logits"`` losses.
         lr, weight_decay: AdamW.
+        zero_shot_reference: at test, also search the raw frozen embeddings (no tower, cosine,
+            exact) and log their metrics as ``test/<metric>_zero_shot`` (``r@1_zero_shot``, ...):
+            what the frozen encoder gives before any training, where the identity-initialised
+            towers start; the competence floor of the reproduction's retrieval claims.
     """
 
     loss_kinds = (InputKind.SCORES, InputKind.PAIRS, InputKind.LOGITS, InputKind.EMBEDDINGS)
@@ -80,8 +84,14 @@ class DualEncoderRetriever(BenchmarkModule):
         logit_scale: float = 20.0,
         lr: float = 1e-3,
         weight_decay: float = 0.0,
+        zero_shot_reference: bool = False,
     ) -> None:
         super().__init__(loss, lr=lr, weight_decay=weight_decay)
+        if not isinstance(zero_shot_reference, bool):
+            raise ValueError(f"DualEncoderRetriever: zero_shot_reference must be True or False (got "
+                             f"{zero_shot_reference!r}); True also scores the frozen encoder's own search at test")
+        self.zero_shot_reference = zero_shot_reference
+        self._raw_index: Optional[FaissIndex] = None
         if input_dim < 1 or embedding_dim < 1:
             raise ValueError(f"DualEncoderRetriever: input_dim and embedding_dim must be >= 1 (got {input_dim}, "
                              f"{embedding_dim}); input_dim is linked from the DataModule by the CLI")
@@ -95,6 +105,7 @@ class DualEncoderRetriever(BenchmarkModule):
                             InputKind.LOGITS: self._logits_loss, InputKind.EMBEDDINGS: self._head_loss}[self.route.kind]
         self.eval_metrics = nn.ModuleDict({stage: retrieval_metrics().clone(prefix=f"{stage}/")
                                            for stage in ("val", "test")})
+        self.zero_shot_metrics = retrieval_metrics().clone(prefix="test/", postfix="_zero_shot")
         self.eval_k = 10
         self._index: Optional[FaissIndex] = None
         self._corpus: Optional[Tensor] = None
@@ -175,6 +186,13 @@ class DualEncoderRetriever(BenchmarkModule):
 
     def on_test_epoch_start(self) -> None:
         self._index_stage("test")
+        self._raw_index = None
+        if self.zero_shot_reference:
+            dm = getattr(self.trainer, "datamodule", None)
+            if dm is None or not hasattr(dm, "corpus_embeddings"):
+                raise ValueError("DualEncoderRetriever: zero_shot_reference needs a DataModule with "
+                                 "corpus_embeddings(stage) (RetrievalDataModule); or turn it off")
+            self._raw_index = FaissIndex(F.normalize(dm.corpus_embeddings("test").float(), dim=1))
 
     def _eval_step(self, stage: str, batch: Dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         metrics = self.eval_metrics[stage]
@@ -183,6 +201,12 @@ class DualEncoderRetriever(BenchmarkModule):
         preds, target, indexes = candidates_from_search(scores, ids, batch["positives"].cpu(), batch["query_ids"].cpu())
         metrics.update(preds.to(self.device), target.to(self.device), indexes=indexes.to(self.device))
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=q.shape[0])
+        if stage == "test" and self._raw_index is not None:  # the frozen encoder alone, same queries
+            raw = F.normalize(batch["query"].float(), dim=1)
+            rs, ri = self._raw_index.search(raw, self.eval_k)
+            p, t, i = candidates_from_search(rs, ri, batch["positives"].cpu(), batch["query_ids"].cpu())
+            self.zero_shot_metrics.update(p.to(self.device), t.to(self.device), indexes=i.to(self.device))
+            self.log_dict(self.zero_shot_metrics, on_step=False, on_epoch=True, batch_size=q.shape[0])
         records = self._item_records(stage)
         if records is not None:
             from ..records import ranking_per_query

@@ -202,3 +202,43 @@ def test_false_negatives_are_the_users_test_items_at_the_declared_share(split, s
         assert bool(split.test_mask[users[:, None].expand_as(effective)[replaced], effective[replaced]].all())
     again = _PairCollate(split, 64, seed=3, negative_sharing=sharing, false_negatives=0.2)(rows)
     assert torch.equal(again["neg_items"], noisy["neg_items"])
+
+
+def test_popularity_reference_ranks_by_training_counts_at_test_only():
+    """``Recommender(popularity_reference=True)``: at test, every user's unseen items ranked by their
+    training interactions (ties: the lower id), scored like the model; the same numbers as a
+    numpy ranking of the whole test set; nothing at validation."""
+    import pytorch_lightning as pl
+
+    import losses
+    from lightning_modules.models import Recommender
+
+    dm = _dm()
+    dm.setup("test")
+    model = Recommender(losses.CrossEntropyLoss(), num_users=dm.num_users, num_items=dm.num_items,
+                        popularity_reference=True, init_seed=0)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.test(model, datamodule=dm, verbose=False)
+    m = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    s = dm.split
+    counts = s.train_item_counts().numpy()
+    order = np.lexsort((np.arange(len(counts)), -counts))  # most popular first, ties: the lower id
+    recalls, hits = [], []
+    for u in range(s.num_users):
+        seen = (s.train_mask[u] | s.val_mask[u]) & ~s.test_mask[u]
+        pos = s.test_mask[u].numpy()
+        if not pos.any():
+            recalls.append(0.0)
+            hits.append(0.0)
+            continue
+        ranked = [i for i in order if not seen[i]]
+        recalls.append(pos[ranked[:20]].sum() / pos.sum())
+        hits.append(float(pos[ranked[:10]].any()))
+    assert m["test/recall@20_popularity"] == pytest.approx(float(np.mean(recalls)), abs=1e-5)
+    assert m["test/hr@10_popularity"] == pytest.approx(float(np.mean(hits)), abs=1e-5)
+    assert 0.05 < m["test/recall@20_popularity"] < 0.5  # far above a random ranking's ~0.012
+    trainer.validate(model, datamodule=dm, verbose=False)
+    assert not any("popularity" in k for k in trainer.callback_metrics)
+    with pytest.raises(ValueError, match="popularity_reference must be True or False"):
+        Recommender(losses.CrossEntropyLoss(), num_users=3, num_items=4, popularity_reference="yes")

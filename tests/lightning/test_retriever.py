@@ -203,6 +203,29 @@ def test_zero_shot_evaluation_equals_brute_force_over_the_raw_embeddings(chatter
     assert res == pytest.approx({f"test/{k}": v for k, v in hand.items()}, abs=1e-5)
 
 
+def test_zero_shot_reference_is_the_raw_search_whatever_the_towers(chatterbot):
+    """``zero_shot_reference``: at test, the frozen embeddings' own search beside the model's; with the
+    identity towers both are the brute-force numbers, with moved towers only the model's change."""
+    dm = chatterbot
+    queries = dm._query_emb[dm._split_queries["test"]]
+    full = F.normalize(queries, dim=1) @ F.normalize(dm.corpus_embeddings("test"), dim=1).T
+    hand = _hand(full, [dm._eval_positives["test"][int(q)] for q in dm._split_queries["test"]])
+    m = DualEncoderRetriever(losses.InfoNCELoss(), zero_shot_reference=True)
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    res = trainer.test(m, datamodule=dm, verbose=False)[0]
+    for k, v in hand.items():
+        assert res[f"test/{k}"] == pytest.approx(v, abs=1e-5) and res[f"test/{k}_zero_shot"] == pytest.approx(v, abs=1e-5)
+    with torch.no_grad():
+        m.query_tower.weight.add_(0.2 * torch.randn(m.query_tower.weight.shape, generator=torch.Generator().manual_seed(0)))
+    moved = trainer.test(m, datamodule=dm, verbose=False)[0]
+    assert moved["test/ndcg@10"] != pytest.approx(hand["ndcg@10"], abs=1e-6)
+    assert moved["test/ndcg@10_zero_shot"] == pytest.approx(hand["ndcg@10"], abs=1e-5)
+    trainer.validate(m, datamodule=dm, verbose=False)
+    assert not any("zero_shot" in k for k in trainer.callback_metrics)
+    with pytest.raises(ValueError, match="zero_shot_reference must be True or False"):
+        DualEncoderRetriever(losses.InfoNCELoss(), zero_shot_reference=1)
+
+
 def test_evaluation_without_a_corpus_raises():
     m = _model(losses.InfoNCELoss())
     with pytest.raises(RuntimeError, match="needs a corpus"):
