@@ -1,0 +1,260 @@
+"""Recompute every revision-4 verdict from the committed runs, independently of the pipeline.
+
+    python benchmarks/recompute_revision4.py [--claims-file benchmarks/claims_revision4.yaml]
+                                             [--results results/revision4] [--resamples 10000]
+
+Reads only the claims file (YAML), the runs files (``<benchmark>_runs.csv``) and the per-item test
+records (``<benchmark>_test_items/<arm>__s<seed>.npz``) of a results folder, with numpy and scipy:
+nothing of ``benchmarks/stats.py`` or ``benchmarks/reproduce`` is imported, so an error in the
+pipeline's statistics does not repeat here. For each claim it rebuilds, from the protocol's
+definitions (docs/benchmarks.md, "Protocol, revision 4"):
+
+* the primary check's per-seed values: ``family - baseline`` of the evaluation runs (phase ``eval``,
+  seeds ``0 .. seeds - 1``, both arms finished), or for a difference in differences
+  ``(family - baseline) - (clean_family - clean_baseline)``;
+* its margin (declared, or ``relative_margin`` times the baseline's error: ``1 - mean`` where higher
+  is better, the mean where lower is better);
+* the paired t interval (95%) and, for a paired check whose metric is a mean over test items, the
+  two-level bootstrap over seeds and test items (one item resample per replicate, shared by the seeds
+  and both arms; its own random stream), the verdict read from the wider of the two;
+* the verdict (higher / lower: the interval beyond 0; not worse: above ``-margin``; equivalent:
+  inside ``+-margin``; contradicted where the interval lies wholly on the wrong side), then the
+  competence floors (an arm whose mean is not above its floor makes the claim invalid), the
+  manipulation checks (a failed one: not tested), a declared not-applicable reason, and the
+  replicate at a multiple of the budget (a decided verdict whose replicate mean lies on the other
+  side of the decision boundary becomes not resolved).
+
+It prints one line per claim beside the verdict the pipeline wrote in ``summary.md`` and exits 1 if
+any differs. Two bootstrap streams can disagree on a claim whose interval touches its boundary;
+such a line is marked ``boundary`` (within 0.0005 of it) rather than hidden.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import re
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import yaml
+from scipy import stats as sps
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPRODUCED, CONTRADICTED, NOT_RESOLVED = "reproduced", "contradicted", "not resolved"
+INVALID, NOT_TESTED, NOT_APPLICABLE = "invalid", "not tested", "not applicable here"
+OPS = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b}
+
+
+def load_rows(results: str) -> List[dict]:
+    rows: List[dict] = []
+    for name in sorted(os.listdir(results)):
+        if name.endswith("_runs.csv"):
+            with open(os.path.join(results, name), newline="") as fh:
+                rows += list(csv.DictReader(fh))
+    return rows
+
+
+def per_seed(rows: Sequence[dict], arm: str, metric: str, seeds: Sequence[int], phase: str = "eval") -> Dict[int, float]:
+    out = {}
+    for r in rows:
+        if r["arm"] == arm and r["phase"] == phase and r["ok"] == "True" and int(r["seed"]) in seeds:
+            v = r.get(metric, "")
+            if v not in ("", None) and math.isfinite(float(v)):
+                out[int(r["seed"])] = float(v)
+    return out
+
+
+def differences(ch: dict, rows: Sequence[dict], seeds: Sequence[int], phase: str = "eval") -> Dict[int, float]:
+    """Per-seed values of a paired or difference-in-differences check."""
+    t = (lambda v: abs(v)) if ch.get("transform") == "abs" else (lambda v: v)
+    f = per_seed(rows, ch["family"], ch["metric"], seeds, phase)
+    b = per_seed(rows, ch["baseline"], ch["metric"], seeds, phase)
+    if ch["kind"] != "did":
+        return {s: t(f[s]) - t(b[s]) for s in sorted(set(f) & set(b))}
+    cm = ch.get("clean_metric", ch["metric"])
+    cf = per_seed(rows, ch.get("clean_family", ch["family"]), cm, seeds, phase)
+    cb = per_seed(rows, ch.get("clean_baseline", ch["baseline"]), cm, seeds, phase)
+    both = sorted(set(f) & set(b) & set(cf) & set(cb))
+    return {s: (f[s] - b[s]) - (cf[s] - cb[s]) for s in both}
+
+
+def t_interval(values: Sequence[float], confidence: float = 0.95) -> Tuple[float, float, float]:
+    x = np.asarray(values, dtype=float)
+    m = float(x.mean())
+    if len(x) < 2:
+        return m, float("nan"), float("nan")
+    half = float(sps.t.ppf(0.5 + confidence / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+    return m, m - half, m + half
+
+
+def item_table(results: str, benchmark: str, arm: str, seed: int, metric: str) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+    """``(item ids, per-item values)`` of one run's records for a metric that is a mean over items."""
+    path = os.path.join(results, f"{benchmark}_test_items", f"{arm}__s{seed}.npz")
+    if not os.path.exists(path):
+        return None
+    with np.load(path, allow_pickle=False) as z:
+        header = json.loads(str(z["header"]))
+        spec = header.get("metrics", {}).get(metric)
+        if spec is None or spec.get("agg") != "mean":
+            return None
+        ids = z[f"{spec['table']}/item"]
+        vals = z[f"{spec['table']}/{spec['columns'][0]}"].astype(float)
+    order = np.argsort(ids, kind="stable")
+    return ids[order], vals[order]
+
+
+def seeds_by_items(results: str, benchmark: str, ch: dict, seeds: Sequence[int]) -> Optional[np.ndarray]:
+    """``D[s, j]`` = family - baseline on item ``j`` for seed ``s``, or ``None`` without records."""
+    if ch["kind"] == "did" or ch.get("transform"):
+        return None
+    rows = []
+    ids0 = None
+    for s in seeds:
+        f = item_table(results, benchmark, ch["family"], s, ch["metric"])
+        b = item_table(results, benchmark, ch["baseline"], s, ch["metric"])
+        if f is None or b is None or not np.array_equal(f[0], b[0]):
+            return None
+        if ids0 is None:
+            ids0 = f[0]
+        elif not np.array_equal(ids0, f[0]):
+            return None
+        rows.append(f[1] - b[1])
+    return np.vstack(rows) if rows else None
+
+
+def two_level(d: np.ndarray, resamples: int, confidence: float = 0.95, seed: int = 12345) -> Tuple[float, float]:
+    """Percentile interval of mean(D) resampling seeds and (once per replicate) items."""
+    rng = np.random.default_rng(seed)
+    n_s, n_i = d.shape
+    means = np.empty(resamples)
+    for k in range(resamples):
+        s = rng.integers(0, n_s, n_s)
+        j = rng.integers(0, n_i, n_i)
+        means[k] = d[np.ix_(s, j)].mean()
+    a = (1 - confidence) / 2
+    return float(np.quantile(means, a)), float(np.quantile(means, 1 - a))
+
+
+def verdict(kind: str, better: str, lo: float, hi: float, margin: Optional[float]) -> str:
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return NOT_RESOLVED
+    if kind in ("higher", "lower", "did"):
+        up = kind == "higher" or (kind == "did" and better == "higher")
+        if up:
+            return REPRODUCED if lo > 0 else CONTRADICTED if hi < 0 else NOT_RESOLVED
+        return REPRODUCED if hi < 0 else CONTRADICTED if lo > 0 else NOT_RESOLVED
+    if kind == "equivalent":
+        if -margin < lo and hi < margin:
+            return REPRODUCED
+        return CONTRADICTED if (lo > margin or hi < -margin) else NOT_RESOLVED
+    if better == "lower":
+        lo, hi = -hi, -lo
+    return REPRODUCED if lo > -margin else CONTRADICTED if hi < -margin else NOT_RESOLVED
+
+
+def same_side(kind: str, better: str, v: str, mean: float, margin: Optional[float]) -> bool:
+    if kind == "higher":
+        return (mean > 0) == (v == REPRODUCED)
+    if kind == "lower":
+        return (mean < 0) == (v == REPRODUCED)
+    if kind == "equivalent":
+        return (-margin < mean < margin) == (v == REPRODUCED)
+    ok = mean > -margin if better == "higher" else mean < margin
+    return ok == (v == REPRODUCED)
+
+
+def recompute(c: dict, rows: Sequence[dict], results: str, resamples: int) -> Tuple[str, str]:
+    """``(verdict, how it was read)`` of one claim."""
+    if c.get("not_applicable"):
+        return NOT_APPLICABLE, "declared"
+    seeds = list(range(int(c["seeds"])))
+    ch = next(x for x in c["checks"] if x.get("primary"))
+    kind, better = ch["kind"], ch.get("better", "higher")
+    d = differences(ch, rows, seeds)
+    if not d:
+        return NOT_RESOLVED, "no paired evaluation runs"
+    mean, lo, hi = t_interval([d[s] for s in sorted(d)])
+    margin = ch.get("margin")
+    if ch.get("relative_margin") is not None:
+        base = per_seed(rows, ch["baseline"], ch["metric"], sorted(d))
+        b = float(np.mean(list(base.values())))
+        margin = float(ch["relative_margin"]) * ((1 - b) if better == "higher" else b)
+    how = f"seeds: {mean:+.4f} [{lo:+.4f}, {hi:+.4f}]"
+    items = seeds_by_items(results, c["benchmark"], ch, sorted(d))
+    if items is not None:
+        ilo, ihi = two_level(items, resamples)
+        how += f"; seeds x items [{ilo:+.4f}, {ihi:+.4f}]"
+        if ihi - ilo > hi - lo:
+            lo, hi = ilo, ihi
+    v = verdict(kind, better, lo, hi, margin)
+    edges = [0.0] if margin is None else [-margin, margin]
+    near = any(abs(x - e) < 5e-4 for x in (lo, hi) for e in edges)
+    run_arms = list(c["arms"]) + [a for x in c["checks"] for a in (x.get("clean_family"), x.get("clean_baseline")) if a]
+    for metric, floor in (c.get("floors") or {}).items():
+        for arm in dict.fromkeys(run_arms):
+            vals = per_seed(rows, arm, metric, seeds)
+            lvl = (float(np.mean(list(per_seed(rows, arm, floor, seeds).values()))) if isinstance(floor, str)
+                   else float(floor))
+            if vals and not np.mean(list(vals.values())) > lvl:
+                return INVALID, how + f"; {arm} {metric} not above its floor"
+    for m in c.get("manipulation") or []:
+        vals = per_seed(rows, m["arm"], m["metric"], seeds)
+        if not vals or not OPS[m["op"]](float(np.mean(list(vals.values()))), float(m["level"])):
+            return NOT_TESTED, how + f"; manipulation failed: {m['name']}"
+    rep = c.get("replicate")
+    if rep and v in (REPRODUCED, CONTRADICTED) and kind != "did":
+        r = differences(ch, rows, list(range(int(rep["seeds"]))), phase="replicate")
+        if r:
+            rm = float(np.mean(list(r.values())))
+            how += f"; replicate {rm:+.4f}"
+            if not same_side(kind, better, v, rm, margin):
+                v = NOT_RESOLVED
+    return v, how + ("; boundary" if near else "")
+
+
+def summary_verdicts(path: str) -> Dict[str, str]:
+    """The verdict the pipeline wrote for each claim key in ``summary.md`` (its headline lists and
+    its table, whose details link names the benchmark; the key comes from the reports' anchors)."""
+    out: Dict[str, str] = {}
+    text = open(path).read()
+    for key, word in re.findall(r"^- `([a-z0-9_]+)`: (not applicable here|not tested)", text, re.M):
+        out[key] = word
+    return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--claims-file", default=os.path.join(ROOT, "benchmarks", "claims_revision4.yaml"))
+    p.add_argument("--results", default=os.path.join(ROOT, "results", "revision4"))
+    p.add_argument("--resamples", type=int, default=10000)
+    args = p.parse_args(argv)
+    with open(args.claims_file) as fh:
+        cf = yaml.safe_load(fh)
+    rows = load_rows(args.results)
+    written = open(os.path.join(args.results, "summary.md")).read()
+    listed = summary_verdicts(os.path.join(args.results, "summary.md"))
+    bad = 0
+    print("| claim | recomputed verdict | read from | summary.md |")
+    print("|---|---|---|---|")
+    for c in cf["claims"]:
+        v, how = recompute(c, rows, args.results, args.resamples)
+        if c["key"] in listed:
+            pipeline = listed[c["key"]]
+        else:
+            line = next((x for x in written.splitlines() if x.startswith(f"| {c['family']} | {c['data']} |")), "")
+            cells = [x.strip() for x in line.split("|")]
+            pipeline = cells[5] if len(cells) > 6 else "missing"
+        agree = pipeline.startswith(v)
+        bad += not agree
+        print(f"| `{c['key']}` | {v} | {how} | {pipeline if agree else 'DIFFERS: ' + pipeline} |")
+    print(f"\n{len(cf['claims']) - bad} of {len(cf['claims'])} verdicts agree with summary.md")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
