@@ -241,18 +241,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     bad = 0
     print("| claim | recomputed verdict | read from | summary.md |")
     print("|---|---|---|---|")
+    n = 0
     for c in cf["claims"]:
-        v, how = recompute(c, rows, args.results, args.resamples)
         if c["key"] in listed:
             pipeline = listed[c["key"]]
         else:
             line = next((x for x in written.splitlines() if x.startswith(f"| {c['family']} | {c['data']} |")), "")
             cells = [x.strip() for x in line.split("|")]
-            pipeline = cells[5] if len(cells) > 6 else "missing"
+            if len(cells) <= 6:  # declared, its runs not finished yet: no verdict to compare
+                print(f"| `{c['key']}` | - | no report yet | - |")
+                continue
+            pipeline = cells[5]
+        n += 1
+        v, how = recompute(c, rows, args.results, args.resamples)
         agree = pipeline.startswith(v)
         bad += not agree
         print(f"| `{c['key']}` | {v} | {how} | {pipeline if agree else 'DIFFERS: ' + pipeline} |")
-    print(f"\n{len(cf['claims']) - bad} of {len(cf['claims'])} verdicts agree with summary.md")
+    print(f"\n{n - bad} of {n} verdicts agree with summary.md")
     return 1 if bad else 0
 
 
