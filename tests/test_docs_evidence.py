@@ -48,7 +48,7 @@ VERDICTS = ("reproduced", "contradicted", "not resolved")
 _VERDICT_WORD = re.compile(r"\b(reproduced|contradicted|not resolved)\b", re.I)
 _BOLD_VERDICT = re.compile(r"\*\*(reproduced|contradicted|not resolved)\*\*")
 CITATION = re.compile(
-    r"\*\*(?P<verdict>reproduced|contradicted|not resolved)\*\* "
+    r"\*\*(?P<verdict>(?:reproduced|contradicted|not resolved)(?: at this budget)?)\*\* "
     r"\(\[revision (?P<rev>[234]), `(?P<claim>\w+)`(?:: (?P<check>[^\]]+))?\]"
     r"\((?P<link>[^)\s]+)\)\)"
 )
