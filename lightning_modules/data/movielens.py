@@ -24,7 +24,14 @@ Two stress settings (for the PSL claims):
 
 * ``false_negatives=r``: each sampled training negative is, with probability ``r`` (seeded),
   replaced by one of the user's *test* items: an item that is in fact a positive of the user,
-  pushed down as a negative (users without test items keep their draws).
+  pushed down as a negative (users without test items keep their draws). With
+  ``held_out_positives=f`` the replacements come instead from a *pool* of held-out positives:
+  ``round(f·n)`` of each user's ``n`` training interactions (a seeded choice, the same for the
+  clean and the stressed arm of one seed) are removed from training and are neither validation
+  nor test items; they are masked from the validation and test rankings
+  (known positives, neither relevant nor negatives). The stress then pushes down true positives
+  of the user without touching the items the model is scored on, and a clean arm with the same
+  ``held_out_positives`` and ``false_negatives=0`` trains on exactly the same interactions.
 * ``debiased_cap=c``: test batches also carry a *popularity-debiased* view of the test set:
   each item keeps at most ``c`` of its test interactions (a seeded random choice), i.e. an item
   with ``t`` test interactions keeps each with probability ``min(1, c/t)``, inversely to its
@@ -50,7 +57,7 @@ from ..base import BenchmarkDataModule, IndexDataset, WorkerGenerator, check_tes
 from .embedding_cache import package_file
 
 __all__ = ["RECBOLE_PIP", "movielens_file", "load_ml100k", "leave_last_out", "random_split", "MovieLensSplit",
-           "sample_negatives", "rarest_half", "debiased_subset", "MovieLensDataModule"]
+           "sample_negatives", "rarest_half", "debiased_subset", "hold_out_positives", "MovieLensDataModule"]
 
 SPLITS = ("leave_last_out", "random")
 
@@ -96,6 +103,7 @@ class MovieLensSplit:
     val_mask: Optional[torch.Tensor] = None  # (U, I) bool: held-out validation interactions
     test_mask: Optional[torch.Tensor] = None  # (U, I) bool: held-out test interactions
     kind: str = "leave_last_out"
+    pool_mask: Optional[torch.Tensor] = None  # (U, I) bool: held-out positives (hold_out_positives), or None
 
     def __post_init__(self) -> None:
         for name, items in (("val_mask", self.val_items), ("test_mask", self.test_items)):
@@ -124,6 +132,8 @@ class MovieLensSplit:
             mask |= self.val_mask[users]
         elif split != "val":
             raise ValueError(f"seen_mask: split must be 'val' or 'test' (got {split!r})")
+        if self.pool_mask is not None:  # held-out positives: known, neither relevant nor negatives
+            mask |= self.pool_mask[users]
         return mask & ~self.heldout_mask(split)[users]
 
     def eval_users(self, split: str) -> torch.Tensor:
@@ -134,7 +144,8 @@ class MovieLensSplit:
         return {"dataset": "ml-100k", "split": self.kind, "users": self.num_users, "items": self.num_items,
                 "train_interactions": int(self.train_users.numel()),
                 "val_users": int(self.val_mask.any(1).sum()), "test_users": int(self.test_mask.any(1).sum()),
-                "val_interactions": int(self.val_mask.sum()), "test_interactions": int(self.test_mask.sum())}
+                "val_interactions": int(self.val_mask.sum()), "test_interactions": int(self.test_mask.sum()),
+                **({"pool_interactions": int(self.pool_mask.sum())} if self.pool_mask is not None else {})}
 
 
 def _remap(df):
@@ -219,6 +230,35 @@ def random_split(df, seed: int = 0, *, val_fraction: float = 0.1, test_fraction:
                           val_mask=_mask(val_row), test_mask=_mask(test_row), kind="random")
 
 
+def hold_out_positives(split: MovieLensSplit, fraction: float, seed: int) -> MovieLensSplit:
+    """A copy of ``split`` with ``round(fraction·n)`` (half up, at most ``n - 1``) of each user's
+    ``n`` training interactions moved into ``pool_mask``: no longer trained on, never validation
+    or test items, masked from the rankings. The choice: the training rows (in ``split``'s order)
+    get keys from ``numpy.random.default_rng(seed)``, and each user's lowest keys go to the pool.
+    The source of the injected false negatives of ``false_negatives`` (see the module docstring)."""
+    if not 0.0 < float(fraction) < 1.0:
+        raise ValueError(f"hold_out_positives: fraction must be in (0, 1) (got {fraction})")
+    users = split.train_users.numpy()
+    counts = np.bincount(users, minlength=split.num_users)
+    n_pool = np.minimum(np.floor(float(fraction) * counts + 0.5).astype(np.int64), np.maximum(counts - 1, 0))
+    key = np.random.default_rng(int(seed)).random(len(users))
+    order = np.lexsort((key, users))  # per user, by key
+    ends = np.cumsum(counts)
+    pos = np.empty(len(users), dtype=np.int64)
+    pos[order] = np.arange(len(users)) - np.repeat(ends - counts, counts)
+    in_pool = torch.from_numpy(pos < n_pool[users])
+    pool = torch.zeros_like(split.train_mask)
+    pool[split.train_users[in_pool], split.train_items[in_pool]] = True
+    keep = ~in_pool
+    tu, ti = split.train_users[keep], split.train_items[keep]
+    train_mask = torch.zeros_like(split.train_mask)
+    train_mask[tu, ti] = True
+    pool &= ~train_mask  # a repeated (user, item) pair stays a training item
+    return MovieLensSplit(split.num_users, split.num_items, tu, ti, split.val_items, split.test_items, train_mask,
+                          split.user_ids, split.item_ids, val_mask=split.val_mask, test_mask=split.test_mask,
+                          kind=split.kind, pool_mask=pool)
+
+
 def rarest_half(counts: torch.Tensor) -> torch.Tensor:
     """``(I,)`` bool: the ``floor(I/2)`` items with the fewest training interactions ``counts``
     (ties: the lower item id first)."""
@@ -270,8 +310,9 @@ class _PairCollate:
         self.split, self.num_negatives, self.negative_sharing = split, num_negatives, negative_sharing
         self._rng = WorkerGenerator(seed)
         self.false_negatives = float(false_negatives)
-        if self.false_negatives > 0:  # each user's test items, CSR: the false negatives' source
-            users, items = torch.nonzero(split.test_mask, as_tuple=True)
+        if self.false_negatives > 0:  # each user's pool (or test) items, CSR: the false negatives' source
+            source = split.pool_mask if split.pool_mask is not None else split.test_mask
+            users, items = torch.nonzero(source, as_tuple=True)
             self._fn_count = torch.bincount(users, minlength=split.num_users)
             self._fn_start = torch.cumsum(self._fn_count, 0) - self._fn_count
             self._fn_items = items
@@ -281,7 +322,8 @@ class _PairCollate:
         return self._rng.get()
 
     def _inject_false_negatives(self, users: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
-        """Replace each negative, with probability ``false_negatives``, by one of the user's test items."""
+        """Replace each negative, with probability ``false_negatives``, by one of the user's held-out
+        positives (the pool of ``hold_out_positives`` when the split has one, else the test items)."""
         count = self._fn_count[users][:, None].expand_as(neg)
         hit = (torch.rand(neg.shape, generator=self.generator) < self.false_negatives) & (count > 0)
         pick = (torch.rand(neg.shape, generator=self.generator) * count).long()
@@ -358,7 +400,13 @@ class MovieLensDataModule(BenchmarkDataModule):
             (a seeded 80/10/10 split of each user's interactions, drawn from ``seed``; every
             held-out item of the user is a positive). See the module docstring.
         false_negatives: share of sampled training negatives replaced by one of the user's test
-            items (seeded; the PSL false-negative stress setting; 0 = off).
+            items, or of the user's held-out positives with ``held_out_positives`` (seeded; the PSL
+            false-negative stress setting; 0 = off).
+        held_out_positives: > 0 moves this share of each user's training interactions into a pool
+            of held-out positives (never trained on, validated or tested on; masked from the
+            rankings), chosen from ``test_seed`` when given (else ``seed``) + 3; the source of
+            ``false_negatives``. Give the clean arm the same value so both train on the same
+            interactions.
         debiased_cap: > 0 adds the popularity-debiased test view (each item keeps at most this
             many test interactions; ``views["debiased"]`` of the test batches).
         train_view: ``"pairs"``: batches of training (user, item) interactions, with
@@ -403,16 +451,21 @@ class MovieLensDataModule(BenchmarkDataModule):
         false_negatives: float = 0.0,
         debiased_cap: int = 0,
         test_seed: Optional[int] = None,
+        held_out_positives: float = 0.0,
     ) -> None:
         super().__init__()
         if split not in SPLITS:
             raise ValueError(f"MovieLensDataModule: split must be one of {SPLITS} (got {split!r})")
         if not 0.0 <= float(false_negatives) < 1.0:
             raise ValueError(f"MovieLensDataModule: false_negatives must be in [0, 1) (got {false_negatives})")
+        if not 0.0 <= float(held_out_positives) < 1.0:
+            raise ValueError(
+                f"MovieLensDataModule: held_out_positives must be in [0, 1) (got {held_out_positives})")
         if int(debiased_cap) < 0:
             raise ValueError(f"MovieLensDataModule: debiased_cap must be >= 0 (got {debiased_cap})")
         self.split_kind = split
         self.false_negatives = float(false_negatives)
+        self.held_out_positives = float(held_out_positives)
         self.debiased_cap = int(debiased_cap)
         if train_view not in ("pairs", "users"):
             raise ValueError(f"MovieLensDataModule: train_view must be 'pairs' or 'users' (got {train_view!r})")
@@ -431,6 +484,9 @@ class MovieLensDataModule(BenchmarkDataModule):
         self.num_workers = int(num_workers)
         self.save_hyperparameters()
         self.split = self._load_split()
+        if self.held_out_positives > 0:
+            pool_seed = self.seed if self.test_seed is None else self.test_seed
+            self.split = hold_out_positives(self.split, self.held_out_positives, pool_seed + 3)
         self.num_users = self.split.num_users
         self.num_items = self.split.num_items
         self.num_classes = self.split.num_items
@@ -460,6 +516,9 @@ class MovieLensDataModule(BenchmarkDataModule):
         out: Dict[str, Any] = {"test_rare_interactions": int((self.split.test_mask & self.rare_items[None, :]).sum())}
         if self.false_negatives > 0:
             out["false_negatives"] = self.false_negatives
+            out["false_negative_source"] = "held-out pool" if self.split.pool_mask is not None else "test items"
+        if self.held_out_positives > 0:
+            out["held_out_positives"] = self.held_out_positives
         if self.debiased_test is not None:
             out["debiased_cap"] = self.debiased_cap
             out["test_debiased_interactions"] = int(self.debiased_test.sum())

@@ -242,3 +242,47 @@ def test_popularity_reference_ranks_by_training_counts_at_test_only():
     assert not any("popularity" in k for k in trainer.callback_metrics)
     with pytest.raises(ValueError, match="popularity_reference must be True or False"):
         Recommender(losses.CrossEntropyLoss(), num_users=3, num_items=4, popularity_reference="yes")
+
+
+def test_held_out_positive_pool_matches_an_independent_split_and_feeds_the_false_negatives(df):
+    """``held_out_positives=0.1``: per user, round(0.1 n) of the n training interactions (the rows'
+    numpy keys from ``test_seed + 3``, lowest first) leave training for a pool that is neither
+    validation nor test, is masked from both rankings, and is the only source of the injected
+    false negatives; the clean and the stressed module of one seed train on the same pairs."""
+    clean = _dm(held_out_positives=0.1, test_seed=7)
+    noisy = _dm(held_out_positives=0.1, test_seed=7, false_negatives=0.2)
+    plain = random_split(df, 0, test_seed=7)
+    # independent: the plain split's training rows, keyed in their order, per user the lowest keys
+    u, i = plain.train_users.numpy(), plain.train_items.numpy()
+    key = np.random.default_rng(7 + 3).random(len(u))
+    expected = set()
+    for user in np.unique(u):
+        rows = np.nonzero(u == user)[0]
+        n_pool = min(int(math.floor(0.1 * len(rows) + 0.5)), len(rows) - 1)
+        expected |= {(int(user), int(i[r])) for r in rows[np.argsort(key[rows], kind="stable")[:n_pool]]}
+    pool = clean.split.pool_mask
+    got = set(map(tuple, torch.nonzero(pool).tolist()))
+    assert got == expected and len(got) == clean.meta["pool_interactions"] > 7_000
+    assert not (pool & (clean.split.train_mask | clean.split.val_mask | clean.split.test_mask)).any()
+    assert torch.equal(clean.split.train_mask | pool, plain.train_mask)
+    assert torch.equal(clean.split.test_mask, plain.test_mask) and torch.equal(clean.split.val_mask, plain.val_mask)
+    assert torch.equal(noisy.split.train_users, clean.split.train_users)
+    assert torch.equal(noisy.split.train_items, clean.split.train_items)
+    assert noisy.meta["false_negative_source"] == "held-out pool" and "false_negative_source" not in clean.meta
+    # the rankings mask the pool at validation and at test
+    users = torch.arange(clean.split.num_users)
+    for which in ("val", "test"):
+        assert bool(clean.split.seen_mask(users, which)[pool].all())
+        assert not (clean.split.seen_mask(users, which) & clean.split.heldout_mask(which)).any()
+    # every injected negative is a pool item of its user, never a test item
+    rows = list(range(0, len(clean.split.train_users), 40))
+    batch = _PairCollate(noisy.split, 64, seed=3, negative_sharing="row", false_negatives=0.2)(rows)
+    base = _PairCollate(clean.split, 64, seed=3, negative_sharing="row")(rows)
+    users, neg = batch["user"], batch["neg_items"]
+    in_pool = pool[users[:, None].expand_as(neg), neg]
+    share = float(in_pool.float().mean())
+    base_share = float(pool[users[:, None].expand_as(neg), base["neg_items"]].float().mean())
+    assert share == pytest.approx(0.2 + 0.8 * base_share, abs=0.006)
+    assert _test_item_share(noisy.split, users, neg) < 0.02  # the test items are left alone
+    with pytest.raises(ValueError, match="held_out_positives"):
+        MovieLensDataModule(held_out_positives=1.0)
