@@ -321,14 +321,15 @@ class _PairCollate:
     def generator(self) -> torch.Generator:
         return self._rng.get()
 
-    def _inject_false_negatives(self, users: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
+    def _inject_false_negatives(self, users: torch.Tensor, neg: torch.Tensor):
         """Replace each negative, with probability ``false_negatives``, by one of the user's held-out
-        positives (the pool of ``hold_out_positives`` when the split has one, else the test items)."""
+        positives (the pool of ``hold_out_positives`` when the split has one, else the test items);
+        returns the negatives and the ``(B, N)`` bool mask of the replaced slots."""
         count = self._fn_count[users][:, None].expand_as(neg)
         hit = (torch.rand(neg.shape, generator=self.generator) < self.false_negatives) & (count > 0)
         pick = (torch.rand(neg.shape, generator=self.generator) * count).long()
         src = self._fn_start[users][:, None].expand_as(neg) + pick.clamp(max=(count - 1).clamp(min=0))
-        return torch.where(hit, self._fn_items[src.clamp(max=max(self._fn_items.numel() - 1, 0))], neg)
+        return torch.where(hit, self._fn_items[src.clamp(max=max(self._fn_items.numel() - 1, 0))], neg), hit
 
     def __call__(self, rows: Sequence[int]) -> Dict[str, torch.Tensor]:
         rows = torch.as_tensor(list(rows), dtype=torch.long)
@@ -337,16 +338,17 @@ class _PairCollate:
         if self.num_negatives > 0 and self.negative_sharing == "row":
             neg = sample_negatives(users, self.num_negatives, self.split.train_mask, self.generator)
             if self.false_negatives > 0:
-                neg = self._inject_false_negatives(users, neg)
+                neg, batch["neg_injected"] = self._inject_false_negatives(users, neg)
             batch["neg_items"] = neg
         elif self.num_negatives > 0:
             n = min(self.num_negatives, self.split.num_items)
             neg = torch.randperm(self.split.num_items, generator=self.generator)[:n]
             if self.false_negatives > 0:  # the pool stays shared; replaced slots are listed per pair
                 pool = neg[None, :].expand(users.numel(), n)
-                effective = self._inject_false_negatives(users, pool)
+                effective, hit = self._inject_false_negatives(users, pool)
                 batch["neg_items"] = neg
-                batch["neg_replace"] = torch.where(effective != pool, effective, torch.full_like(pool, -1))
+                batch["neg_replace"] = torch.where(hit, effective, torch.full_like(pool, -1))
+                batch["neg_injected"] = hit
                 batch["neg_mask"] = ~self.split.train_mask[users[:, None], effective]
             else:
                 batch["neg_items"] = neg
@@ -421,7 +423,8 @@ class MovieLensDataModule(BenchmarkDataModule):
             ``neg_mask (B, N)`` False where a pool item is one of the user's training items
             (the cheap choice for hundreds of negatives). With ``false_negatives`` the batch also
             holds ``neg_replace (B, N)``: the item that replaces pool slot ``j`` for pair ``b``
-            (-1 = the pool item itself).
+            (-1 = the pool item itself); both sharings then carry ``neg_injected (B, N)`` bool,
+            the slots replaced by a held-out positive (the model logs its share).
         batch_size, eval_batch_size: training / evaluation batch sizes.
         seed: shuffling and negative-sampling seed (and the random split's).
         test_seed: ``None`` (default): ``split="random"`` draws its test interactions (and the

@@ -31,7 +31,10 @@ popularity-debiased test set). A view's metrics average over the users with at l
 positives and are logged only for the splits whose batches carry the view.
 
 A shared pool may come with ``neg_replace (B, N)``: per-pair items that replace pool slots (the
-false-negative stress setting), scored for those slots only.
+false-negative stress setting), scored for those slots only. A batch with ``neg_injected (B, N)``
+(the slots the stress replaced, either sharing) logs ``train/false_negative_share`` per epoch: the
+share of the training negatives that were held-out positives of the user, the check that the
+stress acted.
 
 A loss that records its sampled classes (``.last_index``, Partial FC) gets two training metrics
 per epoch: ``train/softmax_classes`` (classes in the step's softmax, mean over steps) and
@@ -239,6 +242,10 @@ class Recommender(BenchmarkModule):
     # -- Lightning ----------------------------------------------------------------------------
     def training_step(self, batch: Dict[str, Tensor], batch_idx: int) -> Tensor:
         loss = self._train_loss(batch)
+        injected = batch.get("neg_injected")
+        if isinstance(injected, Tensor):  # the false-negative stress: the share of negatives it replaced
+            self.log("train/false_negative_share", injected.float().mean(), on_step=False, on_epoch=True,
+                     batch_size=batch["user"].numel())
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=batch["user"].numel())
         return loss
 

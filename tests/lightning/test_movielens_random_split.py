@@ -286,3 +286,31 @@ def test_held_out_positive_pool_matches_an_independent_split_and_feeds_the_false
     assert _test_item_share(noisy.split, users, neg) < 0.02  # the test items are left alone
     with pytest.raises(ValueError, match="held_out_positives"):
         MovieLensDataModule(held_out_positives=1.0)
+
+
+def test_the_recommender_logs_the_share_of_injected_false_negatives(tmp_path):
+    """One real epoch of PSL with 5% false negatives from the held-out pool: the logged
+    ``train/false_negative_share`` is the share of the batches' ``neg_injected`` slots (about
+    0.05; users whose pool is empty keep their draws); without the stress nothing is logged."""
+    import pytorch_lightning as pl
+
+    from lightning_modules.models import Recommender
+    from losses import PSLLoss
+
+    def fit(**kw):
+        dm = MovieLensDataModule(split="random", batch_size=4096, seed=0, num_negatives=64,
+                                 negative_sharing="batch", held_out_positives=0.1, **kw)
+        model = Recommender(num_users=dm.num_users, num_items=dm.num_items, embedding_dim=8, score="cosine",
+                            loss=PSLLoss(activation="tanh", temperature=0.1, score_scale=0.5))
+        trainer = pl.Trainer(max_epochs=1, limit_train_batches=4, limit_val_batches=0, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             default_root_dir=tmp_path)
+        trainer.fit(model, dm)
+        return dm, trainer.callback_metrics
+
+    dm, metrics = fit(false_negatives=0.05)
+    shares = [float(b["neg_injected"].float().mean()) for b, _ in zip(dm.train_dataloader(), range(4))]
+    assert float(metrics["train/false_negative_share"]) == pytest.approx(float(np.mean(shares)), abs=1e-6)
+    assert 0.04 < float(metrics["train/false_negative_share"]) < 0.051
+    _, clean = fit()
+    assert "train/false_negative_share" not in clean
