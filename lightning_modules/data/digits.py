@@ -156,6 +156,10 @@ class DigitsSegmentationDataModule(SegmentationVariantsDataModule):
             and ``1 - v`` on the background (argmax = the hard label, up to ties at the
             threshold 0.5); ``"hard"``: int64 ``(S, S)`` ids, the thresholded map.
         threshold: the ink threshold of the hard label (0.5 makes the soft label's argmax agree).
+        linear_probe: ``True`` gives :meth:`floor_metrics` a trained reference on the same split:
+            an ink threshold fitted on the training maps plus the linear probe's class of each
+            image (:func:`~lightning_modules.data.image_variants.segmentation_reference_metrics`);
+            the segmenter logs it at test as ``test/dice_linear``, ``test/miou_linear``, ...
         the rest: as :class:`DigitsDataModule` (stratified by digit).
 
     Batches are ``(images (B, 1, S, S), target)`` for every split, so validation losses are
@@ -178,10 +182,12 @@ class DigitsSegmentationDataModule(SegmentationVariantsDataModule):
         num_workers: int = 0,
         seed: int = 0,
         test_seed: Optional[int] = None,
+        linear_probe: bool = False,
     ) -> None:
         super().__init__(image_size=image_size, label_type=label_type, threshold=threshold, batch_size=batch_size,
                          eval_batch_size=eval_batch_size, val_fraction=val_fraction, test_fraction=test_fraction,
-                         shuffle=shuffle, num_workers=num_workers, seed=seed, test_seed=test_seed)
+                         shuffle=shuffle, num_workers=num_workers, seed=seed, test_seed=test_seed,
+                         linear_probe=linear_probe)
         self.save_hyperparameters()
 
     def _load(self) -> Tuple[Tensor, Tensor]:

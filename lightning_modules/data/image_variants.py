@@ -44,6 +44,7 @@ __all__ = [
     "SeededEpochSampler",
     "SegmentationVariantsDataModule",
     "linear_probe_metrics",
+    "segmentation_reference_metrics",
     "long_tailed_counts",
     "stratified_split",
     "stratified_split_fixed_test",
@@ -111,17 +112,68 @@ def linear_probe_metrics(
     Returns ``top1_linear``, ``balanced_acc_linear`` (mean per-class accuracy), and with
     ``tail_classes`` also ``acc_head_linear`` / ``acc_tail_linear``, plus ``l2_linear`` (the chosen
     strength)."""
-    def flat(x: Tensor) -> Tensor:
-        if x.dim() == 4 and (x.shape[-2] > PROBE_SIDE or x.shape[-1] > PROBE_SIDE):
-            x = F.adaptive_avg_pool2d(x, (min(x.shape[-2], PROBE_SIDE), min(x.shape[-1], PROBE_SIDE)))
-        return x.reshape(x.shape[0], -1).double()
-
     # the fit needs autograd even when called from a test or validation loop (inference mode)
     with torch.inference_mode(False), torch.enable_grad():
-        return _linear_probe(train, val, evaluate, num_classes, tail_classes, flat)
+        return _linear_probe(train, val, evaluate, num_classes, tail_classes, _probe_flat)
 
 
-def _linear_probe(train, val, evaluate, num_classes, tail_classes, flat) -> Dict[str, float]:
+#: Ink thresholds the segmentation reference chooses from (fitted on the training maps).
+REFERENCE_THRESHOLDS = tuple(round(0.02 * k, 2) for k in range(1, 50))
+
+
+def segmentation_reference_metrics(
+    train: Tuple[Tensor, Tensor, Tensor], val: Tuple[Tensor, Tensor], evaluate: Tuple[Tensor, Tensor],
+    num_classes: int,
+) -> Dict[str, float]:
+    """A trained reference for the ink segmentation maps: two linear models, no network.
+
+    ``train`` = ``(images (N, 1, S, S), image classes (N,), hard maps (N, S, S))``, ``val`` = ``(images,
+    image classes)``, ``evaluate`` = ``(images, hard maps)``. The reference predicts background where
+    a pixel's intensity is at most ``t`` and, elsewhere, the class ``1 +`` the linear probe's class of
+    the whole image (:func:`linear_probe_metrics`' multinomial logistic regression on the pooled raw
+    pixels, its L2 strength chosen on ``val``). ``t`` is the threshold of :data:`REFERENCE_THRESHOLDS`
+    with the best ink-vs-background pixel accuracy on the training maps (ties: the lower). Scored
+    like the segmenter (torchmetrics, set level, macro over ``num_classes`` map classes, background
+    included): ``dice_linear``, ``dice_fg_linear`` (background excluded), ``miou_linear``,
+    ``pixel_acc_linear`` and ``threshold_linear`` (the chosen ``t``). What a segmenter must beat to
+    have learned more than a threshold and a linear classifier."""
+    from torchmetrics.classification import MulticlassAccuracy, MulticlassJaccardIndex
+    from torchmetrics.segmentation import DiceScore
+
+    x_tr, y_tr, maps_tr = train
+    v = x_tr[:, 0].reshape(-1).double()
+    ink = (maps_tr > 0).reshape(-1)
+    accs = [float(((v > t) == ink).double().mean()) for t in REFERENCE_THRESHOLDS]
+    t = REFERENCE_THRESHOLDS[max(range(len(accs)), key=lambda k: (accs[k], -k))]
+    x_ev, maps_ev = evaluate
+    with torch.inference_mode(False), torch.enable_grad():
+        pred_cls, _ = _probe_predict((x_tr, y_tr), val, x_ev, num_classes - 1, _probe_flat)
+    pred = torch.where(x_ev[:, 0] > t, (pred_cls + 1).view(-1, 1, 1), torch.zeros_like(pred_cls).view(-1, 1, 1))
+    maps_ev = maps_ev.long()
+    out: Dict[str, float] = {}
+    for name, include in (("dice_linear", True), ("dice_fg_linear", False)):
+        m = DiceScore(num_classes=num_classes, include_background=include, average="macro",
+                      aggregation_level="global", input_format="index")
+        m.update(pred, maps_ev)
+        out[name] = float(m.compute())
+    miou = MulticlassJaccardIndex(num_classes, average="macro")
+    miou.update(pred.reshape(-1), maps_ev.reshape(-1))
+    out["miou_linear"] = float(miou.compute())
+    acc = MulticlassAccuracy(num_classes, average="micro")
+    acc.update(pred.reshape(-1), maps_ev.reshape(-1))
+    out["pixel_acc_linear"] = float(acc.compute())
+    out["threshold_linear"] = float(t)
+    return out
+
+
+def _probe_flat(x: Tensor) -> Tensor:
+    if x.dim() == 4 and (x.shape[-2] > PROBE_SIDE or x.shape[-1] > PROBE_SIDE):
+        x = F.adaptive_avg_pool2d(x, (min(x.shape[-2], PROBE_SIDE), min(x.shape[-1], PROBE_SIDE)))
+    return x.reshape(x.shape[0], -1).double()
+
+
+def _probe_predict(train, val, evaluate_x, num_classes, flat) -> Tuple[Tensor, float]:
+    """The linear probe's class predictions on ``evaluate_x`` and its chosen L2 strength."""
     xtr, ytr = flat(train[0].clone()), train[1].clone()
     xva, yva = flat(val[0]), val[1]
     best: Optional[Tuple[float, float, Tensor]] = None
@@ -133,8 +185,13 @@ def _linear_probe(train, val, evaluate, num_classes, tail_classes, flat) -> Dict
             best = (acc, l2, w)
     assert best is not None
     _, l2, w = best
-    xe, ye = flat(evaluate[0]), evaluate[1]
-    pred = (torch.cat([xe, xe.new_ones(len(xe), 1)], 1) @ w).argmax(1)
+    xe = flat(evaluate_x)
+    return (torch.cat([xe, xe.new_ones(len(xe), 1)], 1) @ w).argmax(1), float(l2)
+
+
+def _linear_probe(train, val, evaluate, num_classes, tail_classes, flat) -> Dict[str, float]:
+    pred, l2 = _probe_predict(train, val, evaluate[0], num_classes, flat)
+    ye = evaluate[1]
     per_class = _class_accuracies(pred, ye, num_classes)
     out = {"top1_linear": float(pred.eq(ye).double().mean()),
            "balanced_acc_linear": float(per_class[~per_class.isnan()].mean()),
@@ -571,6 +628,7 @@ class SegmentationVariantsDataModule(ImageSplitsDataModule):
         num_workers: int,
         seed: int,
         test_seed: Optional[int] = None,
+        linear_probe: bool = False,
     ) -> None:
         super().__init__(image_size=image_size, batch_size=batch_size, eval_batch_size=eval_batch_size,
                          val_fraction=val_fraction, test_fraction=test_fraction, shuffle=shuffle,
@@ -579,9 +637,14 @@ class SegmentationVariantsDataModule(ImageSplitsDataModule):
         _check(label_type in ("soft", "hard"), cls, "label_type must be 'soft' or 'hard'", label_type,
                "soft labels come from the ink intensity, hard labels from its threshold")
         _check(0.0 < threshold < 1.0, cls, "threshold must be in (0, 1)", threshold, "pass e.g. 0.5")
+        _check(isinstance(linear_probe, bool), cls, "linear_probe must be True or False", linear_probe,
+               "True fits the segmentation reference once, for floor_metrics")
         self.label_type = label_type
         self.threshold = float(threshold)
         self.num_classes = self._num_classes + 1
+        self.linear_probe = linear_probe
+        self._floors: Dict[str, Dict[str, float]] = {}
+        self._digits: Dict[str, Tensor] = {}
 
     def _train_labels(self) -> Tensor:  # maps have no single class: shuffle by position only
         assert self._splits is not None
@@ -603,5 +666,30 @@ class SegmentationVariantsDataModule(ImageSplitsDataModule):
         out = {}
         for name, idx in split.items():
             x = _upsample(images[idx], self.image_size)
+            self._digits[name] = labels[idx]
             out[name] = TensorDataset(x, self.segmentation_targets(x, labels[idx], self.threshold, self.label_type))
         return out
+
+    def floor_metrics(self, stage: str) -> Dict[str, float]:
+        """The trained reference on the ``stage`` ("val" or "test") split:
+        :func:`segmentation_reference_metrics` (an ink threshold fitted on the training maps and
+        the linear probe's image class, fitted on the training images), scored against the hard
+        maps. Computed once per stage and cached; empty without ``linear_probe``. The segmenter
+        logs them at test as ``test/dice_linear`` etc.: the competence floors of the claims file."""
+        if stage not in ("val", "test"):
+            raise ValueError(f"{self._name}.floor_metrics: stage must be 'val' or 'test' (got {stage!r})")
+        if not self.linear_probe:
+            return {}
+        if stage not in self._floors:
+            if self._splits is None:
+                self.setup()
+            assert self._splits is not None
+
+            def hard(t: Tensor) -> Tensor:
+                return t.argmax(1) if t.is_floating_point() else t
+
+            tr, va, ev = (self._splits[k].tensors for k in ("train", "val", stage))
+            self._floors[stage] = segmentation_reference_metrics(
+                (tr[0], self._digits["train"], hard(tr[1])), (va[0], self._digits["val"]), (ev[0], hard(ev[1])),
+                self.num_classes)
+        return dict(self._floors[stage])

@@ -182,10 +182,12 @@ class MNISTSegmentationDataModule(SegmentationVariantsDataModule):
         num_workers: int = 0,
         seed: int = 0,
         test_seed: Optional[int] = None,
+        linear_probe: bool = False,
     ) -> None:
         super().__init__(image_size=image_size, label_type=label_type, threshold=threshold, batch_size=batch_size,
                          eval_batch_size=eval_batch_size, val_fraction=val_fraction, test_fraction=test_fraction,
-                         shuffle=shuffle, num_workers=num_workers, seed=seed, test_seed=test_seed)
+                         shuffle=shuffle, num_workers=num_workers, seed=seed, test_seed=test_seed,
+                         linear_probe=linear_probe)
         self.save_hyperparameters()
 
     def _load(self) -> Tuple[Tensor, Tensor]:

@@ -733,7 +733,10 @@ class VisionSegmenter(BenchmarkModule):
     the predictions and the targets is left out of the mean), ``pixel_acc`` and ``ece`` (pixel-level expected calibration error of the
     loss's predictive distribution). Metrics compare with the hard map (argmax of soft labels); the
     predicted map is the argmax of :func:`~lightning_modules.routing.predict_scores` (the loss's
-    own ``predict_proba`` where it has one, else the logits).
+    own ``predict_proba`` where it has one, else the logits). With a DataModule built with
+    ``linear_probe=True``, the test also logs its trained reference on the same split
+    (``test/dice_linear``, ``test/dice_fg_linear``, ``test/miou_linear``, ``test/pixel_acc_linear``:
+    an ink threshold and a linear probe's image class), the competence floors.
     """
 
     loss_example = "losses.SoftDiceLoss()"
@@ -830,6 +833,17 @@ class VisionSegmenter(BenchmarkModule):
 
     def training_step(self, batch, batch_idx: int) -> Tensor:
         return self._step("train", batch)
+
+    def _eval_epoch_end(self, stage: str) -> None:
+        """At test: the DataModule's trained reference on the same split (``floor_metrics``: an ink
+        threshold and a linear probe's image class), logged as ``test/dice_linear`` etc."""
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if stage != "test" or not callable(getattr(dm, "floor_metrics", None)):
+            return
+        out = {f"test/{k}": torch.tensor(float(v), dtype=torch.float32, device=self.device)
+               for k, v in dm.floor_metrics(stage).items() if math.isfinite(v)}
+        if out:
+            self.log_dict(out, sync_dist=True)
 
     def _eval_step(self, stage: str, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._step(stage, batch)

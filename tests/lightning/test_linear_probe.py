@@ -102,3 +102,71 @@ def test_classifier_logs_the_probe_at_test_only():
     assert ref["top1_linear"] > 0.9  # digits are nearly linearly separable: a floor, not chance
     trainer.validate(model, datamodule=dm, verbose=False)
     assert not any(k.endswith("_linear") for k in trainer.callback_metrics)
+
+
+# -- the segmentation reference: an ink threshold plus the linear probe's image class ----------------
+def _set_dice_iou(pred: np.ndarray, true: np.ndarray, n_cls: int, first: int = 0):
+    """Set-level Dice / IoU by hand: per class the pixel sums over all images, then the macro mean
+    over the classes present in the prediction or the labels."""
+    dice, iou = [], []
+    for c in range(first, n_cls):
+        p, t = pred == c, true == c
+        inter, ps, ts = np.sum(p & t), np.sum(p), np.sum(t)
+        if ps + ts == 0:
+            continue
+        dice.append(2 * inter / (ps + ts))
+        iou.append(inter / (ps + ts - inter))
+    return float(np.mean(dice)), float(np.mean(iou))
+
+
+def test_segmentation_reference_by_hand_on_digits():
+    from lightning_modules.data import DigitsSegmentationDataModule
+
+    dm = DigitsSegmentationDataModule(image_size=16, seed=0, test_seed=7, label_type="soft", linear_probe=True)
+    ref = dm.floor_metrics("test")
+    assert set(ref) == {"dice_linear", "dice_fg_linear", "miou_linear", "pixel_acc_linear", "threshold_linear"}
+    # by hand: the threshold that best separates ink on the training maps, the probe's class elsewhere
+    (xtr, ttr), (xva, _), (xte, tte) = (dm._splits[k].tensors for k in ("train", "val", "test"))
+    v, ink = xtr[:, 0].numpy().ravel(), (ttr.argmax(1) > 0).numpy().ravel()
+    grid = [round(0.02 * k, 2) for k in range(1, 50)]
+    accs = [np.mean((v > t) == ink) for t in grid]
+    t = grid[int(np.argmax(accs))]
+    assert ref["threshold_linear"] == pytest.approx(t) and 0.3 <= t <= 0.7  # the maps' own threshold is 0.5
+    # the probe's class of each test image (the classification probe's fit: tested above)
+    pred_cls, _ = iv._probe_predict((xtr, dm._digits["train"]), (xva, dm._digits["val"]), xte, 10, iv._probe_flat)
+    assert float((pred_cls == dm._digits["test"]).double().mean()) > 0.9
+    xe = xte[:, 0].numpy()
+    pred = np.where(xe > t, pred_cls.numpy()[:, None, None] + 1, 0)
+    true = tte.argmax(1).numpy()
+    dice, iou = _set_dice_iou(pred, true, 11)
+    dice_fg, _ = _set_dice_iou(pred, true, 11, first=1)
+    assert ref["dice_linear"] == pytest.approx(dice, abs=1e-5)
+    assert ref["dice_fg_linear"] == pytest.approx(dice_fg, abs=1e-5)
+    assert ref["miou_linear"] == pytest.approx(iou, abs=1e-5)
+    assert ref["pixel_acc_linear"] == pytest.approx(float(np.mean(pred == true)), abs=1e-6)
+    assert dm.floor_metrics("test") == ref  # cached
+    off = DigitsSegmentationDataModule(seed=0, test_seed=7)
+    assert off.floor_metrics("test") == {}
+    with pytest.raises(ValueError, match="linear_probe"):
+        DigitsSegmentationDataModule(linear_probe=1)
+
+
+def test_segmenter_logs_the_reference_at_test_only():
+    from lightning_modules.data import DigitsSegmentationDataModule
+    from lightning_modules.models import VisionSegmenter
+
+    torch.manual_seed(0)
+    model = VisionSegmenter(losses.CrossEntropyLoss(), backbone="test_resnet", num_classes=11, init_seed=0)
+    dm = DigitsSegmentationDataModule(image_size=16, seed=0, test_seed=7, label_type="hard", linear_probe=True,
+                                      eval_batch_size=512)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, limit_test_batches=1,
+                         limit_val_batches=1)
+    trainer.test(model, datamodule=dm, verbose=False)
+    m = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    ref = dm.floor_metrics("test")
+    for k in ("dice_linear", "dice_fg_linear", "miou_linear", "pixel_acc_linear"):
+        assert m[f"test/{k}"] == pytest.approx(ref[k], abs=1e-6)
+    assert ref["pixel_acc_linear"] > 0.9 and ref["dice_linear"] > 0.5  # a floor far above chance (1/11)
+    trainer.validate(model, datamodule=dm, verbose=False)
+    assert not any(k.endswith("_linear") for k in trainer.callback_metrics)
