@@ -7,6 +7,8 @@
   accuracy, the mean support size of the predictive distribution and the fraction of target
   tokens it gives probability 0 (``zero_prob``), and the mean and standard deviation of
   ``log Z = logsumexp(logits)``.
+* :class:`BigramReference` -- a Witten-Bell interpolated bigram model of the training tokens, the
+  trained competence floor beside the unigram one.
 * :func:`sparse_target_stats` -- support sizes and zero-probability targets of a distribution.
 * :func:`logz_stats` -- mean and (population) standard deviation of ``log Z`` over tokens.
 * :class:`SpikeCounter` -- counts loss spikes: a step whose loss exceeds ``factor`` times the
@@ -29,7 +31,7 @@ from torchmetrics import Metric
 
 from .metrics import peak_rss_mb
 
-__all__ = ["TokenMetrics", "SpikeCounter", "sparse_target_stats", "token_values", "logz_stats", "peak_memory_mb"]
+__all__ = ["TokenMetrics", "BigramReference", "SpikeCounter", "sparse_target_stats", "token_values", "logz_stats", "peak_memory_mb"]
 
 
 def sparse_target_stats(probs: Tensor, target: Tensor, ignore_index: int = -100) -> Tuple[Tensor, Tensor, Tensor]:
@@ -119,6 +121,68 @@ def token_values(logits: Tensor, probs: Tensor, target: Tensor, *, scores: Optio
             "logz_sq": torch.where(valid, lse64 ** 2, zeros), "support": support.double(), "zero": zero.double()}
 
 
+class BigramReference:
+    """A bigram model of a token stream with Witten-Bell interpolation (no knob to tune):
+
+    ``p(w | v) = (c(v, w) + n(v) p1(w)) / (c(v) + n(v))``
+
+    where ``c(v, w)`` counts ``v`` followed by ``w`` in the stream, ``c(v) = sum_w c(v, w)``,
+    ``n(v)`` is the number of distinct tokens seen after ``v`` and ``p1`` the unigram distribution
+    given as ``unigram_logp (C,)``; a token never seen as a predecessor (``c(v) = 0``) falls back to
+    ``p1``. The counts are kept sparse (the sorted pair keys ``v * C + w``), so a vocabulary of
+    tens of thousands costs memory in the number of distinct pairs, not ``C^2``.
+
+    ``log_prob(prev, target)``: ``log p(target | prev)``, float64. ``topk(prev, k)``: the ``k``
+    most probable next tokens after each ``prev`` (ties in an arbitrary order)."""
+
+    def __init__(self, stream: Tensor, num_classes: int, unigram_logp: Tensor, *, row_chunk: int = 256) -> None:
+        c = int(num_classes)
+        s = stream.detach().long().cpu().reshape(-1)
+        if s.numel() and (int(s.min()) < 0 or int(s.max()) >= c):
+            raise ValueError(f"BigramReference: token ids must be in [0, {c}) (got {int(s.min())} ... {int(s.max())})")
+        if unigram_logp.shape != (c,):
+            raise ValueError(f"BigramReference: unigram_logp must have shape ({c},) (got {tuple(unigram_logp.shape)})")
+        self.num_classes, self.row_chunk = c, int(row_chunk)
+        keys, counts = torch.unique(s[:-1] * c + s[1:], return_counts=True)  # sorted
+        self.keys, self.pair_counts = keys, counts.double()
+        self.prev_counts = torch.bincount(s[:-1], minlength=c).double()
+        self.followers = torch.bincount(keys // c, minlength=c).double()
+        self.p1 = unigram_logp.detach().double().cpu().exp()
+
+    def _pair(self, prev: Tensor, target: Tensor) -> Tensor:
+        if self.keys.numel() == 0:
+            return torch.zeros(prev.shape, dtype=torch.float64)
+        q = prev * self.num_classes + target
+        i = torch.searchsorted(self.keys, q).clamp(max=self.keys.numel() - 1)
+        return torch.where(self.keys[i] == q, self.pair_counts[i], torch.zeros((), dtype=torch.float64))
+
+    def log_prob(self, prev: Tensor, target: Tensor) -> Tensor:
+        prev, target = prev.long().cpu(), target.long().cpu()
+        n_v, c_v = self.followers[prev], self.prev_counts[prev]
+        p1 = self.p1[target]
+        p = torch.where(c_v > 0, (self._pair(prev, target) + n_v * p1) / (c_v + n_v).clamp_min(1.0), p1)
+        return p.log()
+
+    def topk(self, prev: Tensor, k: int = 5) -> Tensor:
+        prev = prev.long().cpu()
+        k = min(int(k), self.num_classes)
+        uniq, inverse = torch.unique(prev, return_inverse=True)
+        tops = torch.empty(uniq.numel(), k, dtype=torch.long)
+        starts = torch.searchsorted(self.keys, uniq * self.num_classes)
+        ends = torch.searchsorted(self.keys, (uniq + 1) * self.num_classes)
+        for a in range(0, uniq.numel(), self.row_chunk):
+            rows = uniq[a:a + self.row_chunk]
+            n_v = self.followers[rows][:, None]
+            # the numerator of p(w | v); the rows of unseen predecessors are p1 itself
+            score = torch.where(self.prev_counts[rows][:, None] > 0, n_v * self.p1[None, :], self.p1[None, :])
+            for j in range(rows.numel()):
+                lo, hi = int(starts[a + j]), int(ends[a + j])
+                if hi > lo:
+                    score[j].index_add_(0, self.keys[lo:hi] % self.num_classes, self.pair_counts[lo:hi])
+            tops[a:a + rows.numel()] = score.topk(k, dim=1).indices
+        return tops[inverse]
+
+
 class TokenMetrics(Metric):
     """Per-token evaluation metrics of one stage (module docstring), accumulated as sums.
 
@@ -132,7 +196,9 @@ class TokenMetrics(Metric):
     A no-training reference on the same tokens: after :meth:`set_unigram` (log-probabilities
     ``(C,)`` of a unigram model, e.g. the training split's token frequencies) ``compute()`` also
     returns ``unigram_top1`` / ``unigram_top5`` (accuracy of always predicting the most frequent
-    tokens), ``unigram_nll`` and ``unigram_ppl``.
+    tokens), ``unigram_nll`` and ``unigram_ppl``; after :meth:`set_bigram` (a
+    :class:`BigramReference`) and with ``prev`` (the token before each target) given to ``update``,
+    also ``bigram_top1`` / ``bigram_top5`` / ``bigram_nll`` / ``bigram_ppl``.
     """
 
     full_state_update = False
@@ -141,16 +207,22 @@ class TokenMetrics(Metric):
         super().__init__(**kwargs)
         self.ignore_index = int(ignore_index)
         for name in ("tokens", "loss_sum", "nll_sum", "softmax_nll_sum", "top1", "top5", "support", "zero",
-                     "logz_sum", "logz_sq", "sparse", "unigram_top1", "unigram_top5", "unigram_nll_sum"):
+                     "logz_sum", "logz_sq", "sparse", "unigram_top1", "unigram_top5", "unigram_nll_sum",
+                     "bigram_tokens", "bigram_top1", "bigram_top5", "bigram_nll_sum"):
             self.add_state(name, default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
         self.unigram: Optional[Tensor] = None
+        self.bigram: Optional[BigramReference] = None
+
+    def set_bigram(self, ref: Optional["BigramReference"]) -> None:
+        """The bigram reference (``None``: none); read where ``update`` gets ``prev``."""
+        self.bigram = ref
 
     def set_unigram(self, logp: Optional[Tensor]) -> None:
         """Log-probabilities ``(C,)`` of the unigram reference (``None``: no reference)."""
         self.unigram = None if logp is None else logp.detach().double()
 
     def update(self, loss_sum: Tensor, logits: Tensor, probs: Tensor, target: Tensor, *, scores: Optional[Tensor] = None,
-               sparse: bool = False) -> None:
+               sparse: bool = False, prev: Optional[Tensor] = None) -> None:
         logits = logits.detach().float()
         probs = probs.detach().float()
         support, zero, valid = sparse_target_stats(probs, target, self.ignore_index)
@@ -177,6 +249,14 @@ class TokenMetrics(Metric):
             self.unigram_top1 += (t == uk[0]).sum()
             self.unigram_top5 += (t.unsqueeze(-1) == uk).any(-1).sum()
             self.unigram_nll_sum += (-u[t]).sum()
+        if self.bigram is not None and prev is not None:
+            t, v = safe[valid], prev.reshape(-1)[valid]
+            bk = self.bigram.topk(v, k).to(target.device)
+            tc = t.to(bk.device)
+            self.bigram_tokens += valid.sum()
+            self.bigram_top1 += (bk[:, 0] == tc).sum()
+            self.bigram_top5 += (bk == tc.unsqueeze(-1)).any(-1).sum()
+            self.bigram_nll_sum += (-self.bigram.log_prob(v, t)).sum().to(self.bigram_nll_sum.device)
         if sparse:
             self.sparse += 1
             self.support += support.double().sum()
@@ -201,6 +281,12 @@ class TokenMetrics(Metric):
             out["unigram_top5"] = self.unigram_top5 / n
             out["unigram_nll"] = self.unigram_nll_sum / n
             out["unigram_ppl"] = out["unigram_nll"].exp()
+        if self.bigram is not None and self.bigram_tokens > 0:
+            nb = self.bigram_tokens
+            out["bigram_top1"] = self.bigram_top1 / nb
+            out["bigram_top5"] = self.bigram_top5 / nb
+            out["bigram_nll"] = self.bigram_nll_sum / nb
+            out["bigram_ppl"] = out["bigram_nll"].exp()
         if self.sparse > 0:
             out["support"] = self.support / n
             out["zero_prob"] = self.zero / n

@@ -38,8 +38,10 @@ Logged metrics (:mod:`lightning_modules.lm_metrics`):
   target tokens given probability 0), plus ``peak_memory_mb``; with ``unigram_reference`` (the
   default) also a no-training reference on the same tokens: ``unigram_top1`` / ``unigram_top5``
   (always predicting the training split's most frequent tokens) and ``unigram_ppl`` /
-  ``unigram_nll`` (the training split's add-one-smoothed token frequencies), the competence floors
-  of the language-model claims.
+  ``unigram_nll`` (the training split's add-one-smoothed token frequencies), and a trained one:
+  ``bigram_top1`` / ``bigram_top5`` / ``bigram_ppl`` / ``bigram_nll`` of a Witten-Bell
+  interpolated bigram model of the training split's tokens (:class:`~lightning_modules.lm_metrics.BigramReference`,
+  given the token before each target), the competence floors of the language-model claims.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ import losses
 from losses import InputKind
 
 from ..base import BenchmarkModule, seeded_init
-from ..lm_metrics import SpikeCounter, TokenMetrics, logz_stats, peak_memory_mb, token_values
+from ..lm_metrics import BigramReference, SpikeCounter, TokenMetrics, logz_stats, peak_memory_mb, token_values
 from ..routing import has_own_prediction, has_sparse_probabilities, predict_proba, predict_scores
 
 __all__ = ["DecoderLM", "LanguageModel"]
@@ -163,8 +165,8 @@ class LanguageModel(BenchmarkModule):
             spike (``train/spikes``).
         spike_window: number of previous step losses in the running median.
         eval_chunk_tokens: tokens per chunk when evaluation materialises logits (bounds memory).
-        unigram_reference: log the unigram reference metrics (module docstring) when the DataModule
-            has a ``stream("train")`` of token ids.
+        unigram_reference: log the unigram and bigram reference metrics (module docstring) when the
+            DataModule has a ``stream("train")`` of token ids.
         init_seed: when set, the model is initialised from ``torch.manual_seed(init_seed)`` (the
             global RNG restored afterwards), so arms of a comparison start from the same weights.
         lr, weight_decay: AdamW.
@@ -227,6 +229,7 @@ class LanguageModel(BenchmarkModule):
         self.eval_metrics = nn.ModuleDict({s: TokenMetrics(IGNORE_INDEX) for s in ("val", "test")})
         self.unigram_reference = bool(unigram_reference)
         self._unigram: Optional[Tensor] = None
+        self._bigram: Optional[BigramReference] = None
         self._tokens = 0
         self._seconds = 0.0
         self._t0: Optional[float] = None
@@ -323,11 +326,23 @@ class LanguageModel(BenchmarkModule):
             self._unigram = (counts / counts.sum()).log()
         return self._unigram
 
+    def _bigram_reference(self) -> Optional[BigramReference]:
+        """The Witten-Bell bigram model of the training split's tokens (``None`` as the unigram)."""
+        logp = self._unigram_logp()
+        if logp is None:
+            return None
+        if self._bigram is None:
+            dm = self._trainer.datamodule
+            self._bigram = BigramReference(dm.stream("train"), self.num_classes, logp)
+        return self._bigram
+
     def on_validation_epoch_start(self) -> None:
         self.eval_metrics["val"].set_unigram(self._unigram_logp())
+        self.eval_metrics["val"].set_bigram(self._bigram_reference())
 
     def on_test_epoch_start(self) -> None:
         self.eval_metrics["test"].set_unigram(self._unigram_logp())
+        self.eval_metrics["test"].set_bigram(self._bigram_reference())
 
     def _eval_step(self, stage: str, batch: Dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         hidden = self.decoder(batch["input"])
@@ -343,13 +358,14 @@ class LanguageModel(BenchmarkModule):
         # a logits loss already materialised the logits; a head-owning loss's come in row chunks
         chunks = full.split(self.eval_chunk_tokens) if full is not None else \
             (self._logits(hc) for hc in h.split(self.eval_chunk_tokens))
-        for logits, yc in zip(chunks, y.split(self.eval_chunk_tokens)):
+        prevs = batch["input"].reshape(-1).split(self.eval_chunk_tokens)  # the token before each target
+        for logits, yc, vc in zip(chunks, y.split(self.eval_chunk_tokens), prevs):
             logits = logits.float()
             scores = predict_scores(self.loss, logits, dim=-1) if own else None
             probs = predict_proba(self.loss, logits, dim=-1)
             metric.update(loss.detach() * n if first else loss.new_zeros(()), logits,
                           probs, yc, scores=scores,
-                          sparse=self.sparse_probabilities)
+                          sparse=self.sparse_probabilities, prev=vc)
             if per_token is not None:
                 per_token.append(token_values(logits, probs, yc, scores=scores, ignore_index=IGNORE_INDEX))
             first = False
@@ -389,7 +405,7 @@ class LanguageModel(BenchmarkModule):
         return {"kind": "language_model", "tables": {t: {"columns": cols}}, "metrics": metrics,
                 "notes": "token-weighted: each metric is sum(column) / sum(tokens) over the windows (exp of it "
                          "for the perplexities); not per item: loss (the loss module's batch means), the "
-                         "unigram references and peak memory"}
+                         "unigram and bigram references and peak memory"}
 
     def _eval_epoch_end(self, stage: str) -> None:
         metric = self.eval_metrics[stage]

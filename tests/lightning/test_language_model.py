@@ -324,7 +324,7 @@ def test_every_recipe_trains_two_steps_through_the_cli(tmp_path, cache):
         assert math.isfinite(metrics["train/loss"]) and metrics["train/tokens_per_s"] > 0, (name, metrics)
         for key in ("train/logz_mean", "train/logz_std", "train/top1", "train/spikes", "train/peak_memory_mb", "val/loss",
                     "val/softmax_ppl", "val/top1", "val/top5", "val/logz_mean", "val/logz_std",
-                    "val/unigram_top1", "val/unigram_top5", "val/unigram_ppl"):
+                    "val/unigram_top1", "val/unigram_top5", "val/unigram_ppl", "val/bigram_top1", "val/bigram_ppl"):
             assert key in metrics, (name, key, sorted(metrics))
         assert ("val/ppl" in metrics) == spec.softmax, name  # no perplexity for the Z-loss's logits
         sparse = name in ("entmax15", "sparsemax")
@@ -342,3 +342,61 @@ def test_every_recipe_trains_two_steps_through_the_cli(tmp_path, cache):
                              "--trainer.enable_progress_bar=false"])
             again = {k: float(v) for k, v in val.trainer.callback_metrics.items()}
             assert again["val/softmax_ppl"] == pytest.approx(metrics["val/softmax_ppl"], rel=1e-5)
+
+
+def test_bigram_reference_by_hand():
+    """The Witten-Bell bigram floor against a dictionary count written from the formula
+    p(w | v) = (c(v, w) + n(v) p1(w)) / (c(v) + n(v)), p1 for an unseen predecessor; top-k by brute
+    force over the vocabulary; the metric's columns skip padding and need ``prev``."""
+    from collections import Counter
+
+    from lightning_modules.lm_metrics import BigramReference
+
+    g = torch.Generator().manual_seed(0)
+    C = 11
+    stream = torch.cat([torch.randint(0, 6, (300,), generator=g), torch.tensor([3, 4, 3, 4, 3, 4, 7])])
+    counts = torch.bincount(stream, minlength=C).double() + 1.0
+    logp = (counts / counts.sum()).log()
+    ref = BigramReference(stream, C, logp, row_chunk=3)
+    pairs = Counter(zip(stream[:-1].tolist(), stream[1:].tolist()))
+    c_v = Counter(stream[:-1].tolist())
+    n_v = Counter(v for (v, _) in pairs)
+    p1 = (counts / counts.sum()).tolist()
+
+    def p(v, w):
+        if c_v[v] == 0:
+            return p1[w]
+        return (pairs[(v, w)] + n_v[v] * p1[w]) / (c_v[v] + n_v[v])
+
+    for v in range(C):  # a distribution for every predecessor, seen or not (7 is last: never a predecessor)
+        assert sum(p(v, w) for w in range(C)) == pytest.approx(1.0)
+    prev = torch.tensor([3, 4, 0, 7, 10, 5, 3])
+    target = torch.tensor([4, 3, 2, 1, 0, 9, 8])
+    want = torch.tensor([math.log(p(v, w)) for v, w in zip(prev.tolist(), target.tolist())], dtype=torch.float64)
+    assert torch.allclose(ref.log_prob(prev, target), want, rtol=1e-12, atol=0)
+    top = ref.topk(prev, 5)
+    for row, v in zip(top.tolist(), prev.tolist()):
+        probs = [p(v, w) for w in range(C)]
+        kth = sorted(probs, reverse=True)[4]
+        assert len(set(row)) == 5 and all(probs[w] >= kth - 1e-15 for w in row)
+        assert probs[row[0]] == pytest.approx(max(probs))
+    # through TokenMetrics: padding skipped, the columns only with prev
+    tgt = target.clone()
+    tgt[2] = IGNORE_INDEX
+    logits = torch.zeros(len(tgt), C)
+    m = TokenMetrics()
+    m.set_unigram(logp)
+    m.set_bigram(ref)
+    m.update(torch.tensor(0.0), logits, torch.softmax(logits, 1), tgt)
+    assert not any(k.startswith("bigram") for k in m.compute())
+    m.update(torch.tensor(0.0), logits, torch.softmax(logits, 1), tgt, prev=prev)
+    out = m.compute()
+    keep = [i for i in range(len(tgt)) if i != 2]
+    assert float(out["bigram_nll"]) == pytest.approx(float(-want[keep].mean()), rel=1e-12)
+    assert float(out["bigram_ppl"]) == pytest.approx(math.exp(float(-want[keep].mean())), rel=1e-12)
+    assert float(out["bigram_top1"]) == pytest.approx(float((top[keep, 0] == target[keep]).double().mean()))
+    assert float(out["bigram_top5"]) == pytest.approx(float((top[keep] == target[keep, None]).any(1).double().mean()))
+    with pytest.raises(ValueError, match="token ids"):
+        BigramReference(torch.tensor([0, 11]), C, logp)
+    with pytest.raises(ValueError, match="unigram_logp"):
+        BigramReference(stream, C, logp[:5])

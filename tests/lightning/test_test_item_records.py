@@ -35,7 +35,8 @@ NOT_PER_ITEM = {
     "retrieval": set(),
     "many_class": {"test/open_tar_far", "test/open_rank1_raw", "test/open_rank1_fixed", "test/top1_fixed"},
     "language_model": {"test/loss", "test/peak_memory_mb", "test/unigram_top1", "test/unigram_top5",
-                       "test/unigram_nll", "test/unigram_ppl"},
+                       "test/unigram_nll", "test/unigram_ppl", "test/bigram_top1", "test/bigram_top5",
+                       "test/bigram_nll", "test/bigram_ppl"},
 }
 
 LM_SMALL = {"max_files": 30, "vocab_size": 512, "seq_len": 32, "batch_size": 4, "eval_batch_size": 4,
