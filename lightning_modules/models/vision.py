@@ -721,6 +721,12 @@ class VisionSegmenter(BenchmarkModule):
         feature_index: which feature level feeds the head (timm ``out_indices``; 1 = stride 4,
             i.e. 8x8 maps for 32x32 inputs: the resolution of the original digits).
         num_classes / in_chans: linked from the DataModule (11 / 1).
+        input_skip: ``0`` (default): the head is the 1x1 convolution of the upsampled features.
+            ``k > 0``: a skip connection from the input, as in U-Net's last stage: the features,
+            upsampled to the input's resolution, are concatenated with the input image and refined
+            by a 3x3 convolution to ``k`` channels, ReLU and a 1x1 convolution to the classes, so
+            the head can draw boundaries at the input's resolution while the class comes from the
+            deep features (the stride-4 head alone cannot place a boundary finer than 4 pixels).
         init_seed / lr_schedule: as :class:`VisionClassifier` (the same initial weights for every
             loss; ``"cosine"`` anneals the learning rate to 0 over the fit's steps).
         pretrained_file: initialise the backbone's feature levels from a local weights file of the
@@ -755,9 +761,14 @@ class VisionSegmenter(BenchmarkModule):
         init_seed: Optional[int] = None,
         lr_schedule: str = "constant",
         pretrained_file: Optional[str] = None,
+        input_skip: int = 0,
     ) -> None:
         super().__init__(loss, lr=lr, weight_decay=weight_decay)
         cls = "VisionSegmenter"
+        if isinstance(input_skip, bool) or not isinstance(input_skip, int) or input_skip < 0:
+            raise ValueError(f"{cls}: input_skip must be an int >= 0 (got {input_skip!r}); 0 = no skip "
+                             "connection, e.g. 32 = refine the upsampled features with the input in 32 channels")
+        self.input_skip = input_skip
         if lr_schedule not in ("constant", "cosine"):
             raise ValueError(f"{cls}: lr_schedule must be 'constant' or 'cosine' (got {lr_schedule!r}); "
                              "cosine anneals the learning rate to 0")
@@ -768,7 +779,12 @@ class VisionSegmenter(BenchmarkModule):
         with seeded_init(init_seed):  # the same start for every loss (paired comparisons)
             self.backbone = timm.create_model(backbone, pretrained=False, in_chans=in_chans, features_only=True,
                                               out_indices=(feature_index,), **(backbone_kwargs or {}))
-            self.head = nn.Conv2d(self.backbone.feature_info.channels()[-1], num_classes, kernel_size=1)
+            feat = self.backbone.feature_info.channels()[-1]
+            if input_skip:
+                self.head = nn.Sequential(nn.Conv2d(feat + in_chans, input_skip, kernel_size=3, padding=1), nn.ReLU(),
+                                          nn.Conv2d(input_skip, num_classes, kernel_size=1))
+            else:
+                self.head = nn.Conv2d(feat, num_classes, kernel_size=1)
         self.loss = loss
         self.num_classes = num_classes
         if pretrained_file is not None:  # the feature levels the head uses, from a full backbone's weights
@@ -807,6 +823,9 @@ class VisionSegmenter(BenchmarkModule):
 
     def forward(self, x: Tensor) -> Tensor:
         feats = self.backbone(x)[-1]
+        if self.input_skip:  # upsample the features, then refine them with the input at its resolution
+            up = F.interpolate(feats, size=x.shape[-2:], mode="bilinear", align_corners=False)
+            return self.head(torch.cat([up, x], dim=1))
         return F.interpolate(self.head(feats), size=x.shape[-2:], mode="bilinear", align_corners=False)
 
     def _step(self, stage: str, batch) -> Tensor:

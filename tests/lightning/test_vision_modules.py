@@ -449,3 +449,34 @@ def _confidence_metrics_case():
     trainer.validate(model, datamodule=dm, verbose=False)
     val = set(trainer.callback_metrics)
     assert "val/aurc" in val and not any(k.startswith("val/ood") for k in val)
+
+
+def test_segmenter_input_skip_head():
+    """``input_skip=k``: the upsampled features and the input image, concatenated, through a 3x3
+    convolution to k channels, ReLU and a 1x1 convolution: the same output shape, the input's pixels
+    reach each logit directly (a pixel-level change of the input moves that pixel's logits even with
+    the backbone's features held), gradients reach the backbone and the head; bad values refused."""
+    torch.manual_seed(0)
+    model = VisionSegmenter(losses.CrossEntropyLoss(), backbone="test_resnet", num_classes=11, input_skip=8).eval()
+    convs = [m for m in model.head if isinstance(m, torch.nn.Conv2d)]
+    feat = model.backbone.feature_info.channels()[-1]
+    assert [(c.in_channels, c.out_channels, c.kernel_size) for c in convs] == [(feat + 1, 8, (3, 3)), (8, 11, (1, 1))]
+    x = torch.rand(2, 1, 32, 32)
+    assert model(x).shape == (2, 11, 32, 32)
+    # the head alone on fixed features: one input pixel changes only its 3x3 neighbourhood's logits
+    up = torch.nn.functional.interpolate(model.backbone(x)[-1], size=(32, 32), mode="bilinear", align_corners=False)
+    x2 = x.clone()
+    x2[0, 0, 10, 20] += 1.0
+    with torch.no_grad():
+        d = (model.head(torch.cat([up, x2], 1)) - model.head(torch.cat([up, x], 1))).abs().sum(1)[0]
+    changed = torch.nonzero(d > 0)
+    assert changed.numel() > 0 and int(changed[:, 0].min()) >= 9 and int(changed[:, 0].max()) <= 11
+    assert int(changed[:, 1].min()) >= 19 and int(changed[:, 1].max()) <= 21
+    model.train()
+    loss = model.loss(model(x), torch.randint(0, 11, (2, 32, 32)))
+    loss.backward()
+    assert all(p.grad is not None for p in model.head.parameters())
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.backbone.parameters())
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="input_skip"):
+            VisionSegmenter(losses.CrossEntropyLoss(), backbone="test_resnet", num_classes=11, input_skip=bad)
