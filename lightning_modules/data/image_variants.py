@@ -449,6 +449,20 @@ class ImageSplitsDataModule(BenchmarkDataModule):
         assert self._test_indices is not None
         return split_fingerprint(self._test_indices)
 
+    def _cached_floor(self, stage: str, fit) -> Dict[str, float]:
+        """``fit(train, val, evaluate)`` (each a split's tensors) once per ``stage``, cached in the
+        subclass's ``_floors``; ``{}`` without ``linear_probe`` (nothing is fitted)."""
+        if stage not in ("val", "test"):
+            raise ValueError(f"{self._name}.floor_metrics: stage must be 'val' or 'test' (got {stage!r})")
+        if not getattr(self, "linear_probe", False):
+            return {}
+        if stage not in self._floors:
+            if self._splits is None:
+                self.setup()
+            assert self._splits is not None
+            self._floors[stage] = fit(*(self._splits[k].tensors for k in ("train", "val", stage)))
+        return dict(self._floors[stage])
+
     def split_sizes(self) -> Dict[str, int]:
         """Number of examples per split (after ``setup``)."""
         if self._splits is None:
@@ -566,18 +580,8 @@ class ClassificationVariantsDataModule(ImageSplitsDataModule):
         chosen on the validation split. Computed once per stage and cached; empty without
         ``linear_probe`` (nothing is fitted). The classifier logs them at test as
         ``test/top1_linear`` etc.: the competence floors of the claims file."""
-        if stage not in ("val", "test"):
-            raise ValueError(f"{self._name}.floor_metrics: stage must be 'val' or 'test' (got {stage!r})")
-        if not self.linear_probe:
-            return {}
-        if stage not in self._floors:
-            if self._splits is None:
-                self.setup()
-            assert self._splits is not None
-            tr, va, ev = (self._splits[k].tensors for k in ("train", "val", stage))
-            self._floors[stage] = linear_probe_metrics((tr[0], tr[1]), (va[0], va[1]), (ev[0], ev[1]),
-                                                       self.num_classes, self.tail_classes)
-        return dict(self._floors[stage])
+        return self._cached_floor(stage, lambda tr, va, ev: linear_probe_metrics(
+            (tr[0], tr[1]), (va[0], va[1]), (ev[0], ev[1]), self.num_classes, self.tail_classes))
 
     def _add_noise(self, y: Tensor, g: torch.Generator) -> Tensor:
         n_cls = self.num_classes
@@ -676,20 +680,9 @@ class SegmentationVariantsDataModule(ImageSplitsDataModule):
         the linear probe's image class, fitted on the training images), scored against the hard
         maps. Computed once per stage and cached; empty without ``linear_probe``. The segmenter
         logs them at test as ``test/dice_linear`` etc.: the competence floors of the claims file."""
-        if stage not in ("val", "test"):
-            raise ValueError(f"{self._name}.floor_metrics: stage must be 'val' or 'test' (got {stage!r})")
-        if not self.linear_probe:
-            return {}
-        if stage not in self._floors:
-            if self._splits is None:
-                self.setup()
-            assert self._splits is not None
+        def hard(t: Tensor) -> Tensor:
+            return t.argmax(1) if t.is_floating_point() else t
 
-            def hard(t: Tensor) -> Tensor:
-                return t.argmax(1) if t.is_floating_point() else t
-
-            tr, va, ev = (self._splits[k].tensors for k in ("train", "val", stage))
-            self._floors[stage] = segmentation_reference_metrics(
-                (tr[0], self._digits["train"], hard(tr[1])), (va[0], self._digits["val"]), (ev[0], hard(ev[1])),
-                self.num_classes)
-        return dict(self._floors[stage])
+        return self._cached_floor(stage, lambda tr, va, ev: segmentation_reference_metrics(
+            (tr[0], self._digits["train"], hard(tr[1])), (va[0], self._digits["val"]), (ev[0], hard(ev[1])),
+            self.num_classes))

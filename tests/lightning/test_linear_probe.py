@@ -86,16 +86,21 @@ def test_datamodule_switch_cache_and_errors():
         MNISTDataModule(linear_probe="yes")
 
 
+def _test_once(model, dm):
+    """One test batch through a real trainer: the trainer and its logged metrics."""
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, limit_test_batches=1,
+                         limit_val_batches=1)
+    trainer.test(model, datamodule=dm, verbose=False)
+    return trainer, {k: float(v) for k, v in trainer.callback_metrics.items()}
+
+
 def test_classifier_logs_the_probe_at_test_only():
     torch.manual_seed(0)
     model = VisionClassifier(losses.CrossEntropyLoss(), backbone="test_resnet", num_classes=10, embedding_dim=16,
                              robust_eval=False)
     dm = DigitsDataModule(seed=0, test_seed=7, linear_probe=True, eval_batch_size=128)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, limit_test_batches=1,
-                         limit_val_batches=1)
-    trainer.test(model, datamodule=dm, verbose=False)
-    m = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    trainer, m = _test_once(model, dm)
     ref = dm.floor_metrics("test")
     assert m["test/top1_linear"] == pytest.approx(ref["top1_linear"], abs=1e-6)
     assert m["test/balanced_acc_linear"] == pytest.approx(ref["balanced_acc_linear"], abs=1e-6)
@@ -159,11 +164,7 @@ def test_segmenter_logs_the_reference_at_test_only():
     model = VisionSegmenter(losses.CrossEntropyLoss(), backbone="test_resnet", num_classes=11, init_seed=0)
     dm = DigitsSegmentationDataModule(image_size=16, seed=0, test_seed=7, label_type="hard", linear_probe=True,
                                       eval_batch_size=512)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, limit_test_batches=1,
-                         limit_val_batches=1)
-    trainer.test(model, datamodule=dm, verbose=False)
-    m = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    trainer, m = _test_once(model, dm)
     ref = dm.floor_metrics("test")
     for k in ("dice_linear", "dice_fg_linear", "miou_linear", "pixel_acc_linear"):
         assert m[f"test/{k}"] == pytest.approx(ref[k], abs=1e-6)
