@@ -164,6 +164,8 @@ def same_side(kind: str, better: str, v: str, mean: float, margin: Optional[floa
         return (mean < 0) == (v == REPRODUCED)
     if kind == "equivalent":
         return (-margin < mean < margin) == (v == REPRODUCED)
+    if kind == "did":
+        return (mean > 0 if better == "higher" else mean < 0) == (v == REPRODUCED)
     ok = mean > -margin if better == "higher" else mean < margin
     return ok == (v == REPRODUCED)
 
@@ -207,7 +209,7 @@ def recompute(c: dict, rows: Sequence[dict], results: str, resamples: int) -> Tu
         if not vals or not OPS[m["op"]](float(np.mean(list(vals.values()))), float(m["level"])):
             return NOT_TESTED, how + f"; manipulation failed: {m['name']}"
     rep = c.get("replicate")
-    if rep and v in (REPRODUCED, CONTRADICTED) and kind != "did":
+    if rep and v in (REPRODUCED, CONTRADICTED):
         r = differences(ch, rows, list(range(int(rep["seeds"]))), phase="replicate")
         if r:
             rm = float(np.mean(list(r.values())))

@@ -436,6 +436,28 @@ def test_replicate_confirms_or_overturns_a_decided_verdict():
     assert any("2x-budget replicate not run" in x for x in rp.reports.summary_rev3([missing], CF.arms, _meta()))
 
 
+def test_replicate_reads_a_difference_in_differences_from_all_four_arms():
+    """A robustness claim's replicate: the differences in differences of the replicated arms (the
+    clean pair too) on seeds 0-2, on the claimed side of 0 or the verdict becomes not resolved."""
+    c = dataclasses.replace(next(x for x in CF4.claims if x.key == "comp_sum"), replicate=(2, 3))
+    rng = np.random.default_rng(5)
+    rows = []
+
+    def four(seed, did, phase):
+        base = rng.uniform(0.9, 0.95)
+        vals = {"ce": base, "comp_sum_clean": base - 0.005, "ce_noisy": base - 0.05,
+                "comp_sum_noisy": base - 0.05 - 0.005 + did}
+        return [dict(_row(arm, seed, **{"test/top1": v}), phase=phase) for arm, v in vals.items()]
+
+    for seed in SEEDS:
+        rows += four(seed, 0.02 + rng.normal(0, 0.003), "eval")
+    stands = _results(c, rows + [r for s in range(3) for r in four(s, 0.01, "replicate")])
+    assert stands["verdict"] == "reproduced" and stands["replicate"]["mean"] == pytest.approx(0.01)
+    assert "the verdict stands" in stands["replicate"]["text"] and "boundary 0" in stands["replicate"]["text"]
+    flips = _results(c, rows + [r for s in range(3) for r in four(s, -0.01, "replicate")])
+    assert flips["replicate"]["flips"] is True and flips["verdict"] == "not resolved"
+
+
 #: the revision-4 claims whose runs are committed (results/revision4/summary.md); the MNIST claims
 #: declared beside them are still running (their finished runs: results/revision4/in_progress/)
 REPORTED = ("pfc_cosface_r4", "pfc_arcface_r4", "decoupled_softmax_users_r4", "z_loss_r4", "gol_r4", "gol_2stage_r4",

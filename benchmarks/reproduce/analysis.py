@@ -242,7 +242,8 @@ def replicate_result(c: Claim, prim: dict, rows: Sequence[dict]) -> dict:
     verdict (*reproduced* / *contradicted*) stands only if the replicate's mean paired difference lies
     on the same side of the check's decision boundary: 0 for ``higher`` / ``lower``; ``-margin``
     (``+margin`` where lower is better) for ``not_worse``; inside ``+-margin`` for ``equivalent``
-    (reproduced) or outside it (contradicted), with the margin the main check was read with. Returns
+    (reproduced) or outside it (contradicted), with the margin the main check was read with; 0 in the
+    claimed direction for a difference in differences (its clean arms replicated as well). Returns
     ``{"budget", "seeds", "n", "mean", "values", "flips", "text"}``; ``flips`` is ``False`` where
     there is nothing to flip (the verdict is not decided, no replicate run finished)."""
     ch, r = prim["check"], prim["result"]
@@ -274,7 +275,11 @@ def replicate_result(c: Claim, prim: dict, rows: Sequence[dict]) -> dict:
         inside = -mg < m < mg
         same = inside if r.verdict == stats.REPRODUCED else not inside
         boundary = f"+-{mg:.4g}"
-    else:  # level, did and sanity rules are not replicated
+    elif kind == DID_KIND:  # the differences in differences of the replicated arms (the clean ones too)
+        up = m > 0 if ch.better == "higher" else m < 0
+        same = up if r.verdict == stats.REPRODUCED else not up
+        boundary = "0"
+    else:  # level and sanity rules are not replicated
         out["text"] = f"not read (a {kind} check)"
         return out
     out["flips"] = bool(decided and not same)
