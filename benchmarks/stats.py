@@ -58,6 +58,7 @@ whose defaults leave the old ones as they were):
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import asdict, dataclass
 from typing import Dict, Mapping, Optional, Sequence, Tuple
@@ -983,8 +984,23 @@ def _two_level_differences(family, baseline) -> np.ndarray:
     return np.stack([fam[s] - base[s] for s in seeds])
 
 
+_TWO_LEVEL_CACHE: Dict[tuple, np.ndarray] = {}
+
+
 def _two_level_means(d: np.ndarray, n_boot: int, seed: int, block: Optional[int]) -> np.ndarray:
-    """The ``n_boot`` replicate means of :func:`two_level_bootstrap` (its RNG stream and blocks)."""
+    """The ``n_boot`` replicate means of :func:`two_level_bootstrap` (its RNG stream and blocks),
+    read-only; the last few are kept, since a check's interval and p-value resample the same ``D``."""
+    key = (d.shape, d.dtype.str, hashlib.sha1(np.ascontiguousarray(d).tobytes()).hexdigest(), n_boot, seed, block)
+    if key not in _TWO_LEVEL_CACHE:
+        if len(_TWO_LEVEL_CACHE) >= 8:
+            _TWO_LEVEL_CACHE.pop(next(iter(_TWO_LEVEL_CACHE)))
+        means = _two_level_means_uncached(d, n_boot, seed, block)
+        means.flags.writeable = False
+        _TWO_LEVEL_CACHE[key] = means
+    return _TWO_LEVEL_CACHE[key]
+
+
+def _two_level_means_uncached(d: np.ndarray, n_boot: int, seed: int, block: Optional[int]) -> np.ndarray:
     if int(n_boot) != n_boot or n_boot < 1:
         raise ValueError(f"two_level_bootstrap: n_boot must be a positive integer (got {n_boot!r})")
     n_boot = int(n_boot)

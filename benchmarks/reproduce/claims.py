@@ -12,7 +12,9 @@ together (:mod:`reproduce.tuning`).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import itertools
 import json
 import os
@@ -34,6 +36,13 @@ REPLICATE_PHASE = "replicate"
 #: revision 3: the last component of a grid key that tunes the learning rate (every arm tunes one)
 LR_KEYS = ("lr", "learning_rate")
 
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_recipe(text: str) -> dict:
+    import yaml
+
+    return yaml.safe_load(text) or {}
 
 @dataclasses.dataclass(frozen=True)
 class Arm:
@@ -61,9 +70,9 @@ class Arm:
             return fh.read()
 
     def recipe_config(self) -> dict:
-        import yaml
-
-        return yaml.safe_load(self.recipe_text()) or {}
+        """The recipe parsed (a fresh copy; the parse is cached per file content, since runs
+        files of hundreds of rows ask for it once per row)."""
+        return copy.deepcopy(_parse_recipe(self.recipe_text()))
 
     def loss_has_seed(self) -> bool:
         loss = (((self.recipe_config().get("model") or {}).get("init_args") or {}).get("loss") or {})
