@@ -31,7 +31,8 @@ from torchmetrics import Metric
 
 from .metrics import peak_rss_mb
 
-__all__ = ["TokenMetrics", "BigramReference", "SpikeCounter", "sparse_target_stats", "token_values", "logz_stats", "peak_memory_mb"]
+__all__ = ["TokenMetrics", "BigramReference", "SpikeCounter", "sparse_target_stats", "token_values", "logz_stats",
+           "peak_memory_mb"]
 
 
 def sparse_target_stats(probs: Tensor, target: Tensor, ignore_index: int = -100) -> Tuple[Tensor, Tensor, Tensor]:

@@ -9,7 +9,9 @@ it does not:
 * :class:`FeatureCosine` -- the exact mean intra-class and inter-class cosine similarity of
   features over all pairs of the evaluated set, from per-class sums of normalised features.
 
-and functions: :func:`sparsemax_support_size`, :func:`predictive_probabilities` (the loss's own
+the stage collections :func:`classification_metrics` and :func:`segmentation_metrics` (the latter
+updated by :func:`update_segmentation_metrics`, shared by the segmenter and the segmentation
+competence floor so both are scored alike), and functions: :func:`hard_target`, :func:`sparsemax_support_size`, :func:`predictive_probabilities` (the loss's own
 predictive distribution when it exposes ``predict_proba``, else softmax; an alias of
 :func:`lightning_modules.routing.predict_proba`) and :func:`pgd_attack`
 (l-inf / l2 PGD on cross-entropy, for robust accuracy), and :func:`peak_rss_mb` (the process's peak
@@ -25,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import Metric, MetricCollection
-from torchmetrics.classification import MulticlassAccuracy, MulticlassCalibrationError
+from torchmetrics.classification import MulticlassAccuracy, MulticlassCalibrationError, MulticlassJaccardIndex
+from torchmetrics.segmentation import DiceScore
 
 from .routing import predict_proba
 
@@ -37,6 +40,9 @@ __all__ = [
     "predictive_probabilities",
     "pgd_attack",
     "classification_metrics",
+    "segmentation_metrics",
+    "update_segmentation_metrics",
+    "hard_target",
     "peak_rss_mb",
 ]
 
@@ -148,9 +154,52 @@ def classification_metrics(num_classes: int, *, full: bool, ece_bins: int = 15) 
     return MetricCollection(metrics, compute_groups=False)
 
 
+def segmentation_metrics(num_classes: int, *, full: bool, ece_bins: Optional[int] = 15) -> MetricCollection:
+    """torchmetrics objects of one stage of a segmentation map over ``num_classes`` map classes:
+    ``dice`` (torchmetrics ``DiceScore``, per class over the whole set, macro, background included);
+    with ``full`` also ``dice_fg`` (background excluded), ``miou`` (Jaccard index per class over the
+    whole set, macro) and ``pixel_acc``, and ``ece`` (pixel level, expects probabilities) unless
+    ``ece_bins`` is ``None``. Update them with :func:`update_segmentation_metrics`."""
+
+    def dice(include_background: bool) -> DiceScore:
+        return DiceScore(num_classes=num_classes, include_background=include_background, average="macro",
+                         aggregation_level="global", input_format="index")
+
+    metrics: Dict[str, Metric] = {"dice": dice(True)}
+    if full:
+        metrics.update({"dice_fg": dice(False), "miou": MulticlassJaccardIndex(num_classes, average="macro"),
+                        "pixel_acc": MulticlassAccuracy(num_classes, average="micro")})
+        if ece_bins is not None:
+            metrics["ece"] = MulticlassCalibrationError(num_classes, n_bins=ece_bins, norm="l1")
+    return MetricCollection(metrics)
+
+
+def update_segmentation_metrics(metrics: MetricCollection, preds: Tensor, ids: Tensor,
+                                probs: Optional[Callable[[], Tensor]] = None) -> None:
+    """Update :func:`segmentation_metrics` with predicted and true maps ``(N, H, W)`` of class ids
+    (the Dice scores take the maps, the pixel metrics the flattened pixels); ``ece`` takes the
+    ``(N, C, H, W)`` probabilities ``probs()`` returns, computed once and only if ``ece`` is there."""
+    p: Optional[Tensor] = None
+    for name, m in metrics.items(keep_base=True):
+        if name.endswith("ece"):
+            if p is None:
+                assert probs is not None, "update_segmentation_metrics: ece needs probs"
+                p = probs()
+            m.update(p.movedim(1, -1).reshape(-1, p.shape[1]), ids.reshape(-1))
+        elif name.endswith(("pixel_acc", "miou")):
+            m.update(preds.reshape(-1), ids.reshape(-1))
+        else:
+            m.update(preds, ids)
+
+
 # --------------------------------------------------------------------------------------------
 # functions
 # --------------------------------------------------------------------------------------------
+def hard_target(target: Tensor, class_dim: int = 1) -> Tensor:
+    """Class ids of a target: itself for integer ids, the argmax over classes for soft labels."""
+    return target.argmax(class_dim) if target.is_floating_point() else target
+
+
 def sparsemax_support_size(logits: Tensor, dim: int = 1) -> Tensor:
     """``|supp(sparsemax(z))|`` per row: ``max{k : 1 + k z_(k) > sum_{j<=k} z_(j)}`` with ``z``
     sorted decreasingly along ``dim`` (Martins & Astudillo, 2016). Returns int64, the class dim

@@ -37,12 +37,12 @@ REPLICATE_PHASE = "replicate"
 LR_KEYS = ("lr", "learning_rate")
 
 
-
 @functools.lru_cache(maxsize=256)
 def _parse_recipe(text: str) -> dict:
     import yaml
 
     return yaml.safe_load(text) or {}
+
 
 @dataclasses.dataclass(frozen=True)
 class Arm:

@@ -137,8 +137,7 @@ def segmentation_reference_metrics(
     included): ``dice_linear``, ``dice_fg_linear`` (background excluded), ``miou_linear``,
     ``pixel_acc_linear`` and ``threshold_linear`` (the chosen ``t``). What a segmenter must beat to
     have learned more than a threshold and a linear classifier."""
-    from torchmetrics.classification import MulticlassAccuracy, MulticlassJaccardIndex
-    from torchmetrics.segmentation import DiceScore
+    from ..metrics import segmentation_metrics, update_segmentation_metrics
 
     x_tr, y_tr, maps_tr = train
     v = x_tr[:, 0].reshape(-1).double()
@@ -149,19 +148,9 @@ def segmentation_reference_metrics(
     with torch.inference_mode(False), torch.enable_grad():
         pred_cls, _ = _probe_predict((x_tr, y_tr), val, x_ev, num_classes - 1, _probe_flat)
     pred = torch.where(x_ev[:, 0] > t, (pred_cls + 1).view(-1, 1, 1), torch.zeros_like(pred_cls).view(-1, 1, 1))
-    maps_ev = maps_ev.long()
-    out: Dict[str, float] = {}
-    for name, include in (("dice_linear", True), ("dice_fg_linear", False)):
-        m = DiceScore(num_classes=num_classes, include_background=include, average="macro",
-                      aggregation_level="global", input_format="index")
-        m.update(pred, maps_ev)
-        out[name] = float(m.compute())
-    miou = MulticlassJaccardIndex(num_classes, average="macro")
-    miou.update(pred.reshape(-1), maps_ev.reshape(-1))
-    out["miou_linear"] = float(miou.compute())
-    acc = MulticlassAccuracy(num_classes, average="micro")
-    acc.update(pred.reshape(-1), maps_ev.reshape(-1))
-    out["pixel_acc_linear"] = float(acc.compute())
+    metrics = segmentation_metrics(num_classes, full=True, ece_bins=None)  # the segmenter's own metrics
+    update_segmentation_metrics(metrics, pred, maps_ev.long())
+    out = {f"{name}_linear": float(v) for name, v in metrics.compute().items()}
     out["threshold_linear"] = float(t)
     return out
 
@@ -680,9 +669,8 @@ class SegmentationVariantsDataModule(ImageSplitsDataModule):
         the linear probe's image class, fitted on the training images), scored against the hard
         maps. Computed once per stage and cached; empty without ``linear_probe``. The segmenter
         logs them at test as ``test/dice_linear`` etc.: the competence floors of the claims file."""
-        def hard(t: Tensor) -> Tensor:
-            return t.argmax(1) if t.is_floating_point() else t
+        from ..metrics import hard_target
 
         return self._cached_floor(stage, lambda tr, va, ev: segmentation_reference_metrics(
-            (tr[0], self._digits["train"], hard(tr[1])), (va[0], self._digits["val"]), (ev[0], hard(ev[1])),
-            self.num_classes))
+            (tr[0], self._digits["train"], hard_target(tr[1])), (va[0], self._digits["val"]),
+            (ev[0], hard_target(ev[1])), self.num_classes))

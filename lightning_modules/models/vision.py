@@ -13,9 +13,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchmetrics import MeanMetric, MetricCollection
-from torchmetrics.classification import MulticlassAccuracy, MulticlassCalibrationError, MulticlassJaccardIndex
-from torchmetrics.segmentation import DiceScore
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
 
 from losses import InputKind
 
@@ -27,8 +26,11 @@ from ..metrics import (
     PerClassAccuracy,
     classification_metrics,
     pgd_attack,
+    segmentation_metrics,
     sparsemax_support_size,
+    update_segmentation_metrics,
 )
+from ..metrics import hard_target as _hard_target
 from ..routing import LossRoute, has_sparse_probabilities, head_logits, loss_route, predict_proba, predict_scores
 from .pretrained import load_pretrained_file
 
@@ -50,11 +52,6 @@ def _timm():
 def _positive(cls: str, name: str, value: object, hint: str) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{cls}: {name} must be a positive integer (got {value!r}); {hint}")
-
-
-def _hard_target(target: Tensor, class_dim: int = 1) -> Tensor:
-    """Class ids of a target: itself for integer ids, the argmax over classes for soft labels."""
-    return target.argmax(class_dim) if target.is_floating_point() else target
 
 
 class ClassifierNet(nn.Module):
@@ -790,18 +787,10 @@ class VisionSegmenter(BenchmarkModule):
         if pretrained_file is not None:  # the feature levels the head uses, from a full backbone's weights
             load_pretrained_file(self.backbone, pretrained_file, allow_unexpected=True)
 
-        def dice(include_background: bool) -> DiceScore:
-            return DiceScore(num_classes=num_classes, include_background=include_background, average="macro",
-                             aggregation_level="global", input_format="index")
-
-        self.train_metrics = MetricCollection({"dice": dice(True)}, prefix="train/")
-        self.eval_metrics = nn.ModuleDict({stage: MetricCollection({
-            "dice": dice(True),
-            "dice_fg": dice(False),
-            "miou": MulticlassJaccardIndex(num_classes, average="macro"),
-            "pixel_acc": MulticlassAccuracy(num_classes, average="micro"),
-            "ece": MulticlassCalibrationError(num_classes, n_bins=ece_bins, norm="l1"),
-        }, prefix=f"{stage}/") for stage in ("val", "test")})
+        self.train_metrics = segmentation_metrics(num_classes, full=False).clone(prefix="train/")
+        self.eval_metrics = nn.ModuleDict({
+            stage: segmentation_metrics(num_classes, full=True, ece_bins=ece_bins).clone(prefix=f"{stage}/")
+            for stage in ("val", "test")})
 
     def check_route(self, route: LossRoute) -> None:
         """Only dense logits losses (kind ``"logits"``) that train alone and own no head."""
@@ -837,16 +826,7 @@ class VisionSegmenter(BenchmarkModule):
         ids = _hard_target(target)
         preds = predict_scores(self.loss, logits.detach()).argmax(1)  # the loss's own rule, else the logits'
         metrics = self.train_metrics if stage == "train" else self.eval_metrics[stage]
-        probs = None
-        for name, m in metrics.items(keep_base=True):
-            if name.endswith("ece"):
-                if probs is None:
-                    probs = predict_proba(self.loss, logits.detach())
-                m.update(probs.movedim(1, -1).reshape(-1, self.num_classes), ids.reshape(-1))
-            elif name.endswith(("pixel_acc", "miou")):
-                m.update(preds.reshape(-1), ids.reshape(-1))
-            else:
-                m.update(preds, ids)
+        update_segmentation_metrics(metrics, preds, ids, lambda: predict_proba(self.loss, logits.detach()))
         self.log_dict(metrics, on_step=False, on_epoch=True)
         return loss
 
