@@ -374,6 +374,11 @@ def test_replicate_is_declared_at_revision_4_and_validated():
     run = rp.runs.Run(arm2, 0, "replicate", (("model.init_args.lr", 0.001),))
     args = run.args(False)
     assert "--trainer.max_epochs=16" in args and "--trainer.check_val_every_n_epoch=1" in args
+    # a two-stage arm keeps its stage boundary at the same share of the fit (15 of 20 -> 30 of 40)
+    two = rp.claims.replicate_arm(R4.arms["gol4_lt_2s"], 2)
+    assert two.epochs == 40 and dict(two.overrides)["model.init_args.two_stage_epoch"] == 30
+    assert dict(two.overrides)["data.init_args.linear_probe"] is True
+    assert "--model.init_args.two_stage_epoch=30" in rp.runs.Run(two, 0, "replicate", ()).args(False)
 
 
 def test_plan_queues_the_replicate_once_the_arms_setting_is_chosen():

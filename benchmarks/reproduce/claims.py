@@ -222,10 +222,19 @@ def _replicate(raw: Any) -> Optional[Tuple[Any, Any]]:
     return (raw.get("budget"), raw.get("seeds"))
 
 
+# Overrides that count epochs: a replicate multiplies them with the epochs, so a two-stage arm keeps
+# its stage boundary at the same share of the fit (stage 1 of 15 epochs in 20 becomes 30 in 40).
+EPOCH_OVERRIDES = ("model.init_args.two_stage_epoch",)
+
+
 def replicate_arm(arm: Arm, budget: int) -> Arm:
     """``arm`` at ``budget`` times its epochs (and declared seconds): a replicate's runs, whose
-    schedule stretches with the epochs (a cosine schedule spans the whole fit)."""
-    return dataclasses.replace(arm, epochs=arm.epochs * int(budget), seconds=arm.seconds * int(budget))
+    schedule stretches with the epochs (a cosine schedule spans the whole fit; an epoch-counting
+    override of :data:`EPOCH_OVERRIDES`, the two-stage boundary, is multiplied as well)."""
+    overrides = tuple((k, v * int(budget) if k in EPOCH_OVERRIDES and isinstance(v, int) and not isinstance(v, bool)
+                       else v) for k, v in arm.overrides)
+    return dataclasses.replace(arm, epochs=arm.epochs * int(budget), seconds=arm.seconds * int(budget),
+                               overrides=overrides)
 
 
 def replicates(claims: Sequence["Claim"]) -> Dict[str, Tuple[int, Tuple[int, ...]]]:
