@@ -724,6 +724,12 @@ class VisionSegmenter(BenchmarkModule):
             by a 3x3 convolution to ``k`` channels, ReLU and a 1x1 convolution to the classes, so
             the head can draw boundaries at the input's resolution while the class comes from the
             deep features (the stride-4 head alone cannot place a boundary finer than 4 pixels).
+        global_context: ``0`` (default): none. ``k > 0``: an image-level branch, as DeepLabv3's
+            image pooling: the backbone's deepest features, averaged over the image, through a
+            linear layer to ``k`` channels and ReLU, broadcast to every pixel and concatenated with
+            the features the head reads (before the input skip's refinement, where there is one).
+            Every pixel then sees what the whole image shows (a digit's class is a property of the
+            image, which stride-4 features of a small receptive field see only in part).
         init_seed / lr_schedule: as :class:`VisionClassifier` (the same initial weights for every
             loss; ``"cosine"`` anneals the learning rate to 0 over the fit's steps).
         pretrained_file: initialise the backbone's feature levels from a local weights file of the
@@ -759,13 +765,18 @@ class VisionSegmenter(BenchmarkModule):
         lr_schedule: str = "constant",
         pretrained_file: Optional[str] = None,
         input_skip: int = 0,
+        global_context: int = 0,
     ) -> None:
         super().__init__(loss, lr=lr, weight_decay=weight_decay)
         cls = "VisionSegmenter"
         if isinstance(input_skip, bool) or not isinstance(input_skip, int) or input_skip < 0:
             raise ValueError(f"{cls}: input_skip must be an int >= 0 (got {input_skip!r}); 0 = no skip "
                              "connection, e.g. 32 = refine the upsampled features with the input in 32 channels")
+        if isinstance(global_context, bool) or not isinstance(global_context, int) or global_context < 0:
+            raise ValueError(f"{cls}: global_context must be an int >= 0 (got {global_context!r}); 0 = none, e.g. "
+                             "64 = the image's pooled deepest features in 64 channels beside every pixel's")
         self.input_skip = input_skip
+        self.global_context = global_context
         if lr_schedule not in ("constant", "cosine"):
             raise ValueError(f"{cls}: lr_schedule must be 'constant' or 'cosine' (got {lr_schedule!r}); "
                              "cosine anneals the learning rate to 0")
@@ -774,9 +785,15 @@ class VisionSegmenter(BenchmarkModule):
         _positive(cls, "in_chans", in_chans, "digits images have 1 channel")
         timm = _timm()
         with seeded_init(init_seed):  # the same start for every loss (paired comparisons)
+            levels = (feature_index, -1) if global_context else (feature_index,)
             self.backbone = timm.create_model(backbone, pretrained=False, in_chans=in_chans, features_only=True,
-                                              out_indices=(feature_index,), **(backbone_kwargs or {}))
-            feat = self.backbone.feature_info.channels()[-1]
+                                              out_indices=levels, **(backbone_kwargs or {}))
+            feat = self.backbone.feature_info.channels()[0]
+            self.context = None
+            if global_context:
+                self.context = nn.Sequential(nn.Linear(self.backbone.feature_info.channels()[-1], global_context),
+                                             nn.ReLU())
+                feat += global_context
             if input_skip:
                 self.head = nn.Sequential(nn.Conv2d(feat + in_chans, input_skip, kernel_size=3, padding=1), nn.ReLU(),
                                           nn.Conv2d(input_skip, num_classes, kernel_size=1))
@@ -811,7 +828,11 @@ class VisionSegmenter(BenchmarkModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def forward(self, x: Tensor) -> Tensor:
-        feats = self.backbone(x)[-1]
+        levels = self.backbone(x)
+        feats = levels[0]
+        if self.context is not None:  # the image-level branch, broadcast to every position
+            ctx = self.context(levels[-1].mean(dim=(-2, -1)))
+            feats = torch.cat([feats, ctx[:, :, None, None].expand(-1, -1, *feats.shape[-2:])], dim=1)
         if self.input_skip:  # upsample the features, then refine them with the input at its resolution
             up = F.interpolate(feats, size=x.shape[-2:], mode="bilinear", align_corners=False)
             return self.head(torch.cat([up, x], dim=1))

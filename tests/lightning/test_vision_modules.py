@@ -480,3 +480,32 @@ def test_segmenter_input_skip_head():
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="input_skip"):
             VisionSegmenter(losses.CrossEntropyLoss(), backbone="test_resnet", num_classes=11, input_skip=bad)
+
+
+@pytest.mark.parametrize("input_skip", [0, 8])
+def test_segmenter_global_context_branch(input_skip):
+    """``global_context=k``: the deepest level's features, averaged over the image, through a linear
+    layer and ReLU to k channels, broadcast beside every position's features: a change of that
+    image-level vector moves the logits of every pixel; gradients reach the branch; bad values refused."""
+    torch.manual_seed(0)
+    model = VisionSegmenter(losses.CrossEntropyLoss(), backbone="test_resnet", num_classes=11,
+                            input_skip=input_skip, global_context=6).eval()
+    stride4, deepest = model.backbone.feature_info.channels()
+    assert model.context[0].in_features == deepest and model.context[0].out_features == 6
+    first = model.head[0] if input_skip else model.head
+    assert first.in_channels == stride4 + 6 + (1 if input_skip else 0)
+    x = torch.rand(2, 1, 32, 32)
+    out = model(x)
+    assert out.shape == (2, 11, 32, 32)
+    with torch.no_grad():
+        model.context[0].bias.add_(5.0)  # a different image-level vector, the same pixels
+        moved = (model(x) - out).abs().sum(1)
+    assert bool((moved > 0).all())
+    model.train()
+    model.loss(model(x), torch.randint(0, 11, (2, 32, 32))).backward()
+    assert model.context[0].weight.grad is not None and model.context[0].weight.grad.abs().sum() > 0
+    plain = VisionSegmenter(losses.CrossEntropyLoss(), backbone="test_resnet", num_classes=11)
+    assert plain.context is None and len(plain.backbone.feature_info.channels()) == 1
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="global_context"):
+            VisionSegmenter(losses.CrossEntropyLoss(), backbone="test_resnet", num_classes=11, global_context=bad)
