@@ -14,9 +14,11 @@ definitions (docs/benchmarks.md, "Protocol, revision 4"):
   ``(family - baseline) - (clean_family - clean_baseline)``;
 * its margin (declared, or ``relative_margin`` times the baseline's error: ``1 - mean`` where higher
   is better, the mean where lower is better);
-* the paired t interval (95%) and, for a paired check whose metric is a mean over test items, the
-  two-level bootstrap over seeds and test items (one item resample per replicate, shared by the seeds
-  and both arms; its own random stream), the verdict read from the wider of the two;
+* the paired t interval (95%) and, for a paired check whose metric is a mean over test items (or
+  over classes), the two-level bootstrap over seeds and test items (one item resample per
+  replicate, shared by the seeds and both arms; its own random stream; for a mean of per-class
+  means, such as balanced accuracy, the items resampled within their classes), the verdict read
+  from the wider of the two;
 * the verdict (higher / lower: the interval beyond 0; not worse: above ``-margin``; equivalent:
   inside ``+-margin``; contradicted where the interval lies wholly on the wrong side), then the
   competence floors (an arm whose mean is not above its floor makes the claim invalid), the
@@ -92,50 +94,70 @@ def t_interval(values: Sequence[float], confidence: float = 0.95) -> Tuple[float
     return m, m - half, m + half
 
 
-def item_table(results: str, benchmark: str, arm: str, seed: int, metric: str) -> Optional[Tuple[np.ndarray, np.ndarray]]:
-    """``(item ids, per-item values)`` of one run's records for a metric that is a mean over items."""
+def item_table(results: str, benchmark: str, arm: str, seed: int,
+               metric: str) -> Optional[Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]]:
+    """``(item ids, per-item values, classes or None)`` of one run's records for a metric that is a
+    mean over items, or a mean over classes of the per-class mean (then only the items of the
+    metric's classes, with their classes)."""
     path = os.path.join(results, f"{benchmark}_test_items", f"{arm}__s{seed}.npz")
     if not os.path.exists(path):
         return None
     with np.load(path, allow_pickle=False) as z:
         header = json.loads(str(z["header"]))
         spec = header.get("metrics", {}).get(metric)
-        if spec is None or spec.get("agg") != "mean":
+        if spec is None or spec.get("agg") not in ("mean", "class_mean"):
             return None
         ids = z[f"{spec['table']}/item"]
         vals = z[f"{spec['table']}/{spec['columns'][0]}"].astype(float)
+        cls = z[f"{spec['table']}/{spec['columns'][1]}"].astype(int) if spec["agg"] == "class_mean" else None
     order = np.argsort(ids, kind="stable")
-    return ids[order], vals[order]
+    ids, vals = ids[order], vals[order]
+    if cls is None:
+        return ids, vals, None
+    cls = cls[order]
+    keep = np.isin(cls, spec["classes"]) if spec.get("classes") is not None else np.ones(cls.size, bool)
+    return ids[keep], vals[keep], cls[keep]
 
 
-def seeds_by_items(results: str, benchmark: str, ch: dict, seeds: Sequence[int]) -> Optional[np.ndarray]:
-    """``D[s, j]`` = family - baseline on item ``j`` for seed ``s``, or ``None`` without records."""
+def seeds_by_items(results: str, benchmark: str, ch: dict,
+                   seeds: Sequence[int]) -> Optional[Tuple[np.ndarray, Optional[np.ndarray]]]:
+    """``(D, classes)``: ``D[s, j]`` = family - baseline on item ``j`` for seed ``s`` and the items'
+    classes for a class-mean metric (else ``None``), or ``None`` without records."""
     if ch["kind"] == "did" or ch.get("transform"):
         return None
     rows = []
-    ids0 = None
+    ids0 = cls0 = None
     for s in seeds:
         f = item_table(results, benchmark, ch["family"], s, ch["metric"])
         b = item_table(results, benchmark, ch["baseline"], s, ch["metric"])
         if f is None or b is None or not np.array_equal(f[0], b[0]):
             return None
+        if (f[2] is None) != (b[2] is None) or (f[2] is not None and not np.array_equal(f[2], b[2])):
+            return None
         if ids0 is None:
-            ids0 = f[0]
+            ids0, cls0 = f[0], f[2]
         elif not np.array_equal(ids0, f[0]):
             return None
         rows.append(f[1] - b[1])
-    return np.vstack(rows) if rows else None
+    return (np.vstack(rows), cls0) if rows else None
 
 
-def two_level(d: np.ndarray, resamples: int, confidence: float = 0.95, seed: int = 12345) -> Tuple[float, float]:
-    """Percentile interval of mean(D) resampling seeds and (once per replicate) items."""
+def two_level(d: np.ndarray, resamples: int, confidence: float = 0.95, seed: int = 12345,
+              classes: Optional[np.ndarray] = None) -> Tuple[float, float]:
+    """Percentile interval of mean(D) resampling seeds and (once per replicate) items; with
+    ``classes``, of the mean over classes of each class's mean, the items resampled within their
+    class."""
     rng = np.random.default_rng(seed)
     n_s, n_i = d.shape
+    groups = [np.flatnonzero(classes == c) for c in np.unique(classes)] if classes is not None else None
     means = np.empty(resamples)
     for k in range(resamples):
         s = rng.integers(0, n_s, n_s)
-        j = rng.integers(0, n_i, n_i)
-        means[k] = d[np.ix_(s, j)].mean()
+        if groups is None:
+            j = rng.integers(0, n_i, n_i)
+            means[k] = d[np.ix_(s, j)].mean()
+        else:
+            means[k] = np.mean([d[np.ix_(s, g[rng.integers(0, g.size, g.size)])].mean() for g in groups])
     a = (1 - confidence) / 2
     return float(np.quantile(means, a)), float(np.quantile(means, 1 - a))
 
@@ -189,7 +211,7 @@ def recompute(c: dict, rows: Sequence[dict], results: str, resamples: int) -> Tu
     how = f"seeds: {mean:+.4f} [{lo:+.4f}, {hi:+.4f}]"
     items = seeds_by_items(results, c["benchmark"], ch, sorted(d))
     if items is not None:
-        ilo, ihi = two_level(items, resamples)
+        ilo, ihi = two_level(items[0], resamples, classes=items[1])
         how += f"; seeds x items [{ilo:+.4f}, {ihi:+.4f}]"
         if ihi - ilo > hi - lo:
             lo, hi = ilo, ihi

@@ -61,7 +61,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import asdict, dataclass
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -914,7 +914,7 @@ def _score_rows(x, name: str) -> Dict[int, np.ndarray]:
 
 
 def two_level_bootstrap(family, baseline, *, confidence: float = 0.95, n_boot: int = 10000, seed: int = 0,
-                        block: Optional[int] = None) -> Interval:
+                        block: Optional[int] = None, strata=None) -> Interval:
     """Percentile bootstrap CI of the mean paired difference over seeds and test items.
 
     ``family`` and ``baseline``: per-seed, per-item scores on the same test items (e.g. per-image
@@ -945,19 +945,35 @@ def two_level_bootstrap(family, baseline, *, confidence: float = 0.95, n_boot: i
     Returns an :class:`Interval`: ``n`` the number of seeds, ``mean`` the mean of ``D``, ``sd`` the
     sd (ddof 1) of the per-seed mean differences, ``method`` :data:`TWO_LEVEL` and ``mde`` ``nan``
     (no closed form for this design; :func:`decidable` reads the interval itself). With fewer than
-    two seeds there is no interval (the seed-to-seed variation is not observed)."""
+    two seeds there is no interval (the seed-to-seed variation is not observed).
+
+    ``strata``: for a metric that is a mean of per-class means (balanced accuracy, the accuracy over
+    a group of classes), one integer label per item (its class). The statistic is then
+    ``mean_h mean_{j in h} D[s, j]`` averaged over the seeds (every stratum weighs the same, whatever
+    its size: the class mean), and a replicate resamples the items within each stratum (``n_h``
+    draws among the stratum's ``n_h`` items), so every replicate keeps the test split's class
+    counts, as the metric's definition needs. Per block the stream draws the seed indices first,
+    then, for each stratum in ascending label order, ``integers(0, n_h, (r, n_h))``; the block size
+    is the same function of ``S + N``. With one stratum the draws are those without strata;
+    ``strata=None`` is the plain mean over items above, its stream unchanged."""
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"two_level_bootstrap: confidence must be in (0, 1) (got {confidence!r})")
     d = _two_level_differences(family, baseline)
+    groups = _strata(strata, d.shape[1] if d.ndim == 2 else 0)
     nan = float("nan")
     if d.size == 0:
         return Interval(d.shape[0], nan, nan, nan, nan, TWO_LEVEL, confidence, nan)
     n_s = d.shape[0]
-    mean = float(d.mean())
-    sd = float(d.mean(axis=1).std(ddof=1)) if n_s > 1 else nan
+    if groups is None:
+        mean = float(d.mean())
+        per_seed = d.mean(axis=1)
+    else:
+        per_seed = d @ _stratum_weights(groups, d.shape[1])
+        mean = float(per_seed.mean())
+    sd = float(per_seed.std(ddof=1)) if n_s > 1 else nan
     if n_s < 2:
         return Interval(n_s, mean, sd, nan, nan, TWO_LEVEL, confidence, nan)
-    means = _two_level_means(d, n_boot, seed, block)
+    means = _two_level_means(d, n_boot, seed, block, groups)
     alpha = 1.0 - confidence
     low, high = np.quantile(means, [alpha / 2.0, 1.0 - alpha / 2.0])
     return Interval(n_s, mean, sd, float(low), float(high), TWO_LEVEL, confidence, nan)
@@ -987,20 +1003,46 @@ def _two_level_differences(family, baseline) -> np.ndarray:
 _TWO_LEVEL_CACHE: Dict[tuple, np.ndarray] = {}
 
 
-def _two_level_means(d: np.ndarray, n_boot: int, seed: int, block: Optional[int]) -> np.ndarray:
+def _strata(strata, n_items: int) -> Optional[List[np.ndarray]]:
+    """The item indices of each stratum, in ascending label order (``None``: no strata)."""
+    if strata is None:
+        return None
+    lab = np.asarray(strata)
+    if lab.ndim != 1 or lab.size != n_items:
+        raise ValueError(f"two_level_bootstrap: strata must give one label per test item ({n_items}) "
+                         f"(got shape {lab.shape})")
+    if lab.dtype.kind not in "iub":
+        raise TypeError(f"two_level_bootstrap: strata must be integer labels (got dtype {lab.dtype})")
+    return [np.flatnonzero(lab == h) for h in np.unique(lab)]
+
+
+def _stratum_weights(groups: List[np.ndarray], n_items: int) -> np.ndarray:
+    """Per-item weights whose dot product with a row of ``D`` is the class-mean statistic:
+    ``1 / (H n_h)`` for an item of stratum ``h`` of ``H``."""
+    w = np.empty(n_items)
+    for g in groups:
+        w[g] = 1.0 / (len(groups) * g.size)
+    return w
+
+
+def _two_level_means(d: np.ndarray, n_boot: int, seed: int, block: Optional[int],
+                     groups: Optional[List[np.ndarray]] = None) -> np.ndarray:
     """The ``n_boot`` replicate means of :func:`two_level_bootstrap` (its RNG stream and blocks),
     read-only; the last few are kept, since a check's interval and p-value resample the same ``D``."""
-    key = (d.shape, d.dtype.str, hashlib.sha1(np.ascontiguousarray(d).tobytes()).hexdigest(), n_boot, seed, block)
+    gkey = None if groups is None else hashlib.sha1(b"|".join(g.astype(np.int64).tobytes() for g in groups)).hexdigest()
+    key = (d.shape, d.dtype.str, hashlib.sha1(np.ascontiguousarray(d).tobytes()).hexdigest(), n_boot, seed, block,
+           gkey)
     if key not in _TWO_LEVEL_CACHE:
         if len(_TWO_LEVEL_CACHE) >= 8:
             _TWO_LEVEL_CACHE.pop(next(iter(_TWO_LEVEL_CACHE)))
-        means = _two_level_means_uncached(d, n_boot, seed, block)
+        means = _two_level_means_uncached(d, n_boot, seed, block, groups)
         means.flags.writeable = False
         _TWO_LEVEL_CACHE[key] = means
     return _TWO_LEVEL_CACHE[key]
 
 
-def _two_level_means_uncached(d: np.ndarray, n_boot: int, seed: int, block: Optional[int]) -> np.ndarray:
+def _two_level_means_uncached(d: np.ndarray, n_boot: int, seed: int, block: Optional[int],
+                              groups: Optional[List[np.ndarray]] = None) -> np.ndarray:
     if int(n_boot) != n_boot or n_boot < 1:
         raise ValueError(f"two_level_bootstrap: n_boot must be a positive integer (got {n_boot!r})")
     n_boot = int(n_boot)
@@ -1016,16 +1058,23 @@ def _two_level_means_uncached(d: np.ndarray, n_boot: int, seed: int, block: Opti
     for start in range(0, n_boot, block):
         r = min(block, n_boot - start)
         si = rng.integers(0, n_s, size=(r, n_s))
-        ii = rng.integers(0, n_i, size=(r, n_i))
         row = np.arange(r)[:, None]
         c = np.bincount((si + row * n_s).ravel(), minlength=r * n_s).reshape(r, n_s).astype(float)
-        w = np.bincount((ii + row * n_i).ravel(), minlength=r * n_i).reshape(r, n_i).astype(float)
-        means[start:start + r] = np.einsum("rs,rs->r", c, w @ dt) / (n_s * n_i)
+        if groups is None:
+            ii = rng.integers(0, n_i, size=(r, n_i))
+            w = np.bincount((ii + row * n_i).ravel(), minlength=r * n_i).reshape(r, n_i).astype(float)
+            means[start:start + r] = np.einsum("rs,rs->r", c, w @ dt) / (n_s * n_i)
+            continue
+        w = np.zeros((r, n_i))  # within each stratum, n_h draws among its n_h items; each stratum weighs 1 / H
+        for g in groups:
+            gi = g[rng.integers(0, g.size, size=(r, g.size))]
+            w += np.bincount((gi + row * n_i).ravel(), minlength=r * n_i).reshape(r, n_i) / (len(groups) * g.size)
+        means[start:start + r] = np.einsum("rs,rs->r", c, w @ dt) / n_s
     return means
 
 
 def two_level_p_value(kind: str, family, baseline, *, margin: Optional[float] = None, n_boot: int = 10000,
-                      seed: int = 0, block: Optional[int] = None) -> float:
+                      seed: int = 0, block: Optional[int] = None, strata=None) -> float:
     """The p-value of a paired check for its claimed side from :func:`two_level_bootstrap`'s
     replicates (same arguments, same stream): twice the share of replicate means on the wrong side
     of the check's boundary, capped at 1, as :func:`p_value` does for the seed bootstrap. Boundaries:
@@ -1045,9 +1094,10 @@ def two_level_p_value(kind: str, family, baseline, *, margin: Optional[float] = 
         raise ValueError(f"two_level_p_value: unknown kind {kind!r}; choose one of higher, lower, not_worse, "
                          f"not_worse_lower, equivalent")
     d = _two_level_differences(family, baseline)
+    groups = _strata(strata, d.shape[1] if d.ndim == 2 else 0)
     if d.shape[0] < 2 or d.size == 0:
         return float("nan")
-    means = _two_level_means(d, n_boot, seed, block)
+    means = _two_level_means(d, n_boot, seed, block, groups)
     ps = []
     for c, side in sides[kind]:
         wrong = float((means <= c).mean()) if side == "above" else float((means >= c).mean())

@@ -259,7 +259,7 @@ def test_two_level_bootstrap_from_the_records_decides_the_primary_check_when_wid
     variation: the seed interval has no width) while the item resampling sees how few probes carry the
     difference. The seed interval alone reads non-inferiority; the two-level interval is wider, the
     verdict is read from it and is not resolved. The records are matched by probe id (one arm's file
-    is stored in another order); a class-mean metric has no per-item value and is left out."""
+    is stored in another order); a class-mean metric is resampled within its classes."""
     c = next(x for x in R4.claims if x.key == "pfc_cosface_r4")
     n, rng = 300, np.random.default_rng(5)
     base = (rng.random(n) < 0.8).astype(np.float32)
@@ -292,7 +292,8 @@ def test_two_level_bootstrap_from_the_records_decides_the_primary_check_when_wid
     assert expect.low < -margin < expect.high  # seeds x items: not resolved
     assert prim.read_from == "seeds x items" and prim.verdict == "not resolved" and res["verdict"] == "not resolved"
     assert prim.item_ci == got["ci"] and prim.reported_ci == got["ci"]
-    assert "aggregated as class_mean" in res["items"]["notes"]["2"]  # top1 here is a class mean
+    top1 = res["items"]["checks"]["2"]  # top1 here is a class mean over 4 classes, equal in both arms
+    assert top1["classes"] == 4 and top1["items"] == 4 and top1["ci"].mean == 0.0 and "2" not in res["items"]["notes"]
     assert "not in the per-item records" in res["items"]["notes"]["4"]
     # a secondary check reports its two-level interval and keeps its seed verdict
     sec = next(x["result"] for x in res["checks"] if x["result"].name == "1")

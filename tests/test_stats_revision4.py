@@ -309,6 +309,67 @@ def test_two_level_bootstrap_refuses_unequal_item_sets():
     assert one.n == 1 and one.mean == 1.0 and math.isnan(one.low) and math.isnan(one.high)
 
 
+def _slow_stratified_means(fam, base, labels, n_boot, seed, block):
+    """The class-mean definition, one replicate at a time: per block the seed indices (r, S), then for
+    each class in ascending order the within-class item indices (r, n_class); a replicate's statistic
+    is the mean over classes of the class's mean difference over the drawn (seed, item) pairs."""
+    fam, base, labels = np.asarray(fam, float), np.asarray(base, float), np.asarray(labels)
+    S = fam.shape[0]
+    classes = sorted(set(labels.tolist()))
+    members = {c: [j for j in range(labels.size) if labels[j] == c] for c in classes}
+    rng = np.random.default_rng(seed)
+    means = []
+    for start in range(0, n_boot, block):
+        r = min(block, n_boot - start)
+        si = rng.integers(0, S, size=(r, S))
+        drawn = {c: rng.integers(0, len(members[c]), size=(r, len(members[c]))) for c in classes}
+        for k in range(r):
+            per_class = []
+            for c in classes:
+                items = [members[c][i] for i in drawn[c][k]]
+                total = sum(fam[a, j] - base[a, j] for a in si[k] for j in items)
+                per_class.append(total / (S * len(items)))
+            means.append(sum(per_class) / len(classes))
+    return means
+
+
+def test_two_level_bootstrap_of_a_class_mean_resamples_within_classes():
+    # balanced accuracy: a mean of per-class accuracies, the classes of unequal size
+    rng = np.random.default_rng(21)
+    labels = np.array([0] * 7 + [1] * 3 + [2] * 5)
+    rng.shuffle(labels)
+    fam = (rng.random((4, labels.size)) < 0.7).astype(float)
+    base = (rng.random((4, labels.size)) < 0.6).astype(float)
+
+    def balanced(x):
+        return np.mean([x[:, labels == c].mean(axis=1) for c in (0, 1, 2)], axis=0)  # per seed
+
+    for block in (7, 100, 1):
+        ci = st.two_level_bootstrap(fam, base, n_boot=100, seed=5, block=block, strata=labels)
+        want = np.quantile(_slow_stratified_means(fam, base, labels, 100, 5, block), [0.025, 0.975])
+        assert (ci.low, ci.high) == pytest.approx(tuple(want), abs=1e-12)
+    per_seed = balanced(fam) - balanced(base)
+    assert ci.mean == pytest.approx(per_seed.mean(), abs=1e-15) and ci.sd == pytest.approx(per_seed.std(ddof=1))
+    assert ci.mean != pytest.approx((fam - base).mean())  # unequal classes: not the plain item mean
+    # the p-value reads the same replicates
+    means = np.array(_slow_stratified_means(fam, base, labels, 300, 9, 300))
+    p = st.two_level_p_value("higher", fam, base, n_boot=300, seed=9, strata=labels)
+    assert p == pytest.approx(min(1.0, 2.0 * float(np.mean(means <= 0))), abs=1e-15)
+    # one stratum draws what the unstratified bootstrap draws
+    one = st.two_level_bootstrap(fam, base, n_boot=200, seed=3, strata=np.zeros(labels.size, dtype=int))
+    plain = st.two_level_bootstrap(fam, base, n_boot=200, seed=3)
+    assert (one.low, one.high, one.mean) == pytest.approx((plain.low, plain.high, plain.mean), abs=1e-12)
+    # every replicate keeps the class counts: a difference confined to one class of three, constant
+    # across seeds and items, has no item or seed variation left
+    d = np.where(labels == 1, 0.3, 0.0)[None, :].repeat(4, axis=0)
+    flat = st.two_level_bootstrap(d, np.zeros_like(d), n_boot=500, seed=1, strata=labels)
+    assert flat.low == pytest.approx(0.1, abs=1e-12) and flat.high == pytest.approx(0.1, abs=1e-12)
+    with pytest.raises(ValueError, match="strata must give one label per test item"):
+        st.two_level_bootstrap(fam, base, strata=labels[:-1])
+    with pytest.raises(TypeError, match="strata must be integer labels"):
+        st.two_level_bootstrap(fam, base, strata=labels.astype(float))
+
+
 def test_two_level_p_value_is_the_share_of_replicates_on_the_wrong_side():
     rng = np.random.default_rng(3)
     fam = rng.normal(0.62, 0.2, size=(5, 12))

@@ -172,38 +172,54 @@ def _load_items(path: str):
 
 
 def item_scores(items: Dict[Tuple[str, int], str], arm: str, metric: str,
-                seeds: Sequence[int]) -> Tuple[Dict[int, np.ndarray], Optional[np.ndarray], str]:
-    """``({seed: per-item values}, item ids, "")`` of one arm's metric, the items in the order of their
-    ids, or ``({}, None, why)`` where the records cannot give it: a seed without a records file, a
-    metric not recorded or not a mean over items (a ratio or a class mean has no per-item value whose
-    mean is the metric), or test items that differ between seeds."""
+                seeds: Sequence[int]) -> Tuple[Dict[int, np.ndarray], Optional[np.ndarray], str,
+                                               Optional[np.ndarray]]:
+    """``({seed: per-item values}, item ids, "", strata)`` of one arm's metric, the items in the order
+    of their ids, or ``({}, None, why, None)`` where the records cannot give it: a seed without a
+    records file, a metric not recorded or neither a mean over items nor a class mean (a ratio, a
+    binned calibration error or a ranking area has no per-item value whose mean is the metric), or
+    test items (or their classes) that differ between seeds.
+
+    ``strata`` is ``None`` for a mean over items; for a class mean (``agg: class_mean``: balanced
+    accuracy, the accuracy over the head or the tail classes) it is each kept item's class, the items
+    restricted to the metric's classes where it names them, and the metric is the mean over classes
+    of the per-class mean (``stats.two_level_bootstrap``'s ``strata``)."""
     out: Dict[int, np.ndarray] = {}
-    ids = None
+    ids = strata = None
     for s in seeds:
         path = items.get((arm, s))
         if path is None:
-            return {}, None, f"no per-item records for {arm} seed {s}"
+            return {}, None, f"no per-item records for {arm} seed {s}", None
         rec = _load_items(path)
         spec = rec.header.get("metrics", {}).get(metric)
         if spec is None:
-            return {}, None, f"{metric} is not in the per-item records"
-        if spec["agg"] != "mean":
-            return {}, None, f"{metric} is aggregated as {spec['agg']}, not a mean over items"
+            return {}, None, f"{metric} is not in the per-item records", None
+        if spec["agg"] not in ("mean", "class_mean"):
+            return {}, None, f"{metric} is aggregated as {spec['agg']}, not a mean over items or classes", None
         table = rec.tables[spec["table"]]
         order = np.argsort(table["item"], kind="stable")
+        vals = table[spec["columns"][0]][order].astype(np.float64)
         these = table["item"][order]
+        lab = None
+        if spec["agg"] == "class_mean":
+            lab = np.asarray(table[spec["columns"][1]][order]).astype(np.int64)
+            keep = np.isin(lab, spec["classes"]) if spec.get("classes") is not None else np.ones(lab.size, bool)
+            these, vals, lab = these[keep], vals[keep], lab[keep]
         if ids is None:
-            ids = these
+            ids, strata = these, lab
         elif these.shape != ids.shape or not np.array_equal(these, ids):
-            return {}, None, f"{arm}'s test items differ between seeds"
-        out[s] = table[spec["columns"][0]][order].astype(np.float64)
-    return out, ids, ""
+            return {}, None, f"{arm}'s test items differ between seeds", None
+        elif lab is not None and not np.array_equal(lab, strata):
+            return {}, None, f"{arm}'s test items' classes differ between seeds", None
+        out[s] = vals
+    return out, ids, "", strata
 
 
 def item_intervals(c: Claim, rows: Sequence[dict], seeds: Sequence[int], items: Dict[Tuple[str, int], str], *,
                    confidence: float, n_boot: int) -> Tuple[Dict[str, dict], Dict[str, str]]:
     """Revision 4: the two-level bootstrap (``stats.two_level_bootstrap``, seeds and test items
-    resampled, the pairing by seed and item kept) of every paired check (``higher``, ``lower``,
+    resampled, the pairing by seed and item kept; for a class mean the items resampled within their
+    classes) of every paired check (``higher``, ``lower``,
     ``not_worse``, ``equivalent``; not sanity, level, did or transformed checks) whose metric the
     per-item records give for every seed of both arms: ``({check name: {"ci", "p", "items", "seeds"}},
     {check name: why not})``. The seeds are those both arms finished; the margin is the one the
@@ -216,11 +232,15 @@ def item_intervals(c: Claim, rows: Sequence[dict], seeds: Sequence[int], items: 
             continue
         both = sorted(set(seed_values(rows, ch.family, ch.metric, seeds)) & set(seed_values(rows, ch.baseline,
                                                                                             ch.metric, seeds)))
-        fam, fam_ids, why = item_scores(items, ch.family, ch.metric, both)
-        base, base_ids, why_b = item_scores(items, ch.baseline, ch.metric, both) if not why else ({}, None, "")
+        fam, fam_ids, why, strata = item_scores(items, ch.family, ch.metric, both)
+        base, base_ids, why_b, base_strata = (item_scores(items, ch.baseline, ch.metric, both) if not why
+                                              else ({}, None, "", None))
         why = why or why_b
         if not why and (fam_ids is None or not np.array_equal(fam_ids, base_ids)):
             why = "the two arms were tested on different items"
+        if not why and (strata is None) != (base_strata is None) or (
+                strata is not None and base_strata is not None and not np.array_equal(strata, base_strata)):
+            why = why or "the two arms' records give the items different classes"
         if not why and len(both) < 2:
             why = "fewer than 2 seeds"
         if why:
@@ -230,9 +250,10 @@ def item_intervals(c: Claim, rows: Sequence[dict], seeds: Sequence[int], items: 
         margin = stats.resolve_margin(margin=ch.margin, relative=rel.get("relative_margin"),
                                       baseline_mean=rel.get("baseline_mean"), better=ch.better).margin
         kind = "not_worse_lower" if ch.kind == "not_worse" and ch.better == "lower" else ch.kind
-        ci = stats.two_level_bootstrap(fam, base, confidence=confidence, n_boot=n_boot)
-        p = stats.two_level_p_value(kind, fam, base, margin=margin, n_boot=n_boot)
-        found[name] = {"ci": ci, "p": p, "items": int(fam_ids.size), "seeds": len(both)}
+        ci = stats.two_level_bootstrap(fam, base, confidence=confidence, n_boot=n_boot, strata=strata)
+        p = stats.two_level_p_value(kind, fam, base, margin=margin, n_boot=n_boot, strata=strata)
+        found[name] = {"ci": ci, "p": p, "items": int(fam_ids.size), "seeds": len(both),
+                       "classes": None if strata is None else int(np.unique(strata).size)}
     return found, notes
 
 

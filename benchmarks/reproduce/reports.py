@@ -355,7 +355,9 @@ def revision4_lines(res: dict, arms: Dict[str, Arm]) -> List[str]:
                     f" interval" if role == "primary" else "")
             seeds_txt = f"[{seed_ci.low:+.4f}, {seed_ci.high:+.4f}]" if math.isfinite(seed_ci.low) else "n/a"
             lines.append(f"- {check_text(x['check'], arms)} ({role}): {ci.mean:+.4f} [{ci.low:+.4f}, {ci.high:+.4f}] "
-                         f"over {v['seeds']} seeds x {v['items']} items, p {v['p']:.4g}; seeds only {seeds_txt}{read}.")
+                         f"over {v['seeds']} seeds x {v['items']} items"
+                         + (f" (resampled within their {v['classes']} classes: a class mean)" if v.get("classes") else "")
+                         + f", p {v['p']:.4g}; seeds only {seeds_txt}{read}.")
         for name, why in it["notes"].items():
             lines.append(f"- {check_text(by_name[name]['check'], arms)}: not computed ({why}).")
         lines.append("")
