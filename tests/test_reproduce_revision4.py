@@ -469,7 +469,8 @@ def test_replicate_reads_a_difference_in_differences_from_all_four_arms():
 REPORTED = ("pfc_cosface_r4", "pfc_arcface_r4", "decoupled_softmax_users_r4", "z_loss_items_r4", "sparsemax_r4",
             "entmax15_r4", "opl_r4", "comp_sum_r4", "psl_false_negatives_r4", "z_loss_r4", "gol_r4",
             "gol_2stage_r4", "pfc_ml100k_r4", "decoupled_softmax_chatterbot_r4", "soft_topk_chatterbot_r4",
-            "wcdas_r4", "gol_items_r4", "psl_r4", "psl_popularity_shift_r4", "decoupled_softmax_stdlib_r4")
+            "wcdas_r4", "gol_items_r4", "psl_r4", "psl_popularity_shift_r4", "decoupled_softmax_stdlib_r4",
+            "nbc_softmax_r4")
 
 
 def test_the_committed_revision_4_report_regenerates_from_its_runs_and_records(tmp_path, monkeypatch):
@@ -486,7 +487,7 @@ def test_the_committed_revision_4_report_regenerates_from_its_runs_and_records(t
     new_lines = [x for x in (out / "summary.md").read_text().splitlines() if x.startswith(("| ", "Protocol", "- `"))
                  and "|---" not in x]
     assert new_lines and all(x in old_summary for x in new_lines)
-    for bench in ("many_class", "vision", "recommendation"):
+    for bench in ("many_class", "vision", "recommendation", "retrieval"):
         old_md = open(os.path.join(committed, f"{bench}.md")).read()
         two_level = [x for x in (out / f"{bench}.md").read_text().splitlines() if "seeds x " in x]
         assert two_level and all(x in old_md for x in two_level), bench
