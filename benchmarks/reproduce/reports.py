@@ -490,9 +490,10 @@ def summary_rev3(results: Sequence[dict], arms: Dict[str, Arm], meta: dict) -> L
             continue
         x = next(x for x in res["checks"] if x["result"].role == "primary")
         r = x["result"]
-        ci = r.ci
+        items = r.read_from != "seeds"  # the verdict was read from the seeds x items interval: show that one
+        ci = r.reported_ci if items else r.ci
         first = f"{check_text(x['check'], arms)}: " + (
-            f"{ci.mean:+.4f} [{ci.low:+.4f}, {ci.high:+.4f}]; decidable: "
+            f"{ci.mean:+.4f} [{ci.low:+.4f}, {ci.high:+.4f}]{' (seeds x items)' if items else ''}; decidable: "
             f"{ {True: 'yes', False: 'no', None: 'n/a'}[r.decidable]}" if math.isfinite(ci.low) else f"n = {ci.n}, no CI")
         sec = [y["result"] for y in res["checks"] if y["result"].role == "secondary"]
         sec_text = ", ".join(f"{sum(y.verdict == k for y in sec)} {k}" for k in order[:3] if any(y.verdict == k for y in sec))
