@@ -238,9 +238,10 @@ def item_intervals(c: Claim, rows: Sequence[dict], seeds: Sequence[int], items: 
         why = why or why_b
         if not why and (fam_ids is None or not np.array_equal(fam_ids, base_ids)):
             why = "the two arms were tested on different items"
-        if not why and (strata is None) != (base_strata is None) or (
-                strata is not None and base_strata is not None and not np.array_equal(strata, base_strata)):
-            why = why or "the two arms' records give the items different classes"
+        same_classes = (strata is None and base_strata is None) or (
+            strata is not None and base_strata is not None and np.array_equal(strata, base_strata))
+        if not why and not same_classes:
+            why = "the two arms' records give the items different classes"
         if not why and len(both) < 2:
             why = "fewer than 2 seeds"
         if why:
