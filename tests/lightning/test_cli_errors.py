@@ -1,10 +1,12 @@
 """A refused argument ends the command with the project's own message as the last line.
 
-Each bad input runs ``python -m lightning_modules fit`` in a subprocess, where the output must be a
-few lines ending with ``error: <Class>: <problem> ...``; one of them (the loss argument, the deepest
-in the configuration) also runs with ``LOSSES_DEBUG=1`` at the same time, where the full traceback
-must come instead (the switch is one code path for every argument). Every run fails while the
-classes are instantiated, before any data is loaded or any step is trained.
+The output must be a few lines ending with ``error: <Class>: <problem> ...``. The deepest argument
+(the loss's, inside the model's configuration) runs ``python -m lightning_modules fit`` in a
+subprocess, the command a user types, and at the same time with ``LOSSES_DEBUG=1``, where the full
+traceback must come instead (the switch is one code path for every argument). The other bad inputs
+run the same entry, :func:`lightning_modules.cli.main`, in this process (a process start costs ~8 s
+of imports and checks nothing more: the error path is the one the subprocess case took). Every run
+fails while the classes are instantiated, before any data is loaded or any step is trained.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ import sys
 
 import pytest
 
-from lightning_modules.cli import DEBUG_ENV, error_message
+from lightning_modules.cli import DEBUG_ENV, error_message, main
 
-#: real CLI runs in subprocesses (a process start each), like the recipe tests
+#: one real CLI run in a subprocess, like the recipe tests
 pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -61,12 +63,7 @@ CASES = {
 DEBUG_CASE = "loss"
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_bad_argument_ends_with_the_project_message(case, tmp_path):
-    make_args, expected = CASES[case]
-    runs = _run_plain_and_debug(make_args(tmp_path), tmp_path, debug=case == DEBUG_CASE)
-    code, out, err = runs[0]
-
+def _check_short_error(code, out, err, expected) -> None:
     lines = [line for line in (out + err).splitlines() if line.strip()]
     assert code == 2, (code, err[-3000:])
     last = err.strip().splitlines()[-1]
@@ -77,22 +74,40 @@ def test_bad_argument_ends_with_the_project_message(case, tmp_path):
     assert "Traceback" not in err and "Given value" not in err
     assert any(f"{DEBUG_ENV}=1" in line for line in lines[-2:]), lines[-2:]  # how to see the full traceback
 
-    if case != DEBUG_CASE:
-        return
-    dcode, _dout, derr = runs[1]
+
+def _run_in_process(args, tmp_path, capfd, monkeypatch):
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    capfd.readouterr()
+    with pytest.raises(SystemExit) as info:
+        main(["fit", *args, f"--trainer.default_root_dir={tmp_path}"])
+    out, err = capfd.readouterr()
+    return info.value.code, out, err
+
+
+def test_bad_loss_argument_ends_with_the_project_message_or_the_traceback_when_debugging(tmp_path):
+    """The real command, twice at once: plain (the short form) and with the debug switch on."""
+    make_args, expected = CASES[DEBUG_CASE]
+    (code, out, err), (dcode, _dout, derr) = _run_plain_and_debug(make_args(tmp_path), tmp_path)
+    _check_short_error(code, out, err, expected)
     assert dcode != 0
     assert "Traceback (most recent call last)" in derr, derr[-3000:]
     assert expected[0] in derr and "lightning_modules" in derr
 
 
-def test_parse_errors_name_the_argument(tmp_path):
+@pytest.mark.parametrize("case", sorted(set(CASES) - {DEBUG_CASE}))
+def test_bad_argument_ends_with_the_project_message(case, tmp_path, capfd, monkeypatch):
+    make_args, expected = CASES[case]
+    _check_short_error(*_run_in_process(make_args(tmp_path), tmp_path, capfd, monkeypatch), expected)
+
+
+def test_parse_errors_name_the_argument(tmp_path, capfd, monkeypatch):
     """Errors jsonargparse finds itself (no project code ran) are told by argument, in one line."""
-    cmd = [sys.executable, "-m", "lightning_modules", "fit", "--config", CFG("vision", "comp_sum_noisy.yaml"),
-           "--model.init_args.loss=losses.NoSuchLoss"]
-    proc = subprocess.run(cmd, cwd=str(tmp_path), env=_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) < 5, proc.stderr
+    code, _out, err = _run_in_process(["--config", CFG("vision", "comp_sum_noisy.yaml"),
+                                       "--model.init_args.loss=losses.NoSuchLoss"], tmp_path, capfd, monkeypatch)
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) < 5, err
     assert lines[-1] == "error: --model.init_args.loss: module 'losses' has no attribute 'NoSuchLoss'", lines[-1]
 
 
