@@ -1055,6 +1055,10 @@ def _two_level_means_uncached(d: np.ndarray, n_boot: int, seed: int, block: Opti
     rng = np.random.default_rng(seed)
     dt = d.T.copy()  # (items, seeds)
     means = np.empty(n_boot)
+    if groups is not None:  # H n_h per item (each item is in one stratum)
+        denom = np.empty(n_i)
+        for g in groups:
+            denom[g] = float(len(groups) * g.size)
     for start in range(0, n_boot, block):
         r = min(block, n_boot - start)
         si = rng.integers(0, n_s, size=(r, n_s))
@@ -1065,10 +1069,10 @@ def _two_level_means_uncached(d: np.ndarray, n_boot: int, seed: int, block: Opti
             w = np.bincount((ii + row * n_i).ravel(), minlength=r * n_i).reshape(r, n_i).astype(float)
             means[start:start + r] = np.einsum("rs,rs->r", c, w @ dt) / (n_s * n_i)
             continue
-        w = np.zeros((r, n_i))  # within each stratum, n_h draws among its n_h items; each stratum weighs 1 / H
-        for g in groups:
-            gi = g[rng.integers(0, g.size, size=(r, g.size))]
-            w += np.bincount((gi + row * n_i).ravel(), minlength=r * n_i).reshape(r, n_i) / (len(groups) * g.size)
+        # within each stratum, n_h draws among its n_h items (drawn stratum by stratum, in label order);
+        # an item's count is divided by H n_h, its stratum's weight: one count pass over the r x N draws
+        gi = np.concatenate([g[rng.integers(0, g.size, size=(r, g.size))] for g in groups], axis=1)
+        w = np.bincount((gi + row * n_i).ravel(), minlength=r * n_i).reshape(r, n_i) / denom
         means[start:start + r] = np.einsum("rs,rs->r", c, w @ dt) / n_s
     return means
 

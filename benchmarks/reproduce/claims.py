@@ -72,10 +72,15 @@ class Arm:
     def recipe_config(self) -> dict:
         """The recipe parsed (a fresh copy; the parse is cached per file content, since runs
         files of hundreds of rows ask for it once per row)."""
-        return copy.deepcopy(_parse_recipe(self.recipe_text()))
+        return copy.deepcopy(self.recipe_shared())
+
+    def recipe_shared(self) -> dict:
+        """The recipe parsed, the cached object itself: for readers only (never modify it); a run's
+        arguments are built from it once per runs-file row, where a copy each time cost seconds."""
+        return _parse_recipe(self.recipe_text())
 
     def loss_has_seed(self) -> bool:
-        loss = (((self.recipe_config().get("model") or {}).get("init_args") or {}).get("loss") or {})
+        loss = (((self.recipe_shared().get("model") or {}).get("init_args") or {}).get("loss") or {})
         return "seed" in (loss.get("init_args") or {})
 
     def untuned_lr_points(self) -> List[Dict[str, Any]]:

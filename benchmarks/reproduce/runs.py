@@ -56,7 +56,7 @@ class Run:
 
 def run_args(arm: Arm, seed: int, params: Dict[str, Any], *, phase: str, quick: bool) -> List[str]:
     """CLI overrides of one run (the same for ``fit`` and ``test``)."""
-    cfg = arm.recipe_config()
+    cfg = arm.recipe_shared()  # read only
     model_cls = ((cfg.get("model") or {}).get("class_path") or "")
     data_cls = ((cfg.get("data") or {}).get("class_path") or "")
     args = [f"--seed_everything={seed}", f"--data.init_args.seed={seed}"]

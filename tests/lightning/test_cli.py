@@ -64,3 +64,27 @@ def test_stacked_configs_override_the_loss(tmp_path):
     assert type(cli.model.loss).__name__ == "ZLoss" and cli.model.loss.a == 2.0
     assert cli.datamodule.noise_rate == 0.2 and cli.datamodule.batch_size == 64
     assert cli.trainer.max_epochs == 10  # from the first file
+
+
+def test_a_named_subcommand_builds_only_its_parser_and_help_still_lists_all(capsys, monkeypatch):
+    """``fit ...`` builds the fit parser alone (the other three were never read: ~0.4 s of every
+    start); ``--help`` without a subcommand builds and lists all four, as Lightning does."""
+    from pytorch_lightning.cli import LightningCLI
+
+    built = []
+    original = LightningCLI._prepare_subcommand_parser
+
+    def spy(self, klass, subcommand, **kwargs):
+        built.append(subcommand)
+        return original(self, klass, subcommand, **kwargs)
+
+    monkeypatch.setattr(LightningCLI, "_prepare_subcommand_parser", spy)
+    fit_help = _print_config(capsys, ["fit", "--help"])
+    assert built == ["fit"] and "--trainer.max_epochs" in fit_help and "--ckpt_path" in fit_help
+    built.clear()
+    top_help = _print_config(capsys, ["--help"])
+    assert built == ["fit", "validate", "test", "predict"]
+    assert all(name in top_help for name in built)
+    built.clear()
+    printed = yaml.safe_load(_print_config(capsys, ["test", "--config", CFG("mnist", "z_loss.yaml"), "--print_config"]))
+    assert built == ["test"] and printed["model"]["init_args"]["loss"]["class_path"] == "losses.ZLoss"
