@@ -15,6 +15,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -29,12 +30,12 @@ def _bench():
     return module
 
 
-def _run(args, tmp_path):
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, SCRIPT, *args, "--out", str(tmp_path)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
+def _run(args, tmp_path, capsys):
+    """The harness's command line, called in this process (``main(argv)``); it times and measures in
+    fresh worker processes of its own, as from a shell. Returns what it printed."""
+    capsys.readouterr()
+    _bench().main([*args, "--out", str(tmp_path)])
+    return types.SimpleNamespace(stdout=capsys.readouterr().out)
 
 
 PROJECT_LOSSES = [
@@ -45,9 +46,9 @@ PROJECT_LOSSES = [
 
 
 @pytest.mark.slow
-def test_peers_suite_small_runs_and_reports_every_peer(tmp_path):
+def test_peers_suite_small_runs_and_reports_every_peer(tmp_path, capsys):
     bench = _bench()
-    proc = _run(["--suite", "peers", "--small"], tmp_path)
+    proc = _run(["--suite", "peers", "--small"], tmp_path, capsys)
     with open(tmp_path / "peers.csv") as f:
         rows = list(csv.DictReader(f))
     md = (tmp_path / "peers.md").read_text()
@@ -86,11 +87,11 @@ def test_peers_suite_small_runs_and_reports_every_peer(tmp_path):
 
 
 @pytest.mark.slow
-def test_existing_suite_runs_interleaved(tmp_path):
+def test_existing_suite_runs_interleaved(tmp_path, capsys):
     """Timed interleaved, and each row's peak memory measured in its own fresh process (two rows,
     the reference and one loss: the memory path is the same for every row)."""
     _run(["--suite", "sparsemax", "--classes", "10", "--threads", "1", "--clock", "cpu", "--repeats", "3",
-          "--losses", "entmax15"], tmp_path)
+          "--losses", "entmax15"], tmp_path, capsys)
     with open(tmp_path / "sparsemax.csv") as f:
         rows = list(csv.DictReader(f))
     assert {r["loss"] for r in rows} == {"F.cross_entropy", "entmax15 (sort)"}
@@ -102,12 +103,12 @@ def test_existing_suite_runs_interleaved(tmp_path):
 
 
 @pytest.mark.slow
-def test_partial_fc_suite_times_the_optimiser_step_dense_and_sparse(tmp_path):
+def test_partial_fc_suite_times_the_optimiser_step_dense_and_sparse(tmp_path, capsys):
     """``--suite partial_fc`` at a small C: the loss alone, with a dense AdamW step and with
     ``sparse_grad=True`` + SparseAdam, every row timed (the memory measurement, a fresh process per
     row, is exercised by the sparsemax suite's test above)."""
     _run(["--suite", "partial_fc", "--classes", "2000", "--threads", "1", "--clock", "cpu", "--repeats", "3",
-          "--skip-memory"], tmp_path)
+          "--skip-memory"], tmp_path, capsys)
     with open(tmp_path / "partial_fc.csv") as f:
         rows = {r["loss"]: r for r in csv.DictReader(f)}
     assert set(rows) == {"linear+F.cross_entropy", "margin_softmax", "partial_fc (rate 0.1)", "partial_fc (rate 1.0)",
@@ -120,13 +121,13 @@ def test_partial_fc_suite_times_the_optimiser_step_dense_and_sparse(tmp_path):
 
 
 @pytest.mark.slow
-def test_compiled_suite_times_compiled_losses_beside_compiled_ce_and_a_copy(tmp_path):
+def test_compiled_suite_times_compiled_losses_beside_compiled_ce_and_a_copy(tmp_path, capsys):
     """``--suite compiled`` under torch.compile (inductor, for real), with ratios to compiled
     F.cross_entropy and to a plain copy of the logits: two of its losses (a single-pass loss and the
     exact sparse search, a custom operator inside the graph); every registered loss's inductor
     compile is checked against eager by tests/test_contract.py, and the suite's full case list below."""
     _run(["--suite", "compiled", "--classes", "10", "--repeats", "3", "--skip-memory", "--losses", "z_loss,sparsemax"],
-         tmp_path)
+         tmp_path, capsys)
     with open(tmp_path / "compiled.csv") as f:
         rows = {r["loss"]: r for r in csv.DictReader(f)}
     expected = {"F.cross_entropy", "F.cross_entropy (compiled)", "copy", "z_loss (compiled)", "sparsemax (compiled)"}
@@ -179,21 +180,20 @@ def test_paired_ratio_is_the_median_of_per_repetition_ratios():
     assert s["min"] == pytest.approx(1.0) and s["max"] == pytest.approx(4.0) and s["n"] == 4
 
 
-def test_losses_filter_refuses_names_outside_the_suite(tmp_path):
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, SCRIPT, "--suite", "compiled", "--losses", "z_loss,nope", "--out", str(tmp_path)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0
-    assert "perf_losses: --losses names not in the compiled suite (got ['nope'])" in proc.stderr
+def test_losses_filter_refuses_names_outside_the_suite(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        _run(["--suite", "compiled", "--losses", "z_loss,nope"], tmp_path, capsys)
+    # the message is the exit status, which Python prints to stderr (status 1) at the top level
+    assert "perf_losses: --losses names not in the compiled suite (got ['nope'])" in str(info.value.code)
 
 
 @pytest.mark.slow
-def test_lm_head_suite_small_times_measures_and_checks_agreement(tmp_path):
+def test_lm_head_suite_small_times_measures_and_checks_agreement(tmp_path, capsys):
     """Suite ``lm_head`` at smoke sizes: the reference and the project's many-class path are timed,
     get a steady-state peak memory and agree with float64 linear + CE; cut-cross-entropy either has
     rows (timed, or skipped with the reason: its Triton path needs a GPU) or a 'not installed' line."""
     bench = _bench()
-    proc = _run(["--suite", "lm_head", "--small"], tmp_path)
+    proc = _run(["--suite", "lm_head", "--small"], tmp_path, capsys)
     with open(tmp_path / "lm_head.csv") as f:
         rows = {r["impl"]: r for r in csv.DictReader(f)}
     md = (tmp_path / "lm_head.md").read_text()
