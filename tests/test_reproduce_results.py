@@ -625,7 +625,9 @@ REC_RET = ("partial_fc_ml100k", "decoupled_softmax_chatterbot")
 def quick_rec_ret(tmp_path_factory):
     out = tmp_path_factory.mktemp("results_rec_ret")
     work = tmp_path_factory.mktemp("work_rec_ret")
-    code = rp.cli.main(["--quick", "--claims", ",".join(REC_RET), "--jobs", "2", "--out", str(out),
+    # one invocation for these two claims and the language-model claim below (one fork server, which
+    # imports torch and Lightning once, instead of two)
+    code = rp.cli.main(["--quick", "--claims", ",".join((*REC_RET, "z_loss_lm")), "--jobs", "2", "--out", str(out),
                         "--workdir", str(work)])
     return out, code
 
@@ -680,12 +682,12 @@ def test_quick_recommendation_and_retrieval_claims_end_to_end(quick_rec_ret):
 # ------------------------------------------------------------------------------------------
 # the reduced reproduction of one language-model claim, end to end
 # ------------------------------------------------------------------------------------------
-def test_quick_language_model_claim_end_to_end(tmp_path):
-    """``--quick --claims z_loss_lm``: one tuning and one evaluation run per arm of the small LM
+@pytest.mark.slow
+def test_quick_language_model_claim_end_to_end(quick_rec_ret):
+    """``--quick --claims ...,z_loss_lm``: one tuning and one evaluation run per arm of the small LM
     recipes through the real CLI (2 batches each), the unigram reference columns that the claim's
-    competence floors name, and the report."""
-    out, work = tmp_path / "results", tmp_path / "work"
-    code = rp.cli.main(["--quick", "--claims", "z_loss_lm", "--jobs", "2", "--out", str(out), "--workdir", str(work)])
+    competence floors name, and the report (the same invocation as the claims above)."""
+    out, code = quick_rec_ret
     assert code == 0, (out / "language_model_runs.csv").read_text()
     for name in ("language_model.md", "language_model_runs.csv", "summary.md"):
         assert (out / name).exists() and (out / name).stat().st_size > 0, name
