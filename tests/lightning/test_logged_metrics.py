@@ -15,7 +15,6 @@ import os
 import pytest
 import pytorch_lightning as pl
 import torch
-from torch import nn
 
 import losses
 from lightning_modules.data import DigitsDataModule
