@@ -331,6 +331,37 @@ def test_collect_test_items_copies_workdir_records_beside_the_runs_file(tmp_path
     assert again == {("cos4_pfc01", 3): str(copied)}
 
 
+def test_export_carries_the_records_of_evaluation_runs_beside_the_exported_file(tmp_path):
+    """A part-done reproduction exported with ``--export-runs`` keeps each evaluation run's per-item
+    records beside the file (where ``--runs-from`` finds them), whether the run finished in the
+    workdir or was itself read from an earlier runs file; tuning runs have none."""
+    arm = R4.arms["cos4_pfc01"]
+    stem = os.path.splitext(os.path.basename(arm.recipe))[0]
+    run_dir = tmp_path / "work" / f"{stem}__eval__s3__abc__def"
+    run_dir.mkdir(parents=True)
+    _write_items(run_dir / "test_items.npz", np.arange(3), np.ones(3, dtype=np.float32), np.ones(4, dtype=np.float32))
+    earlier = tmp_path / "earlier" / "many_class_test_items"
+    earlier.mkdir(parents=True)
+    _write_items(earlier / "cos4_pfc01__s4.npz", np.arange(3), np.zeros(3, dtype=np.float32),
+                 np.ones(4, dtype=np.float32))
+    rows = [{"benchmark": "many_class", "phase": "eval", "ok": True, "arm": "cos4_pfc01", "seed": s, "key": k,
+             "code_hash": "def"} for s, k in ((3, "abc"), (4, "old"))]
+    rows.append({"benchmark": "many_class", "phase": "tune", "ok": True, "arm": "cos4_pfc01", "seed": 1000,
+                 "key": "t", "code_hash": "def"})
+    export = tmp_path / "part" / "many_class_runs.csv"
+    got = rp.records.export_test_items(rows, R4.arms, workdir=str(tmp_path / "work"), export=str(export),
+                                       search=[str(tmp_path / "earlier")])
+    folder = tmp_path / "part" / "many_class_test_items"
+    assert got == {("cos4_pfc01", 3): str(folder / "cos4_pfc01__s3.npz"),
+                   ("cos4_pfc01", 4): str(folder / "cos4_pfc01__s4.npz")}
+    assert sorted(p.name for p in folder.iterdir()) == ["cos4_pfc01__s3.npz", "cos4_pfc01__s4.npz"]
+    assert (folder / "cos4_pfc01__s4.npz").read_bytes() == (earlier / "cos4_pfc01__s4.npz").read_bytes()
+    # exporting again onto the same file (the workdir gone) finds them where they are and copies nothing
+    again = rp.records.export_test_items(rows, R4.arms, workdir=str(tmp_path / "none"), export=str(export),
+                                         search=[str(tmp_path / "part")])
+    assert again == got
+
+
 def test_budget_rule_on_every_arm_and_at_this_budget_in_the_wording():
     """Revision 4 reads every arm's learning curve: a family arm still rising at the end of its budget
     flags the claim (the baseline's flat curve would not have) and the verdict says "at this budget"."""

@@ -76,8 +76,9 @@ They are the record: a row is read as recorded whatever code made it (revision 2
 hash). Revision 2's runs were made without the evaluation section: ``--revision-2-runs`` makes the
 current claims file name them (a test split per seed, no validation in evaluation runs).
 ``--export-runs FILE`` (runs nothing) writes the runs of the selected claims finished so far in
-``--workdir`` to a runs file, so a reproduction longer than one machine's session can be committed
-part-done and resumed elsewhere with ``--runs-from FILE``.
+``--workdir`` to a runs file, with the per-item test records of its evaluation runs in
+``<benchmark>_test_items/`` beside it, so a reproduction longer than one machine's session can be
+committed part-done and resumed elsewhere with ``--runs-from FILE``.
 
 The package's modules, in the order of the pipeline:
 

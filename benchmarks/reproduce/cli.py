@@ -30,8 +30,8 @@ from .analysis import claim_results, not_run_result
 from .claims import REVISIONS, Claim, ClaimsFile, load_claims, replicates, validate_claims, without_evaluation
 from .common import CLAIMS_FILE, ROOT, stats
 from .plots import plot_claims, plot_curves, plot_forest, plot_per_class
-from .records import (candidate_runs, collect_test_items, file_points, finished_rows, runs_files, seed_workdir,
-                      write_csv)
+from .records import (candidate_runs, collect_test_items, export_test_items, file_points, finished_rows, runs_files,
+                      seed_workdir, write_csv)
 from .reports import _versions, write_markdown, write_summary
 from .tuning import plan_groups, tuning_runs
 
@@ -70,6 +70,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "--workdir first, so reports regenerate from committed runs and only missing runs execute")
     p.add_argument("--export-runs", default="", metavar="FILE",
                    help="run nothing: write the rows of the selected claims' runs finished in --workdir to FILE "
+                        "and the per-item test records of its evaluation runs into <benchmark>_test_items/ beside it "
                         "(to commit unfinished work and resume it elsewhere with --runs-from FILE)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per run before it is killed")
     p.add_argument("--isolation", choices=("fork", "process"), default="fork",
@@ -225,8 +226,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              workdir=args.workdir, quick=args.quick)
         os.makedirs(os.path.dirname(os.path.abspath(args.export_runs)), exist_ok=True)
         write_csv(rows, args.export_runs)
+        items = export_test_items(rows, cf.arms, workdir=args.workdir, export=args.export_runs,
+                                  search=[os.path.dirname(os.path.abspath(f)) for f in files])
         print(f"reproduce_results: wrote the {len(rows)} finished run(s) of the selected claims to "
-              f"{args.export_runs}", flush=True)
+              f"{args.export_runs}" + (f", and the per-item test records of {len(items)} evaluation run(s) "
+                                       f"beside it" if items else ""), flush=True)
         return 0
     if args.plan:
         left = 0.0

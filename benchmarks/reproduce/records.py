@@ -194,6 +194,30 @@ def items_folder(out: str, benchmark: str) -> str:
     return os.path.join(out, f"{benchmark}_test_items")
 
 
+def export_test_items(rows: Sequence[dict], arms: Dict[str, Arm], *, workdir: str, export: str,
+                      search: Sequence[str] = ()) -> Dict[Tuple[str, int], str]:
+    """The per-item test records of the evaluation runs in ``rows`` (an ``--export-runs`` file's rows),
+    copied into ``<benchmark>_test_items/`` beside the file ``export``, where ``--runs-from`` looks for
+    them: from the workdir, or from the records folder of a ``--runs-from`` file (``search``) when the
+    run was read from one. Without this, a run finished in a workdir that does not outlive the machine
+    would keep its row and lose the records behind its two-level bootstrap. Returns
+    ``{(arm, seed): path}`` of the records now beside the export."""
+    import shutil
+
+    out = os.path.dirname(os.path.abspath(export))
+    copied: Dict[Tuple[str, int], str] = {}
+    for benchmark in sorted({r["benchmark"] for r in rows}):
+        brows = [r for r in rows if r["benchmark"] == benchmark]
+        found = collect_test_items(brows, arms, benchmark=benchmark, workdir=workdir, out=out, search=search)
+        for (arm, seed), path in found.items():
+            target = os.path.join(items_folder(out, benchmark), f"{arm}__s{seed}.npz")
+            if os.path.abspath(path) != os.path.abspath(target):
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                shutil.copyfile(path, target)
+            copied[(arm, seed)] = target
+    return copied
+
+
 def collect_test_items(rows: Sequence[dict], arms: Dict[str, Arm], *, benchmark: str, workdir: str, out: str,
                        search: Sequence[str] = ()) -> Dict[Tuple[str, int], str]:
     """``{(arm, seed): path}`` of the per-item test records of the finished evaluation runs in ``rows``
