@@ -38,6 +38,7 @@ __all__ = [
     "masking_checks",
     "pgd",
     "robust_accuracy",
+    "zero_gradient",
 ]
 
 
@@ -384,6 +385,16 @@ def robust_accuracy(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, *, 
                         by_attack=by_attack, x_adv=x_adv)
 
 
+def zero_gradient(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor) -> Tensor:
+    """Per example, True where the cross-entropy's gradient with respect to the input is exactly 0
+    (the model in eval mode, its parameters frozen): a gradient attack cannot move such an example,
+    whatever its robustness (a quantised, saturated or thresholded input path). The fraction of
+    such examples is one of :func:`masking_checks`' numbers."""
+    with _attack_mode(model):
+        _, grad, _ = _loss_grad(model, x.detach().clone(), y.detach().clone().long(), _LOSSES["ce"])
+    return grad.flatten(1).abs().amax(1) == 0
+
+
 def masking_checks(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, eps: float, *,
                    attacks: Sequence[str] = ("apgd-ce", "apgd-dlr"), n_iter: int = 50, large_eps: float = 1.0,
                    unbounded_tol: float = 0.02, tol: float = 0.0, seed: int = 0,
@@ -408,10 +419,9 @@ def masking_checks(model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, eps:
     with _attack_mode(model):
         x0, yy = x.detach().clone(), y.detach().clone().long()
         p10 = pgd(model, x0, yy, eps=eps, step=eps / 4, n_iter=10, restarts=1, seed=seed, clip=clip, predict=predict)[1]
-        _, grad, logits = _loss_grad(model, x0, yy, _LOSSES["ce"])
-    clean_ok = _label(predict, logits) == yy
+        clean_ok = _label(predict, model(x0)) == yy
     pgd10 = (clean_ok & ~p10).float().mean().item()
-    zero = (grad.flatten(1).abs().amax(1) == 0).float().mean().item()
+    zero = zero_gradient(model, x0, yy).float().mean().item()
     out = {"eps": eps, "clean": r1.clean_accuracy, "robust_eps": r1.robust_accuracy, "robust_2eps": r2.robust_accuracy,
                "robust_unbounded": ru.robust_accuracy, "robust_noise": rn.robust_accuracy, "pgd10": pgd10,
                "zero_grad_fraction": zero}

@@ -171,6 +171,14 @@ class VisionClassifier(BenchmarkModule):
             rule. Needs ``robust_eval``. Costly: ``test_attack_iters`` (default 100) gradient steps
             per attack and restart.
         test_attack_iters / test_attack_restarts: iterations and random restarts of each test attack.
+        test_masking_checks: at test only, beside the ensemble, the per-image numbers that flag
+            gradient masking (Athalye et al., 2018; Carlini et al., 2019), each logged and recorded
+            per test image: ``test/robust_acc_unbounded`` (APGD-CE at radius 1, the whole [0, 1]
+            box, ``test_attack_iters`` steps: a model whose gradients lead anywhere is broken on
+            almost every image), ``test/zero_grad_frac`` (images whose cross-entropy input gradient
+            is exactly 0) and ``test/ensemble_missed`` (images the ensemble left robust at
+            ``pgd_epsilon`` that the PGD attack of ``robust_acc`` broke: the stronger attacks must
+            not be weaker). Needs ``test_attacks``. ``False`` (default): off.
         train_pgd_epsilon: PGD adversarial training (Madry et al., ICLR 2018) for any loss that
             takes logits or embeddings: each training batch is replaced by its adversarial
             examples against the current model, ``train_pgd_steps`` steps of
@@ -258,6 +266,7 @@ class VisionClassifier(BenchmarkModule):
         test_attacks: Sequence[str] = (),
         test_attack_iters: int = 100,
         test_attack_restarts: int = 1,
+        test_masking_checks: bool = False,
         train_pgd_epsilon: float = 0.0,
         train_pgd_steps: int = 10,
         train_pgd_step_size: Optional[float] = None,
@@ -308,6 +317,10 @@ class VisionClassifier(BenchmarkModule):
         self.train_pgd = _train_pgd(cls, train_pgd_epsilon, train_pgd_steps, train_pgd_step_size, self.route)
         self.test_attacks = _test_attacks(cls, test_attacks, test_attack_iters, test_attack_restarts, self.robust_eval)
         self.test_attack = dict(n_iter=int(test_attack_iters), restarts=int(test_attack_restarts))
+        if test_masking_checks and not self.test_attacks:
+            raise ValueError(f"{cls}: test_masking_checks needs test_attacks (got test_attacks={list(test_attacks)!r}); "
+                             "the checks read the ensemble, e.g. test_attacks: [apgd-ce, apgd-dlr]")
+        self.test_masking_checks = bool(test_masking_checks)
         # the ensemble's radii at test: (metric key, logged name, radius), the main radius first
         self._ensemble = [] if not self.test_attacks else [("ensemble", "robust_acc_ensemble", self.pgd["epsilon"])] + [
             (f"ensemble_{_robust_key(eps)}", f"robust_acc_ensemble@{eps:g}", eps) for eps in self.robust_epsilons]
@@ -338,6 +351,7 @@ class VisionClassifier(BenchmarkModule):
             "support": MeanMetric(),
             **{key: MulticlassAccuracy(num_classes, average="micro") for key, _, _ in self._attacks},
             **{key: MeanMetric() for key, _, _ in self._ensemble},
+            **({name: MeanMetric() for name, _ in self.MASKING_COLUMNS} if self.test_masking_checks else {}),
         }) for stage in ("val", "test")})
         self._tail_classes: List[int] = []
         # per evaluation stage: probabilities, logits, predictions and targets of the epoch (the
@@ -536,8 +550,11 @@ class VisionClassifier(BenchmarkModule):
                 adv_scores = predict_scores(self.loss, self(x_adv))
                 stats[key].update(adv_scores, ids)
                 self.log(f"{stage}/{name}", stats[key], on_step=False, on_epoch=True)
+                hits = adv_scores.argmax(1) == ids
+                if key == "robust":
+                    pgd_hits = hits
                 if row is not None:
-                    row[name] = adv_scores.argmax(1) == ids
+                    row[name] = hits
         if stage == "test" and self._ensemble:  # the stronger attacks: test only (costly)
             from ..attacks import robust_accuracy
 
@@ -549,8 +566,37 @@ class VisionClassifier(BenchmarkModule):
                 self.log(f"{stage}/{name}", stats[key], on_step=False, on_epoch=True)
                 if row is not None:
                     row[name] = res.robust
+                if key == "ensemble":
+                    ensemble_robust = res.robust
+            if self.test_masking_checks:
+                self._masking_step(x, ids, batch_idx, ensemble_robust, pgd_hits, stats, row)
         if row is not None:
             records.add("items", **row)
+
+    #: The per-image masking numbers of ``test_masking_checks``: (logged name, what one image's value says).
+    MASKING_COLUMNS = (
+        ("robust_acc_unbounded", "not broken by APGD-CE at radius 1 (the whole [0, 1] box)"),
+        ("zero_grad_frac", "the cross-entropy's input gradient is exactly 0"),
+        ("ensemble_missed", "robust under the test ensemble at pgd_epsilon but broken by the PGD attack of robust_acc"),
+    )
+
+    def _masking_step(self, x: Tensor, ids: Tensor, batch_idx: int, ensemble_robust: Tensor, pgd_hits: Tensor,
+                      stats, row) -> None:
+        """``test_masking_checks``: one test batch's gradient-masking numbers (:attr:`MASKING_COLUMNS`);
+        ``ensemble_robust`` / ``pgd_hits``: the batch's images robust under the test ensemble and
+        under the PGD attack of ``robust_acc``, both at ``pgd_epsilon``."""
+        from ..attacks import robust_accuracy, zero_gradient
+
+        unbounded = robust_accuracy(self, x, ids, eps=1.0, attacks=("apgd-ce",), batch_size=x.shape[0],
+                                    seed=self.pgd_seed + batch_idx, clip=(0.0, 1.0), n_iter=self.test_attack["n_iter"],
+                                    predict=lambda out: predict_scores(self.loss, out)).robust
+        values = {"robust_acc_unbounded": unbounded, "zero_grad_frac": zero_gradient(self, x, ids),
+                  "ensemble_missed": ensemble_robust & ~pgd_hits.to(ensemble_robust.device)}
+        for name, _ in self.MASKING_COLUMNS:
+            stats[name].update(values[name].float())
+            self.log(f"test/{name}", stats[name], on_step=False, on_epoch=True)
+            if row is not None:
+                row[name] = values[name]
 
     # -- per-item test records (lightning_modules.records) ---------------------------------------
     def _item_row(self, records, n: int, dataloader_idx: int, probs: Tensor, scores: Tensor, logits: Tensor,
@@ -618,6 +664,10 @@ class VisionClassifier(BenchmarkModule):
         for _, name, _ in self._ensemble:
             cols[name] = f"robust under every test attack ({', '.join(self.test_attacks)}) at the radius of {name}"
             metrics[f"test/{name}"] = {"agg": "mean", "columns": [name]}
+        if self.test_masking_checks:
+            for name, what in self.MASKING_COLUMNS:
+                cols[name] = what
+                metrics[f"test/{name}"] = {"agg": "mean", "columns": [name]}
         for m in metrics.values():
             m["table"] = "items"
         return {"kind": "classifier", "tables": {"items": {"columns": cols}}, "metrics": metrics,

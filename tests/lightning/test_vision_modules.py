@@ -203,6 +203,7 @@ def test_pgd_adversarial_training_and_robust_accuracy_at_several_radii():
     ({"test_attacks": ["apgd-ce", "apgd-ce"], "robust_eval": True}, "test_attacks must name distinct attacks"),
     ({"test_attacks": ["apgd-ce"], "robust_eval": True, "test_attack_iters": 0}, "test_attack_iters must be"),
     ({"test_attacks": ["apgd-ce"], "robust_eval": True, "test_attack_restarts": 1.5}, "test_attack_restarts must be"),
+    ({"robust_eval": True, "test_masking_checks": True}, "test_masking_checks needs test_attacks"),
 ])
 def test_adversarial_options_refuse_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -244,6 +245,45 @@ def test_test_attack_ensemble_is_the_worst_case_of_its_attacks_at_test_only(tmp_
     trainer.test(zero, datamodule=dm, verbose=False)
     m0 = {k: float(v) for k, v in trainer.callback_metrics.items()}
     assert m0["test/robust_acc_ensemble"] == pytest.approx(m0["test/top1"], abs=1e-6)
+
+
+def test_masking_checks_read_the_attacks_and_flag_a_model_without_input_gradients(tmp_path):
+    """``test_masking_checks``: per test image, APGD-CE at radius 1 (the same numbers as calling
+    robust_accuracy on the batch), an exactly-zero input gradient, and robust under the ensemble but
+    broken by PGD, each logged and recorded. A model that quantises its input (zero input gradient
+    everywhere) keeps its images through the radius-1 attack and is flagged on every image."""
+    from lightning_modules.attacks import robust_accuracy
+    from lightning_modules.records import TestItemRecorder, load_test_items
+    from lightning_modules.routing import predict_scores
+
+    torch.manual_seed(0)
+    kw = {**TINY, "robust_eval": True, "pgd_steps": 2, "pgd_epsilon": 0.1, "pgd_step_size": 0.025,
+          "test_attacks": ["apgd-ce", "apgd-dlr"], "test_attack_iters": 4, "test_masking_checks": True}
+    model = VisionClassifier(losses.CrossEntropyLoss(), **kw)
+    dm = DigitsDataModule(seed=0, eval_batch_size=48)
+    path = str(tmp_path / "items.npz")
+    trainer = _trainer(limit_test_batches=1, callbacks=[TestItemRecorder(path)])
+    trainer.test(model, datamodule=dm, verbose=False)
+    m = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    x, y = next(iter(dm.test_dataloader()))
+    ref = robust_accuracy(model, x, y, eps=1.0, attacks=("apgd-ce",), n_iter=4, batch_size=48, seed=0,
+                          predict=lambda out: predict_scores(model.loss, out))
+    assert m["test/robust_acc_unbounded"] == pytest.approx(ref.robust_accuracy, abs=1e-6)
+    assert m["test/zero_grad_frac"] == 0.0
+    cols = load_test_items(path).tables["items"]
+    missed = np.asarray(cols["robust_acc_ensemble"], bool) & ~np.asarray(cols["robust_acc"], bool)
+    assert m["test/ensemble_missed"] == pytest.approx(missed.mean(), abs=1e-6)
+    for name in ("robust_acc_unbounded", "zero_grad_frac", "ensemble_missed"):
+        assert load_test_items(path).aggregate()[f"test/{name}"] == pytest.approx(m[f"test/{name}"], abs=1e-6)
+    # an input quantised to 5 levels: every input gradient is 0, so no gradient attack moves an image
+    masked = VisionClassifier(losses.CrossEntropyLoss(), **kw)
+    masked.load_state_dict(model.state_dict())
+    masked.register_forward_pre_hook(lambda mod, args: (torch.round(args[0] * 4) / 4,))
+    trainer = _trainer(limit_test_batches=1)
+    trainer.test(masked, datamodule=dm, verbose=False)
+    mm = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    assert mm["test/zero_grad_frac"] == 1.0
+    assert mm["test/robust_acc_unbounded"] == pytest.approx(mm["test/top1"], abs=1e-6) and mm["test/top1"] > 0.02
 
 
 def test_pgd_training_refuses_a_loss_with_its_own_attack():
