@@ -3,6 +3,7 @@ loss"). A family joins them by registering; per-family maths lives in its own te
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import re
@@ -195,10 +196,20 @@ def test_a_second_entry_in_a_one_loss_file_needs_no_edit():
     assert chosen == INDUCTOR and "focal" in chosen and "probe_second_focal" not in chosen
 
 
+#: Constructor arguments of the inductor compile that shorten a fixed inner loop, which inductor
+#: unrolls into one kernel per iteration: soft top-k's 32 bisection steps cost ~25 s of C++ code
+#: generation on a cold cache (34 reductions); 8 steps compile the same operations in about a third
+#: of the time. Values and gradients are still checked against eager with the same arguments.
+INDUCTOR_KWARGS = {"soft_topk": {"n_iter": 8}}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", INDUCTOR)
 def test_torch_compile_inductor_matches_eager(name):
-    check_loss(name, properties=["compile"], compile_backend="inductor")
+    spec = BY_NAME[name]
+    if name in INDUCTOR_KWARGS:
+        spec = dataclasses.replace(spec, example_kwargs={**spec.example_kwargs, **INDUCTOR_KWARGS[name]})
+    check_loss(spec, properties=["compile"], compile_backend="inductor")
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n not in INDUCTOR])
