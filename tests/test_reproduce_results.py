@@ -48,6 +48,14 @@ def test_the_entry_point_is_the_packages_command_line():
     assert rp.cli.parse_args.__module__ == "reproduce.cli" and rp.__doc__.startswith("Reproduce the papers' claims")
 
 
+def test_the_printed_command_leaves_out_the_scratch_workdir_and_an_allow_dirty_with_nothing_to_allow():
+    argv = ["--claims", "opl", "--workdir", "/tmp/x", "--runs-from", "results/revision4", "--workdir=/tmp/y",
+            "--jobs", "2", "--allow-dirty"]
+    assert rp.cli.printed_arguments(argv, dirty=False) == ["--claims", "opl", "--runs-from", "results/revision4",
+                                                           "--jobs", "2"]
+    assert rp.cli.printed_arguments(argv, dirty=True)[-1] == "--allow-dirty"
+
+
 # ------------------------------------------------------------------------------------------
 # selection and report on hand-made runs (no training)
 # ------------------------------------------------------------------------------------------
@@ -615,6 +623,23 @@ def test_quick_csv_phases_and_markdown_agree(quick_out):
     assert checked == 6
 
 
+def test_quick_rows_carry_curve_test_split_and_code_hash(quick_out):
+    out, _ = quick_out
+    with open(out / "vision_runs.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    for r in rows:
+        assert r["code_hash"] == rp.running._code_hash(CF.arms[r["arm"]])
+        assert re.fullmatch(r"[0-9a-f]{12}", r["test_split"])
+        curve = json.loads(r["curve"])
+        assert len(curve["val/top1"]) == 1 and "val/loss" in curve  # 1 epoch, validated once
+    # one test split for the tuning seed (1000) and the evaluation seed (0): evaluation.test_seed
+    assert len({r["test_split"] for r in rows}) == 1
+    md = (out / "vision.md").read_text()
+    assert "Test split: one for all 2 evaluation runs" in md and "Learning curve of the primary baseline" in md
+    assert (out / "vision_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "vision_curves.png" in md
+
+
 # ------------------------------------------------------------------------------------------
 # the reduced reproduction of one recommendation and one retrieval claim, end to end
 # ------------------------------------------------------------------------------------------
@@ -955,23 +980,6 @@ def test_revision_2_runs_are_read_under_the_current_claims_file(tmp_path, monkey
     md = (out / "recommendation.md").read_text()
     assert "Test split: not recorded" in md and "Learning curve: not recorded" in md
     assert not (out / "recommendation_curves.png").exists()
-
-
-def test_quick_rows_carry_curve_test_split_and_code_hash(quick_out):
-    out, _ = quick_out
-    with open(out / "vision_runs.csv", newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    for r in rows:
-        assert r["code_hash"] == rp.running._code_hash(CF.arms[r["arm"]])
-        assert re.fullmatch(r"[0-9a-f]{12}", r["test_split"])
-        curve = json.loads(r["curve"])
-        assert len(curve["val/top1"]) == 1 and "val/loss" in curve  # 1 epoch, validated once
-    # one test split for the tuning seed (1000) and the evaluation seed (0): evaluation.test_seed
-    assert len({r["test_split"] for r in rows}) == 1
-    md = (out / "vision.md").read_text()
-    assert "Test split: one for all 2 evaluation runs" in md and "Learning curve of the primary baseline" in md
-    assert (out / "vision_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "vision_curves.png" in md
 
 
 def test_worker_reads_the_validation_curve_from_the_csv_log(tmp_path):

@@ -37,11 +37,17 @@ REPLICATE_PHASE = "replicate"
 LR_KEYS = ("lr", "learning_rate")
 
 
-@functools.lru_cache(maxsize=256)
-def _parse_recipe(text: str) -> dict:
+def _safe_load(stream: Any) -> Any:
+    """``yaml.safe_load`` with libyaml's parser where PyYAML was built with it (the same documents and
+    values, about ten times faster on the claims files)."""
     import yaml
 
-    return yaml.safe_load(text) or {}
+    return yaml.load(stream, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_recipe(text: str) -> dict:
+    return _safe_load(text) or {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,10 +264,8 @@ def replicates(claims: Sequence["Claim"]) -> Dict[str, Tuple[int, Tuple[int, ...
 
 def load_claims(path: str = CLAIMS_FILE) -> ClaimsFile:
     """Parse the claims file (no validation beyond its shape; see :func:`validate_claims`)."""
-    import yaml
-
     with open(path) as fh:
-        raw = yaml.safe_load(fh) or {}
+        raw = _safe_load(fh) or {}
     arms = {}
     evaluation = dict(raw.get("evaluation") or {})
     revision = (raw.get("statistics") or {}).get("revision", 2)

@@ -143,6 +143,26 @@ def write_benchmark(b: str, claims: Sequence[Claim], rows: Sequence[dict], out: 
     return results
 
 
+def printed_arguments(argv: Sequence[str], *, dirty: bool) -> List[str]:
+    """The arguments a report prints as its command line: those that decide what it holds.
+
+    ``--workdir`` only names the scratch folder of finished runs (any folder gives the same report)
+    and is left out; ``--allow-dirty`` is kept only when there were uncommitted changes for it to allow
+    (the report then lists them)."""
+    out: List[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--workdir":
+            skip = True
+        elif a.startswith("--workdir=") or (a == "--allow-dirty" and not dirty):
+            continue
+        else:
+            out.append(a)
+    return out
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     t_start = time.perf_counter()
@@ -266,7 +286,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     meta = {
         "mode": ("quick smoke run: 1 seed, the first grid point, 1 epoch of 2 batches -- the numbers are meaningless"
                  if args.quick else "declared seeds and grids"),
-        "command": "python benchmarks/reproduce_results.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python benchmarks/reproduce_results.py " + " ".join(
+            printed_arguments(argv if argv is not None else sys.argv[1:], dirty=bool(dirty))),
         "code": running._code_version(), "date": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
         "versions": _versions(rows),
         "cpus": cpus, "cpu": _cpu_name(), "jobs": jobs, "threads": threads, "ci": method, "confidence": confidence,

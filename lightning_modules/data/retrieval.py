@@ -17,6 +17,7 @@ all-MiniLM-L6-v2 (:mod:`.embedding_cache`); models train small towers on the cac
 from __future__ import annotations
 
 import ast
+import collections
 import copy
 import functools
 import hashlib
@@ -85,6 +86,31 @@ def _stdlib_files(root: str, exclude_tests: bool = True) -> List[str]:
 PAIRS_FORMAT = 1  #: bump when the extraction rules change (invalidates cached pair files)
 
 
+#: the fields that hold statements (of modules, statements, ``except`` handlers and ``case`` blocks):
+#: a function definition is a statement, and no statement sits inside an expression
+_STATEMENT_FIELDS = frozenset({"body", "orelse", "finalbody", "handlers", "cases"})
+
+
+def _function_defs(tree: ast.AST) -> List[ast.AST]:
+    """The ``def`` / ``async def`` nodes of ``tree`` in :func:`ast.walk`'s (breadth-first) order.
+
+    The same nodes in the same order as filtering :func:`ast.walk`, several times faster on the
+    standard library: the walk follows only the statement lists and never enters an expression, and
+    removing whole subtrees that hold no statement keeps the breadth-first order of the rest."""
+    found: List[ast.AST] = []
+    todo = collections.deque([tree])
+    while todo:
+        node = todo.popleft()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found.append(node)
+        for name in node._fields:
+            if name in _STATEMENT_FIELDS:
+                value = getattr(node, name, None)
+                if isinstance(value, list):
+                    todo.extend(value)
+    return found
+
+
 @functools.lru_cache(maxsize=4)
 def stdlib_code_search_pairs(
     stdlib_dir: Optional[str] = None,
@@ -141,9 +167,7 @@ def stdlib_code_search_pairs(
             except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
                 continue
             files += 1
-            for node in ast.walk(tree):
-                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    continue
+            for node in _function_defs(tree):
                 doc = ast.get_docstring(node)
                 if not doc or len(node.body) < 2:  # no docstring, or nothing but the docstring
                     continue

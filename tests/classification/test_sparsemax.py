@@ -74,9 +74,12 @@ def o_entmax15(z):
     """x = z/2 sorted down; tau_k = mu_k - sqrt(max((1 - k(m_k - mu_k^2))/k, 0)); k* = #{tau_k <= x_(k)}."""
     x = sorted((v / 2.0 for v in z if v != NINF), reverse=True)
     taus, count = [], 0
+    s1 = s2 = 0.0  # running sums of x_(1..k) and their squares, added in sum()'s left-to-right order
     for k in range(1, len(x) + 1):
-        mu = sum(x[:k]) / k
-        msq = sum(t * t for t in x[:k]) / k
+        s1 += x[k - 1]
+        s2 += x[k - 1] * x[k - 1]
+        mu = s1 / k
+        msq = s2 / k
         delta = (1.0 - k * (msq - mu * mu)) / k
         tau_k = mu - math.sqrt(max(delta, 0.0))
         taus.append(tau_k)

@@ -89,6 +89,56 @@ def test_stdlib_pair_rules_on_a_synthetic_tree(tmp_path):
     assert pairs.meta["pairs"] == 5 and pairs.meta["files"] == 3 and pairs.meta["sys_version"] == sys.version
 
 
+def test_function_walk_finds_what_ast_walk_finds_in_its_order():
+    """The statement-only walk of the pair extraction equals filtering ``ast.walk``: the same nodes in
+    the same order, with definitions nested in classes, functions, loops, ``with``, ``try`` /
+    ``except`` / ``else`` / ``finally`` and ``match`` cases (and none hidden in a lambda)."""
+    import ast
+
+    from lightning_modules.data.retrieval import _function_defs
+
+    src = textwrap.dedent("""
+        def a():
+            def a1(): pass
+            f = lambda: 0
+        class B:
+            def b1(self):
+                class C:
+                    async def c1(self): pass
+            if True:
+                def b2(self): pass
+            else:
+                def b3(self): pass
+        for i in range(2):
+            def d(): pass
+        else:
+            def d2(): pass
+        while False:
+            def w(): pass
+        with open(__file__) as fh:
+            def e(): pass
+        try:
+            def t(): pass
+        except ValueError:
+            def t2(): pass
+        else:
+            def t3(): pass
+        finally:
+            def t4(): pass
+        match 1:
+            case 1:
+                def m(): pass
+            case _:
+                async def m2(): pass
+        def z(): pass
+        """)
+    tree = ast.parse(src)
+    expected = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    found = _function_defs(tree)
+    assert [n.name for n in found] == [n.name for n in expected] and len(found) == 17
+    assert all(x is y for x, y in zip(found, expected))
+
+
 def test_stdlib_pairs_cache_reads_back_and_tracks_file_changes(tmp_path, monkeypatch):
     import ast
 

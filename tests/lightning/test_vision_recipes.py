@@ -2,7 +2,7 @@
 validate and test from the checkpoint that fit saved (docs/conventions.md, CI sizing); and the
 checkpoint round trip through ``load_from_checkpoint``.
 
-Recipes run unchanged except for the CI shortening of ``run_recipe``, a batch size of 4 (256 for
+Recipes run unchanged except for the CI shortening of ``run_recipe``, a batch size of 4 (64 for
 evaluation on MNIST, where 2 batches of 4 held one class), no sanity-check pass, and PGD robust evaluation switched off for all recipes but the adversarial
 one (where PGD-10 at eps 8/255 is computed in validation and test, and the training-time attack
 of the loss is shortened to 2 steps).
@@ -44,7 +44,7 @@ def _extra(recipe: str) -> list:
     if _config(recipe)["data"]["class_path"].endswith("MNISTDataModule"):
         # on MNIST the first 2 evaluation batches of 4 held a single class, so the cross-class
         # cosine had no pair to average
-        extra.append("--data.init_args.eval_batch_size=256")
+        extra.append("--data.init_args.eval_batch_size=64")
     if _config(recipe)["model"]["class_path"].endswith("VisionClassifier") and recipe != ROBUST_RECIPE:
         extra.append("--model.init_args.robust_eval=false")
     if recipe == ROBUST_RECIPE:  # the training attack shortened; the PGD-10 evaluation stays
