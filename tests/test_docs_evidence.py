@@ -6,7 +6,8 @@ agree with the registry and with the latest committed results.
     **<verdict>** ([revision <N>, `<claim id>`](<link to the report section>))
     **<verdict>** ([revision <N>, `<claim id>`: <check>](<link to the report section>))
 
-``<verdict>`` is ``reproduced``, ``contradicted`` or ``not resolved``; the first form is the claim's
+``<verdict>`` is ``reproduced``, ``contradicted`` or ``not resolved`` (or, for a claim's verdict,
+``invalid``: an arm stayed under its competence floor); the first form is the claim's
 verdict (its primary check's), the second one check's, ``<check>`` copied from the report's check
 table (``acc_tail: GOL (LT) > logit-adjusted CE (LT)``). The link points at the claim's section of
 the report the summary names. ``revision 3`` is checked against ``results/revision3/summary.md``
@@ -45,10 +46,13 @@ SUMMARIES = {"2": os.path.join(RESULTS, "revision2", "summary.md"), "3": LATEST,
              "4": os.path.join(RESULTS, "revision4", "summary.md")}
 
 VERDICTS = ("reproduced", "contradicted", "not resolved")
+#: a claim's verdict when an arm did not clear its competence floor (a citation may name it; as a word
+#: it is ordinary English, so an uncited "invalid" is not read as a verdict)
+INVALID = "invalid"
 _VERDICT_WORD = re.compile(r"\b(reproduced|contradicted|not resolved)\b", re.I)
 _BOLD_VERDICT = re.compile(r"\*\*(reproduced|contradicted|not resolved)\*\*")
 CITATION = re.compile(
-    r"\*\*(?P<verdict>(?:reproduced|contradicted|not resolved)(?: at this budget)?)\*\* "
+    r"\*\*(?P<verdict>(?:reproduced|contradicted|not resolved|invalid)(?: at this budget)?)\*\* "
     r"\(\[revision (?P<rev>[234]), `(?P<claim>\w+)`(?:: (?P<check>[^\]]+))?\]"
     r"\((?P<link>[^)\s]+)\)\)"
 )
@@ -116,7 +120,8 @@ def report_sections(path: str) -> Dict[str, dict]:
         if not m:
             continue
         data = re.search(r"^Data: (.*?)\. Seeds:", body, re.M)
-        verdict = re.search(r"^\*\*Verdict: ([a-z ]+)[.*]", body, re.M)
+        # "**Verdict: not resolved**", "**Verdict: invalid (arm x did not train)**": the words before any reason
+        verdict = re.search(r"^\*\*Verdict: ([a-z ]+?)(?: \(|[.*])", body, re.M)
         checks = {row[0]: row[-1] for row in _table_rows(body, "| check |")}
         arm_rows = _table_rows(body, "| arm |")
         header = next((ln for ln in body.splitlines() if ln.startswith("| arm |")), "")
@@ -129,7 +134,7 @@ def report_sections(path: str) -> Dict[str, dict]:
 
 
 def _base_verdict(cell: str) -> str:
-    for v in VERDICTS:
+    for v in (*VERDICTS, INVALID):
         if cell.startswith(v):
             return v
     return cell

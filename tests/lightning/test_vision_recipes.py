@@ -3,7 +3,8 @@ validate and test from the checkpoint that fit saved (docs/conventions.md, CI si
 checkpoint round trip through ``load_from_checkpoint``.
 
 Recipes run unchanged except for the CI shortening of ``run_recipe``, a batch size of 4 (64 for
-evaluation on MNIST, where 2 batches of 4 held one class), no sanity-check pass, and PGD robust evaluation switched off for all recipes but the adversarial
+evaluation on MNIST, where 2 batches of 4 held one class; 256 on MNIST-LT, whose tail classes the
+first 128 evaluation images miss), no sanity-check pass, and PGD robust evaluation switched off for all recipes but the adversarial
 one (where PGD-10 at eps 8/255 is computed in validation and test, and the training-time attack
 of the loss is shortened to 2 steps).
 """
@@ -44,7 +45,8 @@ def _extra(recipe: str) -> list:
     if _config(recipe)["data"]["class_path"].endswith("MNISTDataModule"):
         # on MNIST the first 2 evaluation batches of 4 held a single class, so the cross-class
         # cosine had no pair to average
-        extra.append("--data.init_args.eval_batch_size=64")
+        # (the long-tail recipes keep 256: their first 128 evaluation images hold no tail class)
+        extra.append(f"--data.init_args.eval_batch_size={256 if '_lt' in recipe else 64}")
     if _config(recipe)["model"]["class_path"].endswith("VisionClassifier") and recipe != ROBUST_RECIPE:
         extra.append("--model.init_args.robust_eval=false")
     if recipe == ROBUST_RECIPE:  # the training attack shortened; the PGD-10 evaluation stays
