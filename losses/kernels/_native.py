@@ -44,8 +44,29 @@ def disabled() -> bool:
     return os.environ.get("LOSSES_NATIVE", "1").strip().lower() in ("0", "false", "no", "off")
 
 
+#: flags every kernel is compiled with, before its own. ``-U_FORTIFY_SOURCE``: a GCC that defines
+#: ``_FORTIFY_SOURCE`` by default whenever it optimises (Ubuntu's, for one) turns ``memcpy`` into an
+#: ``always_inline`` wrapper built for the default target, which GCC refuses to inline into the
+#: AVX2 / AVX-512 copies of :func:`isa_source` ("inlining failed in call to 'always_inline'
+#: 'memcpy': target specific option mismatch"), so the build failed and the PyTorch path ran. The
+#: kernels' only ``memcpy`` calls reinterpret the bits of one 4- or 8-byte number.
+BASE_FLAGS = ["-U_FORTIFY_SOURCE"]
+
+
+def _first_errors(stderr: str, limit: int = 300) -> str:
+    """The compiler's first error lines (a diagnostic opens with the chain of files that included
+    the one in error, which says nothing by itself); the start of the output where none says
+    ``error``."""
+    lines = [x.strip() for x in stderr.splitlines() if "error" in x.lower()]
+    text = " | ".join(lines[:3]) if lines else stderr.strip()
+    return text[:limit]
+
+
 def compile_library(stem: str, source: str, flags: List[str]) -> Tuple[Optional[str], str]:
-    """``(path of the shared library, "built with <compiler>: <path>")``, or ``(None, why not)``."""
+    """``(path of the shared library, "built with <compiler>: <path>")``, or ``(None, why not)``.
+
+    A failed build says the compiler's first error lines and keeps its whole output in the cache
+    folder (``<stem>_<hash>.log``, named in the message)."""
     if disabled():
         return None, "disabled by LOSSES_NATIVE=0"
     if not sys.platform.startswith(("linux", "darwin")):
@@ -53,6 +74,7 @@ def compile_library(stem: str, source: str, flags: List[str]) -> Tuple[Optional[
     cc = compiler()
     if cc is None:
         return None, "no C compiler found ($CC, cc, gcc, clang, c++, g++, clang++)"
+    flags = [*BASE_FLAGS, *flags]
     key = hashlib.sha256("\0".join([source, " ".join(flags), cc, platform.machine(), sys.platform])
                          .encode()).hexdigest()[:16]
     folder = cache_dir()
@@ -68,7 +90,11 @@ def compile_library(stem: str, source: str, flags: List[str]) -> Tuple[Optional[
                 done = subprocess.run([cc, *flags, "-x", "c", src, "-x", "none", "-o", so, "-lm"],
                                       capture_output=True, text=True, timeout=120)
                 if done.returncode != 0:
-                    return None, f"{os.path.basename(cc)} failed: {done.stderr.strip()[:300]}"
+                    log = os.path.join(folder, f"{stem}_{key}.log")
+                    with open(log, "w") as fh:
+                        fh.write(" ".join([cc, *flags, "-x", "c", src, "-x", "none", "-o", so, "-lm"]) + "\n\n")
+                        fh.write(done.stdout + done.stderr)
+                    return None, f"{os.path.basename(cc)} failed: {_first_errors(done.stderr)} (whole output: {log})"
                 os.replace(so, path)  # atomic: a concurrent build writes the same bytes
         except (OSError, subprocess.SubprocessError) as exc:
             return None, f"build failed: {exc}"

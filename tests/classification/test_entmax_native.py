@@ -366,6 +366,42 @@ def test_a_cxx_driver_builds_the_kernel_as_c(tmp_path, monkeypatch):
         assert h.load() is not None and h.why.startswith("built with g++"), h.why
 
 
+def _compiler_wrapper(tmp_path, extra: str) -> str:
+    """An executable that runs the machine's C compiler with ``extra`` before the caller's flags."""
+    cc = _native.compiler()
+    assert cc is not None, "these tests need a C compiler (gcc on CI)"
+    path = tmp_path / "cc-wrapper"
+    path.write_text(f'#!/bin/sh\nexec "{cc}" {extra} "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_compiler_that_fortifies_by_default_builds_every_kernel(tmp_path, monkeypatch):
+    """A GCC that defines ``_FORTIFY_SOURCE`` whenever it optimises (Ubuntu's does) made ``memcpy``
+    an ``always_inline`` wrapper that GCC would not inline into the AVX2 / AVX-512 copies of the
+    Dice and row kernels, so they failed to build there and the PyTorch path ran. A compiler that
+    defines it on every call, as that GCC does, builds and loads every kernel."""
+    monkeypatch.setenv("LOSSES_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", _compiler_wrapper(tmp_path, "-O2 -D_FORTIFY_SOURCE=2"))
+    for module in KERNEL_MODULES:
+        h = _fresh(module)
+        assert h.load() is not None and h.why.startswith("built with cc-wrapper"), h.why
+
+
+def test_a_failed_build_names_its_first_error_and_keeps_the_whole_output(tmp_path, monkeypatch):
+    """The reason ``native_kernels()`` shows for a kernel that did not build is the compiler's first
+    error line (not the chain of included files that opens a diagnostic), and the whole output is
+    kept in the cache folder, named in the message."""
+    monkeypatch.setenv("LOSSES_CACHE_DIR", str(tmp_path))
+    source = "#include <math.h>\n#include <string.h>\nint broken(void) { return not_declared_anywhere; }\n"
+    path, why = _native.compile_library("broken", source, ["-O2", "-fPIC", "-shared"])
+    assert path is None
+    assert "failed:" in why and "not_declared_anywhere" in why and "error" in why, why
+    log = why.rsplit("(whole output: ", 1)[1].rstrip(")")
+    assert os.path.isfile(log) and "not_declared_anywhere" in open(log).read()
+    assert not list((tmp_path / "kernels").glob("broken_*.so"))
+
+
 def test_native_kernels_reports_the_kernel_and_why_not(monkeypatch):
     """The public view of the kernel: in use where it is built and enabled, otherwise why not; and
     a fresh interpreter with LOSSES_NATIVE=0 reports it disabled."""
