@@ -528,3 +528,33 @@ def test_results_table_check_can_fail():
     assert any("GOL better on the tail" in p for p in results_table_problems(wrong))
     dropped = text.replace(row + "\n", "")
     assert any("no row for ['gol']" in p for p in results_table_problems(dropped))
+
+
+#: a revision-4 claim declared not applicable, cited on its family page
+NOT_APPLICABLE = re.compile(r"\*\*not applicable here\*\* \(\[revision 4, `(?P<claim>\w+)`\]\((?P<link>[^)\s]+)\)\)")
+
+
+def revision4_claims() -> Tuple[set, set]:
+    """(claims with a revision-4 verdict, claims declared not applicable here) in
+    ``results/revision4/summary.md``: the claims of the command that wrote it (``--claims a,b,...``), a
+    declaration a ``- `<claim id>`: not applicable here (...)`` line, every other claim decided."""
+    with open(SUMMARIES["4"], encoding="utf-8") as f:
+        text = f.read()
+    listed = set(re.search(r"--claims ([\w,]+)", text).group(1).split(","))
+    declared = set(re.findall(r"^- `(\w+)`: not applicable here", text, re.M))
+    assert declared <= listed, declared - listed
+    return listed - declared, declared
+
+
+def test_every_revision_4_claim_is_cited_on_a_family_page():
+    """Each claim of the revision-4 summary is cited on a family page: a decided one with its verdict,
+    one declared not applicable with ``**not applicable here** ([revision 4, `<id>`](...summary.md))``."""
+    decided, declared = revision4_claims()
+    assert len(decided) >= 10 and len(declared) >= 5, (decided, declared)
+    pages = {rel: _read(rel) for rel in CHECKED_PAGES if rel.startswith("losses/")}
+    cited = {m.group("claim") for text in pages.values() for m in CITATION.finditer(text) if m.group("rev") == "4"}
+    na = {m.group("claim"): m.group("link") for text in pages.values() for m in NOT_APPLICABLE.finditer(text)}
+    assert not decided - cited, f"revision-4 claims no family page cites: {sorted(decided - cited)}"
+    assert not declared - set(na), f"claims declared not applicable that no family page cites: {sorted(declared - set(na))}"
+    assert not set(na) - declared, f"cited as not applicable but not declared so: {sorted(set(na) - declared)}"
+    assert all(link.endswith("results/revision4/summary.md") for link in na.values()), na
