@@ -13,7 +13,8 @@ only ``test`` runs, on the untrained model (zero-shot references); with ``"test"
 ``fit`` runs (tuning runs: their validation metrics are the result). Writes the test metrics the
 LightningModule logged (``test/...``), the validation curve of the fit (``curve``: every ``val/...``
 metric per validation epoch, from the CSV logger), wall times, the epochs trained, the DataModule's
-data sizes and test-split fingerprint (``data.test_split``), peak RSS and the library versions to
+data sizes and test-split fingerprint (``data.test_split``), peak RSS, the device the run trained on
+(``device``: ``cpu: <processor model>`` or ``cuda: <GPU name>``) and the library versions to
 ``OUT.json``. With ``"test_items"`` the test also writes that file
 (:class:`lightning_modules.records.TestItemRecorder`: the per-item values behind each test metric,
 for a bootstrap over training seeds and test items); ``test_items`` in ``OUT.json`` names it.
@@ -111,6 +112,27 @@ def _curve(trainer, digits: int = 6) -> dict:
     return {k: [float(f"{by_pass[e][k]:.{digits}g}") if k in by_pass[e] else None for e in passes] for k in names}
 
 
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _device(trainer) -> str:
+    """``cuda: <GPU name>`` where the trainer ran on a CUDA device, else ``cpu: <processor model>``."""
+    import torch
+
+    dev = getattr(getattr(trainer, "strategy", None), "root_device", None)
+    if dev is not None and dev.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(dev)}"
+    return f"cpu: {_cpu_model()}"
+
+
 def run(spec: dict) -> dict:
     import torch
 
@@ -133,6 +155,7 @@ def run(spec: dict) -> dict:
         result["steps"] = int(fit.trainer.global_step)
         result["fit_metrics"] = _scalars(fit.trainer.callback_metrics)
         result["curve"] = _curve(fit.trainer)
+        result["device"] = _device(fit.trainer)
         if not spec.get("test", True):
             result["data"] = _data_info(fit.datamodule)
             result["val_metrics"] = {k: v for k, v in result["fit_metrics"].items() if k.startswith("val/")}
@@ -156,6 +179,7 @@ def run(spec: dict) -> dict:
         result["test_items"] = items
     result["test_seconds"] = time.perf_counter() - t0
     result["test_metrics"] = {k: v for k, v in _scalars(test.trainer.callback_metrics).items() if k.startswith("test/")}
+    result.setdefault("device", _device(test.trainer))
     result["data"] = _data_info(test.datamodule)
     result.update(_env(torch, pl))
     result["ok"] = True

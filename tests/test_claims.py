@@ -424,3 +424,22 @@ def test_revision_4_claims_file_is_valid_and_runs_the_papers_update():
         assert dict(cf.arms[k].overrides)["model.init_args.loss.init_args.sparse_grad"] is True, k
     assert {(m.arm, m.metric, m.op, m.level) for m in pfc.manipulation} == {
         ("cos4_pfc01", "train/positive_share", "<", 1), ("cos4_pfc03", "train/positive_share", "<", 1)}
+    # 100,000 identities: on one GPU, with the sampled update, the full softmax's runs declared longest
+    # (the queue starts them first: the gate); the arguments parse through the CLI (on a machine
+    # without CUDA the trainer is not built: the command line refuses such runs there)
+    big = next(c for c in cf.claims if c.key == "pfc_cosface_c1e5_r4")
+    assert {(m.arm, m.metric, m.op, m.level) for m in big.manipulation} == {("c1e5_pfc01", "train/positive_share", "<", 1)}
+    assert cf.arms["c1e5_pfc10"].seconds > cf.arms["c1e5_pfc01"].seconds
+    from lightning_modules.cli import main
+
+    cli = None
+    for k in big.arms:
+        arm = cf.arms[k]
+        assert dict(arm.overrides)["model.init_args.loss.init_args.sparse_grad"] is True, k
+        args = rp.runs.run_args(arm, 0, arm.grid_points()[-1], phase="eval", quick=False)
+        assert rp.running.needs_gpu(args), k
+        full = ["--config", os.path.join(ROOT, arm.recipe), *args]
+        if cli is None:
+            cli = main(args=["--config", os.path.join(ROOT, arm.recipe), "--trainer.logger=false"], run=False)
+        cfg = cli.parser.parse_args(full)
+        assert cfg.trainer.accelerator == "gpu" and cfg.model.init_args.loss.init_args.sparse_grad is True, k

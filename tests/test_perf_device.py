@@ -82,6 +82,17 @@ def test_gpu_check_refuses_without_a_gpu(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_gpu_claims_refuses_without_a_gpu(tmp_path):
+    """scripts/gpu_claims.sh (the GPU-trained benchmark claims, a session at a time) stops before
+    installing or running anything where no CUDA device is visible."""
+    proc = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_claims.sh"), "pfc_cosface_c1e5_r4", "5",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHON=sys.executable))
+    assert proc.returncode == 2 and "gpu_claims.sh: no CUDA device visible" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_run_writes_the_report(tmp_path):

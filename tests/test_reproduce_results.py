@@ -24,6 +24,7 @@ import sys
 
 import numpy as np
 import pytest
+import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "reproduce_results.py")
@@ -599,13 +600,16 @@ def test_quick_csv_phases_and_markdown_agree(quick_out):
         rows = list(csv.DictReader(fh))
     assert sorted((r["arm"], r["phase"]) for r in rows) == [("ce_lowdata", "eval"), ("ce_lowdata", "tune"),
                                                            ("opl_lowdata", "eval"), ("opl_lowdata", "tune")]
+    cpu = rp.cli._cpu_name()
     for r in rows:
         assert r["ok"] == "True", r["error"]
+        assert r["device"] == f"cpu: {cpu}", r["device"]  # the device each run trained on
         if r["phase"] == "tune":  # validation only: the test split is never read for selection
             assert r["seed"] == "1000" and r["val/top1"] != "" and r["test/top1"] == ""
         else:
             assert r["seed"] == "0" and r["test/top1"] != "" and int(r["steps"]) == 2
     md = (out / "vision.md").read_text()
+    assert f"- devices the runs trained on: `cpu: {cpu}` (4 run(s))" in md
     block = md.split("(`opl`)", 1)[1]
     header = next(line for line in block.splitlines() if line.startswith("| arm |"))
     cols = [c.strip() for c in header.strip("|").split("|")]
@@ -1025,3 +1029,39 @@ def test_one_epoch_evaluation_runs_validate_every_quarter():
     assert "--trainer.val_check_interval=0.25" in ev and "--trainer.check_val_every_n_epoch=1" in ev
     assert not any("val_check_interval" in a for a in rp.runs.run_args(lm, 1000, {}, phase="tune", quick=False))
     assert not any("val_check_interval" in a for a in rp.runs.run_args(CF.arms["ce"], 0, {}, phase="eval", quick=False))
+
+
+def test_a_gpu_arm_runs_only_where_a_cuda_device_is_visible(tmp_path):
+    """An arm whose overrides put it on a GPU (``trainer.accelerator: gpu``): its runs are made in a fresh
+    interpreter (CUDA does not survive a fork) and the command line refuses to start them where no
+    CUDA device is visible (this machine), naming the arm; ``--plan`` still prints them."""
+    assert rp.running.needs_gpu(["--trainer.accelerator=gpu"]) and rp.running.needs_gpu(["--trainer.accelerator=cuda"])
+    assert not rp.running.needs_gpu(["--trainer.accelerator=gpu", "--trainer.accelerator=cpu"])  # the last wins
+    assert not rp.running.needs_gpu(["--trainer.max_epochs=2"])
+    if rp.running.cuda_devices():  # pragma: no cover - a GPU machine runs such arms
+        return
+    with open(rp.common.CLAIMS_FILE) as fh:
+        raw = yaml.safe_load(fh)
+    raw["arms"] = {k: raw["arms"][k] for k in ("ce_lowdata", "opl_lowdata")}
+    raw["arms"]["opl_lowdata"]["overrides"] = {**(raw["arms"]["opl_lowdata"].get("overrides") or {}),
+                                               "trainer.accelerator": "gpu", "trainer.devices": 1}
+    raw["claims"] = [c for c in raw["claims"] if c["key"] == "opl"]
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    args = ["--claims-file", str(path), "--quick", "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "w")]
+    with pytest.raises(SystemExit, match=r"arm\(s\) \['opl_lowdata'\] train on a GPU .* no CUDA device is visible"):
+        rp.cli.main(args)
+    assert not (tmp_path / "w").exists()  # refused before any run
+    assert rp.cli.main([*args, "--plan"]) == 0
+
+
+def test_the_code_version_outside_a_git_checkout_is_the_named_commit(tmp_path, monkeypatch):
+    """A copy of the tree without ``.git`` (what a GPU machine receives) records the commit named by
+    ``REPRODUCE_CODE_VERSION``, else ``unknown``; in the checkout it is the checkout's commit."""
+    head = rp.running._code_version()
+    assert head != "unknown" and len(head.split("-")[0]) == 12
+    monkeypatch.setattr(rp.running, "ROOT", str(tmp_path))  # git answers nothing there
+    monkeypatch.delenv(rp.running.CODE_VERSION_ENV, raising=False)
+    assert rp.running._code_version() == "unknown"
+    monkeypatch.setenv(rp.running.CODE_VERSION_ENV, "0123456789ab")
+    assert rp.running._code_version() == "0123456789ab"

@@ -7,6 +7,7 @@ computed here independently."""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import math
@@ -526,3 +527,97 @@ def test_the_committed_revision_4_report_regenerates_from_its_runs_and_records(t
                      if "seeds x " in x or ": not computed (" in x or x.startswith(("**Verdict", "Replicate at"))]
         assert two_level and all(x in old_md for x in two_level), bench
         assert not (out / f"{bench}_test_items").exists()  # the records were read where they are committed
+
+
+# -- the gate: a baseline must train before the rest of its claim is run ------------------------------------
+def _gate_claims_file(tmp_path) -> str:
+    """The 100,000-identity claim and its two arms, as declared but on the CPU (no trainer.accelerator),
+    written to a claims file of its own."""
+    with open(os.path.join(ROOT, "benchmarks", "claims_revision4.yaml")) as fh:
+        raw = yaml.safe_load(fh)
+    claim = next(c for c in raw["claims"] if c["key"] == "pfc_cosface_c1e5_r4")
+    raw["claims"] = [claim]
+    raw["arms"] = {k: dict(raw["arms"][k]) for k in claim["arms"]}
+    for a in raw["arms"].values():
+        a["overrides"] = {k: v for k, v in a["overrides"].items() if not k.startswith("trainer.")}
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return str(path)
+
+
+def _instant_runs(monkeypatch, open_rank1):
+    """``running.execute`` replaced by a run that writes its ``result.json`` at once, its validation
+    and test open-set rank-1 ``open_rank1(run)`` (the other logged columns at plausible levels), a
+    finished run read from the workdir as the real one does: what the queue and the gate read,
+    without training. Returns the runs started, in order."""
+    started = []
+
+    def execute(run, *, quick, workdir, threads, fresh, timeout, isolation="fork"):
+        if not fresh and (row := rp.running.cached_row(run, quick=quick, workdir=workdir)) is not None:
+            return row  # finished: read, as the real execute does
+        started.append((run.arm.key, run.phase, run.seed, dict(run.params)))
+        args = run.args(quick)
+        folder = rp.running._run_dir(run, args, workdir)
+        os.makedirs(folder, exist_ok=True)
+        v = open_rank1(run)
+        res = {"ok": True, "epochs": run.arm.epochs, "steps": 25000, "wall_seconds": 1.0, "code": "test",
+               "code_hash": rp.running._code_hash(run.arm), "data": {"test_split": "t7"},
+               "fit_metrics": {"train/positive_share": 0.03 if "c1e5_pfc01" == run.arm.key else 1.0},
+               "val_metrics": {"val/open_rank1": v},
+               "test_metrics": {} if run.phase == "tune" else {
+                   "test/open_rank1": v, "test/top1": v, "test/top5": v, "test/open_tar_far": v,
+                   "test/open_rank1_fixed": 0.168, "test/top1_fixed": 0.1, "test/train_step_ms": 5.0,
+                   "test/train_cuda_peak_mb": 900.0 if "c1e5_pfc01" == run.arm.key else 1500.0}}
+        with open(os.path.join(folder, "result.json"), "w") as fh:
+            json.dump(res, fh)
+        return rp.running._row(run, args, res)
+
+    monkeypatch.setattr(rp.running, "execute", execute)
+    return started
+
+
+def test_a_failed_gate_makes_the_claim_not_tested_and_runs_nothing_else(tmp_path, monkeypatch, capsys):
+    """The full softmax (the gate arm) stays under the validation floor at every learning rate of the
+    first tuning seed: only those three runs are made, and the claim is *not tested* with the gate's
+    reading as its reason, listed apart from the headline; the runs file holds the gate runs."""
+    path = _gate_claims_file(tmp_path)
+    started = _instant_runs(monkeypatch, lambda run: 0.05)
+    code = rp.cli.main(["--claims-file", path, "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "w"),
+                        "--jobs", "2", "--allow-dirty"])
+    assert code == 0
+    assert sorted((a, p, s) for a, p, s, _ in started) == [("c1e5_pfc10", "tune", 1000)] * 3
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "0 claims tested" in summary and "1 not tested" in summary
+    assert ("`pfc_cosface_c1e5_r4`: not tested (the full softmax leaves its plateau: the best val/open_rank1 of "
+            "c1e5_pfc10 over its 3 gate run(s) 0.05, not > 0.19)") in summary
+    assert "| not run: its gate failed | not tested (" in summary
+    with open(tmp_path / "out" / "many_class_runs.csv") as fh:
+        assert len(list(csv.DictReader(fh))) == 3
+    assert "not tested, its gate failed" in capsys.readouterr().out
+
+
+def test_a_passed_gate_lets_the_claim_run_after_it(tmp_path, monkeypatch, capsys):
+    """One gate run above the floor: the gate passes after the first tuning seed's runs of the full
+    softmax, which start before any other run of the claim, and the claim then runs as declared."""
+    path = _gate_claims_file(tmp_path)
+    started = _instant_runs(monkeypatch, lambda run: 0.5 if dict(run.params)["model.init_args.lr"] == 0.0003 else 0.1)
+    code = rp.cli.main(["--claims-file", path, "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "w"),
+                        "--jobs", "2", "--allow-dirty"])
+    assert code == 0
+    assert [(a, p, s) for a, p, s, _ in started[:3]] == [("c1e5_pfc10", "tune", 1000)] * 3
+    assert {(a, p) for a, p, _, _ in started[3:]} >= {("c1e5_pfc01", "tune"), ("c1e5_pfc10", "eval"),
+                                                      ("c1e5_pfc01", "eval"), ("c1e5_pfc10", "replicate")}
+    assert sum(1 for a, p, s, _ in started if (a, p, s) == ("c1e5_pfc10", "tune", 1000)) == 3  # read, not rerun
+    out = capsys.readouterr().out
+    assert "gate passed (the full softmax leaves its plateau: the best val/open_rank1 of c1e5_pfc10 over its 3 " \
+           "gate run(s) 0.5, > 0.19)" in out
+    assert "1 claims tested" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_a_gate_is_declared_with_a_validation_metric_of_one_of_its_arms():
+    c = next(c for c in R4.claims if c.key == "pfc_cosface_c1e5_r4")
+    assert c.gate == rp.claims.Gate("the full softmax leaves its plateau", "c1e5_pfc10", "val/open_rank1", ">", 0.19)
+    bad = dataclasses.replace(R4, claims=(dataclasses.replace(c, gate=rp.claims.Gate("g", "nope", "test/top1", "~", 1.0)),))
+    problems = "\n".join(rp.claims.validate_claims(bad))
+    assert "arm 'nope' is not one of the claim's arms" in problems and "must be a validation column" in problems
+    assert "op must be one of" in problems

@@ -146,6 +146,43 @@ def not_run_result(c: Claim) -> dict:
     return {"claim": c, "checks": [], "verdict": res.verdict_text(), "rev3": res, "seeds": [], "not_run": True}
 
 
+def gate_reading(c: Claim, rows: Sequence[dict]) -> "stats.ManipulationResult":
+    """Revision 4: a claim's gate read from the gate arm's tuning rows (``rows``: those of its declared
+    runs on the first tuning seed that finished): the best value of the gate's metric among them
+    (the largest for ``>`` / ``>=``, the smallest for ``<`` / ``<=``), whether it passes the level, and
+    over how many runs."""
+    g = c.gate
+    vals = []
+    for r in rows:
+        try:
+            v = float(r.get(g.metric, ""))
+        except (TypeError, ValueError):
+            continue
+        if v == v:
+            vals.append(v)
+    best = (max(vals) if g.op in (">", ">=") else min(vals)) if vals else float("nan")
+    return GateReading(g.name, g.metric, g.arm, g.op, float(g.level), best, len(vals), bool(vals) and g.passes(best))
+
+
+@dataclasses.dataclass(frozen=True)
+class GateReading(stats.ManipulationResult):
+    """A gate's reading (:func:`gate_reading`): ``mean`` holds the best value over the ``n`` gate runs."""
+
+    def text(self) -> str:
+        if self.n == 0:
+            return f"{self.name}: no finished gate run of {self.arm} recorded {self.metric}"
+        return (f"{self.name}: the best {self.metric} of {self.arm} over its {self.n} gate run(s) {self.mean:.4g}, "
+                f"{'' if self.passed else 'not '}{self.op} {self.level:g}")
+
+
+def gated_result(c: Claim, reading: "stats.ManipulationResult") -> dict:
+    """Revision 4: the result of a claim whose gate failed: *not tested*, the gate's reading as its
+    reason; nothing else of it was run (``not_run``), its gate runs are in the runs file."""
+    res = stats.ClaimResult(stats.NOT_TESTED, None, (), (), False, None, None, (reading,))
+    return {"claim": c, "checks": [], "verdict": res.verdict_text(), "rev3": res, "seeds": [], "not_run": True,
+            "not_run_reason": "not run: its gate failed"}
+
+
 def _relative(ch: Check, rows: Sequence[dict], seeds: Sequence[int]) -> dict:
     """Revision 4: a check's margin relative to the baseline's error, with the baseline arm's mean over
     the seeds it is applied to (``stats.resolve_margin``); nothing for a check without one."""

@@ -30,7 +30,7 @@ SANITY_KIND = "sanity"  # revision 3: identities / levels a loss meets by constr
 TRANSFORMS = ("abs",)  # per-seed transforms of a metric a check may declare
 REVISIONS = (2, 3, 4)
 #: claim keys read only under revision 4 (``statistics.revision: 4``)
-REVISION4_KEYS = ("not_applicable", "manipulation", "replicate")
+REVISION4_KEYS = ("not_applicable", "manipulation", "replicate", "gate")
 #: the phase of a replicate's runs (revision 4): evaluation runs at a multiple of the budget
 REPLICATE_PHASE = "replicate"
 #: revision 3: the last component of a grid key that tunes the learning rate (every arm tunes one)
@@ -153,6 +153,30 @@ class Manipulation:
 
 
 @dataclasses.dataclass(frozen=True)
+class Gate:
+    """Revision 4: a run that must show the baseline can train before the rest of the claim is run.
+    The ``arm``'s declared tuning runs on the first tuning seed run first; the gate passes when one of
+    them has ``metric`` (a validation column) ``op level`` (an absolute level, e.g. the no-training
+    floor of that validation split). Until it passes no other run of the claim starts; when every one
+    of them has finished and none passes, the claim is *not tested* and nothing else of it is run."""
+
+    name: str
+    arm: str
+    metric: str
+    op: str
+    level: float
+
+    def passes(self, value: Any) -> bool:
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            return False
+        if v != v:
+            return False
+        return {"<": v < self.level, "<=": v <= self.level, ">": v > self.level, ">=": v >= self.level}[self.op]
+
+
+@dataclasses.dataclass(frozen=True)
 class Claim:
     key: str
     family: str
@@ -174,6 +198,7 @@ class Claim:
     # a replicate of the evaluation at ``budget`` times every arm's epochs on seeds 0 .. seeds - 1,
     # the chosen settings kept: (budget, seeds), or None
     replicate: Optional[Tuple[Any, Any]] = None
+    gate: Optional[Gate] = None  # revision 4: the baseline must train before the rest is run
 
     def run_arms(self) -> Tuple[str, ...]:
         """The claim's arms and the clean arms its difference-in-differences checks read (which may
@@ -303,7 +328,7 @@ def load_claims(path: str = CLAIMS_FILE) -> ClaimsFile:
                             floors=tuple((c.get("floors") or {}).items()),
                             fidelity=None if fid is None else tuple(fid) if isinstance(fid, (list, tuple)) else (fid,),
                             not_applicable=c.get("not_applicable"), manipulation=manip,
-                            replicate=_replicate(c.get("replicate"))))
+                            replicate=_replicate(c.get("replicate")), gate=_gate(c.get("gate"))))
     tuning = raw.get("tuning") or {}
     return ClaimsFile(path=path, statistics=dict(raw.get("statistics") or {}),
                       tuning_seeds=tuple(int(s) for s in tuning.get("seeds") or ()),
@@ -469,6 +494,15 @@ def validate_claims(cf: ClaimsFile) -> List[str]:
     return problems
 
 
+def _gate(raw: Any) -> Optional[Gate]:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        return Gate("", "", "", "", float("nan"))
+    return Gate(name=str(raw.get("name", "")), arm=str(raw.get("arm", "")), metric=str(raw.get("metric", "")),
+                op=str(raw.get("op", "")), level=raw.get("level"))
+
+
 def _validate_revision4(cf: ClaimsFile, c: Claim, where: str) -> List[str]:
     """The revision-4 keys of a claim: ``fidelity`` (declared by every claim of a revision-4 file, a
     list of lines, ``[]`` when none is known), ``not_applicable`` (the reason, a non-empty string),
@@ -513,6 +547,22 @@ def _validate_revision4(cf: ClaimsFile, c: Claim, where: str) -> List[str]:
         if isinstance(m.level, bool) or not isinstance(m.level, (int, float)) or m.level != m.level \
                 or m.level in (float("inf"), float("-inf")):
             problems.append(f"{w} ({m.name}): level must be a finite number, an absolute level (got {m.level!r})")
+    g = c.gate
+    if g is not None:
+        w = f"{where}, gate"
+        if not g.name.strip():
+            problems.append(f"{w}: give the gate a name, an arm, a validation metric, an op and a level")
+        else:
+            if g.arm not in c.arms:
+                problems.append(f"{w} ({g.name}): arm {g.arm!r} is not one of the claim's arms")
+            if not g.metric.startswith("val/"):
+                problems.append(f"{w} ({g.name}): metric {g.metric!r} must be a validation column (val/...): the "
+                                f"gate reads tuning runs, which never test")
+            if g.op not in stats.MANIPULATION_OPS:
+                problems.append(f"{w} ({g.name}): op must be one of {stats.MANIPULATION_OPS} (got {g.op!r})")
+            if isinstance(g.level, bool) or not isinstance(g.level, (int, float)) or g.level != g.level \
+                    or g.level in (float("inf"), float("-inf")):
+                problems.append(f"{w} ({g.name}): level must be a finite number, an absolute level (got {g.level!r})")
     return problems
 
 

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from . import __doc__ as PIPELINE
 from . import running
-from .analysis import claim_results, not_run_result
+from .analysis import claim_results, gate_reading, gated_result, not_run_result
 from .claims import REVISIONS, Claim, ClaimsFile, load_claims, replicates, validate_claims, without_evaluation
 from .common import CLAIMS_FILE, ROOT, stats
 from .plots import plot_claims, plot_curves, plot_forest, plot_per_class
@@ -141,6 +141,48 @@ def write_benchmark(b: str, claims: Sequence[Claim], rows: Sequence[dict], out: 
         pngs.append(f"{b}_lt_per_class.png")
     write_markdown(b, claims, results, brows, cf, chosen, tables, meta, os.path.join(out, f"{b}.md"), pngs)
     return results
+
+
+def first_point_args(arm, quick: bool) -> List[str]:
+    """An arm's run arguments at its first grid point (what decides the device it trains on)."""
+    from .runs import run_args
+
+    return run_args(arm, 0, arm.grid_points()[0], phase="eval", quick=quick)
+
+
+def run_gates(gated_claims: Sequence[Claim], cf: ClaimsFile, tune, seed: int, args: argparse.Namespace,
+              common: Dict[str, Any], deadline: Optional[float]):
+    """Revision 4: each claim's gate (``Claim.gate``) before any other run of it: its arm's declared
+    tuning runs on the first tuning ``seed`` are made (or read from the workdir) and read
+    (:func:`reproduce.analysis.gate_reading`). Returns ``(results of the claims whose gate failed:
+    not tested, the rows of their gate runs, undecided)``; ``undecided`` is true when a gate's runs
+    did not all finish (a failure, or the deadline), and then no other run of the claims starts."""
+    gated: List[dict] = []
+    gate_rows: List[dict] = []
+    for c in gated_claims:
+        g = c.gate
+        gruns = [r for r in tune if r.arm.key == g.arm and r.seed == seed]
+        missing = [r for r in gruns if args.fresh or running.cached_row(r, quick=args.quick, workdir=args.workdir) is None]
+        if missing:
+            print(f"reproduce_results: {c.key}: its gate first ({g.name}): {len(missing)} tuning run(s) of {g.arm} on "
+                  f"seed {seed}", flush=True)
+            running.run_plan([cf.arms[g.arm]], missing, {}, deadline=deadline, rounds=0,
+                             execute_fn=functools.partial(running.execute, isolation=args.isolation), **common)
+        done = [row for r in gruns if (row := running.cached_row(r, quick=args.quick, workdir=args.workdir))]
+        reading = gate_reading(c, done)
+        if reading.passed:
+            print(f"reproduce_results: {c.key}: gate passed ({reading.text()})", flush=True)
+            continue
+        if len(done) < len(gruns):
+            print(f"reproduce_results: {c.key}: the gate is not decided ({len(done)} of {len(gruns)} gate run(s) "
+                  f"finished: {len(gruns) - len(done)} failed or did not fit before the deadline); no other run of it "
+                  f"starts. Rerun on the same --workdir to go on", flush=True)
+            return gated, gate_rows, True
+        print(f"reproduce_results: {c.key}: not tested, its gate failed ({reading.text()}); nothing else of it runs",
+              flush=True)
+        gated.append(gated_result(c, reading))
+        gate_rows += done
+    return gated, gate_rows, False
 
 
 def printed_arguments(argv: Sequence[str], *, dirty: bool) -> List[str]:
@@ -265,15 +307,35 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"reproduce_results: declared time of the runs not finished in {args.workdir}: {left / 60:.0f} min "
               f"(~{left / 60 / jobs:.0f} min at {jobs} at a time; an arm shared by claims counts in each)", flush=True)
         return 0
+    gpu_arms = [a.key for a in arm_list if running.needs_gpu(first_point_args(a, args.quick))]
+    if gpu_arms and running.cuda_devices() == 0:
+        raise SystemExit(f"reproduce_results: arm(s) {gpu_arms} train on a GPU (trainer.accelerator in their "
+                         "overrides) and no CUDA device is visible here; run them on a machine with one (--plan "
+                         "and --export-runs work anywhere)")
     os.makedirs(out, exist_ok=True)
     os.makedirs(args.workdir, exist_ok=True)
     common = dict(jobs=jobs, threads=threads, quick=args.quick, workdir=args.workdir, fresh=args.fresh,
                   timeout=args.timeout)
     deadline = None if args.deadline is None else t_start + 60.0 * args.deadline
+    # revision 4: a claim's gate runs first (its baseline must train before the rest of it is run)
+    gated, gate_rows, undecided = run_gates([c for c in claims if c.gate is not None] if revision >= 4 and not args.quick
+                                            else [], cf, tune, tune_seeds[0], args, common, deadline)
+    if undecided:
+        return 3
+    if gated:
+        out_keys = {res["claim"].key for res in gated}
+        claims = [c for c in claims if c.key not in out_keys]
+        need = {k for c in claims for k in c.run_arms()}
+        need |= {k for grp in groups or () if need & set(grp) for k in grp}
+        arm_list = [a for a in arm_list if a.key in need]
+        tune = [r for r in tune if r.arm.key in need]
+        eval_seeds = {k: s for k, s in eval_seeds.items() if k in need}
+        reps = {k: v for k, v in reps.items() if k in need}
+        n_eval = sum(len(s) for s in eval_seeds.values())
     tune_rows, eval_rows, chosen, tables = running.run_plan(
         arm_list, tune, eval_seeds, deadline=deadline, groups=groups, rounds=rounds, replicates=reps,
         execute_fn=functools.partial(running.execute, isolation=args.isolation), **common)
-    rows = tune_rows + eval_rows
+    rows = tune_rows + eval_rows + [r for r in gate_rows if r["key"] not in {x["key"] for x in tune_rows}]
     n_rep = sum(len(ss) for _, ss in reps.values())
     if len(tune_rows) < len(tune) or len(eval_rows) < n_eval + n_rep or len(chosen) < len(arm_list):
         print(f"reproduce_results: stopped at the deadline with {max(0, len(tune) - len(tune_rows))} declared "
@@ -303,7 +365,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         bc = [c for c in claims if c.benchmark == b]
         if bc:
             summary += write_benchmark(b, bc, rows, out, cf, chosen, tables, meta)
-    summary += [not_run_result(c) for c in not_run]
+        elif any(res["claim"].benchmark == b for res in gated):  # only its gate ran: the runs file alone
+            write_csv([r for r in rows if r["benchmark"] == b], os.path.join(out, f"{b}_runs.csv"))
+    summary += gated + [not_run_result(c) for c in not_run]
     write_summary(os.path.join(out, "summary.md"), summary, rows, n_tune=len(tune_rows), n_eval=len(eval_rows),
                   cf=cf, chosen=chosen, tables=tables, meta=meta, wall=wall)
     n_fail = sum(not r["ok"] for r in rows)

@@ -32,11 +32,13 @@ CSV_FIXED = ["benchmark", "arm", "label", "phase", "recipe", "recipe_sha", "code
 
 def write_csv(rows: Sequence[dict], path: str) -> None:
     metrics = sorted({k for r in rows for k in r if k.startswith(("val/", "test/", "train/"))})
+    # the device each run trained on, a column once some run records it (older runs files regenerate as they were)
+    fixed = CSV_FIXED + (["device"] if any(r.get("device") for r in rows) else [])
     with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=CSV_FIXED + metrics, extrasaction="ignore")
+        w = csv.DictWriter(fh, fieldnames=fixed + metrics, extrasaction="ignore")
         w.writeheader()
         for r in rows:
-            w.writerow({k: r.get(k, "") for k in CSV_FIXED + metrics})
+            w.writerow({k: r.get(k, "") for k in fixed + metrics})
 
 
 def read_csv(path: str) -> List[dict]:
@@ -134,7 +136,8 @@ def _result_from_row(row: Dict[str, str], source: str) -> dict:
             "test_seconds": num("test_seconds"), "wall_seconds": num("run_seconds"), "peak_rss_mb": num("peak_rss_mb"),
             "recipe_sha": row.get("recipe_sha", ""), "code": row.get("code", ""), "started": row.get("started", ""),
             "code_hash": row.get("code_hash", ""), "curve": json.loads(row["curve"]) if row.get("curve") else {},
-            "data": json.loads(row.get("data") or "{}"), "versions": versions, "fit_metrics": metrics("train/"),
+            "data": json.loads(row.get("data") or "{}"), "versions": versions, "device": row.get("device") or "",
+            "fit_metrics": metrics("train/"),
             "val_metrics": metrics("val/"), "test_metrics": metrics("test/"), "read_from": source}
 
 

@@ -237,6 +237,14 @@ def provenance_lines(rows: Sequence[dict], meta: dict) -> List[str]:
             names = [f"{r['phase']} {r['arm']} seed {r['seed']}" for r in bad]
             out.append(f"**{len(bad)} run(s) made with uncommitted changes** (their code ends in -dirty): "
                        + ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else ""))
+    devices: Dict[str, int] = {}
+    for r in rows:  # recorded per run since the runs files have a device column (older runs: none)
+        if r.get("device"):
+            devices[str(r["device"])] = devices.get(str(r["device"]), 0) + 1
+    if devices:
+        out.append("devices the runs trained on: " + ", ".join(f"`{d}` ({n} run(s))" for d, n in sorted(devices.items()))
+                   + (f"; {len(rows) - sum(devices.values())} run(s) from before the device was recorded"
+                      if len(rows) > sum(devices.values()) else ""))
     return out + ([""] if out else [])
 
 
@@ -485,8 +493,8 @@ def summary_rev3(results: Sequence[dict], arms: Dict[str, Arm], meta: dict) -> L
     for res in claims:
         c = res["claim"]
         if res.get("not_run"):  # declared not applicable before any run: nothing was trained for it
-            lines.append(f"| {c.family} | {c.data} | {c.claim} | not run: declared not applicable before any run "
-                         f"| {res['verdict']} | - | - |")
+            why = res.get("not_run_reason", "not run: declared not applicable before any run")
+            lines.append(f"| {c.family} | {c.data} | {c.claim} | {why} | {res['verdict']} | - | - |")
             continue
         x = next(x for x in res["checks"] if x["result"].role == "primary")
         r = x["result"]

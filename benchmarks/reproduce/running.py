@@ -15,7 +15,12 @@ Finished runs are kept in ``--workdir``, keyed by recipe content and exact argum
 recipe, :func:`_code_hash`), so an interrupted reproduction resumes and a changed loss never reuses
 an old run. Provenance: :func:`_dirty_paths` lists the uncommitted changes under
 :data:`PROVENANCE_DIRS` (the reproduction refuses to start with any unless ``--allow-dirty`` or
-``--quick``), and every run records its code version (ending in ``-dirty`` on such a tree).
+``--quick``), and every run records its code version (ending in ``-dirty`` on such a tree; outside a
+git checkout the commit named by ``REPRODUCE_CODE_VERSION``) and the device it trained on.
+
+A run whose arguments put it on a GPU (an arm's ``trainer.accelerator: gpu`` override,
+:func:`needs_gpu`) always runs in a fresh interpreter (CUDA does not survive a fork), and the command
+line refuses to start such runs where no CUDA device is visible (:func:`cuda_devices`).
 """
 
 from __future__ import annotations
@@ -61,13 +66,44 @@ def _dirty_paths() -> List[str]:
     return [line for line in out.splitlines() if line.strip()]
 
 
+#: names the commit of a copy of the tree that is not a git checkout (a GPU machine sent the working
+#: tree only): ``REPRODUCE_CODE_VERSION=<commit>``; each run's ``code_hash`` still records the code itself
+CODE_VERSION_ENV = "REPRODUCE_CODE_VERSION"
+
+
 def _code_version() -> str:
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True,
                               text=True, timeout=30).stdout.strip()
-        return (head or "unknown") + ("-dirty" if _dirty_paths() else "")
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        head = ""
+    if not head:  # not a git checkout: the commit the copy was made from, where the caller names it
+        return os.environ.get(CODE_VERSION_ENV, "").strip() or "unknown"
+    return head + ("-dirty" if _dirty_paths() else "")
+
+
+#: a run's trainer arguments that put it on a GPU (``--trainer.accelerator=...``)
+GPU_ACCELERATORS = ("gpu", "cuda")
+
+
+def needs_gpu(args: Sequence[str]) -> bool:
+    """Whether a run's arguments put it on a GPU (the last ``--trainer.accelerator`` wins, as in the CLI)."""
+    acc = None
+    for a in args:
+        if a.startswith("--trainer.accelerator="):
+            acc = a.split("=", 1)[1].strip().lower()
+    return acc in GPU_ACCELERATORS
+
+
+def cuda_devices() -> int:
+    """The CUDA devices a fresh interpreter sees (0 without one). Asked in a child process: the driver
+    never initialises CUDA itself, so the processes it forks for CPU runs stay usable."""
+    code = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else 0
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return 0
 
 
 @functools.lru_cache(maxsize=1)
@@ -217,7 +253,7 @@ def execute(run: Run, *, quick: bool, workdir: str, threads: int, fresh: bool, t
     code_at_start = _code_version()
     t0 = time.perf_counter()
     log_path = os.path.join(run_dir, "log.txt")
-    if isolation == "fork" and _fork_context() is not None:
+    if isolation == "fork" and not needs_gpu(args) and _fork_context() is not None:  # CUDA does not survive a fork
         _run_forked(spec_path, out, log_path, run_env, timeout)
     else:
         env = {**os.environ, **run_env}
@@ -264,6 +300,7 @@ def _row(run: Run, args: Sequence[str], res: dict) -> dict:
                                sort_keys=True),
         "_versions": res.get("versions", {}),
         "test_split": (res.get("data") or {}).get("test_split", ""), "code_hash": res.get("code_hash", ""),
+        "device": res.get("device", ""),
         "curve": json.dumps(res["curve"], sort_keys=True, separators=(",", ":")) if res.get("curve") else "",
     }
     for k, v in sorted((res.get("fit_metrics") or {}).items()):  # training-side columns (e.g. the classes
