@@ -197,3 +197,21 @@ def test_candidates_from_search_of_cuda_results():
     for a, b in zip(dev, cpu):
         assert a.device.type == "cuda"
         assert torch.equal(a.cpu(), b)
+
+
+@pytest.mark.slow
+def test_the_gpu_partial_fc_claims_recipe_trains_and_tests_on_the_device(tmp_path):
+    """The 100,000-identity claim's arms as they run on a GPU (``trainer.accelerator: gpu``, the
+    sampled-centre update: SparseAdam on the CUDA centres beside AdamW), at a smoke size (10,000
+    identities, 2 batches): fit, validate and test from the checkpoint run on the device, the test
+    logs the CUDA peak memory the claim checks and the positives' share the manipulation check reads."""
+    import os
+
+    from tests.lightning.recipe_utils import run_recipe
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = run_recipe(os.path.join(root, "configs", "many_class", "cosface_pfc01_c1e5.yaml"), tmp_path, extra=[
+        "--trainer.accelerator=gpu", "--trainer.devices=1", "--data.init_args.num_classes=10000",
+        "--model.init_args.loss.init_args.sparse_grad=true"])
+    assert 0.0 <= out["fit"]["train/positive_share"] < 1.0
+    assert out["test"]["test/train_cuda_peak_mb"] > 0 and 0.0 <= out["test"]["test/open_rank1"] <= 1.0
