@@ -582,6 +582,9 @@ def test_a_failed_gate_makes_the_claim_not_tested_and_runs_nothing_else(tmp_path
     reading as its reason, listed apart from the headline; the runs file holds the gate runs."""
     path = _gate_claims_file(tmp_path)
     started = _instant_runs(monkeypatch, lambda run: 0.05)
+    plan = ["--claims-file", path, "--workdir", str(tmp_path / "w"), "--plan"]
+    assert rp.cli.main(plan) == 0
+    assert "    gate: open: 0 of its 3 run(s) (c1e5_pfc10, seed 1000) finished; they run first" in capsys.readouterr().out
     code = rp.cli.main(["--claims-file", path, "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "w"),
                         "--jobs", "2", "--allow-dirty"])
     assert code == 0
@@ -594,6 +597,8 @@ def test_a_failed_gate_makes_the_claim_not_tested_and_runs_nothing_else(tmp_path
     with open(tmp_path / "out" / "many_class_runs.csv") as fh:
         assert len(list(csv.DictReader(fh))) == 3
     assert "not tested, its gate failed" in capsys.readouterr().out
+    assert rp.cli.main(plan) == 0
+    assert "    gate: failed: the claim is not tested (the full softmax leaves its plateau" in capsys.readouterr().out
 
 
 def test_a_passed_gate_lets_the_claim_run_after_it(tmp_path, monkeypatch, capsys):

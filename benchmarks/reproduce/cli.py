@@ -150,6 +150,25 @@ def first_point_args(arm, quick: bool) -> List[str]:
     return run_args(arm, 0, arm.grid_points()[0], phase="eval", quick=quick)
 
 
+def _gate_runs(c: Claim, tune, seed: int, args: argparse.Namespace):
+    """A gated claim's gate runs (its arm's declared tuning runs on ``seed``) and the rows of those
+    finished in the workdir."""
+    gruns = [r for r in tune if r.arm.key == c.gate.arm and r.seed == seed]
+    return gruns, [row for r in gruns if (row := running.cached_row(r, quick=args.quick, workdir=args.workdir))]
+
+
+def gate_status(c: Claim, tune, seed: int, args: argparse.Namespace) -> str:
+    """``--plan``'s line for a claim's gate: passed or failed (with its reading), or how many of its
+    runs are finished."""
+    gruns, done = _gate_runs(c, tune, seed, args)
+    reading = gate_reading(c, done)
+    if reading.passed:
+        return f"passed ({reading.text()})"
+    if len(done) == len(gruns):
+        return f"failed: the claim is not tested ({reading.text()})"
+    return f"open: {len(done)} of its {len(gruns)} run(s) ({c.gate.arm}, seed {seed}) finished; they run first"
+
+
 def run_gates(gated_claims: Sequence[Claim], cf: ClaimsFile, tune, seed: int, args: argparse.Namespace,
               common: Dict[str, Any], deadline: Optional[float]):
     """Revision 4: each claim's gate (``Claim.gate``) before any other run of it: its arm's declared
@@ -161,14 +180,14 @@ def run_gates(gated_claims: Sequence[Claim], cf: ClaimsFile, tune, seed: int, ar
     gate_rows: List[dict] = []
     for c in gated_claims:
         g = c.gate
-        gruns = [r for r in tune if r.arm.key == g.arm and r.seed == seed]
+        gruns, _ = _gate_runs(c, tune, seed, args)
         missing = [r for r in gruns if args.fresh or running.cached_row(r, quick=args.quick, workdir=args.workdir) is None]
         if missing:
             print(f"reproduce_results: {c.key}: its gate first ({g.name}): {len(missing)} tuning run(s) of {g.arm} on "
                   f"seed {seed}", flush=True)
             running.run_plan([cf.arms[g.arm]], missing, {}, deadline=deadline, rounds=0,
                              execute_fn=functools.partial(running.execute, isolation=args.isolation), **common)
-        done = [row for r in gruns if (row := running.cached_row(r, quick=args.quick, workdir=args.workdir))]
+        _, done = _gate_runs(c, tune, seed, args)
         reading = gate_reading(c, done)
         if reading.passed:
             print(f"reproduce_results: {c.key}: gate passed ({reading.text()})", flush=True)
@@ -304,6 +323,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   f"{st['eval_done']} evaluation"
                   + (f"; left ~{st['seconds_left'] / 60:.0f} min ({', '.join(st['open_arms'])})"
                      if st["seconds_left"] else ""), flush=True)
+            c = next(c for c in claims if c.key == st["claim"])
+            if c.gate is not None and revision >= 4 and not args.quick:
+                print(f"    gate: {gate_status(c, tune, tune_seeds[0], args)}", flush=True)
         print(f"reproduce_results: declared time of the runs not finished in {args.workdir}: {left / 60:.0f} min "
               f"(~{left / 60 / jobs:.0f} min at {jobs} at a time; an arm shared by claims counts in each)", flush=True)
         return 0
