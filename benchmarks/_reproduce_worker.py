@@ -112,7 +112,8 @@ def _curve(trainer, digits: int = 6) -> dict:
     return {k: [float(f"{by_pass[e][k]:.{digits}g}") if k in by_pass[e] else None for e in passes] for k in names}
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The processor's model name (``/proc/cpuinfo``), else what :mod:`platform` says."""
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
@@ -130,7 +131,7 @@ def _device(trainer) -> str:
     dev = getattr(getattr(trainer, "strategy", None), "root_device", None)
     if dev is not None and dev.type == "cuda":
         return f"cuda: {torch.cuda.get_device_name(dev)}"
-    return f"cpu: {_cpu_model()}"
+    return f"cpu: {cpu_model()}"
 
 
 def run(spec: dict) -> dict:

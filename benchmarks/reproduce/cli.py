@@ -18,7 +18,6 @@ import argparse
 import datetime as _dt
 import functools
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -37,14 +36,10 @@ from .tuning import plan_groups, tuning_runs
 
 
 def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    """The processor's model name, as each run records it (the worker's :func:`cpu_model`)."""
+    from _reproduce_worker import cpu_model  # benchmarks/ is on sys.path, as for the whole package
+
+    return cpu_model()
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
