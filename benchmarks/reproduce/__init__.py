@@ -67,7 +67,18 @@ Provenance: the reproduction refuses to start with uncommitted changes under ``l
 (what CI runs, on whatever checkout it has) may run dirty. Either way the runs made record a code
 version ending in ``-dirty`` and the reports name the uncommitted paths and those runs.
 ``--plan`` runs nothing: it prints, per claim, the runs, their declared time and how many of them
-are already finished in ``--workdir`` (``reproduce.running.plan_status``).
+are already finished in ``--workdir`` (``reproduce.running.plan_status``), and a gated claim's gate.
+
+Protocol revision 4 adds, per claim: ``fidelity`` (the deviations from the paper's setup, printed),
+``not_applicable`` (declared before any run: the claim is not run), ``manipulation`` (absolute levels
+showing the intervention acted, else *not tested*), ``replicate`` (the evaluation again at a multiple
+of the budget) and ``gate`` (an arm's first-seed tuning runs run before anything else of the claim,
+and one must reach an absolute validation level, else *not tested* and nothing else runs:
+:func:`reproduce.cli.run_gates`). An arm whose overrides set ``trainer.accelerator: gpu`` trains on
+a CUDA device: its runs are made in fresh interpreters and refused where no device is visible; every
+run records the device it trained on (the runs file's ``device`` column) and, outside a git checkout,
+the commit named by ``REPRODUCE_CODE_VERSION``. ``scripts/gpu_claims.sh`` runs such claims on a lent GPU a
+session at a time (``--deadline``, then ``--export-runs``).
 
 The committed ``<benchmark>_runs.csv`` files are the record of every run: ``--runs-from results/revision2``
 copies their finished runs into ``--workdir`` before anything starts (``reproduce.records.seed_workdir``),
