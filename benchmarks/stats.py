@@ -761,6 +761,12 @@ def _values(xs) -> list:
     return [float(v) for v in vals if v is not None and math.isfinite(float(v))]
 
 
+def meets_level(value: float, op: str, level: float) -> bool:
+    """``value op level`` for an ``op`` of :data:`MANIPULATION_OPS` (a manipulation check's and a
+    gate's reading)."""
+    return {"<": value < level, "<=": value <= level, ">": value > level, ">=": value >= level}[op]
+
+
 def manipulation_result(check: ManipulationCheck) -> ManipulationResult:
     """Read one manipulation check. Rule: the arm's mean over its seeds (finite values) must satisfy
     ``mean op level``; no interval is used. The check asks whether the intervention acted at all, a
@@ -778,7 +784,7 @@ def manipulation_result(check: ManipulationCheck) -> ManipulationResult:
     if not v:
         return ManipulationResult(check.name, check.metric, check.arm, check.op, level, float("nan"), 0, False)
     m = float(np.mean(v))
-    passed = {"<": m < level, "<=": m <= level, ">": m > level, ">=": m >= level}[check.op]
+    passed = meets_level(m, check.op, level)
     return ManipulationResult(check.name, check.metric, check.arm, check.op, level, m, len(v), bool(passed))
 
 

@@ -171,9 +171,7 @@ class Gate:
             v = float(value)
         except (TypeError, ValueError):
             return False
-        if v != v:
-            return False
-        return {"<": v < self.level, "<=": v <= self.level, ">": v > self.level, ">=": v >= self.level}[self.op]
+        return v == v and stats.meets_level(v, self.op, self.level)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -503,6 +501,12 @@ def _gate(raw: Any) -> Optional[Gate]:
                 op=str(raw.get("op", "")), level=raw.get("level"))
 
 
+def _not_a_finite_level(level: Any) -> bool:
+    """Whether a manipulation check's or a gate's ``level`` is not a finite number (an absolute level)."""
+    return isinstance(level, bool) or not isinstance(level, (int, float)) or level != level \
+        or level in (float("inf"), float("-inf"))
+
+
 def _validate_revision4(cf: ClaimsFile, c: Claim, where: str) -> List[str]:
     """The revision-4 keys of a claim: ``fidelity`` (declared by every claim of a revision-4 file, a
     list of lines, ``[]`` when none is known), ``not_applicable`` (the reason, a non-empty string),
@@ -544,8 +548,7 @@ def _validate_revision4(cf: ClaimsFile, c: Claim, where: str) -> List[str]:
             problems.append(f"{w} ({m.name}): metric {m.metric!r} must be a logged column (test/..., train/...)")
         if m.op not in stats.MANIPULATION_OPS:
             problems.append(f"{w} ({m.name}): op must be one of {stats.MANIPULATION_OPS} (got {m.op!r})")
-        if isinstance(m.level, bool) or not isinstance(m.level, (int, float)) or m.level != m.level \
-                or m.level in (float("inf"), float("-inf")):
+        if _not_a_finite_level(m.level):
             problems.append(f"{w} ({m.name}): level must be a finite number, an absolute level (got {m.level!r})")
     g = c.gate
     if g is not None:
@@ -560,8 +563,7 @@ def _validate_revision4(cf: ClaimsFile, c: Claim, where: str) -> List[str]:
                                 f"gate reads tuning runs, which never test")
             if g.op not in stats.MANIPULATION_OPS:
                 problems.append(f"{w} ({g.name}): op must be one of {stats.MANIPULATION_OPS} (got {g.op!r})")
-            if isinstance(g.level, bool) or not isinstance(g.level, (int, float)) or g.level != g.level \
-                    or g.level in (float("inf"), float("-inf")):
+            if _not_a_finite_level(g.level):
                 problems.append(f"{w} ({g.name}): level must be a finite number, an absolute level (got {g.level!r})")
     return problems
 

@@ -145,17 +145,18 @@ def first_point_args(arm, quick: bool) -> List[str]:
     return run_args(arm, 0, arm.grid_points()[0], phase="eval", quick=quick)
 
 
-def _gate_runs(c: Claim, tune, seed: int, args: argparse.Namespace):
-    """A gated claim's gate runs (its arm's declared tuning runs on ``seed``) and the rows of those
-    finished in the workdir."""
-    gruns = [r for r in tune if r.arm.key == c.gate.arm and r.seed == seed]
-    return gruns, [row for r in gruns if (row := running.cached_row(r, quick=args.quick, workdir=args.workdir))]
+def _gate_runs(c: Claim, tune, seed: int, args: argparse.Namespace) -> List[tuple]:
+    """A gated claim's gate runs (its arm's declared tuning runs on ``seed``), each with its row where
+    it is finished in the workdir (else ``None``)."""
+    return [(r, running.cached_row(r, quick=args.quick, workdir=args.workdir))
+            for r in tune if r.arm.key == c.gate.arm and r.seed == seed]
 
 
 def gate_status(c: Claim, tune, seed: int, args: argparse.Namespace) -> str:
     """``--plan``'s line for a claim's gate: passed or failed (with its reading), or how many of its
     runs are finished."""
-    gruns, done = _gate_runs(c, tune, seed, args)
+    gruns = _gate_runs(c, tune, seed, args)
+    done = [row for _, row in gruns if row]
     reading = gate_reading(c, done)
     if reading.passed:
         return f"passed ({reading.text()})"
@@ -175,14 +176,15 @@ def run_gates(gated_claims: Sequence[Claim], cf: ClaimsFile, tune, seed: int, ar
     gate_rows: List[dict] = []
     for c in gated_claims:
         g = c.gate
-        gruns, _ = _gate_runs(c, tune, seed, args)
-        missing = [r for r in gruns if args.fresh or running.cached_row(r, quick=args.quick, workdir=args.workdir) is None]
+        gruns = _gate_runs(c, tune, seed, args)
+        missing = [r for r, row in gruns if args.fresh or row is None]
         if missing:
             print(f"reproduce_results: {c.key}: its gate first ({g.name}): {len(missing)} tuning run(s) of {g.arm} on "
                   f"seed {seed}", flush=True)
             running.run_plan([cf.arms[g.arm]], missing, {}, deadline=deadline, rounds=0,
                              execute_fn=functools.partial(running.execute, isolation=args.isolation), **common)
-        _, done = _gate_runs(c, tune, seed, args)
+            gruns = _gate_runs(c, tune, seed, args)  # read again: what those runs wrote
+        done = [row for _, row in gruns if row]
         reading = gate_reading(c, done)
         if reading.passed:
             print(f"reproduce_results: {c.key}: gate passed ({reading.text()})", flush=True)
@@ -352,7 +354,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     tune_rows, eval_rows, chosen, tables = running.run_plan(
         arm_list, tune, eval_seeds, deadline=deadline, groups=groups, rounds=rounds, replicates=reps,
         execute_fn=functools.partial(running.execute, isolation=args.isolation), **common)
-    rows = tune_rows + eval_rows + [r for r in gate_rows if r["key"] not in {x["key"] for x in tune_rows}]
+    tuned = {x["key"] for x in tune_rows}
+    rows = tune_rows + eval_rows + [r for r in gate_rows if r["key"] not in tuned]
     n_rep = sum(len(ss) for _, ss in reps.values())
     if len(tune_rows) < len(tune) or len(eval_rows) < n_eval + n_rep or len(chosen) < len(arm_list):
         print(f"reproduce_results: stopped at the deadline with {max(0, len(tune) - len(tune_rows))} declared "

@@ -87,12 +87,12 @@ def compile_library(stem: str, source: str, flags: List[str]) -> Tuple[Optional[
                 with open(src, "w") as fh:
                     fh.write(source)
                 so = os.path.join(tmp, f"{stem}.so")
-                done = subprocess.run([cc, *flags, "-x", "c", src, "-x", "none", "-o", so, "-lm"],
-                                      capture_output=True, text=True, timeout=120)
+                cmd = [cc, *flags, "-x", "c", src, "-x", "none", "-o", so, "-lm"]
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
                 if done.returncode != 0:
                     log = os.path.join(folder, f"{stem}_{key}.log")
                     with open(log, "w") as fh:
-                        fh.write(" ".join([cc, *flags, "-x", "c", src, "-x", "none", "-o", so, "-lm"]) + "\n\n")
+                        fh.write(" ".join(cmd) + "\n\n")
                         fh.write(done.stdout + done.stderr)
                     return None, f"{os.path.basename(cc)} failed: {_first_errors(done.stderr)} (whole output: {log})"
                 os.replace(so, path)  # atomic: a concurrent build writes the same bytes
