@@ -82,6 +82,47 @@ def _data_info(dm) -> dict:
     return info
 
 
+def _metrics_csv(trainer) -> "str | None":
+    """The CSV logger's ``metrics.csv`` of the run (one row per logging call), or ``None``."""
+    for logger in getattr(trainer, "loggers", None) or []:
+        d = getattr(logger, "log_dir", None)
+        if d and os.path.isfile(os.path.join(d, "metrics.csv")):
+            return os.path.join(d, "metrics.csv")
+    return None
+
+
+#: the per-step training scalars a run keeps (``trace``) where it logged them: the loss and the
+#: language model's log Z (its mean and spread over the step's tokens)
+TRACE_METRICS = ("train/loss", "train/logz_mean", "train/logz_std")
+
+
+def _trace(trainer, points: int = 200, digits: int = 6) -> dict:
+    """``{metric: [[step, value], ...]}`` of the :data:`TRACE_METRICS` the run logged per step (every
+    ``log_every_n_steps``), read from ``metrics.csv``, thinned evenly to at most ``points`` entries
+    per metric (the first and last kept). Empty when the run logged none of them."""
+    import csv
+
+    path = _metrics_csv(trainer)
+    if path is None:
+        return {}
+    got: dict = {}
+    with open(path, newline="") as fh:
+        for row in csv.DictReader(fh):
+            step = row.get("step")
+            if step in ("", None):
+                continue
+            for k in TRACE_METRICS:
+                if row.get(k) not in ("", None):
+                    got.setdefault(k, []).append([int(float(step)), float(f"{float(row[k]):.{digits}g}")])
+    out = {}
+    for k, xs in got.items():
+        if len(xs) > points:
+            idx = sorted({round(i * (len(xs) - 1) / (points - 1)) for i in range(points)})
+            xs = [xs[i] for i in idx]
+        out[k] = xs
+    return out
+
+
 def _curve(trainer, digits: int = 6) -> dict:
     """``{metric: [value per validation pass]}`` of the ``val/...`` scalars the run logged, read from
     the CSV logger's ``metrics.csv`` (one row per logging call; the validation rows carry ``epoch``
@@ -90,12 +131,7 @@ def _curve(trainer, digits: int = 6) -> dict:
     never."""
     import csv
 
-    path = None
-    for logger in getattr(trainer, "loggers", None) or []:
-        d = getattr(logger, "log_dir", None)
-        if d and os.path.isfile(os.path.join(d, "metrics.csv")):
-            path = os.path.join(d, "metrics.csv")
-            break
+    path = _metrics_csv(trainer)
     if path is None:
         return {}
     by_pass: dict = {}
@@ -156,6 +192,7 @@ def run(spec: dict) -> dict:
         result["steps"] = int(fit.trainer.global_step)
         result["fit_metrics"] = _scalars(fit.trainer.callback_metrics)
         result["curve"] = _curve(fit.trainer)
+        result["trace"] = _trace(fit.trainer)
         result["device"] = _device(fit.trainer)
         if not spec.get("test", True):
             result["data"] = _data_info(fit.datamodule)

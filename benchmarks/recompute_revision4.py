@@ -11,7 +11,10 @@ definitions (docs/benchmarks.md, "Protocol, revision 4"):
 
 * the primary check's per-seed values: ``family - baseline`` of the evaluation runs (phase ``eval``,
   seeds ``0 .. seeds - 1``, both arms finished), or for a difference in differences
-  ``(family - baseline) - (clean_family - clean_baseline)``;
+  ``(family - baseline) - (clean_family - clean_baseline)``, or for a learning-rate sensitivity
+  (``lr_sensitivity``) per tuning seed and sweep of the tuning runs (phase ``tune``) ``S(family) -
+  S(baseline)`` with ``S = mean over the learning rates of min(final loss, cap) - its minimum``
+  (a diverged run, non-finite or failed on a non-finite value, at the cap);
 * its margin (declared, or ``relative_margin`` times the baseline's error: ``1 - mean`` where higher
   is better, the mean where lower is better);
 * the paired t interval (95%) and, for a paired check whose metric is a mean over test items (or
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import math
 import os
@@ -83,6 +87,41 @@ def differences(ch: dict, rows: Sequence[dict], seeds: Sequence[int], phase: str
     cb = per_seed(rows, ch.get("clean_baseline", ch["baseline"]), cm, seeds, phase)
     both = sorted(set(f) & set(b) & set(cf) & set(cb))
     return {s: (f[s] - b[s]) - (cf[s] - cb[s]) for s in both}
+
+
+def sweep_sensitivities(ch: dict, rows: Sequence[dict], arms: dict) -> Dict[Tuple[int, str], float]:
+    """Per (tuning seed, sweep) that both arms ran in full: the family's learning-rate sensitivity
+    minus the baseline's, from the tuning rows."""
+    cap = float(ch["cap"])
+    group = ch.get("group")
+    declared: Dict[str, set] = {}
+    grid = dict(arms[ch["family"]].get("grid") or {})
+    points = grid.pop("points", None) or [dict(zip(grid, vals)) for vals in itertools.product(*grid.values())]
+    for p in points:
+        declared.setdefault(json.dumps(p.get(group)) if group else "", set()).add(json.dumps(p, sort_keys=True))
+
+    def losses(arm: str) -> Dict[Tuple[int, str], Dict[str, float]]:
+        out: Dict[Tuple[int, str], Dict[str, float]] = {}
+        for r in rows:
+            if r["arm"] != arm or r["phase"] != "tune":
+                continue
+            failed_nan = r["ok"] != "True" and re.search(r"\bNaN\b|[+-]inf\b|non-finite|not finite",
+                                                         r.get("error") or "", re.I)
+            if r["ok"] != "True" and not failed_nan:
+                continue
+            p = json.loads(r["params"])
+            v = r.get(ch["metric"], "") if r["ok"] == "True" else ""
+            v = float(v) if v not in ("", None) else math.inf
+            out.setdefault((int(r["seed"]), json.dumps(p.get(group)) if group else ""), {})[
+                json.dumps(p, sort_keys=True)] = min(v, cap) if math.isfinite(v) else cap
+        return {k: d for k, d in out.items() if set(d) == declared.get(k[1])}
+
+    def sens(d: Dict[str, float]) -> float:
+        x = np.asarray(list(d.values()), dtype=float)
+        return float(x.mean() - x.min())
+
+    f, b = losses(ch["family"]), losses(ch["baseline"])
+    return {k: sens(f[k]) - sens(b[k]) for k in sorted(set(f) & set(b))}
 
 
 def t_interval(values: Sequence[float], confidence: float = 0.95) -> Tuple[float, float, float]:
@@ -192,14 +231,19 @@ def same_side(kind: str, better: str, v: str, mean: float, margin: Optional[floa
     return ok == (v == REPRODUCED)
 
 
-def recompute(c: dict, rows: Sequence[dict], results: str, resamples: int) -> Tuple[str, str]:
+def recompute(c: dict, rows: Sequence[dict], results: str, resamples: int,
+              arms: Optional[dict] = None) -> Tuple[str, str]:
     """``(verdict, how it was read)`` of one claim."""
     if c.get("not_applicable"):
         return NOT_APPLICABLE, "declared"
     seeds = list(range(int(c["seeds"])))
     ch = next(x for x in c["checks"] if x.get("primary"))
     kind, better = ch["kind"], ch.get("better", "higher")
-    d = differences(ch, rows, seeds)
+    if kind == "lr_sensitivity":  # the family's sensitivity claimed lower; read from the tuning sweep
+        d = dict(enumerate(sweep_sensitivities(ch, rows, arms).values()))
+        kind = "lower"
+    else:
+        d = differences(ch, rows, seeds)
     if not d:
         return NOT_RESOLVED, "no paired evaluation runs"
     mean, lo, hi = t_interval([d[s] for s in sorted(d)])
@@ -209,7 +253,7 @@ def recompute(c: dict, rows: Sequence[dict], results: str, resamples: int) -> Tu
         b = float(np.mean(list(base.values())))
         margin = float(ch["relative_margin"]) * ((1 - b) if better == "higher" else b)
     how = f"seeds: {mean:+.4f} [{lo:+.4f}, {hi:+.4f}]"
-    items = seeds_by_items(results, c["benchmark"], ch, sorted(d))
+    items = seeds_by_items(results, c["benchmark"], ch, sorted(d)) if ch["kind"] != "lr_sensitivity" else None
     if items is not None:
         ilo, ihi = two_level(items[0], resamples, classes=items[1])
         how += f"; seeds x items [{ilo:+.4f}, {ihi:+.4f}]"
@@ -231,7 +275,7 @@ def recompute(c: dict, rows: Sequence[dict], results: str, resamples: int) -> Tu
         if not vals or not OPS[m["op"]](float(np.mean(list(vals.values()))), float(m["level"])):
             return NOT_TESTED, how + f"; manipulation failed: {m['name']}"
     rep = c.get("replicate")
-    if rep and v in (REPRODUCED, CONTRADICTED):
+    if rep and v in (REPRODUCED, CONTRADICTED) and ch["kind"] != "lr_sensitivity":
         r = differences(ch, rows, list(range(int(rep["seeds"]))), phase="replicate")
         if r:
             rm = float(np.mean(list(r.values())))
@@ -277,7 +321,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 continue
             pipeline = cells[5]
         n += 1
-        v, how = recompute(c, rows, args.results, args.resamples)
+        v, how = recompute(c, rows, args.results, args.resamples, cf.get("arms") or {})
         agree = pipeline.startswith(v)
         bad += not agree
         print(f"| `{c['key']}` | {v} | {how} | {pipeline if agree else 'DIFFERS: ' + pipeline} |")

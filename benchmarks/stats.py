@@ -361,6 +361,20 @@ def did_differences(family_stress: Mapping[int, float], baseline_stress: Mapping
     return {s: stress[s] - clean[s] for s in sorted(set(stress) & set(clean))}
 
 
+def lr_sensitivity(losses: Sequence[float], cap: float) -> float:
+    """The learning-rate sensitivity of one sweep (Wortsman et al. 2023, "Small-scale proxies for
+    large-scale Transformer training instabilities"): over the sweep's final losses ``l(eta)`` (one
+    per learning rate), ``mean_eta min(l(eta), cap) - min_eta min(l(eta), cap)``, where ``cap`` is
+    the loss at initialisation (the uniform prediction's, ``ln C`` for ``C`` classes): a run that
+    diverged (a non-finite loss) or ended worse than it started counts as ``cap``. 0 when every
+    learning rate reaches the same loss; larger when the loss depends more on the learning rate.
+    ``nan`` for an empty sweep."""
+    vals = [min(float(v), float(cap)) if math.isfinite(float(v)) else float(cap) for v in losses]
+    if not vals:
+        return float("nan")
+    return sum(vals) / len(vals) - min(vals)
+
+
 def competence_failures(arms: Mapping[str, Mapping[int, float]], floor) -> list:
     """The arms that do not beat ``floor``: ``[(arm, mean, floor mean)]``.
 
@@ -504,6 +518,8 @@ def _rule(ch: CheckInput) -> str:
         return ch.rule or ""
     if ch.kind == "did":
         return "higher" if ch.better == "higher" else "lower"
+    if ch.kind == "lr_sensitivity":  # the family's sensitivity minus the baseline's, claimed below 0
+        return "lower"
     return ch.kind
 
 

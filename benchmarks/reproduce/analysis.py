@@ -14,11 +14,13 @@ import dataclasses
 import functools
 import json
 import math
+import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .claims import DID_KIND, DIRECTION_KINDS, LEVEL_KINDS, MARGIN_KINDS, REPLICATE_PHASE, Arm, Check, Claim
+from .claims import (DID_KIND, DIRECTION_KINDS, LEVEL_KINDS, MARGIN_KINDS, REPLICATE_PHASE, SENSITIVITY_KIND, Arm,
+                     Check, Claim)
 from .common import stats
 
 def per_seed(rows: Sequence[dict], arm: str, metric: str) -> Dict[int, float]:
@@ -40,9 +42,75 @@ def seed_values(rows: Sequence[dict], arm: str, metric: str, seeds: Sequence[int
     return vals
 
 
-def check_sample(ch: Check, rows: Sequence[dict], seeds: Sequence[int]) -> Dict[int, float]:
+#: a failed run's error that says the training diverged: the losses' data check on non-finite values
+#: ("... contains NaN or +inf ...") or the trainer's
+_DIVERGED = re.compile(r"\bNaN\b|[+-]inf\b|non-finite|not finite", re.IGNORECASE)
+
+
+def diverged(row: dict) -> bool:
+    """Whether a failed run failed because its training diverged (its recorded error names a
+    non-finite value): such a run finished, at the worst possible loss."""
+    return not row.get("ok") and bool(_DIVERGED.search(str(row.get("error") or "")))
+
+
+def sweep_losses(ch: Check, rows: Sequence[dict], arm: str,
+                 expected: Optional[Dict[str, set]] = None) -> Dict[Tuple[int, str], Dict[str, float]]:
+    """``{(tuning seed, sweep): {grid point: final value of the check's metric}}`` of one arm's tuning
+    runs (an ``lr_sensitivity`` check): a sweep is the points sharing the value of the check's
+    ``group`` key (``""`` without one). A run that finished counts with its value (``nan`` when it is
+    not finite); a run that failed because training diverged (:func:`diverged`) counts as ``nan``
+    (:func:`stats.lr_sensitivity` reads both as the cap); a run that failed otherwise, or has not run,
+    is missing, and a sweep missing any of its ``expected`` points (``{sweep: {point}}``) is left out."""
+    out: Dict[Tuple[int, str], Dict[str, float]] = {}
+    for r in rows:
+        if r["arm"] != arm or r.get("phase") != "tune" or not (r["ok"] or diverged(r)):
+            continue
+        p = json.loads(r["params"]) if isinstance(r["params"], str) else dict(r["params"])
+        g = json.dumps(p.get(ch.group)) if ch.group else ""
+        v = r.get(ch.metric, "") if r["ok"] else ""
+        out.setdefault((int(r["seed"]), g), {})[json.dumps(p, sort_keys=True)] = \
+            float(v) if v not in ("", None) else float("nan")
+    if expected is not None:
+        out = {k: v for k, v in out.items() if set(v) >= expected.get(k[1], set())}
+    return out
+
+
+def expected_sweeps(ch: Check, arm: Arm) -> Dict[str, set]:
+    """``{sweep: {grid point}}`` an arm declares (the points grouped by the check's ``group`` key)."""
+    out: Dict[str, set] = {}
+    for p in arm.grid_points():
+        out.setdefault(json.dumps(p.get(ch.group)) if ch.group else "", set()).add(json.dumps(p, sort_keys=True))
+    return out
+
+
+def sensitivities(ch: Check, rows: Sequence[dict],
+                  arms: Optional[Dict[str, Arm]] = None) -> Dict[Tuple[int, str], Tuple[float, float]]:
+    """``{(tuning seed, sweep): (family's sensitivity, baseline's)}`` of an ``lr_sensitivity`` check
+    (:func:`stats.lr_sensitivity`, capped at the check's ``cap``) over the sweeps both arms completed
+    (with ``arms``: every declared point; without, the same points in both)."""
+    exp = expected_sweeps(ch, arms[ch.family]) if arms and ch.family in arms else None
+    fam = sweep_losses(ch, rows, ch.family, exp)
+    base = sweep_losses(ch, rows, ch.baseline, exp)
+    return {k: (stats.lr_sensitivity(list(fam[k].values()), float(ch.cap)),
+                stats.lr_sensitivity(list(base[k].values()), float(ch.cap)))
+            for k in sorted(set(fam) & set(base)) if set(fam[k]) == set(base[k])}
+
+
+def sensitivity_sample(ch: Check, rows: Sequence[dict],
+                       arms: Optional[Dict[str, Arm]] = None) -> Dict[Tuple[int, str], float]:
+    """An ``lr_sensitivity`` check's sample: per tuning seed and sweep that both arms completed, the
+    family's learning-rate sensitivity minus the baseline's (:func:`sensitivities`)."""
+    return {k: f - b for k, (f, b) in sensitivities(ch, rows, arms).items()}
+
+
+def check_sample(ch: Check, rows: Sequence[dict], seeds: Sequence[int],
+                 arms: Optional[Dict[str, Arm]] = None) -> Dict[int, float]:
     """The per-seed sample a check is read from: the family's values (level rules), the differences
-    in differences (``did``) or the paired differences family - baseline."""
+    in differences (``did``), the paired differences family - baseline, or (``lr_sensitivity``) the
+    paired differences of the learning-rate sensitivity per tuning seed and sweep
+    (:func:`sensitivity_sample`, keyed by position: the tuning runs are its sample, not ``seeds``)."""
+    if ch.kind == SENSITIVITY_KIND:
+        return dict(enumerate(sensitivity_sample(ch, rows, arms).values()))
     fam = seed_values(rows, ch.family, ch.metric, seeds, ch.transform)
     if ch.rule_kind() in LEVEL_KINDS:
         return fam
@@ -107,7 +175,7 @@ def claim_results(c: Claim, rows: Sequence[dict], *, seeds: Sequence[int], metho
             checks.append({"check": ch, "verdict": v, "ci": ci})
         return {"claim": c, "checks": checks, "verdict": stats.claim_verdict([x["verdict"] for x in checks])}
     rev4 = revision >= 4
-    inputs = [stats.CheckInput(name=f"{i}", kind=ch.kind, values=tuple(check_sample(ch, rows, seeds).values()),
+    inputs = [stats.CheckInput(name=f"{i}", kind=ch.kind, values=tuple(check_sample(ch, rows, seeds, arms).values()),
                                primary=ch.primary, rule=ch.rule, better=ch.better, margin=ch.margin, level=ch.level,
                                effect=ch.effect, **(_relative(ch, rows, seeds) if rev4 else {}))
               for i, ch in enumerate(c.checks)]
@@ -307,6 +375,9 @@ def replicate_result(c: Claim, prim: dict, rows: Sequence[dict]) -> dict:
     there is nothing to flip (the verdict is not decided, no replicate run finished)."""
     ch, r = prim["check"], prim["result"]
     budget, n_seeds = int(c.replicate[0]), int(c.replicate[1])
+    if ch.kind == SENSITIVITY_KIND:  # its sample is the tuning sweep, which a replicate does not repeat
+        return {"budget": budget, "seeds": n_seeds, "n": 0, "values": [], "mean": float("nan"), "flips": False,
+                "text": "not read (a learning-rate sensitivity: its sample is the tuning sweep)"}
     seeds = list(range(n_seeds))
     rep = [dict(x, phase="eval") for x in rows if x.get("phase") == REPLICATE_PHASE]
     sample = check_sample(ch, rep, seeds)

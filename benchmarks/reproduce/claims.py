@@ -27,6 +27,8 @@ MARGIN_KINDS = ("equivalent", "not_worse")
 LEVEL_KINDS = ("below", "above")
 DID_KIND = "did"  # revision 3: difference in differences (robustness claims)
 SANITY_KIND = "sanity"  # revision 3: identities / levels a loss meets by construction
+#: revision 4: the learning-rate sensitivity of two swept arms, read from their tuning runs
+SENSITIVITY_KIND = "lr_sensitivity"
 TRANSFORMS = ("abs",)  # per-seed transforms of a metric a check may declare
 REVISIONS = (2, 3, 4)
 #: claim keys read only under revision 4 (``statistics.revision: 4``)
@@ -124,6 +126,11 @@ class Check:
     effect: Optional[float] = None  # the effect the paper reports (absolute units), for "decidable at this n"
     # revision 4: a margin relative to the baseline's error (stats.resolve_margin), instead of ``margin``
     relative_margin: Optional[float] = None
+    # kind: lr_sensitivity -- the loss a diverged or worse-than-initial run counts as (the loss of the
+    # uniform prediction, ln of the number of classes), and the grid key whose values are separate
+    # sweeps (e.g. the model width); see stats.lr_sensitivity
+    cap: Optional[float] = None
+    group: Optional[str] = None
 
     def rule_kind(self) -> str:
         """The kind the verdict is read with: a sanity check's ``rule``, else the ``kind``."""
@@ -256,9 +263,11 @@ def _replicate(raw: Any) -> Optional[Tuple[Any, Any]]:
     return (raw.get("budget"), raw.get("seeds"))
 
 
-# Overrides that count epochs: a replicate multiplies them with the epochs, so a two-stage arm keeps
-# its stage boundary at the same share of the fit (stage 1 of 15 epochs in 20 becomes 30 in 40).
-EPOCH_OVERRIDES = ("model.init_args.two_stage_epoch",)
+# Overrides that count epochs or steps: a replicate multiplies them with the epochs, so a two-stage arm
+# keeps its stage boundary at the same share of the fit (stage 1 of 15 epochs in 20 becomes 30 in 40),
+# and an arm whose budget is a step count (trainer.max_steps, the epochs only bounding it) trains twice
+# the steps.
+EPOCH_OVERRIDES = ("model.init_args.two_stage_epoch", "trainer.max_steps")
 
 
 def replicate_arm(arm: Arm, budget: int) -> Arm:
@@ -310,7 +319,8 @@ def load_claims(path: str = CLAIMS_FILE) -> ClaimsFile:
                              primary=bool(ch.get("primary", False)), rule=ch.get("rule"),
                              transform=ch.get("transform"), clean_metric=ch.get("clean_metric"),
                              clean_family=ch.get("clean_family"), clean_baseline=ch.get("clean_baseline"),
-                             effect=ch.get("effect"), relative_margin=ch.get("relative_margin"))
+                             effect=ch.get("effect"), relative_margin=ch.get("relative_margin"),
+                             cap=ch.get("cap"), group=ch.get("group"))
                        for ch in c.get("checks") or [])
         fid = c.get("fidelity")
         raw_manip = c.get("manipulation") or []
@@ -459,6 +469,9 @@ def validate_claims(cf: ClaimsFile) -> List[str]:
             if ch.kind == DID_KIND:
                 problems += _validate_did(cf, c, ch, w)
                 continue
+            if ch.kind == SENSITIVITY_KIND:
+                problems += _validate_sensitivity(cf, c, ch, w)
+                continue
             kind = ch.kind
             if ch.kind == SANITY_KIND:
                 kind = ch.rule or ""
@@ -488,7 +501,7 @@ def validate_claims(cf: ClaimsFile) -> List[str]:
                     problems.append(f"{w}: a {kind} claim needs a level")
             else:
                 problems.append(f"{w}: kind {ch.kind!r} is not one of "
-                                f"{DIRECTION_KINDS + MARGIN_KINDS + LEVEL_KINDS + (DID_KIND, SANITY_KIND)}")
+                                f"{DIRECTION_KINDS + MARGIN_KINDS + LEVEL_KINDS + (DID_KIND, SANITY_KIND, SENSITIVITY_KIND)}")
     return problems
 
 
@@ -592,6 +605,59 @@ def _validate_did(cf: ClaimsFile, c: Claim, ch: Check, w: str) -> List[str]:
         out.append(f"{w}: a did check takes no margin (its claimed direction is given by better)")
     if ch.better not in ("higher", "lower"):
         out.append(f"{w}: better must be 'higher' or 'lower'")
+    return out
+
+
+def sweep_key(arm: Arm) -> Optional[str]:
+    """The grid key of ``arm`` that sets the learning rate (its last component in :data:`LR_KEYS`),
+    or ``None``."""
+    return next((k for p in arm.grid_points() for k in p if k.split(".")[-1] in LR_KEYS), None)
+
+
+def _validate_sensitivity(cf: ClaimsFile, c: Claim, ch: Check, w: str) -> List[str]:
+    """A learning-rate sensitivity check (revision 4): two arms of the claim that sweep the same
+    learning rates (the same grid points, never widened: the sweep is the condition, not a tuning
+    range), a validation metric that is a loss (lower is better) read from their tuning runs, the
+    finite ``cap`` a diverged run counts as, and at least 3 learning rates per sweep (per value of
+    the ``group`` key, which every point must set)."""
+    out = []
+    if cf.revision < 4:
+        return [f"{w}: an lr_sensitivity check is read under protocol revision 4 only"]
+    if ch.baseline not in c.arms or ch.baseline == ch.family:
+        return [f"{w}: baseline {ch.baseline!r} must be another arm of the claim"]
+    if not ch.metric.startswith("val/"):
+        out.append(f"{w}: the sensitivity is read from the tuning runs, so its metric must be a validation loss "
+                   f"(val/...), got {ch.metric!r}")
+    if ch.better != "lower":
+        out.append(f"{w}: the sensitivity is read on a loss: declare better: lower")
+    if _not_a_finite_level(ch.cap):
+        out.append(f"{w}: cap must be a finite number, the loss a diverged run counts as (e.g. ln of the number of "
+                   f"classes, the uniform prediction's loss); got {ch.cap!r}")
+    if ch.margin is not None or ch.relative_margin is not None:
+        out.append(f"{w}: an lr_sensitivity check takes no margin (the family's sensitivity is claimed lower)")
+    fam, base = cf.arms.get(ch.family), cf.arms.get(ch.baseline)
+    if fam is None or base is None:
+        return out
+    for a in (fam, base):
+        if a.widen:
+            out.append(f"{w}: arm {a.key!r} sweeps the learning rate: declare it widen: false (no tuning inside "
+                       f"the sweep)")
+    key = sweep_key(fam)
+    if key is None or sweep_key(base) != key:
+        out.append(f"{w}: both arms must sweep the same learning-rate key")
+        return out
+    pts = [json.dumps(p, sort_keys=True) for p in fam.grid_points()]
+    if sorted(pts) != sorted(json.dumps(p, sort_keys=True) for p in base.grid_points()):
+        out.append(f"{w}: the two arms must sweep the same grid points (the sensitivity is paired per sweep)")
+    if ch.group is not None and any(ch.group not in p for p in fam.grid_points()):
+        out.append(f"{w}: group {ch.group!r} must be a key of every grid point")
+        return out
+    sweeps: Dict[Any, set] = {}
+    for p in fam.grid_points():
+        sweeps.setdefault(json.dumps(p.get(ch.group)) if ch.group else "", set()).add(p[key] if key in p else None)
+    short = {g: len(v) for g, v in sweeps.items() if len(v) < 3}
+    if short:
+        out.append(f"{w}: every sweep needs at least 3 learning rates (got {short})")
     return out
 
 

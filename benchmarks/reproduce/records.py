@@ -32,8 +32,9 @@ CSV_FIXED = ["benchmark", "arm", "label", "phase", "recipe", "recipe_sha", "code
 
 def write_csv(rows: Sequence[dict], path: str) -> None:
     metrics = sorted({k for r in rows for k in r if k.startswith(("val/", "test/", "train/"))})
-    # the device each run trained on, a column once some run records it (older runs files regenerate as they were)
-    fixed = CSV_FIXED + (["device"] if any(r.get("device") for r in rows) else [])
+    # the device each run trained on and its per-step training trace (the language model's loss and log Z), a
+    # column each once some run records it (older runs files regenerate as they were)
+    fixed = CSV_FIXED + [k for k in ("device", "trace") if any(r.get(k) for r in rows)]
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fixed + metrics, extrasaction="ignore")
         w.writeheader()
@@ -137,6 +138,7 @@ def _result_from_row(row: Dict[str, str], source: str) -> dict:
             "recipe_sha": row.get("recipe_sha", ""), "code": row.get("code", ""), "started": row.get("started", ""),
             "code_hash": row.get("code_hash", ""), "curve": json.loads(row["curve"]) if row.get("curve") else {},
             "data": json.loads(row.get("data") or "{}"), "versions": versions, "device": row.get("device") or "",
+            "trace": json.loads(row["trace"]) if row.get("trace") else {},
             "fit_metrics": metrics("train/"),
             "val_metrics": metrics("val/"), "test_metrics": metrics("test/"), "read_from": source}
 

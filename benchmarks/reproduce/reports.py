@@ -16,8 +16,8 @@ import math
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .analysis import _mean_sd, per_seed, seed_values
-from .claims import DID_KIND, LEVEL_KINDS, SANITY_KIND, Arm, Check, Claim, ClaimsFile
+from .analysis import _mean_sd, diverged, per_seed, seed_values, sensitivities, sweep_losses
+from .claims import DID_KIND, LEVEL_KINDS, SANITY_KIND, SENSITIVITY_KIND, Arm, Check, Claim, ClaimsFile, sweep_key
 from .common import ROOT, stats
 from .running import PROVENANCE_DIRS
 from .runs import _overrides
@@ -47,6 +47,10 @@ def check_text(ch: Check, arms: Dict[str, Arm]) -> str:
         return "sanity: " + check_text(dataclasses.replace(ch, kind=ch.rule_kind()), arms)
     m = ch.metric_text()
     fam = arms[ch.family].label
+    if ch.kind == SENSITIVITY_KIND:
+        per = f" per {ch.group.split('.')[-1]}" if ch.group else ""
+        return (f"learning-rate sensitivity of final {m} (capped at {ch.cap:g}; tuning sweep{per}): "
+                f"{fam} < {arms[ch.baseline].label}")
     if ch.kind == DID_KIND:
         cm = ch.clean_metric.split("/", 1)[-1] if ch.clean_metric else m
         cf_, cb = arms[ch.clean_family or ch.family].label, arms[ch.clean_baseline or ch.baseline].label
@@ -135,15 +139,22 @@ def write_markdown(benchmark: str, claims: Sequence[Claim], results: Sequence[di
              ""]
     failed = [r for r in rows if not r["ok"]]
     if failed:
-        lines += ["**Failed runs** (excluded from the statistics):", ""]
-        lines += [f"- {r['phase']} {r['arm']} seed {r['seed']} {r['params']}: {r['error']}" for r in failed]
+        swept = {k for res in results for ch in res["claim"].checks if ch.kind == SENSITIVITY_KIND
+                 for k in (ch.family, ch.baseline)}
+        lines += ["**Failed runs** (excluded from the statistics, except a learning-rate sweep's diverged runs, "
+                  "which its sensitivity reads at the cap):", ""]
+        lines += [f"- {r['phase']} {r['arm']} seed {r['seed']} {r['params']}: {r['error']}"
+                  + (" (diverged: read at the cap)" if r["phase"] == "tune" and r["arm"] in swept and diverged(r) else "")
+                  for r in failed]
         lines.append("")
     for res in results:
         c = res["claim"]
         seeds = meta["seeds_of"][c.key]
         lines += [f"## {c.family}: {c.claim} (`{c.key}`)", "", f"Data: {c.data}. Seeds: {len(seeds)} "
                   f"({seeds[0]}..{seeds[-1]}).", ""]
-        head = ["arm", "recipe", "chosen (val)", "steps", "n", *[m.split("/", 1)[-1] for m in c.metrics], "run s"]
+        short = [m.split("/", 1)[-1] for m in c.metrics]  # the full name where two metrics share the short one
+        head = ["arm", "recipe", "chosen (val)", "steps", "n",
+                *[m if short.count(n) > 1 else n for m, n in zip(c.metrics, short)], "run s"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for k in c.run_arms():
             a = arms[k]
@@ -283,7 +294,11 @@ def _check_row(x: dict, rows: Sequence[dict], seeds: Sequence[int], arms: Dict[s
     ch, r = x["check"], x["result"]
     ci = r.reported_ci
     fam = fmt(*_mean_sd(list(seed_values(rows, ch.family, ch.metric, seeds, ch.transform).values())))
-    if ch.baseline:
+    if ch.kind == SENSITIVITY_KIND:  # each arm's sensitivity over the sweeps (tuning seed x group) both completed
+        pairs = list(sensitivities(ch, rows, arms).values())
+        fam, base = (fmt(*_mean_sd([p[i] for p in pairs])) for i in (0, 1))
+        diff = f"{r.ci.mean:+.4f}" if math.isfinite(r.ci.mean) else "n/a"
+    elif ch.baseline:
         base = fmt(*_mean_sd(list(seed_values(rows, ch.baseline, ch.metric, seeds, ch.transform).values())))
         diff = f"{r.ci.mean:+.4f}" if math.isfinite(r.ci.mean) else "n/a"
     else:
@@ -295,6 +310,40 @@ def _check_row(x: dict, rows: Sequence[dict], seeds: Sequence[int], arms: Dict[s
     p = p if math.isfinite(r.p) else "n/a"
     return (f"| {check_text(ch, arms)} | {role} | {ci.n} | {fam} | {base} | {_margin_text(ch, rows, seeds, r)} | {diff} | "
             f"{_ci_cell(ci, r.role == 'secondary')} | {p} | {_decidable_cell(r)} | {_verdict_cell(r)} |")
+
+
+def sweep_lines(ch: Check, rows: Sequence[dict], arms: Dict[str, Arm],
+                swept: Optional[Sequence[str]] = None) -> List[str]:
+    """The learning-rate sweep an ``lr_sensitivity`` check reads: per arm (``swept``, default the
+    check's two) and sweep (the check's ``group``), the final value of its metric at each learning
+    rate, mean over the tuning seeds that ran it (diverged runs counted at the cap), and the number
+    of runs that diverged."""
+    lr_key = sweep_key(arms[ch.family])
+    swept = list(swept or (ch.family, ch.baseline))
+    table: Dict[Tuple[str, str], Dict[Any, List[float]]] = {}
+    for arm in swept:
+        for (seed, g), pts in sweep_losses(ch, rows, arm).items():
+            for p, v in pts.items():
+                lr = json.loads(p).get(lr_key)
+                table.setdefault((arm, g), {}).setdefault(lr, []).append(v)
+    if not table:
+        return [f"Learning-rate sweep ({ch.metric}): no finished tuning run yet.", ""]
+    lrs = sorted({lr for d in table.values() for lr in d})
+    group = ch.group.split(".")[-1] if ch.group else ""
+    head = ["| arm" + (f" | {group}" if group else "") + " | " + " | ".join(f"lr {lr:g}" for lr in lrs)
+            + " | diverged |", "|---|" + ("---|" if group else "") + "---|" * (len(lrs) + 1)]
+    out = [f"Learning-rate sweep: final {ch.metric} at each learning rate, mean over the tuning seeds (a diverged "
+           f"or non-finite run counts as the cap {ch.cap:g}):", "", *head]
+    for (arm, g), d in sorted(table.items(), key=lambda kv: (json.loads(kv[0][1]) if kv[0][1] else 0,
+                                                             swept.index(kv[0][0]))):
+        cells = []
+        for lr in lrs:
+            vals = [min(v, float(ch.cap)) if math.isfinite(v) else float(ch.cap) for v in d.get(lr, [])]
+            cells.append(f"{sum(vals) / len(vals):.4f} (n={len(vals)})" if vals else "-")
+        n_div = sum(not math.isfinite(v) for vs in d.values() for v in vs)
+        out.append(f"| {arms[arm].label}" + (f" | {json.loads(g)}" if group else "") + " | " + " | ".join(cells)
+                   + f" | {n_div} |")
+    return out + [""]
 
 
 CHECK_HEAD = ["| check | role | pairs | family | baseline | margin (baseline's error) | mean difference | CI | "
@@ -313,6 +362,9 @@ def _rev3_check_lines(res: dict, rows: Sequence[dict], seeds: Sequence[int], arm
             + (". Under the floor: " + "; ".join(f"{arms[a].label} {m.split('/', 1)[-1]} {v:.4f} <= {f:.4f}"
                                                  for a, m, v, f in r3.invalid_arms) if r3.invalid_arms else "") + ".")
         lines.append("")
+    swept = [x["check"] for x in res["checks"] if x["check"].kind == SENSITIVITY_KIND]
+    if swept:  # one table of every swept arm, read as the first sensitivity check reads it
+        lines += sweep_lines(swept[0], rows, arms, list(dict.fromkeys(k for ch in swept for k in (ch.family, ch.baseline))))
     lines += revision4_lines(res, arms)
     n_sanity = sum(x["result"].role == "sanity" for x in res["checks"])
     if n_sanity and not r3.sanity:

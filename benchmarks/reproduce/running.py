@@ -302,6 +302,7 @@ def _row(run: Run, args: Sequence[str], res: dict) -> dict:
         "test_split": (res.get("data") or {}).get("test_split", ""), "code_hash": res.get("code_hash", ""),
         "device": res.get("device", ""),
         "curve": json.dumps(res["curve"], sort_keys=True, separators=(",", ":")) if res.get("curve") else "",
+        "trace": json.dumps(res["trace"], sort_keys=True, separators=(",", ":")) if res.get("trace") else "",
     }
     for k, v in sorted((res.get("fit_metrics") or {}).items()):  # training-side columns (e.g. the classes
         if k.startswith("train/") and not k.startswith("train/loss"):  # a Partial FC step's softmax saw)
