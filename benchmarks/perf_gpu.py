@@ -41,7 +41,7 @@ import platform
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -226,7 +226,6 @@ def _lm_head_cases(shape, dtype, device) -> List[Case]:
 
 
 def _sparse_cases(shape, dtype, device) -> List[Case]:
-    import torch
     import torch.nn.functional as F
 
     import losses
@@ -256,7 +255,6 @@ def _sparse_cases(shape, dtype, device) -> List[Case]:
 
 
 def _config_cases(shape, dtype, device) -> List[Case]:
-    import torch
 
     import losses
     from losses.kernels import triton_rows

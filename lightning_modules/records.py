@@ -367,7 +367,7 @@ def ranking_per_query(preds: Tensor, target: Tensor, indexes: Tensor,
     preds, target, indexes = preds.detach().double().cpu(), target.detach().bool().cpu(), indexes.detach().long().cpu()
     order = torch.argsort(preds, descending=True, stable=True)
     order = order[torch.argsort(indexes[order], stable=True)]
-    p, t, q = preds[order], target[order], indexes[order]
+    t, q = target[order], indexes[order]
     query, group, counts = torch.unique_consecutive(q, return_inverse=True, return_counts=True)
     starts = torch.cumsum(counts, 0) - counts
     pos = torch.arange(q.numel()) - starts[group]  # rank of each candidate within its query, from 0

@@ -34,7 +34,6 @@ Under ``torch.compile`` the launches go through custom operators (``losses::soft
 friends, with shape-only fake implementations), so a compiled model does not break its graph here.
 """
 
-import math
 from typing import Optional, Tuple
 
 import torch

@@ -47,7 +47,7 @@ def _backward(module, x, y, reduction, **kw):
 
 def _worker(rank, world_size, payload):
     torch.manual_seed(100 + rank)  # ranks' global RNGs differ, as in real jobs
-    x_full, w_full, y_full = payload["x"], payload["w"], payload["y"]
+    x_full, y_full = payload["x"], payload["y"]
     rows = slice(rank * N_PER_RANK, (rank + 1) * N_PER_RANK)
     x, y = x_full[rows], y_full[rows]
     res = {}
