@@ -299,3 +299,19 @@ def test_the_worker_keeps_the_per_step_loss_and_log_z_thinned_to_200_points(tmp_
     assert len(lz) == 200 and lz[0] == [0, 9.0] and lz[-1] == [4990, pytest.approx(9.0 - 4990 / 600, rel=1e-5)]
     assert all(a[0] < b[0] for a, b in zip(lz, lz[1:]))
     assert _worker()._trace(types.SimpleNamespace(loggers=[])) == {}
+
+
+def test_prepare_data_builds_each_distinct_data_set_once(capsys):
+    """``--prepare-data`` (run by ``scripts/gpu_claims.sh`` before the runs start side by side):
+    one DataModule per distinct data section of the selected claims' arms, its ``prepare_data()``
+    called, nothing run; two arms with the same data share one."""
+    code = rp.cli.main(["--claims-file", R4_FILE, "--claims", "sparsemax_r4", "--prepare-data"])
+    out = capsys.readouterr().out
+    # the claim's arms and those of their widening group (tuned with them): sparse4 and ce4 share one data set
+    arms = [k for g in rp.tuning.plan_groups(R4, ["sparse4", "ce4"]) for k in g]
+    distinct = {json.dumps(rp.claims.data_config(R4.arms[k]), sort_keys=True) for k in arms}
+    assert json.dumps(rp.claims.data_config(R4.arms["sparse4"]), sort_keys=True) == \
+        json.dumps(rp.claims.data_config(R4.arms["ce4"]), sort_keys=True)
+    assert code == 0 and f"reproduce_results: {len(distinct)} of {len(distinct)} data set(s) prepared" in out
+    assert out.count("reproduce_results: prepared the data of ") == len(distinct) < len(arms)
+    assert "(lightning_modules.data.MNISTDataModule)" in out

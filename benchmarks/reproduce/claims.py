@@ -353,7 +353,7 @@ def without_evaluation(cf: ClaimsFile) -> ClaimsFile:
     return dataclasses.replace(cf, arms=arms, evaluation={})
 
 
-def _data_config(arm: Arm, varies: Sequence[str] = ()) -> dict:
+def data_config(arm: Arm, varies: Sequence[str] = ()) -> dict:
     """The recipe's data section with the arm's overrides, without ``seed`` and the ``varies`` keys."""
     cfg = arm.recipe_config().get("data") or {}
     init = dict(cfg.get("init_args") or {})
@@ -434,7 +434,7 @@ def validate_claims(cf: ClaimsFile) -> List[str]:
             problems.append(f"{where}: every arm must belong to benchmark {c.benchmark!r}")
         if len({a.epochs for a in arms}) > 1:
             problems.append(f"{where}: arms have different step budgets {[(a.key, a.epochs) for a in arms]}")
-        datas = {json.dumps(_data_config(a, c.varies), sort_keys=True) for a in arms
+        datas = {json.dumps(data_config(a, c.varies), sort_keys=True) for a in arms
                  if os.path.isfile(os.path.join(ROOT, a.recipe))}
         if len(datas) > 1:
             problems.append(f"{where}: arms train on different data (the recipes' data sections differ beyond "

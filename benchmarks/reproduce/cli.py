@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import functools
+import json
 import os
 import sys
 import tempfile
@@ -26,8 +27,8 @@ from typing import Any, Dict, List, Optional, Sequence
 from . import __doc__ as PIPELINE
 from . import running
 from .analysis import claim_results, diverged, gate_reading, gated_result, not_run_result
-from .claims import (REVISIONS, SENSITIVITY_KIND, Claim, ClaimsFile, load_claims, replicates, validate_claims,
-                     without_evaluation)
+from .claims import (REVISIONS, SENSITIVITY_KIND, Arm, Claim, ClaimsFile, data_config, load_claims, replicates,
+                     validate_claims, without_evaluation)
 from .common import CLAIMS_FILE, ROOT, stats
 from .plots import plot_claims, plot_curves, plot_forest, plot_per_class
 from .records import (candidate_runs, collect_test_items, export_test_items, file_points, finished_rows, runs_files,
@@ -78,6 +79,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "started (shorter runs that fit go first); the runs left are reported and no report is "
                         "written: rerun on the same --workdir, or --export-runs and --runs-from, to finish")
     p.add_argument("--plan", action="store_true", help="print the runs and their estimated time, run nothing")
+    p.add_argument("--prepare-data", action="store_true",
+                   help="build the data caches of the selected claims' arms once (tokenizers, token streams, "
+                        "embeddings), one data set at a time, then exit: runs started side by side afterwards read "
+                        "them instead of each building the same cache")
     p.add_argument("--allow-dirty", action="store_true",
                    help="start even with uncommitted changes under losses/, lightning_modules/, configs/ or "
                         "benchmarks/ (refused otherwise, except in --quick); the runs made are marked (their code "
@@ -222,6 +227,34 @@ def printed_arguments(argv: Sequence[str], *, dirty: bool) -> List[str]:
     return out
 
 
+def prepare_data(arms: Sequence[Arm]) -> int:
+    """``--prepare-data``: instantiate the DataModule of every distinct data section among ``arms``
+    (the recipe's, with the arm's ``data.init_args`` overrides; the seed left out, which orders batches
+    and never keys a cache) and call its ``prepare_data()``, which fills the caches the runs then read.
+    Returns 1 if any failed (each failure printed), else 0."""
+    import importlib
+
+    seen: Dict[str, Arm] = {}
+    for a in arms:
+        seen.setdefault(json.dumps(data_config(a), sort_keys=True), a)
+    bad = 0
+    for key, a in seen.items():
+        cfg = json.loads(key)
+        t0 = time.perf_counter()
+        try:
+            module, _, name = str(cfg["class_path"]).rpartition(".")
+            dm = getattr(importlib.import_module(module), name)(**cfg["init_args"])
+            dm.prepare_data()
+        except Exception as exc:  # reported; the runs themselves then fail with the same error
+            bad += 1
+            print(f"reproduce_results: preparing the data of {a.key} failed: {type(exc).__name__}: {exc}", flush=True)
+            continue
+        print(f"reproduce_results: prepared the data of {a.key} ({cfg['class_path']}) in "
+              f"{time.perf_counter() - t0:.0f} s", flush=True)
+    print(f"reproduce_results: {len(seen) - bad} of {len(seen)} data set(s) prepared", flush=True)
+    return 1 if bad else 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     t_start = time.perf_counter()
@@ -232,7 +265,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.revision_2_runs:
         cf = without_evaluation(cf)
     dirty: List[str] = []
-    if not (args.plan or args.export_runs):  # both run nothing and write no report
+    if not (args.plan or args.export_runs or args.prepare_data):  # these run nothing and write no report
         dirty = running._dirty_paths()
         if dirty and not (args.allow_dirty or args.quick):
             raise SystemExit("reproduce_results: uncommitted changes under "
@@ -278,6 +311,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"reproduce_results: {len(claims)} claims, {len(arm_list)} arms: {len(tune)} tuning runs + {n_eval} "
           f"evaluation runs; declared run time {est / 60:.0f} min in all (~{est / 60 / jobs:.0f} min at {jobs} "
           f"at a time); workdir {args.workdir}", flush=True)
+    if args.prepare_data:
+        return prepare_data(arm_list)
     if args.runs_from and args.fresh:
         raise SystemExit("reproduce_results: --fresh ignores finished runs; it cannot be combined with --runs-from")
     eval_seeds = {k: sorted(ss) for k, ss in arm_seeds.items()}
