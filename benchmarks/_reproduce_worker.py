@@ -82,13 +82,17 @@ def _data_info(dm) -> dict:
     return info
 
 
-def _metrics_csv(trainer) -> "str | None":
-    """The CSV logger's ``metrics.csv`` of the run (one row per logging call), or ``None``."""
+def _logged_rows(trainer) -> list:
+    """The rows of the CSV logger's ``metrics.csv`` of the run (one per logging call), or ``[]``
+    when it has none."""
+    import csv
+
     for logger in getattr(trainer, "loggers", None) or []:
         d = getattr(logger, "log_dir", None)
         if d and os.path.isfile(os.path.join(d, "metrics.csv")):
-            return os.path.join(d, "metrics.csv")
-    return None
+            with open(os.path.join(d, "metrics.csv"), newline="") as fh:
+                return list(csv.DictReader(fh))
+    return []
 
 
 #: the per-step training scalars a run keeps (``trace``) where it logged them: the loss and the
@@ -100,20 +104,14 @@ def _trace(trainer, points: int = 200, digits: int = 6) -> dict:
     """``{metric: [[step, value], ...]}`` of the :data:`TRACE_METRICS` the run logged per step (every
     ``log_every_n_steps``), read from ``metrics.csv``, thinned evenly to at most ``points`` entries
     per metric (the first and last kept). Empty when the run logged none of them."""
-    import csv
-
-    path = _metrics_csv(trainer)
-    if path is None:
-        return {}
     got: dict = {}
-    with open(path, newline="") as fh:
-        for row in csv.DictReader(fh):
-            step = row.get("step")
-            if step in ("", None):
-                continue
-            for k in TRACE_METRICS:
-                if row.get(k) not in ("", None):
-                    got.setdefault(k, []).append([int(float(step)), float(f"{float(row[k]):.{digits}g}")])
+    for row in _logged_rows(trainer):
+        step = row.get("step")
+        if step in ("", None):
+            continue
+        for k in TRACE_METRICS:
+            if row.get(k) not in ("", None):
+                got.setdefault(k, []).append([int(float(step)), float(f"{float(row[k]):.{digits}g}")])
     out = {}
     for k, xs in got.items():
         if len(xs) > points:
@@ -129,20 +127,14 @@ def _curve(trainer, digits: int = 6) -> dict:
     and ``step``): one point per validation pass, in order -- per epoch, or several per epoch when the
     run validates within it (``val_check_interval``). Empty when the run has no CSV log or validated
     never."""
-    import csv
-
-    path = _metrics_csv(trainer)
-    if path is None:
-        return {}
     by_pass: dict = {}
-    with open(path, newline="") as fh:
-        for row in csv.DictReader(fh):
-            vals = {k: v for k, v in row.items() if k and k.startswith("val/") and v not in ("", None)}
-            if not vals or row.get("epoch") in ("", None):
-                continue
-            step = row.get("step")
-            key = (int(float(row["epoch"])), int(float(step)) if step not in ("", None) else -1)
-            by_pass.setdefault(key, {}).update({k: float(v) for k, v in vals.items()})
+    for row in _logged_rows(trainer):
+        vals = {k: v for k, v in row.items() if k and k.startswith("val/") and v not in ("", None)}
+        if not vals or row.get("epoch") in ("", None):
+            continue
+        step = row.get("step")
+        key = (int(float(row["epoch"])), int(float(step)) if step not in ("", None) else -1)
+        by_pass.setdefault(key, {}).update({k: float(v) for k, v in vals.items()})
     passes = sorted(by_pass)
     names = sorted({k for e in passes for k in by_pass[e]})
     return {k: [float(f"{by_pass[e][k]:.{digits}g}") if k in by_pass[e] else None for e in passes] for k in names}
