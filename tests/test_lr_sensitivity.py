@@ -249,6 +249,8 @@ def test_the_sweep_claim_runs_reports_and_recomputes(tmp_path, monkeypatch):
     assert "**Verdict: reproduced" in block
     summary = (out / "summary.md").read_text()
     assert "1 claims tested: 1 reproduced" in summary
+    # the sweep's figure: final loss against the learning rate, and each rate's per-step log Z
+    assert (out / "language_model_sweep.png").stat().st_size > 10000 and "![language_model_sweep]" in md
     spec = importlib.util.spec_from_file_location("recompute_revision4", os.path.join(ROOT, "benchmarks",
                                                                                        "recompute_revision4.py"))
     rc = importlib.util.module_from_spec(spec)

@@ -30,7 +30,7 @@ from .analysis import claim_results, diverged, gate_reading, gated_result, not_r
 from .claims import (REVISIONS, SENSITIVITY_KIND, Arm, Claim, ClaimsFile, data_config, load_claims, replicates,
                      validate_claims, without_evaluation)
 from .common import CLAIMS_FILE, ROOT, stats
-from .plots import plot_claims, plot_curves, plot_forest, plot_per_class
+from .plots import plot_claims, plot_curves, plot_forest, plot_per_class, plot_sweep
 from .records import (candidate_runs, collect_test_items, export_test_items, file_points, finished_rows, runs_files,
                       seed_workdir, write_csv)
 from .reports import _versions, write_markdown, write_summary
@@ -134,6 +134,8 @@ def write_benchmark(b: str, claims: Sequence[Claim], rows: Sequence[dict], out: 
     pngs.append(f"{b}.png")
     if plot_curves(b, results, brows, cf.arms, os.path.join(out, f"{b}_curves.png")):
         pngs.append(f"{b}_curves.png")
+    if plot_sweep(b, results, brows, cf.arms, os.path.join(out, f"{b}_sweep.png")):
+        pngs.append(f"{b}_sweep.png")
     lt = [k for c in claims for k in c.arms if any("test/acc_class_0" in r for r in brows if r["arm"] == k)
           and any("acc_tail" in m for m in c.metrics)]
     lt = list(dict.fromkeys(lt))

@@ -2,8 +2,10 @@
 ``<benchmark>_forest.png`` (every paired check's mean difference and CI against 0 and its margin,
 :func:`plot_forest`), ``<benchmark>.png`` (per claim, the arms' mean +- sd of its plot metric,
 :func:`plot_claims`), ``<benchmark>_curves.png`` (per claim, the arms' validation curves where the
-runs recorded them, :func:`plot_curves`) and ``<benchmark>_lt_per_class.png`` (the per-class test
-accuracy of the long-tailed arms, :func:`plot_per_class`).
+runs recorded them, :func:`plot_curves`), ``<benchmark>_lt_per_class.png`` (the per-class test
+accuracy of the long-tailed arms, :func:`plot_per_class`) and ``<benchmark>_sweep.png`` (a
+learning-rate sensitivity claim's sweep: final loss against the learning rate, and the per-step
+log Z of its tuning runs, :func:`plot_sweep`).
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ from __future__ import annotations
 import math
 from typing import Dict, Sequence
 
-from .analysis import _mean_sd, curve_of, per_seed
-from .claims import Arm, Claim
+from .analysis import _mean_sd, curve_of, per_seed, sweep_losses
+from .claims import SENSITIVITY_KIND, Arm, Claim, sweep_key
 from .common import stats
 from .reports import check_text
 
@@ -166,3 +168,78 @@ def plot_per_class(rows: Sequence[dict], arms: Dict[str, Arm], keys: Sequence[st
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_sweep(benchmark: str, results: Sequence[dict], rows: Sequence[dict], arms: Dict[str, Arm], path: str,
+               trace_metric: str = "train/logz_mean") -> bool:
+    """The learning-rate sweeps of the claims with an ``lr_sensitivity`` check: per claim, the final
+    value of the check's metric against the learning rate (mean over the tuning seeds, diverged runs
+    at the cap, log scale; one line per swept arm and group), and per swept arm the per-step
+    ``trace_metric`` (log Z) of its first tuning seed's runs, one line per learning rate (the runs
+    file's ``trace`` column). Returns whether anything was drawn (nothing is written otherwise)."""
+    import json
+
+    panels = []
+    for res in results:
+        checks = [x["check"] for x in res["checks"] if x["check"].kind == SENSITIVITY_KIND]
+        if not checks:
+            continue
+        ch = checks[0]
+        swept = list(dict.fromkeys(k for c in checks for k in (c.family, c.baseline)))
+        lr_key = sweep_key(arms[ch.family])
+        lines = []
+        for k in swept:
+            by: Dict[str, Dict[float, list]] = {}
+            for (_, g), pts in sweep_losses(ch, rows, k).items():
+                for p, v in pts.items():
+                    lr = float(json.loads(p)[lr_key])
+                    by.setdefault(g, {}).setdefault(lr, []).append(min(v, ch.cap) if math.isfinite(v) else ch.cap)
+            for g, d in sorted(by.items()):
+                xs = sorted(d)
+                label = arms[k].label + (f", {ch.group.split('.')[-1]} {json.loads(g)}" if ch.group else "")
+                lines.append((label, xs, [sum(d[x]) / len(d[x]) for x in xs]))
+        traces = []
+        for k in swept:
+            tune = sorted((r for r in rows if r["arm"] == k and r.get("phase") == "tune" and r.get("trace")),
+                          key=lambda r: (int(r["seed"]), r["params"]))
+            first = [r for r in tune if int(r["seed"]) == int(tune[0]["seed"])] if tune else []
+            series = []
+            for r in first:
+                t = (json.loads(r["trace"]) if isinstance(r["trace"], str) else r["trace"]).get(trace_metric)
+                if t:
+                    p = json.loads(r["params"])
+                    grp = f", {ch.group.split('.')[-1]} {p.get(ch.group)}" if ch.group else ""
+                    series.append((f"lr {p[lr_key]:g}{grp}", [x[0] for x in t], [x[1] for x in t]))
+            if series:
+                traces.append((arms[k].label, int(first[0]["seed"]), series))
+        if lines:
+            panels.append((res["claim"], ch, lines, traces))
+    if not panels:
+        return False
+    plt = _plt()
+    cols = 1 + max(len(t) for _, _, _, t in panels)
+    fig, axes = plt.subplots(len(panels), cols, figsize=(4.4 * cols, 3.4 * len(panels)), squeeze=False)
+    for row, (c, ch, lines, traces) in zip(axes, panels):
+        ax = row[0]
+        for label, xs, ys in lines:
+            ax.plot(xs, ys, marker="o", ms=3, lw=1, label=label)
+        ax.axhline(ch.cap, color="0.5", lw=0.8, ls="--", label=f"cap {ch.cap:g}")
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate")
+        ax.set_ylabel(f"final {ch.metric}")
+        ax.set_title(f"{c.key}: the sweep (mean over tuning seeds)", fontsize=8)
+        ax.legend(fontsize=5)
+        for ax, (label, seed, series) in zip(row[1:], traces):
+            for name, xs, ys in series:
+                ax.plot(xs, ys, lw=0.8, label=name)
+            ax.set_xlabel("step")
+            ax.set_ylabel(trace_metric)
+            ax.set_title(f"{label}: tuning seed {seed}", fontsize=8)
+            ax.legend(fontsize=5)
+        for ax in row[1 + len(traces):]:
+            ax.axis("off")
+    fig.suptitle(f"{benchmark}: learning-rate sweeps", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
