@@ -103,6 +103,21 @@ def test_choose_ignores_evaluation_rows_and_breaks_ties_by_order():
     assert rp.tuning.choose(arm, rows, quick=False)[0] == p[0]
 
 
+def test_a_point_that_failed_on_a_seed_ranks_after_the_points_that_trained_on_all():
+    """A failed (or diverged) tuning run leaves its point with fewer finite values: it is not chosen
+    over a point that trained on every tuning seed, however good its other runs (both choosers)."""
+    arm = _three_lr_arm()
+    p = arm.grid_points()
+    rows = [_row("ce_lt", "tune", s, p[0], **{"val/balanced_acc": 0.80}) for s in (1000, 1001)]
+    rows += [_row("ce_lt", "tune", 1000, p[1], **{"val/balanced_acc": 0.95}),
+             dict(_row("ce_lt", "tune", 1001, p[1]), ok=False, error="ValueError: logits contains NaN")]
+    rows += [_row("ce_lt", "tune", s, p[2], **{"val/balanced_acc": 0.70}) for s in (1000, 1001)]
+    best, table = rp.tuning.choose(arm, rows, quick=False)
+    assert best == p[0] and [t["n"] for t in table] == [2, 1, 2]
+    got = rp.tuning.tune_group([arm], rp.tuning.score_from_rows(rows, [1000, 1001]), rounds=0)
+    assert got.chosen[arm.key] == p[0]
+
+
 def _synthetic_rows():
     """10 seeds of the WCDAS claim: WCDAS = CE + 0.05 + noise on acc_tail, cosine = CE + noise; the
     logit-adjusted and balanced-softmax baselines = CE + 0.02 + noise (their own generator, so that the

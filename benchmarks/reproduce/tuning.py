@@ -1,7 +1,9 @@
 """Step 1 of the pipeline: tuning. Every arm is tuned over its declared grid on the validation split
 (one run per grid point and tuning seed, ``fit`` only, validation at the end of the last epoch; the
 test split is never read), and the point of best mean ``select`` metric is chosen (ties: the first
-declared; :func:`choose`, :func:`tune_group`).
+declared; :func:`choose`, :func:`tune_group`). A point some of whose runs gave no finite value (a run
+failed or diverged) ranks after every point with more such values: a setting that breaks on a seed
+is not chosen over one that trains on all of them.
 
 The claims file's ``tuning.widen`` rule widens a grid whose choice sits at an end of a numeric list
 (:func:`numeric_lists`): the arms a claim compares widen together, one point each per round
@@ -42,7 +44,7 @@ def choose(arm: Arm, rows: Sequence[dict], quick: bool) -> Tuple[Dict[str, Any],
     """The grid point with the best mean validation ``select`` metric (ties: the first declared), and
     the tuning table ``[{params, value, n}]``."""
     points = _points(arm, quick)
-    table, best, best_v = [], points[0], -math.inf
+    table, best, best_k = [], points[0], (0, -math.inf)
     for p in points:
         key = json.dumps(p, sort_keys=True)
         vals = [float(r[arm.select]) for r in rows if r["arm"] == arm.key and r["phase"] == "tune"
@@ -50,8 +52,8 @@ def choose(arm: Arm, rows: Sequence[dict], quick: bool) -> Tuple[Dict[str, Any],
                 and math.isfinite(float(r[arm.select]))]
         v = sum(vals) / len(vals) if vals else float("nan")
         table.append({"params": p, "value": v, "n": len(vals)})
-        if vals and v > best_v:
-            best, best_v = p, v
+        if vals and (len(vals), v) > best_k:
+            best, best_k = p, (len(vals), v)
     return best, table
 
 
@@ -125,7 +127,7 @@ def tune_group(arms: Sequence[Arm], score: Score, *, rounds: int, quick: bool = 
     point has finished -- the mean may be NaN when they failed -- else ``None``).
 
     Round 0 is the declared grid. After a round whose runs are all finished, each arm's choice is the
-    point of highest mean (ties: the first tried); if any widenable arm chose an end of a list
+    point of highest mean among those with the most runs of a finite value (ties: the first tried); if any widenable arm chose an end of a list
     (:func:`_end_of`) and fewer than ``rounds`` rounds were made, every widenable arm gains exactly one
     point: its choice with the end value stepped out (:func:`step_out`) when it chose an end, otherwise
     its choice with the value one step beyond the end of the list on the side of its better neighbour
@@ -142,12 +144,12 @@ def tune_group(arms: Sequence[Arm], score: Score, *, rounds: int, quick: bool = 
         chosen: Dict[str, Dict[str, Any]] = {}
         if not missing:
             for a in arms:
-                best, best_v, table = points[a.key][0], -math.inf, []
+                best, best_k, table = points[a.key][0], (0, -math.inf), []
                 for p, (rnd, why) in zip(points[a.key], origin[a.key]):
                     v, n = score(a, p)
                     table.append({"params": p, "value": v, "n": n, "round": rnd, "reason": why})
-                    if n and math.isfinite(v) and v > best_v:
-                        best, best_v = p, v
+                    if n and math.isfinite(v) and (n, v) > best_k:  # more finite runs first, then the mean
+                        best, best_k = p, (n, v)
                 chosen[a.key], tables[a.key] = best, table
         if missing:
             return GroupTuning(points, missing, False, chosen, tables, made)
@@ -173,8 +175,8 @@ def tune_group(arms: Sequence[Arm], score: Score, *, rounds: int, quick: bool = 
                     if 0 <= j < len(vals):
                         q = dict(best, **{key: vals[j]})
                         r = score(a, q) if q in points[a.key] else None
-                        nb[side] = r[0] if r and r[1] and math.isfinite(r[0]) else -math.inf
-                side = "low" if nb.get("low", -math.inf) > nb.get("high", -math.inf) else "high"
+                        nb[side] = (r[1], r[0]) if r and r[1] and math.isfinite(r[0]) else (0, -math.inf)
+                side = "low" if nb.get("low", (0, -math.inf)) > nb.get("high", (0, -math.inf)) else "high"
                 why = f"equal budget (its better neighbour is {'lower' if side == 'low' else 'higher'})"
             new = dict(best, **{key: step_out([p[key] for p in points[a.key] if key in p], side)})
             points[a.key].append(new)
