@@ -361,6 +361,12 @@ def did_differences(family_stress: Mapping[int, float], baseline_stress: Mapping
     return {s: stress[s] - clean[s] for s in sorted(set(stress) & set(clean))}
 
 
+def capped(loss: float, cap: float) -> float:
+    """A sweep run's final loss as the sensitivity reads it: ``min(loss, cap)``, and ``cap`` where it is
+    not finite (the run diverged)."""
+    return min(float(loss), float(cap)) if math.isfinite(float(loss)) else float(cap)
+
+
 def lr_sensitivity(losses: Sequence[float], cap: float) -> float:
     """The learning-rate sensitivity of one sweep (Wortsman et al. 2023, "Small-scale proxies for
     large-scale Transformer training instabilities"): over the sweep's final losses ``l(eta)`` (one
@@ -369,7 +375,7 @@ def lr_sensitivity(losses: Sequence[float], cap: float) -> float:
     diverged (a non-finite loss) or ended worse than it started counts as ``cap``. 0 when every
     learning rate reaches the same loss; larger when the loss depends more on the learning rate.
     ``nan`` for an empty sweep."""
-    vals = [min(float(v), float(cap)) if math.isfinite(float(v)) else float(cap) for v in losses]
+    vals = [capped(v, cap) for v in losses]
     if not vals:
         return float("nan")
     return sum(vals) / len(vals) - min(vals)

@@ -109,8 +109,9 @@ def _prim(raw):
     (lambda raw: _prim(raw).update(margin=0.1), "takes no margin"),
     (lambda raw: raw["arms"]["ce4_lm_sweep"].pop("widen"), "declare it widen: false"),
     (lambda raw: _prim(raw).update(group="model.init_args.dropout"), "group 'model.init_args.dropout' must be a key"),
-    (lambda raw: raw["arms"]["logz4_lm_sweep"]["grid"]["points"].__setitem__(0, {
-        "model.init_args.embedding_dim": 256, "model.init_args.num_heads": 4, "model.init_args.lr": 0.0002}),
+    (lambda raw: raw["arms"]["logz4_lm_sweep"]["grid"].__setitem__("points", [  # its own list (the file shares one)
+        {"model.init_args.embedding_dim": 256, "model.init_args.num_heads": 4, "model.init_args.lr": 0.0002},
+        *raw["arms"]["logz4_lm_sweep"]["grid"]["points"][1:]]),
      "must sweep the same grid points"),
     (lambda raw: [a["grid"].__setitem__("points", a["grid"]["points"][:2] + a["grid"]["points"][6:])
                   for k, a in raw["arms"].items() if k.endswith("_lm_sweep")],

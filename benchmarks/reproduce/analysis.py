@@ -75,6 +75,16 @@ def sweep_losses(ch: Check, rows: Sequence[dict], arm: str,
     return out
 
 
+def sweep_by_rate(ch: Check, rows: Sequence[dict], arm: str, lr_key: str) -> Dict[str, Dict[float, List[float]]]:
+    """``{sweep: {learning rate: [final value per tuning seed]}}`` of one arm's finished tuning runs
+    (:func:`sweep_losses`; ``nan`` where a run diverged), for the reports' table and figure."""
+    out: Dict[str, Dict[float, List[float]]] = {}
+    for (_, g), pts in sweep_losses(ch, rows, arm).items():
+        for p, v in pts.items():
+            out.setdefault(g, {}).setdefault(float(json.loads(p)[lr_key]), []).append(v)
+    return out
+
+
 def expected_sweeps(ch: Check, arm: Arm) -> Dict[str, set]:
     """``{sweep: {grid point}}`` an arm declares (the points grouped by the check's ``group`` key)."""
     out: Dict[str, set] = {}

@@ -213,6 +213,12 @@ class Claim:
             out += [a for a in ch.clean_arms() if a not in out]
         return tuple(out)
 
+    def swept_arms(self) -> Tuple[str, ...]:
+        """The arms the claim's ``lr_sensitivity`` checks read (family and baseline of each, in
+        order, each once): arms whose tuning runs are a learning-rate sweep."""
+        return tuple(dict.fromkeys(k for ch in self.checks if ch.kind == SENSITIVITY_KIND
+                                   for k in (ch.family, ch.baseline)))
+
     def primary(self) -> Optional[Check]:
         prim = [ch for ch in self.checks if ch.primary]
         return prim[0] if len(prim) == 1 else None

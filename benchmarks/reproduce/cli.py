@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from . import __doc__ as PIPELINE
 from . import running
 from .analysis import claim_results, diverged, gate_reading, gated_result, not_run_result
-from .claims import (REVISIONS, SENSITIVITY_KIND, Arm, Claim, ClaimsFile, data_config, load_claims, replicates,
+from .claims import (REVISIONS, Arm, Claim, ClaimsFile, data_config, load_claims, replicates,
                      validate_claims, without_evaluation)
 from .common import CLAIMS_FILE, ROOT, stats
 from .plots import plot_claims, plot_curves, plot_forest, plot_per_class, plot_sweep
@@ -429,7 +429,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     write_summary(os.path.join(out, "summary.md"), summary, rows, n_tune=len(tune_rows), n_eval=len(eval_rows),
                   cf=cf, chosen=chosen, tables=tables, meta=meta, wall=wall)
     # a tuning run of a learning-rate sweep that diverged is a result (read at the sensitivity's cap), not a failure
-    swept = {k for c in claims for ch in c.checks if ch.kind == SENSITIVITY_KIND for k in (ch.family, ch.baseline)}
+    swept = {k for c in claims for k in c.swept_arms()}
     n_div = sum(r["phase"] == "tune" and r["arm"] in swept and diverged(r) for r in rows)
     n_fail = sum(not r["ok"] for r in rows) - n_div
     print(f"reproduce_results: wrote {out} in {wall / 60:.1f} min; {n_fail} failed run(s)"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Dict, Sequence
 
-from .analysis import _mean_sd, curve_of, per_seed, sweep_losses
+from .analysis import _mean_sd, curve_of, per_seed, sweep_by_rate
 from .claims import SENSITIVITY_KIND, Arm, Claim, sweep_key
 from .common import stats
 from .reports import check_text
@@ -181,23 +181,17 @@ def plot_sweep(benchmark: str, results: Sequence[dict], rows: Sequence[dict], ar
 
     panels = []
     for res in results:
-        checks = [x["check"] for x in res["checks"] if x["check"].kind == SENSITIVITY_KIND]
-        if not checks:
+        swept = res["claim"].swept_arms()
+        if not swept:
             continue
-        ch = checks[0]
-        swept = list(dict.fromkeys(k for c in checks for k in (c.family, c.baseline)))
+        ch = next(c for c in res["claim"].checks if c.kind == SENSITIVITY_KIND)
         lr_key = sweep_key(arms[ch.family])
         lines = []
         for k in swept:
-            by: Dict[str, Dict[float, list]] = {}
-            for (_, g), pts in sweep_losses(ch, rows, k).items():
-                for p, v in pts.items():
-                    lr = float(json.loads(p)[lr_key])
-                    by.setdefault(g, {}).setdefault(lr, []).append(min(v, ch.cap) if math.isfinite(v) else ch.cap)
-            for g, d in sorted(by.items()):
+            for g, d in sorted(sweep_by_rate(ch, rows, k, lr_key).items()):
                 xs = sorted(d)
                 label = arms[k].label + (f", {ch.group.split('.')[-1]} {json.loads(g)}" if ch.group else "")
-                lines.append((label, xs, [sum(d[x]) / len(d[x]) for x in xs]))
+                lines.append((label, xs, [sum(stats.capped(v, ch.cap) for v in d[x]) / len(d[x]) for x in xs]))
         traces = []
         for k in swept:
             tune = sorted((r for r in rows if r["arm"] == k and r.get("phase") == "tune" and r.get("trace")),

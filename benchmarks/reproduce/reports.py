@@ -16,7 +16,7 @@ import math
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .analysis import _mean_sd, diverged, per_seed, seed_values, sensitivities, sweep_losses
+from .analysis import _mean_sd, diverged, per_seed, seed_values, sensitivities, sweep_by_rate
 from .claims import DID_KIND, LEVEL_KINDS, SANITY_KIND, SENSITIVITY_KIND, Arm, Check, Claim, ClaimsFile, sweep_key
 from .common import ROOT, stats
 from .running import PROVENANCE_DIRS
@@ -139,8 +139,7 @@ def write_markdown(benchmark: str, claims: Sequence[Claim], results: Sequence[di
              ""]
     failed = [r for r in rows if not r["ok"]]
     if failed:
-        swept = {k for res in results for ch in res["claim"].checks if ch.kind == SENSITIVITY_KIND
-                 for k in (ch.family, ch.baseline)}
+        swept = {k for res in results for k in res["claim"].swept_arms()}
         lines += ["**Failed runs** (excluded from the statistics, except a learning-rate sweep's diverged runs, "
                   "which its sensitivity reads at the cap):", ""]
         lines += [f"- {r['phase']} {r['arm']} seed {r['seed']} {r['params']}: {r['error']}"
@@ -320,12 +319,7 @@ def sweep_lines(ch: Check, rows: Sequence[dict], arms: Dict[str, Arm],
     of runs that diverged."""
     lr_key = sweep_key(arms[ch.family])
     swept = list(swept or (ch.family, ch.baseline))
-    table: Dict[Tuple[str, str], Dict[Any, List[float]]] = {}
-    for arm in swept:
-        for (seed, g), pts in sweep_losses(ch, rows, arm).items():
-            for p, v in pts.items():
-                lr = json.loads(p).get(lr_key)
-                table.setdefault((arm, g), {}).setdefault(lr, []).append(v)
+    table = {(arm, g): d for arm in swept for g, d in sweep_by_rate(ch, rows, arm, lr_key).items()}
     if not table:
         return [f"Learning-rate sweep ({ch.metric}): no finished tuning run yet.", ""]
     lrs = sorted({lr for d in table.values() for lr in d})
@@ -338,7 +332,7 @@ def sweep_lines(ch: Check, rows: Sequence[dict], arms: Dict[str, Arm],
                                                              swept.index(kv[0][0]))):
         cells = []
         for lr in lrs:
-            vals = [min(v, float(ch.cap)) if math.isfinite(v) else float(ch.cap) for v in d.get(lr, [])]
+            vals = [stats.capped(v, ch.cap) for v in d.get(lr, [])]
             cells.append(f"{sum(vals) / len(vals):.4f} (n={len(vals)})" if vals else "-")
         n_div = sum(not math.isfinite(v) for vs in d.values() for v in vs)
         out.append(f"| {arms[arm].label}" + (f" | {json.loads(g)}" if group else "") + " | " + " | ".join(cells)
@@ -362,9 +356,9 @@ def _rev3_check_lines(res: dict, rows: Sequence[dict], seeds: Sequence[int], arm
             + (". Under the floor: " + "; ".join(f"{arms[a].label} {m.split('/', 1)[-1]} {v:.4f} <= {f:.4f}"
                                                  for a, m, v, f in r3.invalid_arms) if r3.invalid_arms else "") + ".")
         lines.append("")
-    swept = [x["check"] for x in res["checks"] if x["check"].kind == SENSITIVITY_KIND]
-    if swept:  # one table of every swept arm, read as the first sensitivity check reads it
-        lines += sweep_lines(swept[0], rows, arms, list(dict.fromkeys(k for ch in swept for k in (ch.family, ch.baseline))))
+    if c.swept_arms():  # one table of every swept arm, read as the first sensitivity check reads it
+        first = next(ch for ch in c.checks if ch.kind == SENSITIVITY_KIND)
+        lines += sweep_lines(first, rows, arms, c.swept_arms())
     lines += revision4_lines(res, arms)
     n_sanity = sum(x["result"].role == "sanity" for x in res["checks"])
     if n_sanity and not r3.sanity:
