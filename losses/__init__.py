@@ -86,6 +86,7 @@ __all__ = [
     "validation",
     "native_kernels",
     "LossSpec",
+    "LossStats",
     "INPUT_KINDS",
     "InputKind",
     "register",

@@ -80,9 +80,10 @@ LOSS_NAMES: FrozenSet[str] = frozenset(LOSSES)
 # ----------------------------------------------------------------------------------------------
 
 #: The registry and validation API (docs/conventions.md Registry, Errors, Randomness), the C kernel
-#: status (docs/losses/sparsemax.md) and the two sub-modules.
+#: status (docs/losses/sparsemax.md), the per-token statistics record (``LossStats``) and the two
+#: sub-modules.
 API: Tuple[str, ...] = (
-    "ExperimentalWarning", "set_validation", "is_validation_enabled", "validation", "native_kernels", "LossSpec",
+    "ExperimentalWarning", "set_validation", "is_validation_enabled", "validation", "native_kernels", "LossSpec", "LossStats",
     "INPUT_KINDS", "InputKind", "register", "unregister", "spec_for_module", "create_loss", "get_loss_spec", "list_losses", "loss_names",
     "functional", "testing",
 )
