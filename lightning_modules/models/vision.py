@@ -784,8 +784,15 @@ class VisionSegmenter(BenchmarkModule):
             loss; ``"cosine"`` anneals the learning rate to 0 over the fit's steps).
         pretrained_file: initialise the backbone's feature levels from a local weights file of the
             same timm architecture (never downloads; :func:`~lightning_modules.models.pretrained.load_pretrained_file`).
+        loss_weight / ce_weight: the training objective is ``loss_weight * loss + ce_weight * CE``,
+            CE the pixel-wise softmax cross-entropy against the same targets (class ids, or the soft
+            labels as probabilities). Defaults ``1.0`` / ``0.0``: the loss alone. The Dice semimetric
+            and Jaccard metric papers' released code trains a region loss beside cross-entropy,
+            ``loss_weight=0.75, ce_weight=0.25``: a region loss alone can settle on predicting the
+            largest class (here the background) everywhere, which the pixel-wise term keeps away from.
 
-    Metrics: ``loss``; ``dice`` (torchmetrics ``DiceScore``: per-class Dice over the whole set,
+    Metrics: ``loss`` (the objective; with ``ce_weight > 0`` also ``main_loss``, the loss alone, and
+    ``ce_loss``); ``dice`` (torchmetrics ``DiceScore``: per-class Dice over the whole set,
     macro mean, background included) in every stage; in val/test also ``dice_fg`` (without
     background), ``miou`` (the Jaccard index per class over the whole set, intersection over union
     of the predicted and true pixels, macro mean, background included; a class absent from both
@@ -816,9 +823,20 @@ class VisionSegmenter(BenchmarkModule):
         pretrained_file: Optional[str] = None,
         input_skip: int = 0,
         global_context: int = 0,
+        loss_weight: float = 1.0,
+        ce_weight: float = 0.0,
     ) -> None:
         super().__init__(loss, lr=lr, weight_decay=weight_decay)
         cls = "VisionSegmenter"
+        for name, value in (("loss_weight", loss_weight), ("ce_weight", ce_weight)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{cls}: {name} must be a finite number >= 0 (got {value!r}); the objective is "
+                                 "loss_weight * loss + ce_weight * cross-entropy, e.g. 0.75 and 0.25")
+        if loss_weight == 0:
+            raise ValueError(f"{cls}: loss_weight must be > 0 (got {loss_weight!r}): the model's loss must act; "
+                             "to train cross-entropy alone pass loss=losses.CrossEntropyLoss()")
+        self.loss_weight = float(loss_weight)
+        self.ce_weight = float(ce_weight)
         if isinstance(input_skip, bool) or not isinstance(input_skip, int) or input_skip < 0:
             raise ValueError(f"{cls}: input_skip must be an int >= 0 (got {input_skip!r}); 0 = no skip "
                              "connection, e.g. 32 = refine the upsampled features with the input in 32 channels")
@@ -891,9 +909,16 @@ class VisionSegmenter(BenchmarkModule):
     def _step(self, stage: str, batch) -> Tensor:
         x, target = batch
         logits = self(x)
-        loss = self.loss(logits, target)
-        self.log(f"{stage}/loss", loss.detach(), on_step=stage == "train", on_epoch=True, prog_bar=True,
-                 batch_size=x.shape[0], sync_dist=True)
+        main = self.loss(logits, target)
+        kw = dict(on_step=stage == "train", on_epoch=True, batch_size=x.shape[0], sync_dist=True)
+        if self.ce_weight:
+            ce = F.cross_entropy(logits.float(), target.float() if target.is_floating_point() else target)
+            loss = self.loss_weight * main + self.ce_weight * ce
+            self.log(f"{stage}/main_loss", main.detach(), **kw)
+            self.log(f"{stage}/ce_loss", ce.detach(), **kw)
+        else:
+            loss = main if self.loss_weight == 1.0 else self.loss_weight * main
+        self.log(f"{stage}/loss", loss.detach(), prog_bar=True, **kw)
         ids = _hard_target(target)
         preds = predict_scores(self.loss, logits.detach()).argmax(1)  # the loss's own rule, else the logits'
         metrics = self.train_metrics if stage == "train" else self.eval_metrics[stage]

@@ -549,3 +549,52 @@ def test_segmenter_global_context_branch(input_skip):
     for bad in (-1, 2.5, True):
         with pytest.raises(ValueError, match="global_context"):
             VisionSegmenter(losses.CrossEntropyLoss(), backbone="test_resnet", num_classes=11, global_context=bad)
+
+
+@pytest.mark.parametrize("soft", [False, True], ids=["hard", "soft"])
+def test_segmenter_objective_adds_pixelwise_cross_entropy_with_its_weight(soft):
+    """``loss_weight * loss + ce_weight * CE``: the logged objective against an independent float64
+    computation of the Dice semimetric (dataset aggregate, smooth 1: 1 - T with T = (|x|+|y|-|x-y|+2s) /
+    (|x|+|y|+2s) per class, mean over classes) and of the pixel-wise cross-entropy (mean over pixels of
+    -sum_c y_c log p_c); the two parts are logged as ``main_loss`` and ``ce_loss``; gradients reach
+    the model; the weights' bad values are refused, naming the argument."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(3, 1, 32, 32, generator=g)
+    if soft:
+        v = torch.rand(3, 32, 32, generator=g)
+        digit = torch.randint(1, 11, (3,), generator=g)
+        y = torch.zeros(3, 11, 32, 32)
+        y[:, 0] = 1 - v
+        y[torch.arange(3), digit] = v
+    else:
+        y = torch.randint(0, 11, (3, 32, 32), generator=g)
+    torch.manual_seed(0)
+    model = VisionSegmenter(losses.DiceSemimetricLoss(), backbone="test_resnet", num_classes=11,
+                            loss_weight=0.75, ce_weight=0.25).eval()
+    logged = {}
+    model.log = lambda name, value, **kw: logged.__setitem__(name, value)  # metric objects too (log_dict)
+    with torch.no_grad():
+        total = model._step("val", (x, y))
+        z = model(x).double()
+    p = torch.softmax(z, 1)
+    t = y.double() if soft else F.one_hot(y, 11).permute(0, 3, 1, 2).double()
+    dims = (0, 2, 3)
+    px, ty, diff = p.sum(dims), t.sum(dims), (p - t).abs().sum(dims)
+    dml = (1 - (px + ty - diff + 2) / (px + ty + 2)).mean()
+    ce = -(t * torch.log_softmax(z, 1)).sum(1).mean()
+    assert float(logged["val/main_loss"]) == pytest.approx(float(dml), abs=1e-5)
+    assert float(logged["val/ce_loss"]) == pytest.approx(float(ce), abs=1e-5)
+    assert float(total) == pytest.approx(float(0.75 * dml + 0.25 * ce), abs=1e-5)
+    assert float(logged["val/loss"]) == pytest.approx(float(total), abs=1e-6)
+
+    model.train()
+    model.zero_grad()
+    model._step("train", (x, y)).backward()
+    assert all(q.grad is not None and bool(torch.isfinite(q.grad).all()) for q in model.head.parameters())
+
+    alone = VisionSegmenter(losses.DiceSemimetricLoss(), backbone="test_resnet", num_classes=11)
+    assert (alone.loss_weight, alone.ce_weight) == (1.0, 0.0)
+    for name, bad in (("ce_weight", -0.1), ("ce_weight", float("nan")), ("loss_weight", 0.0),
+                      ("loss_weight", float("inf")), ("ce_weight", True), ("loss_weight", "1")):
+        with pytest.raises(ValueError, match=name):
+            VisionSegmenter(losses.DiceSemimetricLoss(), backbone="test_resnet", num_classes=11, **{name: bad})
