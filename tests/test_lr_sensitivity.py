@@ -246,7 +246,10 @@ def test_the_sweep_claim_runs_reports_and_recomputes(tmp_path, monkeypatch):
     assert f"{ci.mean:+.4f}" in block and "| primary | 6 |" in block
     assert "Learning-rate sweep: final val/nll at each learning rate" in block
     ce512 = [r for r in block.splitlines() if r.startswith("| cross-entropy, learning-rate sweep (LM, GPU) | 512 |")]
-    assert len(ce512) == 1 and ce512[0].endswith("| 9.0109 (n=3) | 3 |")  # the diverged runs at the cap, counted
+    # the diverged runs at the cap, counted; then the sweep's sensitivity, mean over the 3 tuning seeds
+    s_ce512 = sum(_sens([float("nan") if lr == 0.1 else _final_nll("ce4_lm_sweep", lr, 512, seed) for lr in LRS],
+                        9.0109) for seed in (1000, 1001, 1002)) / 3
+    assert len(ce512) == 1 and ce512[0].endswith(f"| 9.0109 (n=3) | 3 | {s_ce512:.4f} (n=3) |"), ce512
     assert "**Verdict: reproduced" in block
     summary = (out / "summary.md").read_text()
     assert "1 claims tested: 1 reproduced" in summary

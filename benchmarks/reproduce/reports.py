@@ -16,7 +16,7 @@ import math
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .analysis import _mean_sd, diverged, per_seed, seed_values, sensitivities, sweep_by_rate
+from .analysis import _mean_sd, diverged, expected_sweeps, per_seed, seed_values, sensitivities, sweep_by_rate, sweep_losses
 from .claims import DID_KIND, LEVEL_KINDS, SANITY_KIND, SENSITIVITY_KIND, Arm, Check, Claim, ClaimsFile, sweep_key
 from .common import ROOT, stats
 from .running import PROVENANCE_DIRS
@@ -315,8 +315,10 @@ def sweep_lines(ch: Check, rows: Sequence[dict], arms: Dict[str, Arm],
                 swept: Optional[Sequence[str]] = None) -> List[str]:
     """The learning-rate sweep an ``lr_sensitivity`` check reads: per arm (``swept``, default the
     check's two) and sweep (the check's ``group``), the final value of its metric at each learning
-    rate, mean over the tuning seeds that ran it (diverged runs counted at the cap), and the number
-    of runs that diverged."""
+    rate, mean over the tuning seeds that ran it (diverged runs counted at the cap), the number of
+    runs that diverged, and the sweep's learning-rate sensitivity (:func:`stats.lr_sensitivity`, the
+    check's statistic) per tuning seed whose sweep is complete, averaged: read per sweep, it shows
+    whether the paired difference depends on the sweep (the check pairs every (seed, sweep) alike)."""
     lr_key = sweep_key(arms[ch.family])
     swept = list(swept or (ch.family, ch.baseline))
     table = {(arm, g): d for arm in swept for g, d in sweep_by_rate(ch, rows, arm, lr_key).items()}
@@ -325,7 +327,7 @@ def sweep_lines(ch: Check, rows: Sequence[dict], arms: Dict[str, Arm],
     lrs = sorted({lr for d in table.values() for lr in d})
     group = ch.group.split(".")[-1] if ch.group else ""
     head = ["| arm" + (f" | {group}" if group else "") + " | " + " | ".join(f"lr {lr:g}" for lr in lrs)
-            + " | diverged |", "|---|" + ("---|" if group else "") + "---|" * (len(lrs) + 1)]
+            + " | diverged | sensitivity (mean over seeds) |", "|---|" + ("---|" if group else "") + "---|" * (len(lrs) + 2)]
     out = [f"Learning-rate sweep: final {ch.metric} at each learning rate, mean over the tuning seeds (a diverged "
            f"or non-finite run counts as the cap {ch.cap:g}):", "", *head]
     for (arm, g), d in sorted(table.items(), key=lambda kv: (json.loads(kv[0][1]) if kv[0][1] else 0,
@@ -335,8 +337,11 @@ def sweep_lines(ch: Check, rows: Sequence[dict], arms: Dict[str, Arm],
             vals = [stats.capped(v, ch.cap) for v in d.get(lr, [])]
             cells.append(f"{sum(vals) / len(vals):.4f} (n={len(vals)})" if vals else "-")
         n_div = sum(not math.isfinite(v) for vs in d.values() for v in vs)
+        sens = [stats.lr_sensitivity(list(pts.values()), float(ch.cap)) for (_, sg), pts in
+                sweep_losses(ch, rows, arm, expected_sweeps(ch, arms[arm])).items() if sg == g]
+        s_cell = f"{sum(sens) / len(sens):.4f} (n={len(sens)})" if sens else "-"
         out.append(f"| {arms[arm].label}" + (f" | {json.loads(g)}" if group else "") + " | " + " | ".join(cells)
-                   + f" | {n_div} |")
+                   + f" | {n_div} | {s_cell} |")
     return out + [""]
 
 
