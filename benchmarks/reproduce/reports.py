@@ -322,6 +322,7 @@ def sweep_lines(ch: Check, rows: Sequence[dict], arms: Dict[str, Arm],
     lr_key = sweep_key(arms[ch.family])
     swept = list(swept or (ch.family, ch.baseline))
     table = {(arm, g): d for arm in swept for g, d in sweep_by_rate(ch, rows, arm, lr_key).items()}
+    complete = {arm: sweep_losses(ch, rows, arm, expected_sweeps(ch, arms[arm])) for arm in swept}
     if not table:
         return [f"Learning-rate sweep ({ch.metric}): no finished tuning run yet.", ""]
     lrs = sorted({lr for d in table.values() for lr in d})
@@ -337,8 +338,8 @@ def sweep_lines(ch: Check, rows: Sequence[dict], arms: Dict[str, Arm],
             vals = [stats.capped(v, ch.cap) for v in d.get(lr, [])]
             cells.append(f"{sum(vals) / len(vals):.4f} (n={len(vals)})" if vals else "-")
         n_div = sum(not math.isfinite(v) for vs in d.values() for v in vs)
-        sens = [stats.lr_sensitivity(list(pts.values()), float(ch.cap)) for (_, sg), pts in
-                sweep_losses(ch, rows, arm, expected_sweeps(ch, arms[arm])).items() if sg == g]
+        sens = [stats.lr_sensitivity(list(pts.values()), float(ch.cap)) for (_, sg), pts in complete[arm].items()
+                if sg == g]
         s_cell = f"{sum(sens) / len(sens):.4f} (n={len(sens)})" if sens else "-"
         out.append(f"| {arms[arm].label}" + (f" | {json.loads(g)}" if group else "") + " | " + " | ".join(cells)
                    + f" | {n_div} | {s_cell} |")

@@ -910,14 +910,13 @@ class VisionSegmenter(BenchmarkModule):
         x, target = batch
         logits = self(x)
         main = self.loss(logits, target)
+        loss = self.loss_weight * main  # exact for the default weight 1
         kw = dict(on_step=stage == "train", on_epoch=True, batch_size=x.shape[0], sync_dist=True)
         if self.ce_weight:
             ce = F.cross_entropy(logits.float(), target.float() if target.is_floating_point() else target)
-            loss = self.loss_weight * main + self.ce_weight * ce
+            loss = loss + self.ce_weight * ce
             self.log(f"{stage}/main_loss", main.detach(), **kw)
             self.log(f"{stage}/ce_loss", ce.detach(), **kw)
-        else:
-            loss = main if self.loss_weight == 1.0 else self.loss_weight * main
         self.log(f"{stage}/loss", loss.detach(), prog_bar=True, **kw)
         ids = _hard_target(target)
         preds = predict_scores(self.loss, logits.detach()).argmax(1)  # the loss's own rule, else the logits'
