@@ -10,6 +10,8 @@ import dataclasses
 import os
 import sys
 
+import pytest
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -253,6 +255,7 @@ def test_run_args_pair_the_arms():
     assert "--model.init_args.loss.init_args.seed=2" in adv  # the attack's own seed follows the run's
 
 
+@pytest.mark.slow
 def test_every_arm_parses_through_the_cli():
     """Each distinct (recipe, overrides, last grid point) instantiates through LightningCLI. The
     first through the entry point (``main``); the others re-use that CLI's parser (built from the

@@ -41,6 +41,7 @@ def test_replicate_side_of_the_boundary():
     assert not rc.same_side("equivalent", "higher", "reproduced", 0.03, 0.02)
 
 
+@pytest.mark.slow
 def test_committed_revision_4_verdicts_recompute_independently(capsys):
     assert rc.main([]) == 0, capsys.readouterr().out
     out = capsys.readouterr().out

@@ -505,6 +505,7 @@ REPORTED = ("pfc_cosface_r4", "pfc_arcface_r4", "decoupled_softmax_users_r4", "z
             "nbc_softmax_r4", "wcdas_2stage_r4", "dice_r4", "jaccard_r4", "adversarial_r4")
 
 
+@pytest.mark.slow
 def test_the_committed_revision_4_report_regenerates_from_its_runs_and_records(tmp_path, monkeypatch):
     """``results/revision4/``: its runs file and per-item records rebuild the report on a fresh machine
     (nothing trains), with the committed summary's verdict lines and two-level bootstrap lines."""
