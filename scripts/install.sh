@@ -4,9 +4,11 @@
 # RecBole is installed without dependencies: only its bundled MovieLens-100k files are read.
 #
 #   ./scripts/install.sh               # the project into .venv: pip only, no root, no apt
-#   ./scripts/install.sh --docs-test   # also Debian's chromium + chromedriver, with apt (root or
-#                                      # sudo), for the docs test (tests/test_docs_site.py), which
-#                                      # fails without them; the full suite and CI need this
+#   ./scripts/install.sh --docs-test   # also the test suite's system tools, with apt (root or sudo):
+#                                      # Debian's chromium + chromedriver for the docs test
+#                                      # (tests/test_docs_site.py) and clang for the C kernels'
+#                                      # second compiler (tests/classification/test_native_clang.py),
+#                                      # which fail without them; the full suite and CI need this
 #   ./scripts/install.sh --dry-run     # print the steps, run none
 # INSTALL_DOCS_TEST=1 in the environment is the same as --docs-test.
 set -euo pipefail
@@ -17,7 +19,7 @@ for arg in "$@"; do
   case "$arg" in
     --docs-test) DOCS_TEST=1 ;;
     --dry-run) DRY_RUN=1 ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install.sh: unknown option '$arg' (options: --docs-test, --dry-run, --help)" >&2; exit 2 ;;
   esac
 done
@@ -44,25 +46,33 @@ apt_get() {
     return "$status"
   done
 }
-install_browser() {
-  if { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then
-    echo "install.sh: chromium and chromedriver found; apt not needed"
+#: the system tools the full suite needs besides .venv: (command, Debian package)
+TEST_TOOLS="chromium:chromium chromedriver:chromium-driver clang:clang"
+install_test_tools() {
+  local missing="" tool
+  for tool in $TEST_TOOLS; do
+    command -v "${tool%%:*}" >/dev/null 2>&1 || missing="$missing ${tool#*:}"
+  done
+  if [ -z "$missing" ]; then
+    echo "install.sh: chromium, chromedriver and clang found; apt not needed"
     return 0
   fi
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   if [ "$DRY_RUN" = 1 ]; then
-    echo "would run: ${SUDO:+$SUDO }apt-get update && ${SUDO:+$SUDO }apt-get install -y chromium chromium-driver"
+    echo "would run: ${SUDO:+$SUDO }apt-get update && ${SUDO:+$SUDO }apt-get install -y${missing}"
     return 0
   fi
-  { apt_get update -qq && apt_get install -y -qq chromium chromium-driver >/dev/null; } || {
-    echo "install.sh: could not install chromium / chromium-driver with apt; tests/test_docs_site.py will fail" >&2
+  # shellcheck disable=SC2086  # one word per package
+  { apt_get update -qq && apt_get install -y -qq $missing >/dev/null; } || {
+    echo "install.sh: could not install${missing} with apt; tests/test_docs_site.py and" \
+         "tests/classification/test_native_clang.py will fail" >&2
     return 1
   }
 }
 if [ "$DOCS_TEST" = 1 ]; then
-  install_browser
+  install_test_tools
 else
-  echo "install.sh: no apt (the docs test's browser is installed by ./scripts/install.sh --docs-test)"
+  echo "install.sh: no apt (the tests' browser and clang are installed by ./scripts/install.sh --docs-test)"
 fi
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then

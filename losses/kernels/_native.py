@@ -101,8 +101,8 @@ def compile_library(stem: str, source: str, flags: List[str]) -> Tuple[Optional[
     return path, f"built with {os.path.basename(cc)}: {path}"
 
 
-#: (name, GCC target) of the instruction-set copies a vectorised kernel is compiled in on x86-64
-#: with GCC, best first; the copy the CPU can run is chosen when the library loads
+#: (name, target) of the instruction-set copies a vectorised kernel is compiled in on x86-64 with
+#: GCC or clang, best first; the copy the CPU can run is chosen when the library loads
 ISA_VARIANTS = (("avx512", "arch=skylake-avx512"), ("avx2", "arch=haswell"))
 #: the variants' names in the order of the dispatch function's return value
 ISA_NAMES = ("base", "avx2", "avx512")
@@ -111,11 +111,12 @@ ISA_NAMES = ("base", "avx2", "avx512")
 def isa_source(head: str, body: str, prefix: str) -> str:
     """C source holding ``head``, a function ``int <prefix>_variant(void)`` (the best copy this CPU
     runs: 0 base, 1 AVX2 + FMA, 2 AVX-512) and ``body`` once per variant, ``@V@`` in it replaced by
-    the variant's name (``base`` always; ``avx2`` and ``avx512`` under ``#pragma GCC target`` where
-    the compiler is GCC on x86-64). Each copy is the same C: the compiler vectorises it for its
-    target, and the loaded library calls the copy the CPU supports."""
+    the variant's name (``base`` always; ``avx2`` and ``avx512`` on x86-64, under ``#pragma GCC
+    target`` with GCC and under ``#pragma clang attribute`` giving every function of the copy the
+    same ``target`` attribute with clang). Each copy is the same C: the compiler vectorises it for
+    its target, and the loaded library calls the copy the CPU supports."""
     dispatch = rf"""
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if defined(__x86_64__) && defined(__GNUC__)
 #define HAVE_VARIANTS 1
 #endif
 
@@ -131,9 +132,11 @@ int {prefix}_variant(void) {{
 """
     parts = [head, dispatch, body.replace("@V@", "base"), "#ifdef HAVE_VARIANTS\n"]
     for name, target in ISA_VARIANTS:
-        parts.append(f'#pragma GCC push_options\n#pragma GCC target("{target}")\n')
+        parts.append(f'#if defined(__clang__)\n#pragma clang attribute push (__attribute__((target("{target}"))), '
+                     f'apply_to = function)\n#else\n#pragma GCC push_options\n#pragma GCC target("{target}")\n'
+                     f'#endif\n')
         parts.append(body.replace("@V@", name))
-        parts.append("#pragma GCC pop_options\n")
+        parts.append("#if defined(__clang__)\n#pragma clang attribute pop\n#else\n#pragma GCC pop_options\n#endif\n")
     parts.append("#endif\n")
     return "".join(parts)
 
