@@ -55,23 +55,6 @@ def pytest_unconfigure(config):
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(session, config, items):
-    """The test files with ``slow`` tests run first, every file's tests kept together and in order.
-
-    ``pytest -n 2 --dist worksteal`` hands each worker a contiguous half of this list and lets an
-    idle worker take the back half of the other's queue. In the directory order the longest tests
-    (the README's commands, the reproduction runs, the two-file copy, each 20-50 s) came last, so
-    the suite ended with one worker finishing a long test while the other waited; with them first,
-    the queues end in short tests that the two workers share. The order within a file is kept
-    (module-scoped fixtures are built once), and the selection is unchanged."""
-    by_file: dict = {}
-    for item in items:
-        by_file.setdefault(item.nodeid.split("::")[0], []).append(item)
-    slow = [f for f, its in by_file.items() if any(i.get_closest_marker("slow") for i in its)]
-    rest = [f for f in by_file if f not in set(slow)]
-    items[:] = [i for f in slow + rest for i in by_file[f]]
-
-
 def pytest_runtest_logreport(report):
     _FILE_TIMES[report.nodeid.split("::")[0]] += report.duration
 
