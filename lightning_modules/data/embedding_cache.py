@@ -21,6 +21,7 @@ standard error, encoding the texts in chunks of :data:`ENCODE_CHUNK`; ``LOSSES_P
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -30,7 +31,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -234,7 +235,9 @@ def cached_encode(
     ``encoder`` is any callable with a ``version`` string attribute (default
     :class:`MiniLMEncoder`); only the distinct texts are encoded. The first call writes
     ``<cache_dir>/<name>-<key[:20]>.pt`` atomically; later calls (in any process) read it and
-    never load the encoder. Returns ``(embeddings, info)`` where ``info`` holds the stored
+    never load the encoder. Processes that miss the cache at once encode it once: the encoding
+    holds an exclusive lock on ``<cache file>.lock``, and a process that waited for it reads the
+    file the other wrote. Returns ``(embeddings, info)`` where ``info`` holds the stored
     metadata plus ``"path"`` and ``"from_cache"``.
 
     When it must encode, it prints the cache file's path and a progress bar on standard error,
@@ -251,12 +254,55 @@ def cached_encode(
     mem = _MEMORY.get(str(path))
     if mem is not None and path.is_file():
         return mem[0], {**mem[1], "path": str(path), "from_cache": True}
-    if path.is_file():
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-        if blob.get("key") == key:
-            emb, info = blob["embeddings"], dict(blob["meta"])
-            _MEMORY[str(path)] = (emb, info)
-            return emb, {**info, "path": str(path), "from_cache": True}
+    found = _read_cached(path, key)
+    if found is not None:
+        return found
+    with _encode_lock(path, name, progress):
+        found = _read_cached(path, key)  # written by another process while this one waited
+        if found is not None:
+            return found
+        return _encode_and_store(texts, encoder, name, key, version, path, meta, progress)
+
+
+def _read_cached(path: Path, key: str) -> Optional[Tuple[torch.Tensor, Dict[str, Any]]]:
+    """The cache file's embeddings and info when it exists and holds ``key``, else ``None``."""
+    if not path.is_file():
+        return None
+    blob = torch.load(path, map_location="cpu", weights_only=True)
+    if blob.get("key") != key:
+        return None
+    emb, info = blob["embeddings"], dict(blob["meta"])
+    _MEMORY[str(path)] = (emb, info)
+    return emb, {**info, "path": str(path), "from_cache": True}
+
+
+@contextlib.contextmanager
+def _encode_lock(path: Path, name: str, progress: Optional[bool]):
+    """An exclusive lock on ``<cache file>.lock`` (``fcntl.flock``; none where ``fcntl`` is missing)
+    while one process encodes: processes that start together (two runs of ``--jobs 2``, two test
+    workers) encode a corpus once, the others wait and then read the file it wrote. The lock is
+    the kernel's, released when its holder exits, however it exits."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: each process may encode; the atomic write keeps the file whole
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{path}.lock", "a+") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            progress_note(f"cached_encode: another process is encoding '{name}' into {path}; waiting for it",
+                          progress_enabled(progress))
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def _encode_and_store(texts: List[str], encoder, name: str, key: str, version: str, path: Path,
+                      meta: Optional[Dict[str, Any]], progress: Optional[bool]):
     unique = sorted(set(texts))
     position = {t: i for i, t in enumerate(unique)}
     show = progress_enabled(progress) and len(unique) > 0

@@ -20,6 +20,8 @@ from lightning_modules.data import MissingDataPackageError, RetrievalDataModule
 from lightning_modules.data import embedding_cache as ec
 from lightning_modules.data.retrieval import chatterbot_pairs, split_queries, stdlib_code_search_pairs, subset_corpus
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 
 # -- stdlib pairs ---------------------------------------------------------------------------------
 def _write(root, rel, source):
@@ -312,8 +314,9 @@ def test_cache_second_load_reads_disk_and_key_tracks_data_and_encoder(tmp_path):
     assert sorted(enc.calls[0]) == ["alpha", "beta", "gamma delta"]  # duplicates encoded once
     torch.testing.assert_close(emb[0], emb[2])
     torch.testing.assert_close(emb[:, 0], torch.tensor([5.0, 4.0, 5.0, 11.0]))
-    files = sorted(os.listdir(tmp_path))
-    assert len(files) == 1 and files[0].startswith("t-") and files[0].endswith(".pt")
+    files = sorted(f for f in os.listdir(tmp_path) if f.endswith(".pt"))
+    assert len(files) == 1 and files[0].startswith("t-")
+    assert sorted(os.listdir(tmp_path)) == [files[0], files[0] + ".lock"]  # the encoding's lock file beside it
     assert info["pairs"] == 2 and info["encoder_version"] == "fake-1" and info["sys_version"] == sys.version
 
     ec._MEMORY.clear()  # force a read from disk
@@ -322,12 +325,56 @@ def test_cache_second_load_reads_disk_and_key_tracks_data_and_encoder(tmp_path):
     assert info2["path"] == os.path.join(str(tmp_path), files[0])
 
     ec.cached_encode(texts[:3] + ["gamma  delta"], name="t", encoder=enc, cache_dir=tmp_path)
-    assert len(enc.calls) == 2 and len(os.listdir(tmp_path)) == 2  # data changed: new key
+    assert len(enc.calls) == 2 and len(glob.glob(str(tmp_path / "*.pt"))) == 2  # data changed: new key
     enc2 = FakeEncoder("fake-2")
     ec.cached_encode(texts, name="t", encoder=enc2, cache_dir=tmp_path)
-    assert len(enc2.calls) == 1 and len(os.listdir(tmp_path)) == 3  # encoder changed: new key
+    assert len(enc2.calls) == 1 and len(glob.glob(str(tmp_path / "*.pt"))) == 3  # encoder changed: new key
     assert ec.cache_key(texts, "v") != ec.cache_key(texts[::-1], "v")
     assert ec.cache_key(["ab", "c"], "v") != ec.cache_key(["a", "bc"], "v")
+
+
+_RACER = textwrap.dedent("""
+    import os, sys, time
+    import torch
+    from lightning_modules.data import embedding_cache as ec
+
+    folder, me, other = sys.argv[1], sys.argv[2], sys.argv[3]
+
+    class SlowEncoder:
+        version = "slow-1"
+
+        def __call__(self, texts):
+            with open(os.path.join(folder, "encodes.log"), "a") as fh:
+                fh.write(me + "\\n")
+            time.sleep(1.0)
+            return torch.tensor([[float(len(t)), 1.0] for t in texts])
+
+    open(os.path.join(folder, "ready-" + me), "w").close()
+    while not os.path.exists(os.path.join(folder, "ready-" + other)):  # both start encoding together
+        time.sleep(0.01)
+    emb, info = ec.cached_encode(["alpha", "beta", "gamma"], name="race", encoder=SlowEncoder(),
+                                 cache_dir=os.path.join(folder, "cache"), progress=True)
+    torch.save(emb, os.path.join(folder, "out-" + me + ".pt"))
+    print("from_cache", info["from_cache"])
+""")
+
+
+def test_processes_that_miss_the_cache_together_encode_once(tmp_path):
+    """Two processes (two runs of --jobs 2, two test workers) ask for the same embeddings at the
+    same moment: one encodes, the other waits on the lock and reads the file it wrote."""
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", _RACER, str(tmp_path), a, b], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for a, b in (("a", "b"), ("b", "a"))]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    assert len((tmp_path / "encodes.log").read_text().split()) == 1  # encoded once
+    assert sorted(o[0].split()[-1] for o in outs) == ["False", "True"]  # the other read the cache file
+    waited = [o[1] for o in outs if "True" in o[0]][0]
+    assert "another process is encoding 'race'" in waited, waited
+    torch.testing.assert_close(torch.load(tmp_path / "out-a.pt"), torch.load(tmp_path / "out-b.pt"), rtol=0, atol=0)
 
 
 def test_cache_dir_from_environment(monkeypatch, tmp_path):
