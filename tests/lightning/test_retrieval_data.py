@@ -11,6 +11,7 @@ import importlib.util
 import os
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -333,46 +334,55 @@ def test_cache_second_load_reads_disk_and_key_tracks_data_and_encoder(tmp_path):
     assert ec.cache_key(["ab", "c"], "v") != ec.cache_key(["a", "bc"], "v")
 
 
-_RACER = textwrap.dedent("""
-    import os, sys, time
-    import torch
-    from lightning_modules.data import embedding_cache as ec
+class _SlowEncoder:
+    """Records each encoding in ``encodes.log`` and takes a second over it."""
 
-    folder, me, other = sys.argv[1], sys.argv[2], sys.argv[3]
+    version = "slow-1"
 
-    class SlowEncoder:
-        version = "slow-1"
+    def __init__(self, folder, me):
+        self.folder, self.me = folder, me
 
-        def __call__(self, texts):
-            with open(os.path.join(folder, "encodes.log"), "a") as fh:
-                fh.write(me + "\\n")
-            time.sleep(1.0)
-            return torch.tensor([[float(len(t)), 1.0] for t in texts])
+    def __call__(self, texts):
+        with open(os.path.join(self.folder, "encodes.log"), "a") as fh:
+            fh.write(self.me + "\n")
+        time.sleep(1.0)
+        return torch.tensor([[float(len(t)), 1.0] for t in texts])
+
+
+def _race(folder, me, other):
+    """One of two forked processes: both ask for the same embeddings once both are ready."""
+    import contextlib
+    import io
 
     open(os.path.join(folder, "ready-" + me), "w").close()
     while not os.path.exists(os.path.join(folder, "ready-" + other)):  # both start encoding together
         time.sleep(0.01)
-    emb, info = ec.cached_encode(["alpha", "beta", "gamma"], name="race", encoder=SlowEncoder(),
-                                 cache_dir=os.path.join(folder, "cache"), progress=True)
-    torch.save(emb, os.path.join(folder, "out-" + me + ".pt"))
-    print("from_cache", info["from_cache"])
-""")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        emb, info = ec.cached_encode(["alpha", "beta", "gamma"], name="race", encoder=_SlowEncoder(folder, me),
+                                     cache_dir=os.path.join(folder, "cache"), progress=True)
+    torch.save(emb, os.path.join(folder, f"out-{me}.pt"))
+    with open(os.path.join(folder, f"info-{me}.txt"), "w") as fh:
+        fh.write(f"{info['from_cache']}\n{err.getvalue()}")
 
 
 def test_processes_that_miss_the_cache_together_encode_once(tmp_path):
     """Two processes (two runs of --jobs 2, two test workers) ask for the same embeddings at the
-    same moment: one encodes, the other waits on the lock and reads the file it wrote."""
-    import subprocess
+    same moment: one encodes, the other waits on the lock and reads the file it wrote. The two are
+    forked from this one (real processes, as the reproduction's runs are)."""
+    import multiprocessing
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", _RACER, str(tmp_path), a, b], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for a, b in (("a", "b"), ("b", "a"))]
-    outs = [p.communicate(timeout=300) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_race, args=(str(tmp_path), a, b)) for a, b in (("a", "b"), ("b", "a"))]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0, 0]
     assert len((tmp_path / "encodes.log").read_text().split()) == 1  # encoded once
-    assert sorted(o[0].split()[-1] for o in outs) == ["False", "True"]  # the other read the cache file
-    waited = [o[1] for o in outs if "True" in o[0]][0]
+    infos = [(tmp_path / f"info-{m}.txt").read_text().split("\n", 1) for m in "ab"]
+    assert sorted(i[0] for i in infos) == ["False", "True"]  # the other read the cache file
+    waited = next(i[1] for i in infos if i[0] == "True")
     assert "another process is encoding 'race'" in waited, waited
     torch.testing.assert_close(torch.load(tmp_path / "out-a.pt"), torch.load(tmp_path / "out-b.pt"), rtol=0, atol=0)
 
