@@ -21,8 +21,6 @@ from lightning_modules.data import MissingDataPackageError, RetrievalDataModule
 from lightning_modules.data import embedding_cache as ec
 from lightning_modules.data.retrieval import chatterbot_pairs, split_queries, stdlib_code_search_pairs, subset_corpus
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 
 # -- stdlib pairs ---------------------------------------------------------------------------------
 def _write(root, rel, source):
