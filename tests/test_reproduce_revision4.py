@@ -502,7 +502,8 @@ REPORTED = ("pfc_cosface_r4", "pfc_arcface_r4", "decoupled_softmax_users_r4", "z
             "entmax15_r4", "opl_r4", "comp_sum_r4", "psl_false_negatives_r4", "z_loss_r4", "gol_r4",
             "gol_2stage_r4", "pfc_ml100k_r4", "decoupled_softmax_chatterbot_r4", "soft_topk_chatterbot_r4",
             "wcdas_r4", "gol_items_r4", "psl_r4", "psl_popularity_shift_r4", "decoupled_softmax_stdlib_r4",
-            "nbc_softmax_r4", "wcdas_2stage_r4", "dice_r4", "jaccard_r4", "adversarial_r4")
+            "nbc_softmax_r4", "wcdas_2stage_r4", "dice_r4", "jaccard_r4", "adversarial_r4", "dice_ce_r4",
+            "jaccard_ce_r4")
 
 
 @pytest.mark.slow
